@@ -8,6 +8,8 @@ that in production the database's clock rules and in tests a
 
 from __future__ import annotations
 
+import asyncio
+
 from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
@@ -45,3 +47,15 @@ class ManualClock:
         if instant.tzinfo is None:
             raise ValueError("ManualClock needs an aware datetime (UTC)")
         self._now = instant.astimezone(timezone.utc)
+
+
+async def pause(stop: asyncio.Event, seconds: float) -> None:
+    """Wait ``seconds`` of real time or until ``stop`` is set, whichever is first.
+
+    Service loops idle with this (never with a bare ``asyncio.sleep``) so that
+    shutdown is immediate.
+    """
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except asyncio.TimeoutError:
+        pass

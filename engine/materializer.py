@@ -1,0 +1,217 @@
+"""The materializer: turns due schedules into occurrences and outbox rows.
+
+Guarantee: for each schedule it processes, ONE transaction inserts the
+occurrences (SCHEDULED, or MISSED per the misfire policy), writes an outbox
+row for every SCHEDULED occurrence it actually inserted, and advances
+``next_run_at`` only if the schedule's version is still the one it read.
+Occurrence ids are deterministic and unique per (schedule, version,
+scheduled_for), so two materializers that overlap (SKIP LOCKED keeps them apart
+in the common case) can never produce a second occurrence or outbox row.
+
+Work is bounded: it materializes only a horizon ahead of now, and recovery
+after an outage resumes from the durable cursor with the misfire decision
+(``timing.decide_misfire``) doing bounded work however long the outage was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Mapping
+
+import asyncpg
+from opentelemetry import metrics, trace
+
+from engine import timing
+from schemas import observability as obs
+from schemas.clock import Clock, DatabaseClock, pause
+from schemas.identity import occurrence_id
+from schemas.messages import OccurrenceMessage
+from schemas.queries import load_queries
+from schemas.topics import occurrence_topic, partition_key
+
+SQL = load_queries("engine")
+log = logging.getLogger("chronoq.materializer")
+
+
+@dataclass(frozen=True)
+class MaterializerConfig:
+    """Materializer tuning.
+
+    horizon: how far ahead of now fires are materialized (default 30 s). It
+        must cover a materializer failover plus the time to write a burst, so
+        the relay finds hour-top occurrences already in the outbox.
+    batch_size: schedules claimed per transaction (default 500).
+    idle_interval: seconds to wait when nothing was due (default 0.25).
+    missed_record_limit: MISSED occurrences written per schedule per pass;
+        further missed instants are counted and logged, never enumerated.
+    shards: logical shards this node materializes (None = all).
+    """
+
+    horizon: timedelta = timedelta(seconds=30)
+    batch_size: int = 500
+    idle_interval: float = 0.25
+    missed_record_limit: int = 1000
+    shards: tuple[int, ...] | None = None
+
+    def validate(self) -> None:
+        if self.horizon < timedelta(0):
+            raise ValueError("horizon must not be negative")
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+
+
+@dataclass
+class MaterializeReport:
+    schedules: int = 0
+    occurrences: int = 0
+    missed: int = 0
+    missed_unlisted: int = 0
+    conflicts: int = 0
+    completed: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+@functools.lru_cache(maxsize=4096)
+def _policy(text: str, max_lateness_s: int) -> timing.MisfirePolicy:
+    return timing.parse_misfire_policy(text, timedelta(seconds=max_lateness_s))
+
+
+def spec_of(row: Mapping[str, Any]) -> timing.TimeSpec:
+    """The time spec of a stored schedule row (validated when it was stored)."""
+    return timing.TimeSpec(
+        kind=row["kind"], expression=row["expression"], time_zone=row["time_zone"],
+        dst_repeat=row["dst_repeat"], dst_gap=row["dst_gap"], anchor=row["anchor"],
+        start_at=row["start_at"], end_at=row["end_at"],
+    )
+
+
+class _Batch:
+    """Column arrays for one insert_occurrences call."""
+
+    def __init__(self) -> None:
+        self.columns: list[list[Any]] = [[] for _ in range(11)]
+
+    def add(self, row: Mapping[str, Any], scheduled_for: datetime, available_at: datetime, state: str,
+            message: OccurrenceMessage | None) -> None:
+        values = (
+            message.occurrence_id if message else occurrence_id(row["schedule_id"], row["version"], scheduled_for),
+            row["schedule_id"], row["version"], row["tenant_id"], row["target"], scheduled_for, available_at,
+            state, occurrence_topic(row["target"]), partition_key(row["tenant_id"]),
+            message.encode() if message else b"",
+        )
+        for column, value in zip(self.columns, values):
+            column.append(value)
+
+    def __len__(self) -> int:
+        return len(self.columns[0])
+
+
+class Materializer:
+    def __init__(self, pool: asyncpg.Pool, config: MaterializerConfig | None = None, clock: Clock | None = None,
+                 meter: metrics.Meter | None = None, tracer: trace.Tracer | None = None) -> None:
+        self.pool = pool
+        self.config = config or MaterializerConfig()
+        self.config.validate()
+        self.clock = clock or DatabaseClock()
+        meter = meter or obs.get_meter("engine")
+        self.tracer = tracer or obs.get_tracer("engine")
+        self._materialized = meter.create_counter(obs.OCCURRENCES_MATERIALIZED, unit="1")
+        self._conflicts = meter.create_counter(obs.UNIQUENESS_CONFLICTS, unit="1")
+        self._missed = meter.create_counter(obs.MISSED_OCCURRENCES, unit="1")
+        self._lag = meter.create_histogram(obs.MATERIALIZATION_LAG, unit="s")
+        self._backlog = meter.create_gauge(obs.DUE_BACKLOG, unit="1")
+
+    async def run_once(self) -> MaterializeReport:
+        """Materialize one batch of due schedules in one transaction."""
+        report = MaterializeReport()
+        cfg = self.config
+        with self.tracer.start_as_current_span(obs.SPAN_MATERIALIZE) as span:
+            async with self.pool.acquire() as conn, conn.transaction():
+                now: datetime = await conn.fetchval(SQL["current_instant"], self.clock.now())
+                rows = await conn.fetch(
+                    SQL["claim_due_schedules"], now, cfg.horizon.total_seconds(), cfg.batch_size,
+                    list(cfg.shards) if cfg.shards is not None else None,
+                )
+                if not rows:
+                    return report
+                batch = _Batch()
+                cursors: tuple[list[uuid.UUID], list[int], list[datetime | None]] = ([], [], [])
+                for row in rows:
+                    next_run_at = self._plan(row, now, batch, report)
+                    cursors[0].append(row["schedule_id"])
+                    cursors[1].append(row["version"])
+                    cursors[2].append(next_run_at)
+                    report.completed += next_run_at is None
+                written = await conn.fetchrow(SQL["insert_occurrences"], *batch.columns, self.clock.now())
+                await conn.execute(SQL["advance_schedules"], *cursors, self.clock.now())
+            report.schedules = len(rows)
+            report.occurrences = written["outbox_rows"]
+            report.conflicts = len(batch) - written["occurrences"]
+            span.set_attribute("chronoq.schedules", report.schedules)
+            span.set_attribute("chronoq.occurrences", report.occurrences)
+        self._materialized.add(report.occurrences)
+        if report.conflicts:
+            self._conflicts.add(report.conflicts)
+            log.warning("occurrences already existed", extra={"action": "materializer.conflicts",
+                                                              "count": report.conflicts})
+        if report.missed or report.missed_unlisted:
+            self._missed.add(report.missed + report.missed_unlisted)
+        return report
+
+    def _plan(self, row: Mapping[str, Any], now: datetime, batch: _Batch, report: MaterializeReport) -> datetime | None:
+        """Add this schedule's occurrences to the batch; return its new cursor."""
+        spec = spec_of(row)
+        policy = _policy(row["misfire_policy"], row["max_lateness_s"])
+        decision = timing.decide_misfire(spec, row["next_run_at"], now, policy, self.config.horizon,
+                                         self.config.missed_record_limit)
+        window = timedelta(seconds=row["flexible_window_s"])
+        deadline = timedelta(seconds=row["deadline_s"]) if row["deadline_s"] else None
+        for scheduled_for in decision.enqueue:
+            occ_id = occurrence_id(row["schedule_id"], row["version"], scheduled_for)
+            available_at = scheduled_for
+            if row["priority"] == "flexible":
+                available_at += timing.jitter_offset(occ_id, window)
+            message = OccurrenceMessage(
+                occurrence_id=occ_id, schedule_id=row["schedule_id"], schedule_version=row["version"],
+                tenant_id=row["tenant_id"], target=row["target"], scheduled_for=scheduled_for,
+                available_at=available_at, attempt=1, priority=row["priority"],
+                deadline=scheduled_for + deadline if deadline else None, payload=row["payload"],
+            )
+            batch.add(row, scheduled_for, available_at, "SCHEDULED", message)
+            lag = (now - (scheduled_for - self.config.horizon)).total_seconds()
+            self._lag.record(max(lag, 0.0))
+        for scheduled_for in decision.missed:
+            batch.add(row, scheduled_for, scheduled_for, "MISSED", None)
+        report.missed += len(decision.missed)
+        if decision.missed or decision.missed_unlisted:
+            log.warning(
+                "missed occurrences recorded",
+                extra={"action": "occurrence.missed", "schedule_id": str(row["schedule_id"]),
+                       "tenant_id": row["tenant_id"], "listed": len(decision.missed),
+                       "unlisted": decision.missed_unlisted},
+            )
+            report.missed_unlisted += decision.missed_unlisted or 0
+        return decision.next_run_at
+
+    async def record_backlog(self) -> int:
+        count = await self.pool.fetchval(SQL["due_backlog"], self.clock.now())
+        self._backlog.set(count)
+        return count
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Materialize until ``stop`` is set; database errors are logged and retried."""
+        while not stop.is_set():
+            try:
+                report = await self.run_once()
+            except (asyncpg.PostgresError, OSError) as err:
+                log.error("materializer pass failed; retrying", extra={"action": "materializer.error",
+                                                                        "error": repr(err)})
+                await pause(stop, 1.0)
+                continue
+            if report.schedules < self.config.batch_size:
+                await pause(stop, self.config.idle_interval)

@@ -1,0 +1,67 @@
+"""Running the engine's loops (materializer) and the relay in one process.
+
+``chronoq up`` runs both beside the embedded stack; ``chronoq engine`` and
+``chronoq relay`` run one each against external endpoints (the production
+shape in compose.yaml). Each loop stops when the shared stop event is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+
+from engine.materializer import Materializer, MaterializerConfig
+from relay.dispatcher import Relay, RelayConfig
+from relay.publisher import KafkaPublisher, PublisherConfig
+from schemas.clock import Clock, DatabaseClock
+from schemas.connections import create_pool
+from schemas.migrations import apply_migrations
+
+log = logging.getLogger("chronoq.service")
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    run_materializer: bool = True
+    run_relay: bool = True
+    materializer: MaterializerConfig = field(default_factory=MaterializerConfig)
+    relay: RelayConfig = field(default_factory=RelayConfig)
+
+
+async def migrate(database_url: str) -> list[str]:
+    """Apply the engine's migrations; return the names applied now."""
+    pool = await create_pool(database_url, min_size=1, max_size=1)
+    try:
+        async with pool.acquire() as conn:
+            return [f"{m.version:04d}_{m.name}" for m in await apply_migrations(conn, "engine")]
+    finally:
+        await pool.close()
+
+
+async def run_services(database_url: str, kafka_bootstrap: str, stop: asyncio.Event,
+                       config: ServiceConfig | None = None, clock: Clock | None = None) -> None:
+    """Run the selected loops until ``stop`` is set, then close everything they opened."""
+    config = config or ServiceConfig()
+    clock = clock or DatabaseClock()
+    async with AsyncExitStack() as resources:
+        pool = await create_pool(database_url, min_size=2, max_size=8)
+        resources.push_async_callback(pool.close)
+        tasks: list[asyncio.Task[None]] = []
+        if config.run_materializer:
+            materializer = Materializer(pool, config.materializer, clock)
+            tasks.append(asyncio.create_task(materializer.run(stop), name="materializer"))
+        if config.run_relay:
+            publisher = KafkaPublisher(PublisherConfig(kafka_bootstrap))
+            await publisher.start()
+            resources.push_async_callback(publisher.stop)
+            relay = Relay.create(pool, publisher, config.relay, clock)
+            tasks.append(asyncio.create_task(relay.run(stop), name="relay"))
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            stop.set()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,112 @@
+"""Where a chronoq command finds its database and broker.
+
+The only module that reads environment variables (all under ``CHRONOQ_``):
+
+- ``CHRONOQ_DATABASE_URL`` and ``CHRONOQ_KAFKA_BOOTSTRAP``: an external
+  PostgreSQL and Kafka. When both are set every command uses them and starts
+  nothing.
+- ``CHRONOQ_CONSUMER_DATABASE_URL``: the database of the built-in consumer
+  (``chronoq consume``); defaults to ``CHRONOQ_DATABASE_URL`` (the dedupe
+  table has its own name) when the external stack is used.
+- ``CHRONOQ_HOME``: where the embedded stack keeps its data and its state
+  file (default ``./.chronoq``).
+
+Without the external URLs, commands other than ``up`` read the state file
+that a running ``chronoq up`` wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Mapping
+
+import orjson
+import psutil
+
+from engine.stack import Endpoints
+from schemas.errors import StackError
+
+STATE_FILE = "stack.json"
+
+
+@dataclass(frozen=True)
+class StackState:
+    """What ``chronoq up`` publishes about the stack it runs."""
+
+    pid: int
+    database_url: str
+    kafka_bootstrap: str
+    consumer_database_url: str
+    api_url: str | None = None
+    postgres_pid: int | None = None
+    kafka_pid: int | None = None
+
+    @property
+    def endpoints(self) -> Endpoints:
+        return Endpoints(self.database_url, self.kafka_bootstrap, self.consumer_database_url)
+
+
+def home(env: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    return Path(env.get("CHRONOQ_HOME") or ".chronoq").resolve()
+
+
+def external_endpoints(env: Mapping[str, str] | None = None) -> Endpoints | None:
+    """Endpoints from the environment, or None when the embedded stack is meant."""
+    env = os.environ if env is None else env
+    database_url = env.get("CHRONOQ_DATABASE_URL")
+    bootstrap = env.get("CHRONOQ_KAFKA_BOOTSTRAP")
+    if not database_url and not bootstrap:
+        return None
+    if not (database_url and bootstrap):
+        missing = "CHRONOQ_KAFKA_BOOTSTRAP" if database_url else "CHRONOQ_DATABASE_URL"
+        raise StackError(f"{missing} is not set: set both CHRONOQ_DATABASE_URL and CHRONOQ_KAFKA_BOOTSTRAP"
+                         " to use an external stack, or neither to use the embedded one")
+    return Endpoints(database_url, bootstrap, env.get("CHRONOQ_CONSUMER_DATABASE_URL") or database_url)
+
+
+def write_state(state: StackState, directory: Path) -> Path:
+    """Write the state file atomically (readers never see half a file)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / STATE_FILE
+    with tempfile.NamedTemporaryFile("wb", dir=directory, delete=False) as tmp:
+        tmp.write(orjson.dumps(asdict(state), option=orjson.OPT_INDENT_2))
+    os.replace(tmp.name, target)
+    return target
+
+
+def read_state(directory: Path) -> StackState | None:
+    """The state of a live ``chronoq up`` in ``directory``, or None."""
+    path = directory / STATE_FILE
+    try:
+        state = StackState(**orjson.loads(path.read_bytes()))
+    except FileNotFoundError:
+        return None
+    except (orjson.JSONDecodeError, TypeError) as err:
+        raise StackError(f"{path} is damaged ({err}); delete it and start chronoq up again") from err
+    if not psutil.pid_exists(state.pid):
+        return None
+    return state
+
+
+def clear_state(directory: Path) -> None:
+    (directory / STATE_FILE).unlink(missing_ok=True)
+
+
+def resolve_endpoints(env: Mapping[str, str] | None = None) -> Endpoints:
+    """Endpoints for a command that needs a running stack."""
+    external = external_endpoints(env)
+    if external is not None:
+        return external
+    directory = home(env)
+    state = read_state(directory)
+    if state is None:
+        raise StackError(
+            f"no running chronoq stack found in {directory}; start one with `chronoq up`"
+            " (or set CHRONOQ_HOME to its directory), or set CHRONOQ_DATABASE_URL and"
+            " CHRONOQ_KAFKA_BOOTSTRAP to use an external PostgreSQL and Kafka"
+        )
+    return state.endpoints

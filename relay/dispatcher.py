@@ -1,0 +1,140 @@
+"""The relay loop: due outbox rows → Kafka, at least once.
+
+Each pass claims a batch of due rows, publishes them in partition batches,
+waits for the broker's acknowledgements, then marks exactly the acknowledged
+rows sent (under the claim token) and releases the others for a retry. It
+records ``schedule_lag`` (enqueued_at − scheduled_for) for every marked row
+and injects W3C trace context into each message's headers, so the consumer's
+span continues the relay's trace.
+
+Crash safety: dying after the claim leaves rows claimed until the claim
+expires, then another pass publishes them; dying after the broker's ack but
+before the mark republishes them (a duplicate with the same occurrence_id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+import asyncpg
+from aiokafka.errors import KafkaError
+from opentelemetry import metrics, trace
+
+from relay.outbox import OutboxStore
+from relay.publisher import KafkaPublisher, OutgoingRecord
+from schemas import observability as obs
+from schemas.clock import Clock, DatabaseClock, pause
+from schemas.messages import HEADER_OCCURRENCE_ID, HEADER_TENANT
+
+log = logging.getLogger("chronoq.relay")
+
+
+@dataclass(frozen=True)
+class RelayConfig:
+    """batch_size: outbox rows claimed and published per pass (default 5000).
+    claim_ttl: how long a claim fences other relays; must exceed the publisher's
+        ack timeout so a live relay never loses rows it is still publishing.
+    idle_interval: longest wait between passes when nothing is due (s).
+    error_backoff: wait after a failed pass (s).
+    """
+
+    batch_size: int = 5000
+    claim_ttl: timedelta = timedelta(seconds=60)
+    idle_interval: float = 0.05
+    error_backoff: float = 1.0
+
+    def validate(self, ack_timeout: float) -> None:
+        if self.claim_ttl.total_seconds() <= ack_timeout:
+            raise ValueError("claim_ttl must exceed the publisher's ack_timeout")
+
+
+@dataclass
+class RelayReport:
+    claimed: int = 0
+    published: int = 0
+    failed: int = 0
+    fenced: int = 0
+
+
+class Relay:
+    def __init__(self, store: OutboxStore, publisher: KafkaPublisher, config: RelayConfig | None = None,
+                 meter: metrics.Meter | None = None, tracer: trace.Tracer | None = None) -> None:
+        self.store = store
+        self.publisher = publisher
+        self.config = config or RelayConfig()
+        self.config.validate(publisher.config.ack_timeout)
+        meter = meter or obs.get_meter("relay")
+        self.tracer = tracer or obs.get_tracer("relay")
+        self._lag = meter.create_histogram(obs.SCHEDULE_LAG, unit="s",
+                                           description="enqueued_at - scheduled_for")
+        self._published = meter.create_counter(obs.OUTBOX_PUBLISHED, unit="1")
+        self._failures = meter.create_counter(obs.OUTBOX_PUBLISH_FAILURES, unit="1")
+        self._fenced = meter.create_counter(obs.OUTBOX_FENCED_MARKS, unit="1")
+        self._backlog = meter.create_gauge(obs.OUTBOX_BACKLOG, unit="1")
+
+    @classmethod
+    def create(cls, pool: asyncpg.Pool, publisher: KafkaPublisher, config: RelayConfig | None = None,
+               clock: Clock | None = None, **kwargs: object) -> "Relay":
+        return cls(OutboxStore(pool, clock or DatabaseClock()), publisher, config, **kwargs)  # type: ignore[arg-type]
+
+    async def run_once(self) -> RelayReport:
+        """One pass: claim, publish, mark acknowledged rows sent, release the rest."""
+        claim = await self.store.claim(self.config.batch_size, self.config.claim_ttl)
+        report = RelayReport(claimed=len(claim.rows))
+        if not claim.rows:
+            return report
+        with self.tracer.start_as_current_span(obs.SPAN_PUBLISH) as span:
+            span.set_attribute("chronoq.outbox_rows", len(claim.rows))
+            records = []
+            for row in claim.rows:
+                headers = [(HEADER_OCCURRENCE_ID, str(row.occurrence_id).encode()),
+                           (HEADER_TENANT, row.tenant_id.encode())]
+                obs.inject_trace_headers(headers)
+                records.append(OutgoingRecord(row.id, row.topic, row.message_key, row.message, headers))
+            try:
+                outcome = await self.publisher.publish(records)
+            except KafkaError as err:
+                outcome = {row.id: err for row in claim.rows}
+        acked = [row for row in claim.rows if outcome.get(row.id, KeyError("no outcome")) is None]
+        failed = [row for row in claim.rows if outcome.get(row.id, KeyError("no outcome")) is not None]
+        if acked:
+            result = await self.store.mark_sent(claim.token, [row.id for row in acked])
+            report.published = result.marked
+            report.fenced = len(acked) - result.marked
+            for row in acked:
+                self._lag.record(max((result.marked_at - row.scheduled_for).total_seconds(), 0.0))
+            self._published.add(result.marked)
+            if report.fenced:
+                self._fenced.add(report.fenced)
+                log.warning("claim lost before marking; another relay owns these rows",
+                            extra={"action": "outbox.fenced", "count": report.fenced})
+        if failed:
+            report.failed = len(failed)
+            first_error = repr(outcome.get(failed[0].id))
+            await self.store.release(claim.token, [row.id for row in failed], first_error)
+            self._failures.add(len(failed))
+            log.warning("publish failed; rows released for retry",
+                        extra={"action": "outbox.publish_failed", "count": len(failed), "error": first_error})
+        return report
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Relay until ``stop`` is set; failures back off and retry, never drop a row."""
+        while not stop.is_set():
+            try:
+                report = await self.run_once()
+            except (asyncpg.PostgresError, OSError, KafkaError) as err:
+                log.error("relay pass failed; retrying", extra={"action": "relay.error", "error": repr(err)})
+                await pause(stop, self.config.error_backoff)
+                continue
+            if report.failed:
+                await pause(stop, self.config.error_backoff)
+            elif report.claimed < self.config.batch_size:
+                await pause(stop, self.config.idle_interval)
+
+    async def record_backlog(self) -> int:
+        count = await self.store.backlog()
+        self._backlog.set(count)
+        return count

@@ -1,0 +1,71 @@
+"""Database side of the relay: claim due outbox rows, mark them sent, release them.
+
+A claim is a fresh token with an expiry. Marking sent requires the token, so
+a relay that was paused past its claim (another relay has since re-claimed and
+published the rows) changes nothing when it wakes up. A row is marked sent
+only after the broker acknowledged it; a crash anywhere before that leaves the
+row unsent and it is published again (a duplicate, never a loss).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Sequence
+
+import asyncpg
+
+from schemas.clock import Clock
+from schemas.queries import load_queries
+
+SQL = load_queries("relay")
+
+
+@dataclass(frozen=True)
+class OutboxRow:
+    id: int
+    occurrence_id: uuid.UUID
+    tenant_id: str
+    topic: str
+    message_key: bytes
+    message: bytes
+    scheduled_for: datetime
+    available_at: datetime
+
+
+@dataclass(frozen=True)
+class Claim:
+    token: uuid.UUID
+    rows: list[OutboxRow]
+
+
+@dataclass(frozen=True)
+class MarkResult:
+    marked: int
+    marked_at: datetime
+
+
+class OutboxStore:
+    def __init__(self, pool: asyncpg.Pool, clock: Clock) -> None:
+        self.pool = pool
+        self.clock = clock
+
+    async def claim(self, limit: int, claim_ttl: timedelta) -> Claim:
+        """Claim up to ``limit`` due rows for ``claim_ttl``."""
+        token = uuid.uuid4()
+        records = await self.pool.fetch(SQL["claim_due_outbox"], self.clock.now(), limit, token,
+                                         claim_ttl.total_seconds())
+        return Claim(token, [OutboxRow(**dict(r)) for r in records])
+
+    async def mark_sent(self, token: uuid.UUID, ids: Sequence[int]) -> MarkResult:
+        """Mark acknowledged rows sent, if this claim still holds them."""
+        row = await self.pool.fetchrow(SQL["mark_outbox_sent"], self.clock.now(), list(ids), token)
+        return MarkResult(row["marked"], row["marked_at"])
+
+    async def release(self, token: uuid.UUID, ids: Sequence[int], error: str) -> None:
+        """Give unpublished rows back for an immediate retry."""
+        await self.pool.execute(SQL["release_outbox_claims"], list(ids), token, error[:1000])
+
+    async def backlog(self) -> int:
+        return await self.pool.fetchval(SQL["outbox_backlog"], self.clock.now())

@@ -1,0 +1,35 @@
+"""How every chronoq component connects to PostgreSQL.
+
+One place sets the codecs (jsonb and json as Python objects through orjson) so
+the engine, the relay and consumer apps read the same types.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+import orjson
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    for type_name in ("jsonb", "json"):
+        await conn.set_type_codec(
+            type_name,
+            schema="pg_catalog",
+            encoder=lambda value: orjson.dumps(value).decode(),
+            decoder=orjson.loads,
+            format="text",
+        )
+
+
+async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10, **kwargs: Any) -> asyncpg.Pool:
+    """A connection pool with chronoq's codecs installed on every connection."""
+    return await asyncpg.create_pool(url, min_size=min_size, max_size=max_size, init=_init_connection, **kwargs)
+
+
+async def connect(url: str) -> asyncpg.Connection:
+    """A single connection with chronoq's codecs installed."""
+    conn = await asyncpg.connect(url)
+    await _init_connection(conn)
+    return conn

@@ -1,0 +1,30 @@
+"""Deterministic identities.
+
+An occurrence's id is a pure function of (schedule_id, schedule_version,
+scheduled_for), so a materializer replay, a relay retry, a failover or a DLQ
+replay always carries the same id and consumers can dedupe on it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta, timezone
+
+# Fixed namespace for uuid5; changing it would change every occurrence id.
+OCCURRENCE_NAMESPACE = uuid.UUID("6f1c2a0e-4d0b-5c8e-9a51-63686f6e6f71")
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def occurrence_id(schedule_id: uuid.UUID, schedule_version: int, scheduled_for: datetime) -> uuid.UUID:
+    """uuid5 of ``<schedule_id>/<version>/<scheduled_for as UTC microseconds>``.
+
+    ``scheduled_for`` must be timezone-aware; the same instant written in any
+    zone yields the same id.
+    """
+    if scheduled_for.tzinfo is None:
+        raise ValueError("scheduled_for must be timezone-aware")
+    instant = scheduled_for.astimezone(timezone.utc)
+    micros = (instant - _EPOCH) // _MICROSECOND
+    return uuid.uuid5(OCCURRENCE_NAMESPACE, f"{schedule_id}/{schedule_version}/{micros}")
+

@@ -1,0 +1,95 @@
+"""Telemetry names and per-process OpenTelemetry set-up.
+
+Metric and span names follow DESIGN.md's observability list; every component
+creates its instruments from the names here so dashboards and tests agree.
+Components take an optional ``meter``/``tracer`` (tests inject in-memory
+providers); by default they use the process-wide providers that
+:func:`configure_telemetry` installs once per process.
+
+OTLP export is enabled only when the standard ``OTEL_EXPORTER_OTLP_ENDPOINT``
+is set; otherwise metrics and spans are recorded in-process and dropped.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, Sequence
+
+from opentelemetry import metrics, propagate, trace
+from opentelemetry.context import Context
+
+# Metric names (DESIGN.md "Observability").
+SCHEDULE_LAG = "chronoq.schedule_lag"                      # histogram, s: enqueued_at - scheduled_for
+MATERIALIZATION_LAG = "chronoq.materialization_lag"        # histogram, s: materialized - (scheduled_for - horizon)
+OCCURRENCES_MATERIALIZED = "chronoq.occurrences_materialized"  # counter
+UNIQUENESS_CONFLICTS = "chronoq.uniqueness_conflicts"      # counter: occurrence already existed
+MISSED_OCCURRENCES = "chronoq.missed_occurrences"          # counter
+OUTBOX_PUBLISHED = "chronoq.outbox_published"              # counter
+OUTBOX_PUBLISH_FAILURES = "chronoq.outbox_publish_failures"  # counter
+OUTBOX_FENCED_MARKS = "chronoq.outbox_fenced_marks"        # counter: mark-sent refused, claim lost
+OUTBOX_BACKLOG = "chronoq.outbox_backlog"                  # gauge: due, unsent rows
+DUE_BACKLOG = "chronoq.due_backlog"                        # gauge: schedules past next_run_at
+DUPLICATE_DELIVERIES = "chronoq.duplicate_deliveries"      # counter: consumer dedupe hits
+OCCURRENCES_APPLIED = "chronoq.occurrences_applied"        # counter
+HANDLER_FAILURES = "chronoq.handler_failures"              # counter
+HANDLER_DURATION = "chronoq.handler_duration"              # histogram, s
+POISON_MESSAGES = "chronoq.poison_messages"                # counter: sent to the dead-letter topic
+QUEUE_AGE = "chronoq.queue_age"                            # histogram, s: received - available_at
+
+# Span names.
+SPAN_MATERIALIZE = "chronoq.materialize"
+SPAN_PUBLISH = "chronoq.relay.publish"
+SPAN_CONSUME = "chronoq.consume"
+
+_configured = False
+
+
+def configure_telemetry(service_name: str) -> None:
+    """Install this process's meter and tracer providers (once; later calls do nothing)."""
+    global _configured
+    if _configured:
+        return
+    _configured = True
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+
+    resource = Resource.create({"service.name": service_name})
+    readers = []
+    tracer_provider = TracerProvider(resource=resource)
+    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+        tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
+    trace.set_tracer_provider(tracer_provider)
+
+
+def get_meter(component: str, provider: metrics.MeterProvider | None = None) -> metrics.Meter:
+    return (provider or metrics.get_meter_provider()).get_meter(f"chronoq.{component}")
+
+
+def get_tracer(component: str, provider: trace.TracerProvider | None = None) -> trace.Tracer:
+    return (provider or trace.get_tracer_provider()).get_tracer(f"chronoq.{component}")
+
+
+def inject_trace_headers(headers: list[tuple[str, bytes]], context: Context | None = None) -> None:
+    """Append W3C trace-context headers for the current (or given) span."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=context)
+    headers.extend((key, value.encode()) for key, value in carrier.items())
+
+
+def extract_trace_context(headers: Sequence[tuple[str, bytes]] | Iterable[tuple[str, bytes]] | None) -> Context:
+    """The trace context carried in Kafka headers (empty context when absent or garbled)."""
+    carrier: dict[str, str] = {}
+    for key, value in headers or ():
+        try:
+            carrier[key] = value.decode()
+        except (UnicodeDecodeError, AttributeError):
+            continue
+    return propagate.extract(carrier)

@@ -1,0 +1,93 @@
+-- Runtime queries of the engine (control plane and materializer).
+-- Every time-sensitive query takes $now: NULL in production (the database's
+-- clock rules), a fixed instant in tests.
+
+-- name: current_instant
+-- The one clock: the injected instant if given, else the database's now().
+SELECT coalesce($1::timestamptz, now());
+
+-- name: insert_schedule
+-- Creates a schedule; with a created_by_key, a second create with the same key is a no-op (returns nothing).
+INSERT INTO schedules (
+    schedule_id, tenant_id, kind, expression, time_zone, dst_repeat, dst_gap, anchor, start_at, end_at,
+    next_run_at, state, target, payload, priority, flexible_window_s, misfire_policy, max_lateness_s,
+    overlap_policy, retry_max_attempts, retry_base_s, retry_cap_s, deadline_s, shard, created_by_key,
+    created_at, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21,
+        $22, $23, $24, $25, coalesce($26::timestamptz, now()), coalesce($26::timestamptz, now()))
+ON CONFLICT (tenant_id, created_by_key) DO NOTHING
+RETURNING *;
+
+-- name: get_schedule
+-- One schedule of one tenant (another tenant's schedule is simply not found).
+SELECT * FROM schedules WHERE schedule_id = $1 AND tenant_id = $2;
+
+-- name: get_schedule_by_key
+-- The schedule a tenant created with an idempotency key.
+SELECT * FROM schedules WHERE tenant_id = $1 AND created_by_key = $2;
+
+-- name: claim_due_schedules
+-- Locks up to $3 active schedules whose cursor falls within the horizon ($2 seconds ahead of now).
+-- SKIP LOCKED lets several materializers share the table; uniqueness of occurrences stays the final guard.
+SELECT schedule_id, tenant_id, kind, expression, time_zone, dst_repeat, dst_gap, anchor, start_at, end_at,
+       version, next_run_at, target, payload, priority, flexible_window_s, misfire_policy, max_lateness_s,
+       deadline_s
+FROM schedules
+WHERE state = 'active'
+  AND next_run_at <= coalesce($1::timestamptz, now()) + make_interval(secs => $2)
+  AND ($4::int[] IS NULL OR shard = ANY ($4::int[]))
+ORDER BY next_run_at
+LIMIT $3
+FOR UPDATE SKIP LOCKED;
+
+-- name: insert_occurrences
+-- Inserts occurrences (SCHEDULED or MISSED) and, for each SCHEDULED one actually inserted, its outbox row.
+-- An occurrence that already exists (overlapping materializers, replays) is left alone and gets no second
+-- outbox row. Returns how many occurrences and outbox rows were written.
+WITH input AS (
+    SELECT *
+    FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::text[], $5::text[], $6::timestamptz[],
+                $7::timestamptz[], $8::text[], $9::text[], $10::bytea[], $11::bytea[])
+         AS t(occurrence_id, schedule_id, schedule_version, tenant_id, target, scheduled_for,
+              available_at, state, topic, message_key, message)
+), inserted AS (
+    INSERT INTO occurrences (occurrence_id, schedule_id, schedule_version, tenant_id, target,
+                             scheduled_for, available_at, state, created_at, updated_at)
+    SELECT occurrence_id, schedule_id, schedule_version, tenant_id, target, scheduled_for, available_at,
+           state, coalesce($12::timestamptz, now()), coalesce($12::timestamptz, now())
+    FROM input
+    ON CONFLICT DO NOTHING
+    RETURNING occurrence_id, state
+), outboxed AS (
+    INSERT INTO outbox (occurrence_id, tenant_id, topic, message_key, message, scheduled_for, available_at,
+                        created_at)
+    SELECT i.occurrence_id, i.tenant_id, i.topic, i.message_key, i.message, i.scheduled_for,
+           i.available_at, coalesce($12::timestamptz, now())
+    FROM input i JOIN inserted USING (occurrence_id)
+    WHERE inserted.state = 'SCHEDULED'
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM inserted) AS occurrences, (SELECT count(*) FROM outboxed) AS outbox_rows;
+
+-- name: advance_schedules
+-- Moves each schedule's cursor, only if its version is still the one the materializer read.
+-- A NULL cursor means the schedule has no further fires: it becomes completed.
+UPDATE schedules s
+SET next_run_at = u.next_run_at,
+    state = CASE WHEN u.next_run_at IS NULL THEN 'completed' ELSE s.state END,
+    updated_at = coalesce($4::timestamptz, now())
+FROM unnest($1::uuid[], $2::int[], $3::timestamptz[]) AS u(schedule_id, version, next_run_at)
+WHERE s.schedule_id = u.schedule_id AND s.version = u.version AND s.state = 'active';
+
+-- name: due_backlog
+-- Active schedules whose cursor is already in the past (work the materializer has not caught up with).
+SELECT count(*) FROM schedules WHERE state = 'active' AND next_run_at <= coalesce($1::timestamptz, now());
+
+-- name: get_occurrence
+-- One occurrence of one tenant.
+SELECT * FROM occurrences WHERE occurrence_id = $1 AND tenant_id = $2;
+
+-- name: list_schedule_occurrences
+-- A schedule's occurrences, oldest first.
+SELECT * FROM occurrences WHERE schedule_id = $1 AND tenant_id = $2 ORDER BY scheduled_for, schedule_version
+LIMIT $3;

