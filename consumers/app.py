@@ -65,6 +65,16 @@ class Outcome(enum.Enum):
     REDELIVER = "redeliver"
 
 
+@dataclass
+class ConsumerStats:
+    """Counts since start: what happened to the records this app processed."""
+
+    applied: int = 0
+    duplicates: int = 0
+    failures: int = 0
+    dead_lettered: int = 0
+
+
 @dataclass(frozen=True)
 class ConsumerConfig:
     """group: Kafka consumer group; also the dedupe scope (one effect per group).
@@ -76,6 +86,11 @@ class ConsumerConfig:
     partitions: partitions of occurrence topics this app creates if missing.
     metadata_refresh: seconds between metadata refreshes (how soon a pattern
         subscription sees a new target's topic).
+    session_timeout / heartbeat_interval: group membership timing (s). A dead
+        member's partitions move after session_timeout. On the embedded tansu
+        broker a group's first join also takes about half the session timeout
+        and a member that left still counts until its session expires, so
+        short-lived consumers there use a short session (see docs/broker.md).
     """
 
     group: str
@@ -86,6 +101,8 @@ class ConsumerConfig:
     redelivery_backoff_max: float = 10.0
     partitions: int = DEFAULT_PARTITIONS
     metadata_refresh: float = 5.0
+    session_timeout: float = 10.0
+    heartbeat_interval: float = 3.0
 
 
 class ConsumerApp:
@@ -96,7 +113,7 @@ class ConsumerApp:
         self.config = config
         self._handlers: dict[str, Handler] = {}
         self._fallback: Handler | None = None
-        self.applied = 0
+        self.stats = ConsumerStats()
         meter = meter or obs.get_meter("consumer")
         self.tracer = tracer or obs.get_tracer("consumer")
         self._applied_counter = meter.create_counter(obs.OCCURRENCES_APPLIED, unit="1")
@@ -157,6 +174,8 @@ class ConsumerApp:
             bootstrap_servers=cfg.kafka_bootstrap, group_id=cfg.group,
             enable_auto_commit=False, auto_offset_reset="earliest", max_poll_records=cfg.max_poll_records,
             metadata_max_age_ms=int(cfg.metadata_refresh * 1000),
+            session_timeout_ms=int(cfg.session_timeout * 1000),
+            heartbeat_interval_ms=int(cfg.heartbeat_interval * 1000),
         )
         await self._consumer.start()
         if self._fallback is not None:
@@ -181,23 +200,23 @@ class ConsumerApp:
         stop = stop or asyncio.Event()
         await self.start()
         try:
-            while not stop.is_set() and (max_applied is None or self.applied < max_applied):
+            while not stop.is_set() and (max_applied is None or self.stats.applied < max_applied):
                 assert self._consumer is not None
                 batches = await self._consumer.getmany(timeout_ms=200)
                 for tp, records in batches.items():
                     await self._process_partition(tp, records, stop, max_applied)
-                    if max_applied is not None and self.applied >= max_applied:
+                    if max_applied is not None and self.stats.applied >= max_applied:
                         break
         finally:
             await self.stop()
-        return self.applied
+        return self.stats.applied
 
     async def _process_partition(self, tp: TopicPartition, records: list[ConsumerRecord], stop: asyncio.Event,
                                  max_applied: int | None) -> None:
         assert self._consumer is not None
         next_offset: int | None = None
         for record in records:
-            if stop.is_set() or (max_applied is not None and self.applied >= max_applied):
+            if stop.is_set() or (max_applied is not None and self.stats.applied >= max_applied):
                 # Not processed: rewind so this member (or the next owner) reads it again.
                 self._consumer.seek(tp, record.offset)
                 break
@@ -236,6 +255,7 @@ class ConsumerApp:
             try:
                 outcome = await self._apply(message, handler)
             except Exception as err:  # the handler's (or the app database's) failure
+                self.stats.failures += 1
                 self._failures.add(1, {"target": message.target})
                 span.record_exception(err)
                 log.warning("handler failed; occurrence will be delivered again",
@@ -255,12 +275,13 @@ class ConsumerApp:
                 message.schedule_version, message.tenant_id, message.scheduled_for,
             )
             if applied_at is None:
+                self.stats.duplicates += 1
                 self._duplicates.add(1, {"target": message.target})
                 log.info("duplicate delivery suppressed",
                          extra={"action": "occurrence.duplicate", "occurrence_id": str(message.occurrence_id)})
                 return Outcome.DUPLICATE
             await handler(Occurrence.from_message(message, applied_at), conn)
-        self.applied += 1
+        self.stats.applied += 1
         self._applied_counter.add(1, {"target": message.target})
         self._duration.record(time.perf_counter() - started, {"target": message.target})
         return Outcome.APPLIED
@@ -273,6 +294,7 @@ class ConsumerApp:
             log.error("could not dead-letter a poison message; will retry",
                       extra={"action": "poison.dlq_failed", "error": repr(err)})
             return Outcome.REDELIVER
+        self.stats.dead_lettered += 1
         self._poison.add(1)
         log.warning("poison message sent to the dead-letter topic",
                     extra={"action": "poison.dead_lettered", "topic": record.topic,

@@ -18,6 +18,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Awaitable, Callable
 
 import asyncpg
 from aiokafka.errors import KafkaError
@@ -51,6 +52,18 @@ class RelayConfig:
             raise ValueError("claim_ttl must exceed the publisher's ack_timeout")
 
 
+@dataclass(frozen=True)
+class RelayHooks:
+    """Awaited at the relay's handoffs; tests use them to kill the process exactly there.
+
+    after_claim: rows are claimed in the database, nothing published yet.
+    after_publish: the broker acknowledged, the rows are not yet marked sent.
+    """
+
+    after_claim: Callable[[], Awaitable[None]] | None = None
+    after_publish: Callable[[], Awaitable[None]] | None = None
+
+
 @dataclass
 class RelayReport:
     claimed: int = 0
@@ -61,8 +74,10 @@ class RelayReport:
 
 class Relay:
     def __init__(self, store: OutboxStore, publisher: KafkaPublisher, config: RelayConfig | None = None,
-                 meter: metrics.Meter | None = None, tracer: trace.Tracer | None = None) -> None:
+                 meter: metrics.Meter | None = None, tracer: trace.Tracer | None = None,
+                 hooks: RelayHooks | None = None) -> None:
         self.store = store
+        self.hooks = hooks or RelayHooks()
         self.publisher = publisher
         self.config = config or RelayConfig()
         self.config.validate(publisher.config.ack_timeout)
@@ -86,6 +101,8 @@ class Relay:
         report = RelayReport(claimed=len(claim.rows))
         if not claim.rows:
             return report
+        if self.hooks.after_claim:
+            await self.hooks.after_claim()
         with self.tracer.start_as_current_span(obs.SPAN_PUBLISH) as span:
             span.set_attribute("chronoq.outbox_rows", len(claim.rows))
             records = []
@@ -98,6 +115,8 @@ class Relay:
                 outcome = await self.publisher.publish(records)
             except KafkaError as err:
                 outcome = {row.id: err for row in claim.rows}
+        if self.hooks.after_publish:
+            await self.hooks.after_publish()
         acked = [row for row in claim.rows if outcome.get(row.id, KeyError("no outcome")) is None]
         failed = [row for row in claim.rows if outcome.get(row.id, KeyError("no outcome")) is not None]
         if acked:

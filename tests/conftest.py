@@ -145,3 +145,42 @@ async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05):  #
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"condition not met within {timeout} s")
         await asyncio.sleep(interval)
+
+
+class Telemetry:
+    """In-memory OpenTelemetry providers for asserting metrics and spans."""
+
+    def __init__(self) -> None:
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        self.reader = InMemoryMetricReader()
+        self.meter_provider = MeterProvider(metric_readers=[self.reader])
+        self.exporter = InMemorySpanExporter()
+        self.tracer_provider = TracerProvider()
+        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+
+    def instruments(self, component: str) -> dict:
+        return {"meter": self.meter_provider.get_meter(f"chronoq.{component}"),
+                "tracer": self.tracer_provider.get_tracer(f"chronoq.{component}")}
+
+    def points(self, name: str) -> list:
+        data = self.reader.get_metrics_data()
+        found = []
+        for resource in data.resource_metrics if data else []:
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    if metric.name == name:
+                        found.extend(metric.data.data_points)
+        return found
+
+    def spans(self, name: str | None = None) -> list:
+        return [s for s in self.exporter.get_finished_spans() if name is None or s.name == name]
+
+
+@pytest.fixture
+def telemetry() -> Telemetry:
+    return Telemetry()

@@ -1,0 +1,148 @@
+"""The consumer runtime against real Kafka and a real app database."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import datetime, timezone
+
+import asyncpg
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from consumers import ConsumerApp, ConsumerConfig, Occurrence
+from consumers.dead_letters import HEADER_REASON
+from schemas.identity import occurrence_id
+from schemas.messages import OccurrenceMessage
+from schemas.topics import DEAD_LETTER_TOPIC, occurrence_topic
+from tests.conftest import wait_for
+from tests.kafka_reading import read_topic
+
+SCHEDULED = datetime(2026, 11, 29, 10, 0, tzinfo=timezone.utc)
+
+
+def message(target: str, tenant: str = "acme", when: datetime = SCHEDULED) -> OccurrenceMessage:
+    schedule_id = uuid.uuid4()
+    return OccurrenceMessage(occurrence_id=occurrence_id(schedule_id, 1, when), schedule_id=schedule_id,
+                             schedule_version=1, tenant_id=tenant, target=target, scheduled_for=when,
+                             available_at=when, payload={"amount": 7})
+
+
+async def produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
+    await producer.start()
+    try:
+        for value in values:
+            await producer.send_and_wait(topic, value, key=b"acme")
+    finally:
+        await producer.stop()
+
+
+@pytest.fixture
+async def effects(consumer_db):
+    conn = await asyncpg.connect(consumer_db)
+    await conn.execute("CREATE TABLE effects (occurrence_id uuid, amount int)")
+    yield conn
+    await conn.close()
+
+
+def effect_app(consumer_db, kafka_bootstrap, target, fail_times: int = 0, **config) -> ConsumerApp:
+    app = ConsumerApp(ConsumerConfig(f"group-{uuid.uuid4().hex[:8]}", kafka_bootstrap, consumer_db,
+                                     redelivery_backoff=0.05, session_timeout=2.0,
+                                     heartbeat_interval=0.4, **config))
+    calls = {"n": 0}
+
+    @app.handler(target)
+    async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
+        calls["n"] += 1
+        await conn.execute("INSERT INTO effects VALUES ($1, $2)", occurrence.occurrence_id,
+                           occurrence.payload["amount"])
+        if calls["n"] <= fail_times:
+            raise RuntimeError("downstream unavailable")
+
+    app.calls = calls  # type: ignore[attr-defined]
+    return app
+
+
+async def run_until(app: ConsumerApp, condition, timeout: float = 20.0) -> None:
+    stop = asyncio.Event()
+    task = asyncio.create_task(app.run(stop))
+    try:
+        await wait_for(lambda: condition() or task.done(), timeout)
+        if task.done():
+            task.result()
+    finally:
+        stop.set()
+        await task
+
+
+async def test_the_same_message_delivered_twice_applies_the_effect_once(consumer_db, kafka_bootstrap, target, effects):
+    value = message(target).encode()
+    await produce(kafka_bootstrap, occurrence_topic(target), [value, value])
+    app = effect_app(consumer_db, kafka_bootstrap, target)
+
+    await run_until(app, lambda: app.stats.applied + app.stats.duplicates == 2)
+
+    assert (app.stats.applied, app.stats.duplicates) == (1, 1)
+    assert await effects.fetchval("SELECT count(*) FROM effects") == 1
+    assert await effects.fetchval("SELECT count(*) FROM chronoq_consumer_dedupe") == 1
+
+
+async def test_a_failed_handler_leaves_no_effect_and_the_occurrence_comes_again(
+        consumer_db, kafka_bootstrap, target, effects):
+    sent = message(target)
+    await produce(kafka_bootstrap, occurrence_topic(target), [sent.encode()])
+    app = effect_app(consumer_db, kafka_bootstrap, target, fail_times=2)
+
+    await run_until(app, lambda: app.stats.applied == 1)
+
+    assert app.calls["n"] == 3 and app.stats.failures == 2
+    assert await effects.fetch("SELECT occurrence_id, amount FROM effects") == [(sent.occurrence_id, 7)]
+    assert await effects.fetchval("SELECT count(*) FROM chronoq_consumer_dedupe") == 1
+
+
+async def test_a_restarted_group_member_resumes_after_the_committed_offset(
+        consumer_db, kafka_bootstrap, target, effects):
+    first, second = message(target), message(target)
+    await produce(kafka_bootstrap, occurrence_topic(target), [first.encode()])
+    app = effect_app(consumer_db, kafka_bootstrap, target)
+    await run_until(app, lambda: app.stats.applied == 1)
+
+    await produce(kafka_bootstrap, occurrence_topic(target), [second.encode()])
+    again = ConsumerApp(app.config)
+    again.handler(target)(app._handlers[target])
+    await run_until(again, lambda: again.stats.applied == 1)
+
+    assert (again.stats.applied, again.stats.duplicates) == (1, 0)
+    assert {r[0] for r in await effects.fetch("SELECT occurrence_id FROM effects")} == {
+        first.occurrence_id, second.occurrence_id}
+
+
+async def test_poison_messages_go_to_the_dead_letter_topic_and_do_not_block(
+        consumer_db, kafka_bootstrap, target, effects):
+    good = message(target)
+    await produce(kafka_bootstrap, occurrence_topic(target), [b"\x00garbage", good.encode()])
+    app = effect_app(consumer_db, kafka_bootstrap, target)
+
+    await run_until(app, lambda: app.stats.applied == 1)
+
+    assert app.stats.dead_lettered == 1
+    dead = [r for r in await read_topic(kafka_bootstrap, DEAD_LETTER_TOPIC, expected=1, settle=0.2)
+            if r.value == b"\x00garbage"]
+    assert len(dead) == 1
+    assert b"not JSON" in dict(dead[0].headers)[HEADER_REASON]
+    assert await effects.fetchval("SELECT count(*) FROM effects") == 1
+
+
+async def test_concurrent_twins_of_one_occurrence_apply_once(consumer_db, kafka_bootstrap, target, effects):
+    """Two groups members racing on one occurrence id: the unique dedupe key lets exactly one through."""
+    app = effect_app(consumer_db, kafka_bootstrap, target)
+    await app.start()
+    try:
+        record = type("Record", (), {"value": message(target).encode(), "headers": [], "topic": "t",
+                                     "partition": 0, "offset": 0, "key": b"acme"})()
+        outcomes = await asyncio.gather(*(app.handle_record(record) for _ in range(32)))
+    finally:
+        await app.stop()
+    assert sorted(o.value for o in outcomes).count("applied") == 1
+    assert await effects.fetchval("SELECT count(*) FROM effects") == 1
