@@ -745,11 +745,30 @@ def _count(spec: TimeSpec, low: datetime, high: datetime) -> int | None:
 # --------------------------------------------------------------------------- public queries
 
 
-@lru_cache(maxsize=65_536)
-def _next_cron_fire(expression: str, time_zone: str, both: bool, shift: bool, after: datetime) -> datetime | None:
-    """Memo of the unbounded next cron fire: at the top of an hour thousands of schedules
-    share (expression, zone, after), and only the first pays for the calendar walk."""
-    return next(_cron_source(expression, time_zone, both, shift).forward(after, None), None)
+def _next_cron_fire_uncached(expression: str, time_zone: str, both: bool, shift: bool,
+                             after: datetime) -> datetime | None:
+    """The unbounded next cron fire after an aware UTC instant, aware UTC."""
+    low = after.replace(tzinfo=None)
+    if low < _FLOOR:
+        low = _FLOOR - _US
+    if low >= _CEILING:
+        return None
+    found = next(_cron_source(expression, time_zone, both, shift).forward(low, None), None)
+    return found.replace(tzinfo=UTC) if found is not None else None
+
+
+# Memo of the unbounded next cron fire: at the top of an hour thousands of schedules share
+# (expression, zone, DST options, cursor), and only the first pays for the calendar walk.
+# Keys and values are aware UTC datetimes: datetime.replace costs more than the lookup.
+_next_cron_fire = lru_cache(maxsize=65_536)(_next_cron_fire_uncached)
+
+
+def _aware_utc(instant: datetime, name: str) -> datetime:
+    if instant.tzinfo is UTC:
+        return instant
+    if instant.tzinfo is None or instant.utcoffset() is None:
+        raise ValueError(f"{name} must be an aware datetime (UTC), got naive {instant!r}")
+    return instant.astimezone(UTC)
 
 
 def next_fire_after(spec: TimeSpec, after: datetime, *, cached: bool = True) -> datetime | None:
@@ -759,25 +778,23 @@ def next_fire_after(spec: TimeSpec, after: datetime, *, cached: bool = True) -> 
     "now"); an ``after`` exactly on a fire instant yields the next one.
     ``cached=False`` bypasses the shared memo (for benchmarks and tests).
     """
-    low = _naive_utc(after, "after")
-    start, end = _bounds(spec)
-    if start is not None and start - _US > low:
-        low = start - _US  # bounds shift the question instead of the cache key: bounded specs share the memo
+    if after.tzinfo is not UTC:
+        after = _aware_utc(after, "after")
+    start = spec.start_at
+    if start is not None:
+        start = _aware_utc(start, "start_at") - _US
+        if start > after:
+            after = start  # bounds shift the question, not the memo key: bounded specs share the memo
     if spec.kind == "cron":
-        if low < _FLOOR:
-            low = _FLOOR - _US
-        if low >= _CEILING:
-            return None
-        both, shift = spec.dst_repeat == "both", spec.dst_gap == "shift"
-        if cached:
-            found = _next_cron_fire(spec.expression, spec.time_zone, both, shift, low)
-        else:
-            found = next(_cron_source(spec.expression, spec.time_zone, both, shift).forward(low, None), None)
+        compute = _next_cron_fire if cached else _next_cron_fire_uncached
+        found = compute(spec.expression, spec.time_zone, spec.dst_repeat == "both", spec.dst_gap == "shift", after)
     else:
-        found = next(_forward(spec, low), None)
+        following = next(_forward(spec, after.replace(tzinfo=None)), None)
+        found = following.replace(tzinfo=UTC) if following is not None else None
+    end = spec.end_at
     if found is None or (end is not None and found > end):
         return None
-    return found.replace(tzinfo=UTC)
+    return found
 
 
 def fire_times(spec: TimeSpec, after: datetime, limit: int, until: datetime | None = None) -> list[datetime]:
