@@ -1,7 +1,7 @@
 """Parsing of standard five-field cron expressions.
 
-This module only turns text into sets of field values and answers "does this
-local calendar day match?". When a matching day and wall-clock time become an
+This module only turns text into sets of field values and answers "which days
+of this month match?". When a matching day and wall-clock time become an
 instant (daylight saving, zones) is decided in :mod:`engine.timing`.
 
 Accepted, as in Vixie cron: ``minute hour day-of-month month day-of-week``;
@@ -18,15 +18,15 @@ field, out-of-range values, expressions over :data:`MAX_EXPRESSION_LENGTH`
 characters, and expressions whose days can never occur (``0 0 30 2 *``).
 
 We parse ourselves instead of delegating to croniter because croniter accepts
-all of the extensions above (and silently wraps reversed ranges); a test
-cross-checks our field expansion against ``croniter.expand``.
+all of the extensions above, silently wraps reversed ranges, and (7.0.0) reads
+a one-value range ``5-5`` as ``*``; a test cross-checks our field expansion
+against ``croniter.expand`` everywhere else.
 """
 
 from __future__ import annotations
 
 import calendar
 import re
-from datetime import date
 from functools import lru_cache
 
 from schemas.errors import InvalidInput
@@ -102,14 +102,6 @@ class CronExpression:
         self.times: tuple[int, ...] = tuple(h * 60 + m for h in hours for m in minutes)
         self._month_days: dict[tuple[int, int], tuple[int, ...]] = {}
 
-    def day_matches(self, day: date) -> bool:
-        """Whether the local calendar ``day`` is one on which the expression fires."""
-        if day.month not in self.months:
-            return False
-        dom = day.day in self.days_of_month
-        dow = (day.weekday() + 1) % 7 in self.days_of_week
-        return (dom or dow) if self.day_or else (dom and dow)
-
     def month_days(self, year: int, month: int) -> tuple[int, ...]:
         """The matching days of one month, ascending (memoized: this is the hot path)."""
         key = (year, month)
@@ -178,7 +170,8 @@ def parse_cron(text: str) -> CronExpression:
                        " month day-of-week) without seconds or years; for sub-minute periods use kind"
                        " 'rate' (e.g. '30s')")
         else:
-            problem = f"has {len(fields)} fields; a cron expression has five: minute hour day-of-month month day-of-week"
+            problem = (f"has {len(fields)} fields; a cron expression has five:"
+                       " minute hour day-of-month month day-of-week")
         raise InvalidInput(_FIELD, problem, _EXAMPLE)
     for spec, raw in zip(_FIELDS, fields):
         _reject_extensions(spec, raw)

@@ -706,7 +706,7 @@ def _forward(spec: TimeSpec, after: datetime, until: datetime | None = None) -> 
     if end is not None and (until is None or end < until):
         until = end
     after = max(after, _FLOOR - _US)
-    if until is not None and until <= after:
+    if after >= _CEILING or (until is not None and until <= after):
         return
     for instant in _source(spec).forward(after, until):
         if until is not None and instant > until:
@@ -722,7 +722,7 @@ def _backward(spec: TimeSpec, before: datetime, since: datetime | None = None) -
     if start is not None and (since is None or start > since):
         since = start
     before = min(before, _CEILING + _US)
-    if since is not None and since >= before:
+    if before <= _FLOOR or (since is not None and since >= before):
         return
     for instant in _source(spec).backward(before, since):
         if since is not None and instant < since:

@@ -270,6 +270,9 @@ def test_exhausted_and_far_away() -> None:
     assert fires_per_minute(spec, at("2026-01-02T00:00Z")) == 0.0
     assert next_fire_after(build_time_spec("cron", "0 0 * * *"), datetime.max.replace(tzinfo=UTC)) is None
     assert previous_fire_before(build_time_spec("rate", "1h"), datetime.min.replace(tzinfo=UTC)) is None
+    assert previous_fire_before(build_time_spec("cron", "0 0 * * *"), datetime.min.replace(tzinfo=UTC)) is None
+    assert fire_times(build_time_spec("cron", "0 0 * * *"), datetime.max.replace(tzinfo=UTC), 3) == []
+    assert next_fire_after(build_time_spec("rate", "1h"), datetime.max.replace(tzinfo=UTC)) is None
 
 
 # --------------------------------------------------------------------------- quotas

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from engine.timing import (
     MisfirePolicy,
+    TimeSpec,
     build_time_spec,
     decide_misfire,
     fire_times,
@@ -191,7 +192,7 @@ SPECS = [
 @given(spec=st.sampled_from(SPECS), cursor_minutes=st.integers(0, 3 * 1440), outage_minutes=st.integers(0, 2 * 1440),
        text=st.sampled_from(["skip", "fire_once", "catch_up:1", "catch_up:4"]),
        lateness=st.integers(0, 240), horizon=st.integers(0, 120), record_limit=st.integers(0, 6))
-def test_nothing_is_silently_dropped(spec, cursor_minutes: int, outage_minutes: int, text: str,  # type: ignore[no-untyped-def]
+def test_nothing_is_silently_dropped(spec: TimeSpec, cursor_minutes: int, outage_minutes: int, text: str,
                                      lateness: int, horizon: int, record_limit: int) -> None:
     base = datetime(2026, 3, 6, tzinfo=UTC)
     cursor = base + timedelta(minutes=cursor_minutes)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -19,7 +20,8 @@ from schemas.errors import InvalidInput
 UTC = timezone.utc
 
 
-def rejects(field: str, call, *args, match: str | None = None, **kwargs) -> InvalidInput:  # type: ignore[no-untyped-def]
+def rejects(field: str, call: Callable[..., object], *args: object, match: str | None = None,
+            **kwargs: object) -> InvalidInput:
     with pytest.raises(InvalidInput) as caught:
         call(*args, **kwargs)
     error = caught.value
