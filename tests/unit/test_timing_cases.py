@@ -311,3 +311,31 @@ def test_smallest_gap() -> None:
     # The shift rule can make a gap shorter than the expression suggests; the sample sees it.
     shifted = build_time_spec("cron", "30 2,3 * * *", "America/New_York", dst_gap="shift")
     assert smallest_gap(shifted, at("2026-03-07T00:00Z"), sample=10) == timedelta(minutes=30)
+
+
+# --------------------------------------------------------------------------- zone data
+
+
+def test_zone_data_meets_the_modules_assumptions() -> None:
+    """engine/timing.py assumes offsets within -12h..+14h and no two transitions within six hours.
+
+    Checked on the installed tzdata through the pure-Python zoneinfo's transition list, so a tzdata
+    upgrade that breaks an assumption fails here rather than as a wrong fire time.
+    """
+    from zoneinfo import _zoneinfo, available_timezones  # the pure-Python implementation exposes transitions
+
+    floor = datetime(1900, 1, 1, tzinfo=UTC).timestamp()
+    checked = 0
+    for key in sorted(available_timezones() - {"localtime", "Factory", "posixrules"}):
+        zone = _zoneinfo.ZoneInfo.no_cache(key)
+        found = getattr(zone, "_trans_utc", None)
+        if found is None:
+            pytest.skip("this Python's zoneinfo does not expose transitions")
+        moments = [t for t in found if t >= floor]
+        for earlier, later in zip(moments, moments[1:]):
+            assert later - earlier >= 6 * 3600, (key, datetime.fromtimestamp(earlier, UTC))
+        for moment in moments:
+            offset = datetime.fromtimestamp(moment, zone).utcoffset()
+            assert offset is not None and timedelta(hours=-12) <= offset <= timedelta(hours=14), (key, moment)
+        checked += 1
+    assert checked > 300
