@@ -36,6 +36,20 @@ from schemas.observability import configure_telemetry
 log = logging.getLogger("chronoq.cli")
 
 
+def consumer_config(endpoints: Endpoints, group: str) -> ConsumerConfig:
+    """Consumer settings for a built-in consumer on these endpoints.
+
+    On the embedded tansu broker a group's join waits about half the session
+    timeout, so short-lived CLI consumers use a short session there; Apache
+    Kafka rejects sessions under group.min.session.timeout.ms (6 s by
+    default), so external brokers keep the library default.
+    """
+    if endpoints.embedded:
+        return ConsumerConfig(group, endpoints.kafka_bootstrap, endpoints.consumer_database_url,
+                              session_timeout=2.0, heartbeat_interval=0.5)
+    return ConsumerConfig(group, endpoints.kafka_bootstrap, endpoints.consumer_database_url)
+
+
 def _print_json(value: Any, compact: bool) -> None:
     option = 0 if compact else orjson.OPT_INDENT_2
     sys.stdout.write(orjson.dumps(value, option=option).decode() + "\n")
@@ -169,8 +183,7 @@ async def _run_demo(endpoints: Endpoints, stop: asyncio.Event) -> None:
                   f" -> {body['target']} next_run_at={schedule['next_run_at']}", flush=True)
     finally:
         await pool.close()
-    app = printing_consumer(ConsumerConfig("chronoq-demo", endpoints.kafka_bootstrap,
-                                           endpoints.consumer_database_url), None, as_json=False)
+    app = printing_consumer(consumer_config(endpoints, "chronoq-demo"), None, as_json=False)
     await app.run(stop)
 
 
@@ -201,15 +214,14 @@ def _run_component(materializer: bool, relay: bool) -> int:
 
 def cmd_consume(args: argparse.Namespace) -> int:
     configure_telemetry("chronoq-consume")
-    endpoints = settings.resolve_endpoints()
+    endpoints = settings.resolve_consumer_endpoints()
     if args.max is not None and args.max < 1:
         raise InvalidInput("max", "must be at least 1", "--max 10")
 
     async def main() -> int:
         stop = asyncio.Event()
         _stop_on_signals(stop)
-        app = printing_consumer(ConsumerConfig(args.group, endpoints.kafka_bootstrap,
-                                               endpoints.consumer_database_url), args.target, args.json)
+        app = printing_consumer(consumer_config(endpoints, args.group), args.target, args.json)
         return await app.run(stop, max_applied=args.max)
 
     asyncio.run(main())

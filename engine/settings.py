@@ -6,8 +6,9 @@ The only module that reads environment variables (all under ``CHRONOQ_``):
   PostgreSQL and Kafka. When both are set every command uses them and starts
   nothing.
 - ``CHRONOQ_CONSUMER_DATABASE_URL``: the database of the built-in consumer
-  (``chronoq consume``); defaults to ``CHRONOQ_DATABASE_URL`` (the dedupe
-  table has its own name) when the external stack is used.
+  (``chronoq consume``). With it and ``CHRONOQ_KAFKA_BOOTSTRAP`` a consumer
+  needs nothing of the engine; without it, the consumer shares
+  ``CHRONOQ_DATABASE_URL`` (the dedupe table has its own name).
 - ``CHRONOQ_HOME``: where the embedded stack keeps its data and its state
   file (default ``./.chronoq``).
 
@@ -46,7 +47,7 @@ class StackState:
 
     @property
     def endpoints(self) -> Endpoints:
-        return Endpoints(self.database_url, self.kafka_bootstrap, self.consumer_database_url)
+        return Endpoints(self.database_url, self.kafka_bootstrap, self.consumer_database_url, embedded=True)
 
 
 def home(env: Mapping[str, str] | None = None) -> Path:
@@ -110,3 +111,13 @@ def resolve_endpoints(env: Mapping[str, str] | None = None) -> Endpoints:
             " CHRONOQ_KAFKA_BOOTSTRAP to use an external PostgreSQL and Kafka"
         )
     return state.endpoints
+
+
+def resolve_consumer_endpoints(env: Mapping[str, str] | None = None) -> Endpoints:
+    """Endpoints for a consumer app: Kafka and its own database, never the engine's."""
+    env = os.environ if env is None else env
+    bootstrap = env.get("CHRONOQ_KAFKA_BOOTSTRAP")
+    consumer_url = env.get("CHRONOQ_CONSUMER_DATABASE_URL")
+    if bootstrap and consumer_url:
+        return Endpoints(database_url="", kafka_bootstrap=bootstrap, consumer_database_url=consumer_url)
+    return resolve_endpoints(env)

@@ -42,6 +42,7 @@ class Endpoints:
     database_url: str
     kafka_bootstrap: str
     consumer_database_url: str
+    embedded: bool = False
 
 
 def free_loopback_port() -> int:
@@ -211,7 +212,7 @@ class EmbeddedStack:
         except BaseException:
             self.stop()
             raise
-        return Endpoints(database_url, bootstrap, consumer_url)
+        return Endpoints(database_url, bootstrap, consumer_url, embedded=True)
 
     def stop(self) -> None:
         """Stop everything this stack started; safe to call twice."""

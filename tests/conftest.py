@@ -14,6 +14,8 @@ and consumer groups per test.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -44,12 +46,14 @@ class Servers:
 
 
 @pytest.fixture(scope="session")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+def servers() -> Iterator[Servers]:
     external = settings.external_endpoints()
     if external is not None:
         yield Servers(external.database_url, external.kafka_bootstrap)
         return
-    base: Path = tmp_path_factory.mktemp("stack")
+    # Not under pytest's basetemp: a concurrent pytest run prunes old basetemp
+    # directories, which would delete a live server's data directory.
+    base = Path(tempfile.mkdtemp(prefix="chronoq-test-stack-"))
     postgres = EmbeddedPostgres(base / "postgres")
     kafka = EmbeddedKafka(base / "kafka.log")
     try:
@@ -59,6 +63,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
     finally:
         kafka.stop()
         postgres.stop()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 async def _create_database(servers: Servers, name: str, template: str | None = None) -> str:

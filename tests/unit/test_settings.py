@@ -38,3 +38,9 @@ def test_state_of_a_dead_process_is_ignored(tmp_path):
     assert settings.read_state(tmp_path) is None
     with pytest.raises(StackError, match="chronoq up"):
         settings.resolve_endpoints({"CHRONOQ_HOME": str(tmp_path)})
+
+
+def test_a_consumer_needs_only_kafka_and_its_own_database():
+    endpoints = settings.resolve_consumer_endpoints({"CHRONOQ_KAFKA_BOOTSTRAP": "k:9092",
+                                                     "CHRONOQ_CONSUMER_DATABASE_URL": "postgresql://app/db"})
+    assert endpoints.consumer_database_url == "postgresql://app/db" and endpoints.database_url == ""

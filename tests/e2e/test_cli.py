@@ -1,0 +1,129 @@
+"""The `chronoq` command as a user runs it, in subprocesses."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import orjson
+import psutil
+import pytest
+
+from engine.service import run_services
+
+CHRONOQ = [sys.executable, "-m", "engine.cli"]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli_env(engine_db: str | None = None, kafka: str | None = None, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOQ_")}
+    if engine_db:
+        env.update(CHRONOQ_DATABASE_URL=engine_db, CHRONOQ_KAFKA_BOOTSTRAP=kafka or "")
+    env.update(extra)
+    return env
+
+
+def run(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(CHRONOQ + args, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--cron", "0 0 30 2 *"], "expression"),
+    (["--cron", "not a cron"], "expression"),
+    (["--cron", "0 9 * * *", "--tz", "Europe/Atlantis"], "time_zone"),
+    (["--cron", "0 9 * * *", "--payload", "{not json"], "payload"),
+    (["--at", "2026-13-01T00:00:00Z"], "expression"),
+    (["--cron", "0 9 * * *", "--at", "2030-01-01T00:00:00Z"], "expression"),
+    ([], "expression"),
+])
+async def test_bad_input_exits_non_zero_with_one_line_naming_the_field_and_writes_nothing(
+        engine_db, pool, kafka_bootstrap, args, field):
+    result = await asyncio.to_thread(run, ["schedule", "create", "--tenant", "acme", "--target", "billing.invoice",
+                                           *args], cli_env(engine_db, kafka_bootstrap))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f": {field}: " in lines[0], result.stderr
+    assert await pool.fetchval("SELECT count(*) FROM schedules") == 0
+
+
+def test_missing_target_is_named(engine_db, kafka_bootstrap):
+    result = run(["schedule", "create", "--tenant", "acme", "--cron", "0 9 * * *"],
+                 cli_env(engine_db, kafka_bootstrap))
+    assert result.returncode == 2 and "target: " in result.stderr
+
+
+def test_commands_explain_how_to_find_a_stack(tmp_path):
+    result = run(["schedule", "create", "--tenant", "acme", "--target", "x", "--cron", "0 9 * * *"],
+                 cli_env(CHRONOQ_HOME=str(tmp_path)))
+    assert result.returncode == 1 and "chronoq up" in result.stderr
+
+
+async def test_create_then_consume_prints_the_occurrence_once(engine_db, kafka_bootstrap, consumer_db, target):
+    env = cli_env(engine_db, kafka_bootstrap, CHRONOQ_CONSUMER_DATABASE_URL=consumer_db)
+    at = (datetime.now(timezone.utc) + timedelta(seconds=3)).isoformat()
+    created = await asyncio.to_thread(run, ["schedule", "create", "--tenant", "acme", "--target", target,
+                                            "--at", at, "--payload", '{"n": 1}', "--json"], env)
+    assert created.returncode == 0, created.stderr
+    schedule = orjson.loads(created.stdout)
+    assert schedule["version"] == 1 and schedule["next_run_at"] and schedule["state"] == "active"
+
+    stop = asyncio.Event()
+    services = asyncio.create_task(run_services(engine_db, kafka_bootstrap, stop))
+    try:
+        consumed = await asyncio.to_thread(run, ["consume", "--target", target, "--group", "cli-test",
+                                                 "--max", "1", "--json"], env, 60)
+    finally:
+        stop.set()
+        await services
+    assert consumed.returncode == 0, consumed.stderr
+    (line,) = consumed.stdout.strip().splitlines()
+    printed = orjson.loads(line)
+    assert printed["schedule_id"] == schedule["schedule_id"] and printed["tenant_id"] == "acme"
+    assert printed["scheduled_for"] == schedule["next_run_at"]
+    assert set(printed) >= {"occurrence_id", "schedule_id", "tenant_id", "scheduled_for", "received_at"}
+
+
+def _wait_for_file(path: Path, process: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if process.poll() is not None:
+            raise AssertionError(f"chronoq up exited early: {process.stdout.read() if process.stdout else ''}")
+        if time.monotonic() > deadline:
+            raise AssertionError("chronoq up did not write its state file")
+        time.sleep(0.1)
+
+
+def test_up_serves_create_and_consume_then_sigterm_leaves_no_process(tmp_path):
+    env = cli_env(CHRONOQ_HOME=str(tmp_path / "home"))
+    up = subprocess.Popen(CHRONOQ + ["up"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    try:
+        state_file = tmp_path / "home" / "stack.json"
+        _wait_for_file(state_file, up, 60)
+        state = orjson.loads(state_file.read_bytes())
+        children = [state["postgres_pid"], state["kafka_pid"]]
+        assert all(psutil.pid_exists(pid) for pid in children)
+
+        at = (datetime.now(timezone.utc) + timedelta(seconds=3)).isoformat()
+        created = run(["schedule", "create", "--tenant", "acme", "--target", "up.test", "--at", at, "--json"], env)
+        assert created.returncode == 0, created.stderr
+        consumed = run(["consume", "--target", "up.test", "--max", "1", "--json"], env, 60)
+        assert consumed.returncode == 0, consumed.stderr
+        printed = orjson.loads(consumed.stdout.strip())
+        assert printed["schedule_id"] == orjson.loads(created.stdout)["schedule_id"]
+        lag = (datetime.fromisoformat(printed["received_at"]) - datetime.fromisoformat(printed["scheduled_for"]))
+        assert lag < timedelta(seconds=5)
+    finally:
+        up.send_signal(signal.SIGTERM)
+        output, _ = up.communicate(timeout=60)
+    assert up.returncode == 0, output
+    assert "database:" in output and "kafka:" in output
+    for pid in children:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert not state_file.exists()

@@ -1,0 +1,94 @@
+"""Schedule → occurrence → outbox → Kafka → consumer effect, on the real stack."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import timedelta
+
+import asyncpg
+import pytest
+
+from consumers import ConsumerApp, ConsumerConfig, Occurrence
+from engine.control_plane import ControlPlane
+from engine.materializer import Materializer, MaterializerConfig
+from engine.service import ServiceConfig, run_services
+from relay.dispatcher import Relay, RelayConfig
+from relay.outbox import OutboxStore
+from relay.publisher import KafkaPublisher, PublisherConfig
+from schemas import observability as obs
+from tests.conftest import wait_for
+
+
+@pytest.fixture
+async def effects(consumer_db):
+    conn = await asyncpg.connect(consumer_db)
+    await conn.execute("CREATE TABLE effects (occurrence_id uuid PRIMARY KEY, scheduled_for timestamptz)")
+    yield conn
+    await conn.close()
+
+
+def recording_app(consumer_db, kafka_bootstrap, target, **instruments) -> ConsumerApp:
+    app = ConsumerApp(ConsumerConfig(f"e2e-{uuid.uuid4().hex[:8]}", kafka_bootstrap, consumer_db,
+                                     session_timeout=2.0, heartbeat_interval=0.4), **instruments)
+
+    @app.handler(target)
+    async def record(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
+        # No ON CONFLICT here: a second application would fail the test loudly.
+        await conn.execute("INSERT INTO effects VALUES ($1, $2)", occurrence.occurrence_id,
+                           occurrence.scheduled_for)
+
+    return app
+
+
+async def test_a_one_time_schedule_is_consumed_exactly_once(engine_db, pool, consumer_db, kafka_bootstrap,
+                                                           clock, target, effects):
+    control = ControlPlane(pool, clock)
+    schedule = await control.create_schedule("acme", {"kind": "once", "target": target,
+                                                      "expression": "2026-11-29T10:00:05Z"})
+    stop = asyncio.Event()
+    services = asyncio.create_task(run_services(engine_db, kafka_bootstrap, stop, ServiceConfig(), clock))
+    app = recording_app(consumer_db, kafka_bootstrap, target)
+    consumer = asyncio.create_task(app.run(stop))
+    try:
+        await wait_for(lambda: pool.fetchval("SELECT count(*) FROM outbox"))       # materialized ahead
+        await asyncio.sleep(0.3)                                                    # relay polls: not due yet
+        assert await pool.fetchval("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL") == 0
+        clock.advance(timedelta(seconds=5))
+        await wait_for(lambda: app.stats.applied == 1)
+        await asyncio.sleep(1.0)   # give a duplicate every chance to show up
+    finally:
+        stop.set()
+        await asyncio.gather(services, consumer)
+    rows = await effects.fetch("SELECT * FROM effects")
+    assert len(rows) == 1 and app.stats.duplicates == 0
+    occurrence = await pool.fetchrow("SELECT * FROM occurrences WHERE schedule_id = $1::uuid",
+                                     schedule["schedule_id"])
+    assert rows[0]["occurrence_id"] == occurrence["occurrence_id"]
+    assert occurrence["state"] == "ENQUEUED" and occurrence["enqueued_at"] == clock.now()
+    assert (await control.get_schedule("acme", schedule["schedule_id"]))["state"] == "completed"
+
+
+async def test_trace_context_travels_from_the_relay_to_the_consumer_span(
+        pool, consumer_db, kafka_bootstrap, clock, target, effects, telemetry):
+    control = ControlPlane(pool, clock)
+    await control.create_schedule("acme", {"kind": "once", "target": target, "expression": "2026-11-29T10:00:00Z"})
+    await Materializer(pool, MaterializerConfig(), clock).run_once()
+    publisher = KafkaPublisher(PublisherConfig(kafka_bootstrap))
+    await publisher.start()
+    try:
+        relay = Relay(OutboxStore(pool, clock), publisher, RelayConfig(), **telemetry.instruments("relay"))
+        assert (await relay.run_once()).published == 1
+    finally:
+        await publisher.stop()
+    app = recording_app(consumer_db, kafka_bootstrap, target, **telemetry.instruments("consumer"))
+    stop = asyncio.Event()
+    task = asyncio.create_task(app.run(stop))
+    await wait_for(lambda: app.stats.applied == 1)
+    stop.set()
+    await task
+    (publish,) = telemetry.spans(obs.SPAN_PUBLISH)
+    (consume,) = telemetry.spans(obs.SPAN_CONSUME)
+    assert consume.context.trace_id == publish.context.trace_id
+    assert consume.parent.span_id == publish.context.span_id
+    assert [p.value for p in telemetry.points(obs.OCCURRENCES_APPLIED)] == [1]
