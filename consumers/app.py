@@ -184,16 +184,20 @@ class ConsumerApp:
             self._consumer.subscribe(self.topics)
 
     async def stop(self) -> None:
-        """Leave the group and close connections (offsets were committed as work finished)."""
-        if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
-        if self._producer is not None:
-            await self._producer.stop()
-            self._producer = None
-        if self._pool is not None:
-            await self._pool.close()
-            self._pool = None
+        """Leave the group and close connections (offsets were committed as work finished).
+
+        Every resource is closed even if closing another one fails (a broker
+        that is already gone must not leave the database pool open).
+        """
+        consumer, producer, pool = self._consumer, self._producer, self._pool
+        self._consumer = self._producer = self._pool = None
+        for close in (consumer and consumer.stop, producer and producer.stop, pool and pool.close):
+            if close is None:
+                continue
+            try:
+                await close()
+            except Exception as err:  # noqa: BLE001 - shutdown continues whatever failed
+                log.warning("error while closing", extra={"action": "consumer.close_failed", "error": repr(err)})
 
     async def run(self, stop: asyncio.Event | None = None, max_applied: int | None = None) -> int:
         """Consume until ``stop`` is set or ``max_applied`` occurrences were applied; return that count."""

@@ -246,7 +246,9 @@ class ControlPlane:
         async with self.pool.acquire() as conn, conn.transaction():
             now = await self.now(conn)
             if request.spec.kind == "rate" and request.spec.anchor is None:
-                request = dataclasses.replace(request, spec=dataclasses.replace(request.spec, anchor=now))
+                # Anchor on a whole second so "every 10s" fires at readable instants.
+                anchor = now.replace(microsecond=0)
+                request = dataclasses.replace(request, spec=dataclasses.replace(request.spec, anchor=anchor))
             next_run_at = first_fire(request, now)
             spec = request.spec
             schedule_id = uuid.uuid4()

@@ -157,7 +157,9 @@ class EmbeddedKafka:
                     [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
                      "--storage-engine", "memory://tansu/"],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                    preexec_fn=_die_with_parent,
+                    # Its own session: a Ctrl-C meant for `chronoq up` must not kill
+                    # the broker before the relay and consumers have shut down.
+                    start_new_session=True, preexec_fn=_die_with_parent,
                 )
             finally:
                 if log is not subprocess.DEVNULL:
