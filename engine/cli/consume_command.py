@@ -1,0 +1,53 @@
+"""``chronoq consume``: the built-in consumer, printing each applied occurrence."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from consumers.app import ConsumerConfig
+from consumers.printer import printing_consumer
+from engine import settings
+from engine.cli import stop_on_signals
+from engine.stack import Endpoints
+from schemas.errors import InvalidInput
+from schemas.observability import configure_telemetry
+
+
+def consumer_config(endpoints: Endpoints, group: str) -> ConsumerConfig:
+    """Consumer settings for a built-in consumer on these endpoints.
+
+    On the embedded tansu broker a group's join waits about half the session
+    timeout, so short-lived CLI consumers use a short session there; Apache
+    Kafka rejects sessions under group.min.session.timeout.ms (6 s by
+    default), so external brokers keep the library default.
+    """
+    if endpoints.embedded:
+        return ConsumerConfig(group, endpoints.kafka_bootstrap, endpoints.consumer_database_url,
+                              session_timeout=2.0, heartbeat_interval=0.5)
+    return ConsumerConfig(group, endpoints.kafka_bootstrap, endpoints.consumer_database_url)
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    configure_telemetry("chronoq-consume")
+    endpoints = settings.resolve_consumer_endpoints()
+    if args.max is not None and args.max < 1:
+        raise InvalidInput("max", "must be at least 1", "--max 10")
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        stop_on_signals(stop)
+        app = printing_consumer(consumer_config(endpoints, args.group), args.target, args.json)
+        return await app.run(stop, max_applied=args.max)
+
+    asyncio.run(main())
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    consume = commands.add_parser("consume", help="built-in consumer: print each applied occurrence")
+    consume.add_argument("--target", help="only this target (default: every target)")
+    consume.add_argument("--group", default="chronoq-cli", help="consumer group (default chronoq-cli)")
+    consume.add_argument("--max", type=int, help="exit after applying this many occurrences")
+    consume.add_argument("--json", action="store_true", help="one JSON object per line")
+    consume.set_defaults(func=cmd_consume)

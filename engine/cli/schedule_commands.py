@@ -1,0 +1,100 @@
+"""``chronoq schedule ...``: create and inspect schedules from a terminal."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+import orjson
+
+from engine import settings
+from engine.cli import print_json
+from engine.control_plane import ControlPlane
+from schemas.connections import create_pool
+from schemas.errors import InvalidInput
+
+# Create flags whose values pass through unchanged under their API field names.
+_PASS_THROUGH = ("priority", "flexible_window", "misfire_policy", "max_lateness", "overlap_policy",
+                 "max_attempts", "dst_repeat", "dst_gap", "anchor", "start_at", "end_at")
+
+
+def schedule_body(args: argparse.Namespace) -> dict[str, Any]:
+    """Turn create flags into API field names (validation happens in the control plane)."""
+    chosen = [flag for flag in ("cron", "at", "every") if getattr(args, flag) is not None]
+    if len(chosen) != 1:
+        raise InvalidInput("expression", "give exactly one of --cron EXPR, --at ISO8601 or --every DURATION",
+                           "--cron '0 9 * * MON-FRI' --tz Europe/Berlin")
+    kind = {"cron": "cron", "at": "once", "every": "rate"}[chosen[0]]
+    body: dict[str, Any] = {"kind": kind, "expression": getattr(args, chosen[0]), "target": args.target}
+    if args.tz is not None:
+        body["time_zone"] = args.tz
+    if args.payload is not None:
+        try:
+            body["payload"] = orjson.loads(args.payload)
+        except orjson.JSONDecodeError as err:
+            raise InvalidInput("payload", f"is not valid JSON ({err})", '\'{"invoice": 42}\'') from err
+    for name in _PASS_THROUGH:
+        value = getattr(args, name, None)
+        if value is not None:
+            body[name] = value
+    return body
+
+
+async def control_plane_call(method: str, *call_args: Any) -> Any:
+    """Run one ControlPlane method against the configured engine database."""
+    endpoints = settings.resolve_endpoints()
+    pool = await create_pool(endpoints.database_url, min_size=1, max_size=2)
+    try:
+        return await getattr(ControlPlane(pool), method)(*call_args)
+    finally:
+        await pool.close()
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    if not args.tenant:
+        raise InvalidInput("tenant", "is required: --tenant NAME", "--tenant acme")
+    body = schedule_body(args)
+    schedule = asyncio.run(control_plane_call("create_schedule", args.tenant, body, args.idempotency_key))
+    print_json(schedule, args.json)
+    return 0
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    print_json(asyncio.run(control_plane_call("get_schedule", args.tenant, args.schedule_id)), args.json)
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    schedule = commands.add_parser("schedule", help="create and inspect schedules")
+    actions = schedule.add_subparsers(dest="schedule_command", required=True, metavar="ACTION")
+
+    create = actions.add_parser("create", help="create a schedule and print it as JSON")
+    create.add_argument("--tenant", help="tenant that owns the schedule")
+    create.add_argument("--target", help="handler name; occurrences go to topic chronoq.occurrences.<target>")
+    create.add_argument("--cron", help="5-field cron expression, local time in --tz")
+    create.add_argument("--at", help="one-time instant, ISO 8601 with offset or Z")
+    create.add_argument("--every", help="rate: elapsed-time period such as 90s, 15m, 1h30m")
+    create.add_argument("--tz", help="IANA time zone of a cron expression (default UTC)")
+    create.add_argument("--payload", help="JSON payload delivered with every occurrence")
+    create.add_argument("--priority", choices=["strict", "flexible"])
+    create.add_argument("--flexible-window", dest="flexible_window", help="jitter window of flexible jobs (5m)")
+    create.add_argument("--misfire-policy", dest="misfire_policy", help="skip | fire_once | catch_up:K")
+    create.add_argument("--max-lateness", dest="max_lateness", help="lateness beyond which a fire misfires (1m)")
+    create.add_argument("--overlap-policy", dest="overlap_policy", choices=["allow", "skip_if_running", "queue_one"])
+    create.add_argument("--max-attempts", dest="max_attempts", type=int)
+    create.add_argument("--dst-repeat", dest="dst_repeat", choices=["first", "both"])
+    create.add_argument("--dst-gap", dest="dst_gap", choices=["skip", "shift"])
+    create.add_argument("--anchor", help="rate: instant the period counts from (default: now)")
+    create.add_argument("--start-at", dest="start_at", help="no fires before this instant")
+    create.add_argument("--end-at", dest="end_at", help="no fires after this instant")
+    create.add_argument("--idempotency-key", dest="idempotency_key",
+                        help="repeat-safe create: the same key returns the same schedule")
+    create.add_argument("--json", action="store_true", help="print compact JSON")
+    create.set_defaults(func=cmd_create)
+
+    get = actions.add_parser("get", help="print one schedule as JSON")
+    get.add_argument("schedule_id")
+    get.add_argument("--tenant", required=True)
+    get.add_argument("--json", action="store_true", help="print compact JSON")
+    get.set_defaults(func=cmd_get)

@@ -1,0 +1,133 @@
+"""``chronoq up | migrate | engine | relay``: running the stack and its services."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from datetime import timedelta
+
+from engine import settings
+from engine.cli import stop_on_signals
+from engine.cli.consume_command import consumer_config
+from engine.control_plane import ControlPlane
+from engine.service import ServiceConfig, migrate, run_services
+from engine.stack import EmbeddedStack, Endpoints
+from consumers.printer import printing_consumer
+from schemas.connections import create_pool
+from schemas.errors import ChronoqError
+from schemas.messages import format_instant
+from schemas.observability import configure_telemetry
+
+log = logging.getLogger("chronoq.cli")
+
+
+async def _up(demo: bool) -> int:
+    stop = asyncio.Event()
+    stop_on_signals(stop)
+    home = settings.home()
+    stack: EmbeddedStack | None = None
+    endpoints = settings.external_endpoints()
+    if endpoints is None:
+        running = settings.read_state(home)
+        if running is not None:
+            raise ChronoqError(f"chronoq is already running in {home} (pid {running.pid}); stop it first"
+                               " or set CHRONOQ_HOME to another directory")
+        stack = EmbeddedStack(home)
+        endpoints = await stack.start()
+    try:
+        applied = await migrate(endpoints.database_url)
+        if stack is not None:
+            settings.write_state(settings.StackState(
+                pid=os.getpid(), database_url=endpoints.database_url, kafka_bootstrap=endpoints.kafka_bootstrap,
+                consumer_database_url=endpoints.consumer_database_url, postgres_pid=stack.postgres.pid,
+                kafka_pid=stack.kafka.pid), home)
+        print("chronoq is up" + (" (embedded stack)" if stack else " (external stack)"), flush=True)
+        print(f"  database:  {endpoints.database_url}", flush=True)
+        print(f"  kafka:     {endpoints.kafka_bootstrap}", flush=True)
+        if stack is not None:
+            print(f"  state:     {home / settings.STATE_FILE}", flush=True)
+        if applied:
+            print(f"  migrated:  {', '.join(applied)}", flush=True)
+        tasks = [asyncio.create_task(run_services(endpoints.database_url, endpoints.kafka_bootstrap, stop),
+                                     name="services")]
+        if demo:
+            tasks.append(asyncio.create_task(_run_demo(endpoints, stop), name="demo"))
+        print("Press Ctrl-C (or send SIGTERM) to stop.", flush=True)
+        try:
+            await stop.wait()
+        finally:
+            stop.set()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            for task, result in zip(tasks, results):
+                if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+                    log.error("component failed", extra={"action": "up.component_failed",
+                                                         "component": task.get_name(), "error": repr(result)})
+    finally:
+        if stack is not None:
+            settings.clear_state(home)
+            stack.stop()
+        print("chronoq stopped", flush=True)
+    return 0
+
+
+async def _run_demo(endpoints: Endpoints, stop: asyncio.Event) -> None:
+    """Create a few demo schedules (idempotently) and print what a consumer applies."""
+    pool = await create_pool(endpoints.database_url, min_size=1, max_size=2)
+    try:
+        control = ControlPlane(pool)
+        now = await control.now()
+        demo_schedules = [
+            ("demo-every-10s", {"kind": "rate", "expression": "10s", "target": "demo.heartbeat",
+                                "payload": {"hello": "every 10 seconds"}}),
+            ("demo-every-minute", {"kind": "cron", "expression": "* * * * *", "time_zone": "Europe/Berlin",
+                                   "target": "demo.minutely", "payload": {"hello": "every minute"}}),
+            (f"demo-once-{now:%Y%m%dT%H%M%S}", {"kind": "once", "target": "demo.once",
+                                                "expression": format_instant(now + timedelta(seconds=5)),
+                                                "payload": {"hello": "once, 5 s after start"}}),
+        ]
+        for key, body in demo_schedules:
+            schedule = await control.create_schedule("demo", body, key)
+            print(f"demo schedule {schedule['schedule_id']} {body['kind']} {body['expression']!r}"
+                  f" -> {body['target']} next_run_at={schedule['next_run_at']}", flush=True)
+    finally:
+        await pool.close()
+    app = printing_consumer(consumer_config(endpoints, "chronoq-demo"), None, as_json=False)
+    await app.run(stop)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    configure_telemetry("chronoq")
+    return asyncio.run(_up(args.demo))
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    applied = asyncio.run(migrate(settings.resolve_endpoints().database_url))
+    print("applied: " + ", ".join(applied) if applied else "database is up to date")
+    return 0
+
+
+def run_component(materializer: bool, relay: bool) -> int:
+    configure_telemetry("chronoq-engine" if materializer else "chronoq-relay")
+    endpoints = settings.resolve_endpoints()
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        stop_on_signals(stop)
+        await run_services(endpoints.database_url, endpoints.kafka_bootstrap, stop,
+                           ServiceConfig(run_materializer=materializer, run_relay=relay))
+
+    asyncio.run(main())
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    up = commands.add_parser("up", help="start the embedded PostgreSQL + Kafka, the engine and the relay")
+    up.add_argument("--demo", action="store_true", help="also create demo schedules and print what they fire")
+    up.set_defaults(func=cmd_up)
+    commands.add_parser("migrate", help="apply the engine's database migrations").set_defaults(func=cmd_migrate)
+    commands.add_parser("engine", help="run the materializer against the configured stack").set_defaults(
+        func=lambda args: run_component(materializer=True, relay=False))
+    commands.add_parser("relay", help="run the outbox relay against the configured stack").set_defaults(
+        func=lambda args: run_component(materializer=False, relay=True))
