@@ -1,4 +1,6 @@
-"""The occurrence message on Kafka, version 1.
+"""Messages on Kafka: the occurrence message and the schedule state message.
+
+The occurrence message, version 1.
 
 Encoded with orjson as a JSON object::
 
@@ -17,6 +19,15 @@ without a format bump; removing or changing one needs ``format`` 2.
 Headers carry what a router needs without decoding the body
 (``chronoq-format``, ``chronoq-occurrence-id``, ``chronoq-tenant``) plus the
 W3C trace context (``traceparent``) injected by the relay.
+
+The schedule state message (topic ``chronoq.schedule-states``, keyed by
+schedule_id, compacted in production) announces each schedule version::
+
+    {"format": 1, "schedule_id": "uuid", "tenant_id": "acme", "version": 2,
+     "state": "active|paused|canceled|completed", "changed_at": "...Z"}
+
+Consumers keep the latest per schedule and skip occurrences of older versions
+or of canceled schedules.
 """
 
 from __future__ import annotations
@@ -126,8 +137,8 @@ def _positive_int(data: dict[str, Any], name: str) -> int:
     return raw
 
 
-def decode_occurrence(value: bytes | None) -> OccurrenceMessage:
-    """Decode an occurrence message or raise MalformedMessage saying what is wrong."""
+def _json_object(value: bytes | None) -> dict[str, Any]:
+    """The JSON object of a chronoq message of a known format, or MalformedMessage."""
     if value is None:
         raise MalformedMessage("message has no value (tombstone)")
     try:
@@ -138,7 +149,13 @@ def decode_occurrence(value: bytes | None) -> OccurrenceMessage:
         raise MalformedMessage("message is not a JSON object")
     fmt = data.get("format")
     if fmt not in SUPPORTED_FORMATS:
-        raise MalformedMessage(f"unknown message format {fmt!r}; this consumer reads {sorted(SUPPORTED_FORMATS)}")
+        raise MalformedMessage(f"unknown message format {fmt!r}; this reader knows {sorted(SUPPORTED_FORMATS)}")
+    return data
+
+
+def decode_occurrence(value: bytes | None) -> OccurrenceMessage:
+    """Decode an occurrence message or raise MalformedMessage saying what is wrong."""
+    data = _json_object(value)
     return OccurrenceMessage(
         occurrence_id=_uuid(data, "occurrence_id"),
         schedule_id=_uuid(data, "schedule_id"),
@@ -151,4 +168,40 @@ def decode_occurrence(value: bytes | None) -> OccurrenceMessage:
         priority=_text(data, "priority"),
         deadline=_instant(data, "deadline", optional=True),
         payload=data.get("payload", {}),
+    )
+
+
+@dataclass(frozen=True)
+class ScheduleStateMessage:
+    schedule_id: uuid.UUID
+    tenant_id: str
+    version: int
+    state: str
+    changed_at: datetime
+
+    def encode(self) -> bytes:
+        return orjson.dumps({
+            "format": FORMAT_VERSION,
+            "schedule_id": str(self.schedule_id),
+            "tenant_id": self.tenant_id,
+            "version": self.version,
+            "state": self.state,
+            "changed_at": format_instant(self.changed_at),
+        })
+
+    @property
+    def key(self) -> bytes:
+        """Keyed by schedule so compaction keeps the latest state of each schedule."""
+        return str(self.schedule_id).encode()
+
+
+def decode_schedule_state(value: bytes | None) -> ScheduleStateMessage:
+    """Decode a schedule state message or raise MalformedMessage."""
+    data = _json_object(value)
+    return ScheduleStateMessage(
+        schedule_id=_uuid(data, "schedule_id"),
+        tenant_id=_text(data, "tenant_id"),
+        version=_positive_int(data, "version"),
+        state=_text(data, "state"),
+        changed_at=_instant(data, "changed_at"),  # type: ignore[arg-type]
     )

@@ -88,3 +88,11 @@ def test_naive_instants_are_refused():
         occurrence_id(uuid.uuid4(), 1, datetime(2026, 1, 1))
     with pytest.raises(ValueError):
         format_instant(datetime(2026, 1, 1))
+
+
+def test_schedule_state_round_trip_and_key():
+    from schemas.messages import ScheduleStateMessage, decode_schedule_state
+
+    state = ScheduleStateMessage(uuid.uuid4(), "acme", 4, "canceled", datetime(2026, 11, 29, tzinfo=UTC))
+    assert decode_schedule_state(state.encode()) == state
+    assert state.key == str(state.schedule_id).encode()
