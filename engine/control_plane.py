@@ -159,6 +159,35 @@ def parse_schedule_request(raw: Mapping[str, Any], *, max_payload_bytes: int = M
     )
 
 
+MAX_PREVIEW = 1000
+
+
+def preview_fires(raw: Mapping[str, Any], after: datetime, count: int) -> list[dict[str, str]]:
+    """The next ``count`` fires strictly after ``after`` of a schedule definition.
+
+    Uses the same rules as create: a rate without an anchor is anchored at
+    ``after`` (whole seconds), as a schedule created at that instant would be.
+    Each fire is ``{"utc": ..., "local": ...}`` in ISO 8601 (local with its
+    offset in the schedule's zone).
+    """
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_PREVIEW:
+        raise InvalidInput("count", f"must be an integer from 1 to {MAX_PREVIEW}", "10")
+    kind, expression = raw.get("kind"), raw.get("expression")
+    if not isinstance(kind, str):
+        raise InvalidInput("kind", "is required: once, cron or rate", "cron")
+    if not isinstance(expression, str):
+        raise InvalidInput("expression", "is required: a cron expression, an ISO-8601 instant or a duration",
+                           "0 9 * * MON-FRI")
+    anchor = raw.get("anchor")
+    if kind == "rate" and anchor is None:
+        anchor = after.replace(microsecond=0)
+    spec = timing.build_time_spec(kind, expression, raw.get("time_zone"), dst_repeat=raw.get("dst_repeat"),
+                                  dst_gap=raw.get("dst_gap"), anchor=anchor, start_at=raw.get("start_at"),
+                                  end_at=raw.get("end_at"))
+    return [{"utc": format_instant(fire.utc), "local": fire.local.isoformat()}
+            for fire in timing.preview(spec, after, count)]
+
+
 def shard_of(schedule_id: uuid.UUID) -> int:
     return int.from_bytes(schedule_id.bytes[:4], "big") % SHARD_COUNT
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from datetime import datetime, timezone
 from typing import Any
 
 import orjson
 
 from engine import settings
 from engine.cli import print_json
-from engine.control_plane import ControlPlane
+from engine.control_plane import ControlPlane, preview_fires
 from schemas.connections import create_pool
 from schemas.errors import InvalidInput
 
@@ -60,6 +61,39 @@ def cmd_create(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_preview(args: argparse.Namespace) -> int:
+    chosen = [flag for flag in ("cron", "at", "every") if getattr(args, flag) is not None]
+    if len(chosen) != 1:
+        raise InvalidInput("expression", "give exactly one of --cron EXPR, --at ISO8601 or --every DURATION",
+                           "--cron '30 2 * * *' --tz America/New_York")
+    body = {"kind": {"cron": "cron", "at": "once", "every": "rate"}[chosen[0]],
+            "expression": getattr(args, chosen[0]), "time_zone": args.tz, "dst_repeat": args.dst_repeat,
+            "dst_gap": args.dst_gap, "anchor": args.anchor}
+    if args.from_ is None:
+        # A read-only preview needs no database: "now" is this terminal's clock.
+        after = datetime.now(timezone.utc)
+    else:
+        after = parse_instant(args.from_, "from")
+    fires = preview_fires(body, after, args.n)
+    if args.json:
+        print_json(fires, compact=True)
+    else:
+        for fire in fires:
+            print(f"{fire['utc']}  {fire['local']}")
+    return 0
+
+
+def parse_instant(text: str, field: str) -> datetime:
+    """An ISO-8601 instant with an offset (or Z) given on the command line."""
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as err:
+        raise InvalidInput(field, f"{text!r} is not an ISO-8601 instant", "2026-03-07T00:00:00Z") from err
+    if value.tzinfo is None:
+        raise InvalidInput(field, "needs an offset or Z", "2026-03-07T00:00:00Z")
+    return value.astimezone(timezone.utc)
+
+
 def cmd_get(args: argparse.Namespace) -> int:
     print_json(asyncio.run(control_plane_call("get_schedule", args.tenant, args.schedule_id)), args.json)
     return 0
@@ -92,6 +126,21 @@ def register(commands: argparse._SubParsersAction) -> None:
                         help="repeat-safe create: the same key returns the same schedule")
     create.add_argument("--json", action="store_true", help="print compact JSON")
     create.set_defaults(func=cmd_create)
+
+    preview = actions.add_parser("preview", help="the next fire instants of an expression, UTC and local")
+    preview.add_argument("--cron", help="5-field cron expression, local time in --tz")
+    preview.add_argument("--at", help="one-time instant, ISO 8601 with offset or Z")
+    preview.add_argument("--every", help="rate: elapsed-time period such as 90s, 15m, 1h30m")
+    preview.add_argument("--anchor", help="rate: instant the period counts from (default: --from)")
+    preview.add_argument("--tz", help="IANA time zone of a cron expression (default UTC)")
+    preview.add_argument("--dst-repeat", dest="dst_repeat", choices=["first", "both"],
+                         help="a repeated wall time (fall back) fires at the first instant (default) or both")
+    preview.add_argument("--dst-gap", dest="dst_gap", choices=["skip", "shift"],
+                         help="a nonexistent wall time (spring forward) is skipped (default) or shifted")
+    preview.add_argument("--from", dest="from_", help="list fires strictly after this instant (default: now)")
+    preview.add_argument("-n", type=int, default=10, help="how many fires (default 10, at most 1000)")
+    preview.add_argument("--json", action="store_true", help='a JSON list of {"utc", "local"} objects')
+    preview.set_defaults(func=cmd_preview)
 
     get = actions.add_parser("get", help="print one schedule as JSON")
     get.add_argument("schedule_id")

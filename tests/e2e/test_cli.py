@@ -127,3 +127,30 @@ def test_up_serves_create_and_consume_then_sigterm_leaves_no_process(tmp_path):
     for pid in children:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert not state_file.exists()
+
+
+def test_preview_skips_the_nonexistent_spring_forward_time():
+    result = run(["schedule", "preview", "--cron", "30 2 * * *", "--tz", "America/New_York",
+                  "--from", "2026-03-07T00:00:00Z", "-n", "3", "--json"], cli_env())
+    assert result.returncode == 0, result.stderr
+    fires = orjson.loads(result.stdout)
+    assert [f["utc"] for f in fires] == ["2026-03-07T07:30:00Z", "2026-03-09T06:30:00Z", "2026-03-10T06:30:00Z"]
+    assert not any(f["local"].startswith("2026-03-08") for f in fires)
+    assert fires[1]["local"] == "2026-03-09T02:30:00-04:00"
+
+
+@pytest.mark.parametrize("repeat, expected", [
+    ([], ["2026-11-01T05:30:00Z"]),
+    (["--dst-repeat", "both"], ["2026-11-01T05:30:00Z", "2026-11-01T06:30:00Z"]),
+])
+def test_preview_fires_a_repeated_wall_time_once_by_default(repeat, expected):
+    result = run(["schedule", "preview", "--cron", "30 1 * * *", "--tz", "America/New_York",
+                  "--from", "2026-10-31T12:00:00Z", "-n", "4", "--json", *repeat], cli_env())
+    assert result.returncode == 0, result.stderr
+    fires = orjson.loads(result.stdout)
+    assert [f["utc"] for f in fires if f["local"].startswith("2026-11-01")] == expected
+
+
+def test_preview_rejects_an_expression_that_never_fires():
+    result = run(["schedule", "preview", "--cron", "0 0 30 2 *"], cli_env())
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "expression: " in result.stderr

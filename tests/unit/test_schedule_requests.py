@@ -65,3 +65,19 @@ def test_once_in_the_past_beyond_lateness_is_rejected_but_just_late_fires_now():
     with pytest.raises(InvalidInput) as caught:
         first_fire(stale, NOW)
     assert caught.value.field == "expression"
+
+
+def test_preview_of_a_rate_is_anchored_like_a_schedule_created_at_that_instant():
+    from engine.control_plane import preview_fires
+
+    fires = preview_fires({"kind": "rate", "expression": "90m"}, NOW.replace(microsecond=123), 2)
+    assert [f["utc"] for f in fires] == ["2026-11-29T11:30:00Z", "2026-11-29T13:00:00Z"]
+
+
+@pytest.mark.parametrize("count", [0, 1001, "3", True])
+def test_preview_count_is_bounded(count):
+    from engine.control_plane import preview_fires
+
+    with pytest.raises(InvalidInput) as caught:
+        preview_fires({"kind": "cron", "expression": "* * * * *"}, NOW, count)
+    assert caught.value.field == "count"
