@@ -8,7 +8,9 @@ the field; nothing is written when a request is rejected.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import hashlib
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -19,12 +21,14 @@ import orjson
 
 from engine import timing
 from schemas.clock import Clock, DatabaseClock
-from schemas.errors import Conflict, InvalidInput, NotFound
-from schemas.messages import format_instant
+from engine.tenants import Tenant
+from schemas.errors import Conflict, InvalidInput, NotFound, QuotaExceeded
+from schemas.messages import ScheduleStateMessage, format_instant
 from schemas.queries import load_queries
-from schemas.topics import validate_target
+from schemas.topics import SCHEDULE_STATES_TOPIC, validate_target
 
 SQL = load_queries("engine")
+CP_SQL = load_queries("control_plane")
 
 #: Logical shards: shard = hash(schedule_id) mod SHARD_COUNT. Engine nodes
 #: lease shards; the count is fixed for the life of a database.
@@ -252,63 +256,340 @@ def schedule_to_json(row: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class Page:
+    """One page of a listing; ``next_cursor`` is None on the last page."""
+
+    items: list[dict[str, Any]]
+    next_cursor: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"items": self.items, "next_cursor": self.next_cursor}
+
+
+MAX_PAGE = 500
+
+# Lifecycle: which state each action leads to from each state. A missing entry
+# is a conflict; an action that leaves the state as it is is a no-op (retrying
+# a pause is safe and creates no new version).
+_LIFECYCLE: dict[str, dict[str, str]] = {
+    "pause": {"active": "paused", "paused": "paused"},
+    "resume": {"paused": "active", "active": "active"},
+    "cancel": {"active": "canceled", "paused": "canceled", "canceled": "canceled", "completed": "completed"},
+    "update": {"active": "active", "paused": "paused"},
+}
+
+
+def lifecycle_transition(state: str, action: str) -> str:
+    """The state after ``action``, or Conflict saying why the action is not possible."""
+    following = _LIFECYCLE[action].get(state)
+    if following is None:
+        raise Conflict(f"cannot {action} a {state} schedule; {state} is final, create a new schedule instead"
+                       if state in ("canceled", "completed") else f"cannot {action} a {state} schedule")
+    return following
+
+
 class ControlPlane:
-    """Schedule lifecycle operations against the engine database."""
+    """Schedule lifecycle operations against the engine database.
+
+    Every change runs in one transaction that locks the schedule, bumps its
+    version, records the version in ``schedule_versions``, invalidates
+    unclaimed occurrences of older versions and queues a schedule state
+    message for consumers — all or nothing.
+    """
 
     def __init__(self, pool: asyncpg.Pool, clock: Clock | None = None) -> None:
         self.pool = pool
         self.clock = clock or DatabaseClock()
 
     async def now(self, conn: asyncpg.Connection | None = None) -> datetime:
-        if conn is None:
-            return await self.pool.fetchval(SQL["current_instant"], self.clock.now())
-        return await conn.fetchval(SQL["current_instant"], self.clock.now())
+        return await (conn or self.pool).fetchval(SQL["current_instant"], self.clock.now())
+
+    # ------------------------------------------------------------------ create
 
     async def create_schedule(self, tenant_id: str, raw: Mapping[str, Any],
                               idempotency_key: str | None = None) -> dict[str, Any]:
         """Validate and store a schedule; return it (with schedule_id, version, next_run_at).
 
         With an idempotency key, repeating the same request returns the stored
-        schedule; the same key with a different definition is a Conflict.
+        schedule; the same key with a different body is a Conflict.
         """
-        request = parse_schedule_request(raw)
+        request_hash = _request_hash(raw)
+        if idempotency_key is not None:
+            if not isinstance(idempotency_key, str) or not 1 <= len(idempotency_key) <= 200:
+                raise InvalidInput("Idempotency-Key", "must be 1-200 characters", "create-invoice-42")
+            existing = await self.pool.fetchrow(CP_SQL["get_schedule_by_key"], tenant_id, idempotency_key)
+            if existing is not None:
+                return _replayed(existing, request_hash, idempotency_key)
         async with self.pool.acquire() as conn, conn.transaction():
+            tenant = await _lock_tenant(conn, tenant_id)
+            request = parse_schedule_request(raw, max_payload_bytes=tenant.quotas.max_payload_bytes)
             now = await self.now(conn)
             if request.spec.kind == "rate" and request.spec.anchor is None:
                 # Anchor on a whole second so "every 10s" fires at readable instants.
                 anchor = now.replace(microsecond=0)
                 request = dataclasses.replace(request, spec=dataclasses.replace(request.spec, anchor=anchor))
             next_run_at = first_fire(request, now)
-            spec = request.spec
+            rate = timing.fires_per_minute(request.spec, now)
+            await _check_quotas(conn, tenant, rate, exclude=None)
             schedule_id = uuid.uuid4()
             row = await conn.fetchrow(
-                SQL["insert_schedule"],
-                schedule_id, tenant_id, spec.kind, spec.expression, spec.time_zone, spec.dst_repeat,
-                spec.dst_gap, spec.anchor, spec.start_at, spec.end_at, next_run_at, "active", request.target,
-                request.payload, request.priority, int(request.flexible_window.total_seconds()),
-                request.misfire_text, int(request.misfire.max_lateness.total_seconds()),
-                request.overlap_policy, request.max_attempts, request.retry_base.total_seconds(),
-                request.retry_cap.total_seconds(),
-                int(request.deadline.total_seconds()) if request.deadline else None,
-                shard_of(schedule_id), idempotency_key, self.clock.now(),
+                CP_SQL["insert_schedule"], schedule_id, tenant_id, *_definition_columns(request), next_run_at,
+                "active", *_policy_columns(request), shard_of(schedule_id), idempotency_key, rate, request_hash,
+                self.clock.now(),
             )
-            if row is None:
-                existing = await conn.fetchrow(SQL["get_schedule_by_key"], tenant_id, idempotency_key)
-                if existing is None:  # pragma: no cover - the conflicting row is visible after ON CONFLICT
-                    raise Conflict("idempotency key in use by a concurrent request; retry")
-                if not _same_definition(existing, request):
-                    raise Conflict(
-                        f"idempotency key {idempotency_key!r} was already used for a different schedule"
-                        f" ({existing['schedule_id']}); use a new key for a new schedule"
-                    )
-                row = existing
+            if row is None:  # a concurrent create with the same key won the insert
+                existing = await conn.fetchrow(CP_SQL["get_schedule_by_key"], tenant_id, idempotency_key)
+                return _replayed(existing, request_hash, idempotency_key)
+            await self._record(conn, row, "create")
         return schedule_to_json(row)
 
+    # ------------------------------------------------------------------ reads
+
     async def get_schedule(self, tenant_id: str, schedule_id: uuid.UUID | str) -> dict[str, Any]:
-        row = await self.pool.fetchrow(SQL["get_schedule"], _as_uuid(schedule_id, "schedule"), tenant_id)
+        row = await self.pool.fetchrow(CP_SQL["get_schedule"], _as_uuid(schedule_id, "schedule"), tenant_id)
         if row is None:
             raise NotFound("schedule", schedule_id)
         return schedule_to_json(row)
+
+    async def list_schedules(self, tenant_id: str, *, state: str | None = None, target: str | None = None,
+                             cursor: str | None = None, limit: int = 50) -> Page:
+        """A tenant's schedules in creation order, ``limit`` at a time."""
+        if state is not None and state not in SCHEDULE_STATES:
+            raise InvalidInput("state", f"must be one of {', '.join(SCHEDULE_STATES)}", "active")
+        after_at, after_id = _decode_cursor(cursor)
+        limit = _page_size(limit)
+        rows = await self.pool.fetch(CP_SQL["list_schedules"], tenant_id, state, target, after_at, after_id,
+                                     limit + 1)
+        items = [schedule_to_json(r) for r in rows[:limit]]
+        last = rows[limit - 1] if len(rows) > limit else None
+        return Page(items, _encode_cursor(last["created_at"], last["schedule_id"]) if last else None)
+
+    async def list_occurrences(self, tenant_id: str, schedule_id: uuid.UUID | str, *, cursor: str | None = None,
+                               limit: int = 50) -> Page:
+        """One schedule's occurrences, oldest first (NotFound for another tenant's schedule)."""
+        sid = _as_uuid(schedule_id, "schedule")
+        if await self.pool.fetchrow(CP_SQL["get_schedule"], sid, tenant_id) is None:
+            raise NotFound("schedule", schedule_id)
+        after_at, after_id = _decode_cursor(cursor)
+        limit = _page_size(limit)
+        rows = await self.pool.fetch(CP_SQL["list_schedule_occurrences"], sid, tenant_id, after_at, after_id,
+                                     limit + 1)
+        items = [occurrence_to_json(r) for r in rows[:limit]]
+        last = rows[limit - 1] if len(rows) > limit else None
+        return Page(items, _encode_cursor(last["scheduled_for"], last["occurrence_id"]) if last else None)
+
+    async def get_occurrence(self, tenant_id: str, occurrence_id: uuid.UUID | str) -> dict[str, Any]:
+        """An occurrence with its attempts."""
+        oid = _as_uuid(occurrence_id, "occurrence")
+        row = await self.pool.fetchrow(CP_SQL["get_occurrence"], oid, tenant_id)
+        if row is None:
+            raise NotFound("occurrence", occurrence_id)
+        attempts = await self.pool.fetch(CP_SQL["list_attempts"], oid)
+        return {**occurrence_to_json(row), "attempts": [attempt_to_json(a) for a in attempts]}
+
+    async def schedule_history(self, tenant_id: str, schedule_id: uuid.UUID | str) -> list[dict[str, Any]]:
+        rows = await self.pool.fetch(CP_SQL["list_schedule_versions"], _as_uuid(schedule_id, "schedule"),
+                                     tenant_id)
+        if not rows:
+            raise NotFound("schedule", schedule_id)
+        return [{"version": r["version"], "change": r["change"], "state": r["state"],
+                 "definition": r["definition"], "next_run_at": _instant(r["next_run_at"]),
+                 "changed_at": _instant(r["changed_at"])} for r in rows]
+
+    # ------------------------------------------------------------------ changes
+
+    async def update_schedule(self, tenant_id: str, schedule_id: uuid.UUID | str,
+                              changes: Mapping[str, Any]) -> dict[str, Any]:
+        """Apply a partial definition change as a new version.
+
+        Unclaimed occurrences of older versions become CANCELED; future fires
+        follow the new definition only, from now on.
+        """
+        if not isinstance(changes, Mapping) or not changes:
+            raise InvalidInput("body", "give at least one field to change", '{"expression": "0 10 * * *"}')
+        unknown = sorted(set(changes) - _KNOWN_FIELDS)
+        if unknown:
+            raise InvalidInput(unknown[0], f"is not a schedule field; known fields: {', '.join(sorted(_KNOWN_FIELDS))}")
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = await self._lock(conn, tenant_id, schedule_id)
+            state = lifecycle_transition(row["state"], "update")
+            tenant = await _lock_tenant(conn, tenant_id)
+            merged = {**definition_of(row), **changes}
+            if "kind" in changes and changes["kind"] != row["kind"] and "anchor" not in changes:
+                merged.pop("anchor", None)
+            for name in ("dst_repeat", "dst_gap"):
+                if merged.get("kind") != "cron" and name not in changes:
+                    merged.pop(name, None)   # DST options only apply to cron
+            request = parse_schedule_request(merged, max_payload_bytes=tenant.quotas.max_payload_bytes)
+            now = await self.now(conn)
+            if request.spec.kind == "rate" and request.spec.anchor is None:
+                request = dataclasses.replace(
+                    request, spec=dataclasses.replace(request.spec, anchor=now.replace(microsecond=0)))
+            next_run_at = first_fire(request, now)
+            rate = timing.fires_per_minute(request.spec, now)
+            await _check_quotas(conn, tenant, rate, exclude=row["schedule_id"])
+            updated = await conn.fetchrow(
+                CP_SQL["replace_schedule"], row["schedule_id"], tenant_id, *_definition_columns(request),
+                next_run_at, state, *_policy_columns(request), rate, self.clock.now(),
+            )
+            canceled = await self._invalidate_older_versions(conn, updated["schedule_id"], updated["version"])
+            await self._record(conn, updated, "update")
+        return {**schedule_to_json(updated), "canceled_occurrences": canceled["canceled"]}
+
+    async def pause_schedule(self, tenant_id: str, schedule_id: uuid.UUID | str) -> dict[str, Any]:
+        """Stop firing; occurrences not yet started are canceled and counted as missed on resume."""
+        return await self._change_state(tenant_id, schedule_id, "pause")
+
+    async def resume_schedule(self, tenant_id: str, schedule_id: uuid.UUID | str) -> dict[str, Any]:
+        """Fire again from the durable cursor: what was missed while paused follows the misfire policy."""
+        return await self._change_state(tenant_id, schedule_id, "resume")
+
+    async def cancel_schedule(self, tenant_id: str, schedule_id: uuid.UUID | str) -> dict[str, Any]:
+        """Stop for good. Nothing is deleted: the schedule, its versions and occurrences stay readable."""
+        return await self._change_state(tenant_id, schedule_id, "cancel")
+
+    async def _change_state(self, tenant_id: str, schedule_id: uuid.UUID | str, action: str) -> dict[str, Any]:
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = await self._lock(conn, tenant_id, schedule_id)
+            state = lifecycle_transition(row["state"], action)
+            if state == row["state"]:
+                return {**schedule_to_json(row), "canceled_occurrences": 0}
+            canceled = await self._invalidate_older_versions(conn, row["schedule_id"], row["version"] + 1)
+            cursor = None if state == "canceled" else row["next_run_at"]
+            if action == "pause" and canceled["earliest"] is not None and cursor is not None:
+                # The canceled occurrences were never delivered: rewind the cursor
+                # so that resume judges them with the misfire policy.
+                cursor = min(cursor, canceled["earliest"])
+            updated = await conn.fetchrow(CP_SQL["change_schedule_state"], row["schedule_id"], tenant_id, state,
+                                          cursor, self.clock.now())
+            await self._record(conn, updated, action)
+        return {**schedule_to_json(updated), "canceled_occurrences": canceled["canceled"]}
+
+    async def _lock(self, conn: asyncpg.Connection, tenant_id: str, schedule_id: uuid.UUID | str) -> asyncpg.Record:
+        row = await conn.fetchrow(CP_SQL["lock_schedule"], _as_uuid(schedule_id, "schedule"), tenant_id)
+        if row is None:
+            raise NotFound("schedule", schedule_id)
+        return row
+
+    async def _invalidate_older_versions(self, conn: asyncpg.Connection, schedule_id: uuid.UUID,
+                                         new_version: int) -> asyncpg.Record:
+        """Cancel unclaimed occurrences of versions before ``new_version``; count them."""
+        return await conn.fetchrow(CP_SQL["cancel_unclaimed_occurrences"], schedule_id, new_version,
+                                   self.clock.now())
+
+    async def _record(self, conn: asyncpg.Connection, row: asyncpg.Record, change: str) -> None:
+        """Version history row + schedule state message, in the change's transaction."""
+        now = self.clock.now()
+        await conn.execute(CP_SQL["insert_schedule_version"], row["schedule_id"], row["version"], row["tenant_id"],
+                           change, row["state"], definition_of(row), row["next_run_at"], now)
+        message = ScheduleStateMessage(row["schedule_id"], row["tenant_id"], row["version"], row["state"],
+                                       row["updated_at"])
+        await conn.execute(CP_SQL["insert_state_message"], row["tenant_id"], SCHEDULE_STATES_TOPIC, message.key,
+                           message.encode(), now)
+
+
+SCHEDULE_STATES = ("active", "paused", "canceled", "completed")
+
+
+async def _lock_tenant(conn: asyncpg.Connection, tenant_id: str) -> Tenant:
+    row = await conn.fetchrow(CP_SQL["lock_tenant"], tenant_id)
+    if row is None:
+        raise NotFound("tenant", f"{tenant_id} (create it with: chronoq tenant create {tenant_id})")
+    tenant = Tenant.from_row(row)
+    if tenant.state != "active":
+        raise Conflict(f"tenant {tenant_id} is {tenant.state}; an operator must reactivate it")
+    return tenant
+
+
+async def _check_quotas(conn: asyncpg.Connection, tenant: Tenant, rate: float, exclude: uuid.UUID | None) -> None:
+    """Raise QuotaExceeded if one more live schedule with this trigger rate does not fit."""
+    usage = await conn.fetchrow(CP_SQL["tenant_usage"], tenant.tenant_id, exclude)
+    quotas = tenant.quotas
+    if usage["schedules"] + 1 > quotas.max_active_schedules:
+        raise QuotaExceeded("max_active_schedules", quotas.max_active_schedules, usage["schedules"] + 1)
+    wanted = usage["fires_per_minute"] + rate
+    if wanted > quotas.max_fires_per_minute:
+        raise QuotaExceeded("max_fires_per_minute", quotas.max_fires_per_minute, round(wanted, 3))
+
+
+def _definition_columns(request: ScheduleRequest) -> tuple[Any, ...]:
+    spec = request.spec
+    return (spec.kind, spec.expression, spec.time_zone, spec.dst_repeat, spec.dst_gap, spec.anchor,
+            spec.start_at, spec.end_at)
+
+
+def _policy_columns(request: ScheduleRequest) -> tuple[Any, ...]:
+    return (
+        request.target, request.payload, request.priority, int(request.flexible_window.total_seconds()),
+        request.misfire_text, int(request.misfire.max_lateness.total_seconds()), request.overlap_policy,
+        request.max_attempts, request.retry_base.total_seconds(), request.retry_cap.total_seconds(),
+        int(request.deadline.total_seconds()) if request.deadline else None,
+    )
+
+
+def _request_hash(raw: Mapping[str, Any]) -> str:
+    try:
+        canonical = orjson.dumps(raw, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+    except TypeError as err:
+        raise InvalidInput("payload", f"must be JSON-serializable: {err}", '{"invoice": 42}') from err
+    return hashlib.sha256(canonical).hexdigest()
+
+
+def _replayed(row: Mapping[str, Any], request_hash: str, key: str) -> dict[str, Any]:
+    if row["request_hash"] != request_hash:
+        raise Conflict(f"Idempotency-Key {key!r} was already used with a different request body (schedule"
+                       f" {row['schedule_id']}); use a new key for a new schedule")
+    return schedule_to_json(row)
+
+
+def _page_size(limit: object) -> int:
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_PAGE:
+        raise InvalidInput("limit", f"must be an integer from 1 to {MAX_PAGE}", "50")
+    return limit
+
+
+def _encode_cursor(at: datetime, ident: uuid.UUID) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps([format_instant(at), str(ident)])).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str | None) -> tuple[datetime | None, uuid.UUID | None]:
+    if cursor is None:
+        return None, None
+    try:
+        at, ident = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        return datetime.fromisoformat(at.replace("Z", "+00:00")), uuid.UUID(ident)
+    except (ValueError, TypeError, orjson.JSONDecodeError) as err:
+        raise InvalidInput("cursor", "is not a cursor returned by this API; start without one") from err
+
+
+def _instant(value: datetime | None) -> str | None:
+    return format_instant(value) if value else None
+
+
+def occurrence_to_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "occurrence_id": str(row["occurrence_id"]), "schedule_id": str(row["schedule_id"]),
+        "schedule_version": row["schedule_version"], "tenant_id": row["tenant_id"], "target": row["target"],
+        "scheduled_for": _instant(row["scheduled_for"]), "available_at": _instant(row["available_at"]),
+        "state": row["state"], "attempt_count": row["attempt_count"], "enqueued_at": _instant(row["enqueued_at"]),
+        "created_at": _instant(row["created_at"]), "updated_at": _instant(row["updated_at"]),
+    }
+
+
+def attempt_to_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "attempt_id": str(row["attempt_id"]), "attempt_number": row["attempt_number"],
+        "lease_token": str(row["lease_token"]), "consumer_group": row["consumer_group"],
+        "started_at": _instant(row["started_at"]), "finished_at": _instant(row["finished_at"]),
+        "result": row["result"], "error_class": row["error_class"], "error_message": row["error_message"],
+    }
+
+
+def definition_of(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored schedule's definition under API field names (what create/update accept)."""
+    data = schedule_to_json(row)
+    return {name: data[name] for name in _KNOWN_FIELDS if data.get(name) is not None}
 
 
 def _as_uuid(value: uuid.UUID | str, kind: str) -> uuid.UUID:
@@ -318,13 +599,3 @@ def _as_uuid(value: uuid.UUID | str, kind: str) -> uuid.UUID:
         return uuid.UUID(str(value))
     except ValueError as err:
         raise NotFound(kind, value) from err
-
-
-def _same_definition(row: Mapping[str, Any], request: ScheduleRequest) -> bool:
-    spec = request.spec
-    return (
-        row["kind"] == spec.kind and row["expression"] == spec.expression
-        and row["time_zone"] == spec.time_zone and row["target"] == request.target
-        and row["payload"] == request.payload and row["priority"] == request.priority
-        and row["misfire_policy"] == request.misfire_text and row["overlap_policy"] == request.overlap_policy
-    )

@@ -123,6 +123,14 @@ async def pool(engine_db: str) -> AsyncIterator[asyncpg.Pool]:
 
 
 @pytest.fixture
+async def acme(pool: asyncpg.Pool):
+    """Tenant ``acme`` with default quotas (and its one-time secrets)."""
+    from engine.tenants import create_tenant
+
+    return await create_tenant(pool, "acme")
+
+
+@pytest.fixture
 def kafka_bootstrap(servers: Servers) -> str:
     return servers.kafka_bootstrap
 

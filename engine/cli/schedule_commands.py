@@ -42,12 +42,12 @@ def schedule_body(args: argparse.Namespace) -> dict[str, Any]:
     return body
 
 
-async def control_plane_call(method: str, *call_args: Any) -> Any:
+async def control_plane_call(method: str, *call_args: Any, **call_kwargs: Any) -> Any:
     """Run one ControlPlane method against the configured engine database."""
     endpoints = settings.resolve_endpoints()
     pool = await create_pool(endpoints.database_url, min_size=1, max_size=2)
     try:
-        return await getattr(ControlPlane(pool), method)(*call_args)
+        return await getattr(ControlPlane(pool), method)(*call_args, **call_kwargs)
     finally:
         await pool.close()
 
@@ -99,6 +99,58 @@ def cmd_get(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_list(args: argparse.Namespace) -> int:
+    page = asyncio.run(control_plane_call("list_schedules", args.tenant, state=args.state, target=args.target,
+                                          cursor=args.cursor, limit=args.limit))
+    print_json(page.to_json(), args.json)
+    return 0
+
+
+def cmd_update(args: argparse.Namespace) -> int:
+    changes: dict[str, Any] = {}
+    chosen = [flag for flag in ("cron", "at", "every") if getattr(args, flag) is not None]
+    if len(chosen) > 1:
+        raise InvalidInput("expression", "give at most one of --cron, --at or --every", "--cron '0 10 * * *'")
+    if chosen:
+        changes["kind"] = {"cron": "cron", "at": "once", "every": "rate"}[chosen[0]]
+        changes["expression"] = getattr(args, chosen[0])
+    if args.tz is not None:
+        changes["time_zone"] = args.tz
+    if args.target is not None:
+        changes["target"] = args.target
+    if args.payload is not None:
+        try:
+            changes["payload"] = orjson.loads(args.payload)
+        except orjson.JSONDecodeError as err:
+            raise InvalidInput("payload", f"is not valid JSON ({err})", '\'{"invoice": 42}\'') from err
+    for name in _PASS_THROUGH:
+        value = getattr(args, name, None)
+        if value is not None:
+            changes[name] = value
+    schedule = asyncio.run(control_plane_call("update_schedule", args.tenant, args.schedule_id, changes))
+    print_json(schedule, args.json)
+    return 0
+
+
+def _lifecycle(method: str):  # type: ignore[no-untyped-def]
+    def command(args: argparse.Namespace) -> int:
+        print_json(asyncio.run(control_plane_call(method, args.tenant, args.schedule_id)), args.json)
+        return 0
+    return command
+
+
+def cmd_occurrences(args: argparse.Namespace) -> int:
+    page = asyncio.run(control_plane_call("list_occurrences", args.tenant, args.schedule_id, cursor=args.cursor,
+                                          limit=args.limit))
+    print_json(page.to_json(), args.json)
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    print_json(asyncio.run(control_plane_call("schedule_history", args.tenant, args.schedule_id)), args.json)
+    return 0
+
+
 def register(commands: argparse._SubParsersAction) -> None:
     schedule = commands.add_parser("schedule", help="create and inspect schedules")
     actions = schedule.add_subparsers(dest="schedule_command", required=True, metavar="ACTION")
@@ -142,8 +194,49 @@ def register(commands: argparse._SubParsersAction) -> None:
     preview.add_argument("--json", action="store_true", help='a JSON list of {"utc", "local"} objects')
     preview.set_defaults(func=cmd_preview)
 
-    get = actions.add_parser("get", help="print one schedule as JSON")
-    get.add_argument("schedule_id")
-    get.add_argument("--tenant", required=True)
-    get.add_argument("--json", action="store_true", help="print compact JSON")
-    get.set_defaults(func=cmd_get)
+    def one_schedule(name: str, help_text: str, func) -> argparse.ArgumentParser:  # type: ignore[no-untyped-def]
+        parser = actions.add_parser(name, help=help_text)
+        parser.add_argument("schedule_id")
+        parser.add_argument("--tenant", required=True, help="tenant that owns the schedule")
+        parser.add_argument("--json", action="store_true", help="print compact JSON")
+        parser.set_defaults(func=func)
+        return parser
+
+    one_schedule("get", "print one schedule as JSON", cmd_get)
+    one_schedule("pause", "stop firing (a new version); resume applies the misfire policy", _lifecycle(
+        "pause_schedule"))
+    one_schedule("resume", "fire again from the durable cursor", _lifecycle("resume_schedule"))
+    one_schedule("cancel", "stop for good; history stays readable", _lifecycle("cancel_schedule"))
+    one_schedule("history", "every version of the schedule", cmd_history)
+    occurrences = one_schedule("occurrences", "the schedule's occurrences, oldest first", cmd_occurrences)
+    occurrences.add_argument("--cursor", help="next_cursor of the previous page")
+    occurrences.add_argument("--limit", type=int, default=50)
+
+    update = one_schedule("update", "change a schedule (a new version; pending older occurrences are"
+                          " canceled)", cmd_update)
+    update.add_argument("--target")
+    update.add_argument("--cron")
+    update.add_argument("--at")
+    update.add_argument("--every")
+    update.add_argument("--tz")
+    update.add_argument("--payload")
+    update.add_argument("--priority", choices=["strict", "flexible"])
+    update.add_argument("--flexible-window", dest="flexible_window")
+    update.add_argument("--misfire-policy", dest="misfire_policy")
+    update.add_argument("--max-lateness", dest="max_lateness")
+    update.add_argument("--overlap-policy", dest="overlap_policy", choices=["allow", "skip_if_running", "queue_one"])
+    update.add_argument("--max-attempts", dest="max_attempts", type=int)
+    update.add_argument("--dst-repeat", dest="dst_repeat", choices=["first", "both"])
+    update.add_argument("--dst-gap", dest="dst_gap", choices=["skip", "shift"])
+    update.add_argument("--anchor")
+    update.add_argument("--start-at", dest="start_at")
+    update.add_argument("--end-at", dest="end_at")
+
+    listing = actions.add_parser("list", help="a tenant's schedules, in creation order")
+    listing.add_argument("--tenant", required=True)
+    listing.add_argument("--state", choices=["active", "paused", "canceled", "completed"])
+    listing.add_argument("--target")
+    listing.add_argument("--cursor", help="next_cursor of the previous page")
+    listing.add_argument("--limit", type=int, default=50)
+    listing.add_argument("--json", action="store_true", help="print compact JSON")
+    listing.set_defaults(func=cmd_list)

@@ -14,9 +14,10 @@ from engine.cli.consume_command import consumer_config
 from engine.control_plane import ControlPlane
 from engine.service import ServiceConfig, migrate, run_services
 from engine.stack import EmbeddedStack, Endpoints
+from engine.tenants import create_tenant
 from consumers.printer import printing_consumer
 from schemas.connections import create_pool
-from schemas.errors import ChronoqError
+from schemas.errors import ChronoqError, Conflict
 from schemas.messages import format_instant
 from schemas.observability import configure_telemetry
 
@@ -76,6 +77,10 @@ async def _run_demo(endpoints: Endpoints, stop: asyncio.Event) -> None:
     """Create a few demo schedules (idempotently) and print what a consumer applies."""
     pool = await create_pool(endpoints.database_url, min_size=1, max_size=2)
     try:
+        try:
+            await create_tenant(pool, "demo")
+        except Conflict:
+            pass  # created by an earlier `chronoq up --demo`
         control = ControlPlane(pool)
         now = await control.now()
         demo_schedules = [

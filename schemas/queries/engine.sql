@@ -1,30 +1,10 @@
--- Runtime queries of the engine (control plane and materializer).
+-- Runtime queries of the engine's materializer (the control plane's are in control_plane.sql).
 -- Every time-sensitive query takes $now: NULL in production (the database's
 -- clock rules), a fixed instant in tests.
 
 -- name: current_instant
 -- The one clock: the injected instant if given, else the database's now().
 SELECT coalesce($1::timestamptz, now());
-
--- name: insert_schedule
--- Creates a schedule; with a created_by_key, a second create with the same key is a no-op (returns nothing).
-INSERT INTO schedules (
-    schedule_id, tenant_id, kind, expression, time_zone, dst_repeat, dst_gap, anchor, start_at, end_at,
-    next_run_at, state, target, payload, priority, flexible_window_s, misfire_policy, max_lateness_s,
-    overlap_policy, retry_max_attempts, retry_base_s, retry_cap_s, deadline_s, shard, created_by_key,
-    created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21,
-        $22, $23, $24, $25, coalesce($26::timestamptz, now()), coalesce($26::timestamptz, now()))
-ON CONFLICT (tenant_id, created_by_key) DO NOTHING
-RETURNING *;
-
--- name: get_schedule
--- One schedule of one tenant (another tenant's schedule is simply not found).
-SELECT * FROM schedules WHERE schedule_id = $1 AND tenant_id = $2;
-
--- name: get_schedule_by_key
--- The schedule a tenant created with an idempotency key.
-SELECT * FROM schedules WHERE tenant_id = $1 AND created_by_key = $2;
 
 -- name: claim_due_schedules
 -- Locks up to $3 active schedules whose cursor falls within the horizon ($2 seconds ahead of now).
@@ -82,12 +62,3 @@ WHERE s.schedule_id = u.schedule_id AND s.version = u.version AND s.state = 'act
 -- name: due_backlog
 -- Active schedules whose cursor is already in the past (work the materializer has not caught up with).
 SELECT count(*) FROM schedules WHERE state = 'active' AND next_run_at <= coalesce($1::timestamptz, now());
-
--- name: get_occurrence
--- One occurrence of one tenant.
-SELECT * FROM occurrences WHERE occurrence_id = $1 AND tenant_id = $2;
-
--- name: list_schedule_occurrences
--- A schedule's occurrences, oldest first.
-SELECT * FROM occurrences WHERE schedule_id = $1 AND tenant_id = $2 ORDER BY scheduled_for, schedule_version
-LIMIT $3;

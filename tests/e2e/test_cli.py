@@ -43,7 +43,7 @@ def run(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess
     ([], "expression"),
 ])
 async def test_bad_input_exits_non_zero_with_one_line_naming_the_field_and_writes_nothing(
-        engine_db, pool, kafka_bootstrap, args, field):
+        engine_db, pool, kafka_bootstrap, args, field, acme):
     result = await asyncio.to_thread(run, ["schedule", "create", "--tenant", "acme", "--target", "billing.invoice",
                                            *args], cli_env(engine_db, kafka_bootstrap))
     assert result.returncode == 2
@@ -52,8 +52,8 @@ async def test_bad_input_exits_non_zero_with_one_line_naming_the_field_and_write
     assert await pool.fetchval("SELECT count(*) FROM schedules") == 0
 
 
-def test_missing_target_is_named(engine_db, kafka_bootstrap):
-    result = run(["schedule", "create", "--tenant", "acme", "--cron", "0 9 * * *"],
+async def test_missing_target_is_named(engine_db, kafka_bootstrap, acme):
+    result = await asyncio.to_thread(run, ["schedule", "create", "--tenant", "acme", "--cron", "0 9 * * *"],
                  cli_env(engine_db, kafka_bootstrap))
     assert result.returncode == 2 and "target: " in result.stderr
 
@@ -64,7 +64,8 @@ def test_commands_explain_how_to_find_a_stack(tmp_path):
     assert result.returncode == 1 and "chronoq up" in result.stderr
 
 
-async def test_create_then_consume_prints_the_occurrence_once(engine_db, kafka_bootstrap, consumer_db, target):
+async def test_create_then_consume_prints_the_occurrence_once(engine_db, kafka_bootstrap, consumer_db, target,
+                                                             acme):
     env = cli_env(engine_db, kafka_bootstrap, CHRONOQ_CONSUMER_DATABASE_URL=consumer_db)
     at = (datetime.now(timezone.utc) + timedelta(seconds=3)).isoformat()
     created = await asyncio.to_thread(run, ["schedule", "create", "--tenant", "acme", "--target", target,
@@ -109,6 +110,13 @@ def test_up_serves_create_and_consume_then_sigterm_leaves_no_process(tmp_path):
         state = orjson.loads(state_file.read_bytes())
         children = [state["postgres_pid"], state["kafka_pid"]]
         assert all(psutil.pid_exists(pid) for pid in children)
+
+        tenant = run(["tenant", "create", "acme", "--max-active-schedules", "5", "--json"], env)
+        assert tenant.returncode == 0, tenant.stderr
+        secrets = orjson.loads(tenant.stdout)
+        assert secrets["tenant_id"] == "acme" and secrets["api_token"].startswith("cq_")
+        assert len(bytes.fromhex(secrets["signing_key"])) == 32
+        assert secrets["quotas"]["max_active_schedules"] == 5
 
         at = (datetime.now(timezone.utc) + timedelta(seconds=3)).isoformat()
         created = run(["schedule", "create", "--tenant", "acme", "--target", "up.test", "--at", at, "--json"], env)

@@ -19,6 +19,8 @@ from relay.publisher import KafkaPublisher, PublisherConfig
 from schemas import observability as obs
 from tests.conftest import wait_for
 
+OCCURRENCE_ROWS = "SELECT count(*) FROM outbox WHERE occurrence_id IS NOT NULL"
+
 
 @pytest.fixture
 async def effects(consumer_db):
@@ -42,7 +44,7 @@ def recording_app(consumer_db, kafka_bootstrap, target, **instruments) -> Consum
 
 
 async def test_a_one_time_schedule_is_consumed_exactly_once(engine_db, pool, consumer_db, kafka_bootstrap,
-                                                           clock, target, effects):
+                                                           clock, target, effects, acme):
     control = ControlPlane(pool, clock)
     schedule = await control.create_schedule("acme", {"kind": "once", "target": target,
                                                       "expression": "2026-11-29T10:00:05Z"})
@@ -51,9 +53,9 @@ async def test_a_one_time_schedule_is_consumed_exactly_once(engine_db, pool, con
     app = recording_app(consumer_db, kafka_bootstrap, target)
     consumer = asyncio.create_task(app.run(stop))
     try:
-        await wait_for(lambda: pool.fetchval("SELECT count(*) FROM outbox"))       # materialized ahead
+        await wait_for(lambda: pool.fetchval(OCCURRENCE_ROWS))                     # materialized ahead
         await asyncio.sleep(0.3)                                                    # relay polls: not due yet
-        assert await pool.fetchval("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL") == 0
+        assert await pool.fetchval(OCCURRENCE_ROWS + " AND sent_at IS NOT NULL") == 0
         clock.advance(timedelta(seconds=5))
         await wait_for(lambda: app.stats.applied == 1)
         await asyncio.sleep(1.0)   # give a duplicate every chance to show up
@@ -70,7 +72,7 @@ async def test_a_one_time_schedule_is_consumed_exactly_once(engine_db, pool, con
 
 
 async def test_trace_context_travels_from_the_relay_to_the_consumer_span(
-        pool, consumer_db, kafka_bootstrap, clock, target, effects, telemetry):
+        pool, consumer_db, kafka_bootstrap, clock, target, effects, telemetry, acme):
     control = ControlPlane(pool, clock)
     await control.create_schedule("acme", {"kind": "once", "target": target, "expression": "2026-11-29T10:00:00Z"})
     await Materializer(pool, MaterializerConfig(), clock).run_once()
@@ -78,7 +80,7 @@ async def test_trace_context_travels_from_the_relay_to_the_consumer_span(
     await publisher.start()
     try:
         relay = Relay(OutboxStore(pool, clock), publisher, RelayConfig(), **telemetry.instruments("relay"))
-        assert (await relay.run_once()).published == 1
+        assert (await relay.run_once()).published == 2     # the occurrence and the schedule's state message
     finally:
         await publisher.stop()
     app = recording_app(consumer_db, kafka_bootstrap, target, **telemetry.instruments("consumer"))

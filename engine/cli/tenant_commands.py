@@ -1,0 +1,42 @@
+"""``chronoq tenant create``: onboard a tenant and print its secrets once."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from dataclasses import fields
+
+from engine import settings
+from engine.cli import print_json
+from engine.tenants import TenantQuotas, create_tenant
+from schemas.connections import create_pool
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    quotas = TenantQuotas(**{f.name: getattr(args, f.name) for f in fields(TenantQuotas)
+                             if getattr(args, f.name) is not None})
+
+    async def main() -> dict:
+        pool = await create_pool(settings.resolve_endpoints().database_url, min_size=1, max_size=1)
+        try:
+            return (await create_tenant(pool, args.name, quotas)).to_json()
+        finally:
+            await pool.close()
+
+    print_json(asyncio.run(main()), args.json)
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    tenant = commands.add_parser("tenant", help="manage tenants")
+    actions = tenant.add_subparsers(dest="tenant_command", required=True, metavar="ACTION")
+    create = actions.add_parser(
+        "create", help="create a tenant; prints tenant_id, api_token and signing_key (shown only once)")
+    create.add_argument("name", help="tenant id: lowercase letters, digits, '-', '_'")
+    defaults = TenantQuotas()
+    for item in fields(TenantQuotas):
+        create.add_argument("--" + item.name.replace("_", "-"), dest=item.name,
+                            type=float if item.type in ("float", float) else int,
+                            help=f"default {getattr(defaults, item.name)}")
+    create.add_argument("--json", action="store_true", help="print compact JSON")
+    create.set_defaults(func=cmd_create)

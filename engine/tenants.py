@@ -1,0 +1,130 @@
+"""Tenants: identity, credentials and quotas.
+
+A tenant is named by its ``tenant_id`` (a slug such as ``acme``). It owns two
+secrets, both returned once at creation:
+
+- ``api_token``: the bearer token of the HTTP API. Only its SHA-256 is stored,
+  so a database leak does not leak tokens.
+- ``signing_key``: the HMAC-SHA256 key a service signs Kafka commands with.
+  Verifying an HMAC needs the key, so it is stored; it never travels in the
+  Kafka log (commands carry signatures only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Mapping
+
+import asyncpg
+
+from schemas.errors import Conflict, InvalidInput, NotFound
+from schemas.queries import load_queries
+
+SQL = load_queries("control_plane")
+_TENANT_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+TOKEN_PREFIX = "cq_"
+
+
+@dataclass(frozen=True)
+class TenantQuotas:
+    """Per-tenant limits (defaults suit a production tenant; raise them per tenant).
+
+    max_active_schedules: live (active or paused) schedules.
+    max_fires_per_minute: sum of the trigger rates the live schedules imply, so
+        a tenant cannot create a million every-second schedules.
+    max_payload_bytes: encoded JSON payload of one schedule (default 64 KiB).
+    max_running: occurrences of the tenant running at once.
+    catch_up_per_minute: occurrences a misfire catch-up may enqueue per minute.
+    retry_budget_per_hour: retries the tenant may spend per hour.
+    weight: the tenant's share in weighted fair dispatch.
+    """
+
+    max_active_schedules: int = 10000
+    max_fires_per_minute: float = 10000.0
+    max_payload_bytes: int = 64 * 1024
+    max_running: int = 100
+    catch_up_per_minute: int = 1000
+    retry_budget_per_hour: int = 1000
+    weight: int = 1
+
+    def validate(self) -> None:
+        for item in fields(self):
+            value = getattr(self, item.name)
+            minimum = 1 if item.name in ("max_payload_bytes", "max_running", "weight") else 0
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
+                raise InvalidInput(item.name, f"must be a number of at least {minimum}", str(getattr(
+                    TenantQuotas, item.name)))
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> "TenantQuotas":
+        return cls(**{item.name: row[item.name] for item in fields(cls)})
+
+
+@dataclass(frozen=True)
+class Tenant:
+    tenant_id: str
+    state: str
+    quotas: TenantQuotas
+    signing_key: bytes
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> "Tenant":
+        return cls(row["tenant_id"], row["state"], TenantQuotas.from_row(row), bytes(row["signing_key"]))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tenant_id": self.tenant_id, "state": self.state, "quotas": asdict(self.quotas)}
+
+
+@dataclass(frozen=True)
+class NewTenant:
+    """A created tenant with its secrets; the only time they are readable."""
+
+    tenant: Tenant
+    api_token: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.tenant.to_json(), "api_token": self.api_token,
+                "signing_key": self.tenant.signing_key.hex()}
+
+
+def token_hash(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+def validate_tenant_id(tenant_id: object) -> str:
+    if not isinstance(tenant_id, str) or not _TENANT_ID.match(tenant_id):
+        raise InvalidInput("tenant", "must be 1-63 lowercase letters, digits, '-' or '_', starting with a"
+                           " letter or digit", "acme")
+    return tenant_id
+
+
+async def create_tenant(pool: asyncpg.Pool, tenant_id: str, quotas: TenantQuotas | None = None) -> NewTenant:
+    """Create a tenant and return it with its freshly generated secrets."""
+    validate_tenant_id(tenant_id)
+    quotas = quotas or TenantQuotas()
+    quotas.validate()
+    api_token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    signing_key = secrets.token_bytes(32)
+    row = await pool.fetchrow(SQL["insert_tenant"], tenant_id, token_hash(api_token), signing_key,
+                              *(getattr(quotas, item.name) for item in fields(TenantQuotas)))
+    if row is None:
+        raise Conflict(f"tenant {tenant_id!r} already exists; choose another name")
+    return NewTenant(Tenant.from_row(row), api_token)
+
+
+async def get_tenant(conn: asyncpg.Connection | asyncpg.Pool, tenant_id: str) -> Tenant:
+    row = await conn.fetchrow(SQL["get_tenant"], tenant_id)
+    if row is None:
+        raise NotFound("tenant", f"{tenant_id} (create it with: chronoq tenant create {tenant_id})")
+    return Tenant.from_row(row)
+
+
+async def authenticate(pool: asyncpg.Pool, api_token: str) -> Tenant | None:
+    """The active tenant owning ``api_token``, or None."""
+    if not api_token.startswith(TOKEN_PREFIX) or len(api_token) > 200:
+        return None
+    row = await pool.fetchrow(SQL["tenant_by_token_hash"], token_hash(api_token))
+    return Tenant.from_row(row) if row else None
