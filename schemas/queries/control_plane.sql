@@ -24,10 +24,11 @@ SELECT * FROM tenants WHERE api_token_hash = $1 AND state = 'active';
 SELECT * FROM tenants WHERE tenant_id = $1 FOR UPDATE;
 
 -- name: tenant_usage
--- What counts against a tenant's quotas: its live (active or paused) schedules and their trigger rate.
+-- What counts against a tenant's quotas: its live (active or paused) schedules and their trigger rate
+-- (excluding schedule $2, the one being updated, if given).
 SELECT count(*) AS schedules, coalesce(sum(fires_per_minute), 0)::double precision AS fires_per_minute
 FROM schedules
-WHERE tenant_id = $1 AND state IN ('active', 'paused') AND schedule_id <> coalesce($2::uuid, schedule_id);
+WHERE tenant_id = $1 AND state IN ('active', 'paused') AND ($2::uuid IS NULL OR schedule_id <> $2::uuid);
 
 -- name: insert_schedule
 -- Creates a schedule; with a created_by_key, a second create with the same key is a no-op (returns nothing).
