@@ -1,17 +1,22 @@
-"""Running the engine's loops (materializer) and the relay in one process.
+"""Running the engine's loops (materializer, HTTP API) and the relay in one process.
 
-``chronoq up`` runs both beside the embedded stack; ``chronoq engine`` and
-``chronoq relay`` run one each against external endpoints (the production
-shape in compose.yaml). Each loop stops when the shared stop event is set.
+``chronoq up`` runs them all beside the embedded stack; ``chronoq engine``,
+``chronoq relay`` and ``chronoq api`` run one each against external endpoints
+(the production shape in compose.yaml). Each loop stops when the shared stop
+event is set.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
+from engine.api.app import Api
+from engine.api.server import serve as serve_api
+from engine.control_plane import ControlPlane
 from engine.materializer import Materializer, MaterializerConfig
 from relay.dispatcher import Relay, RelayConfig
 from relay.publisher import KafkaPublisher, PublisherConfig
@@ -26,6 +31,7 @@ log = logging.getLogger("chronoq.service")
 class ServiceConfig:
     run_materializer: bool = True
     run_relay: bool = True
+    api_socket: socket.socket | None = None   # serve the HTTP API on this bound socket
     materializer: MaterializerConfig = field(default_factory=MaterializerConfig)
     relay: RelayConfig = field(default_factory=RelayConfig)
 
@@ -58,6 +64,9 @@ async def run_services(database_url: str, kafka_bootstrap: str, stop: asyncio.Ev
             resources.push_async_callback(publisher.stop)
             relay = Relay.create(pool, publisher, config.relay, clock)
             tasks.append(asyncio.create_task(relay.run(stop), name="relay"))
+        if config.api_socket is not None:
+            api = Api(pool, ControlPlane(pool, clock))
+            tasks.append(asyncio.create_task(serve_api(api, config.api_socket, stop), name="api"))
         try:
             await asyncio.gather(*tasks)
         finally:

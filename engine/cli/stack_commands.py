@@ -6,10 +6,12 @@ import argparse
 import asyncio
 import logging
 import os
+import socket
 from datetime import timedelta
 
 from engine import settings
 from engine.cli import stop_on_signals
+from engine.api.server import bind
 from engine.cli.consume_command import consumer_config
 from engine.control_plane import ControlPlane
 from engine.service import ServiceConfig, migrate, run_services
@@ -24,7 +26,7 @@ from schemas.observability import configure_telemetry
 log = logging.getLogger("chronoq.cli")
 
 
-async def _up(demo: bool) -> int:
+async def _up(demo: bool, api_host: str, api_port: int) -> int:
     stop = asyncio.Event()
     stop_on_signals(stop)
     home = settings.home()
@@ -39,20 +41,23 @@ async def _up(demo: bool) -> int:
         endpoints = await stack.start()
     try:
         applied = await migrate(endpoints.database_url)
+        api_socket = bind_api(api_host, api_port)
+        api_url = "http://{}:{}".format(*api_socket.getsockname()[:2])
         if stack is not None:
             settings.write_state(settings.StackState(
                 pid=os.getpid(), database_url=endpoints.database_url, kafka_bootstrap=endpoints.kafka_bootstrap,
-                consumer_database_url=endpoints.consumer_database_url, postgres_pid=stack.postgres.pid,
-                kafka_pid=stack.kafka.pid), home)
+                consumer_database_url=endpoints.consumer_database_url, api_url=api_url,
+                postgres_pid=stack.postgres.pid, kafka_pid=stack.kafka.pid), home)
         print("chronoq is up" + (" (embedded stack)" if stack else " (external stack)"), flush=True)
         print(f"  database:  {endpoints.database_url}", flush=True)
         print(f"  kafka:     {endpoints.kafka_bootstrap}", flush=True)
+        print(f"  api:       {api_url}  (OpenAPI at {api_url}/openapi.json)", flush=True)
         if stack is not None:
             print(f"  state:     {home / settings.STATE_FILE}", flush=True)
         if applied:
             print(f"  migrated:  {', '.join(applied)}", flush=True)
-        tasks = [asyncio.create_task(run_services(endpoints.database_url, endpoints.kafka_bootstrap, stop),
-                                     name="services")]
+        tasks = [asyncio.create_task(run_services(endpoints.database_url, endpoints.kafka_bootstrap, stop,
+                                                  ServiceConfig(api_socket=api_socket)), name="services")]
         if demo:
             tasks.append(asyncio.create_task(_run_demo(endpoints, stop), name="demo"))
         print("Press Ctrl-C (or send SIGTERM) to stop.", flush=True)
@@ -102,9 +107,33 @@ async def _run_demo(endpoints: Endpoints, stop: asyncio.Event) -> None:
     await app.run(stop)
 
 
+def bind_api(host: str, port: int) -> socket.socket:
+    try:
+        return bind(host, port)
+    except OSError as err:
+        raise ChronoqError(f"cannot listen on {host}:{port} ({err.strerror}); is another chronoq running?"
+                           " Choose another port with --api-port (0 picks a free one)") from err
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     configure_telemetry("chronoq")
-    return asyncio.run(_up(args.demo))
+    return asyncio.run(_up(args.demo, args.api_host, args.api_port))
+
+
+def cmd_api(args: argparse.Namespace) -> int:
+    configure_telemetry("chronoq-api")
+    endpoints = settings.resolve_endpoints()
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        stop_on_signals(stop)
+        sock = bind_api(args.api_host, args.api_port)
+        print("chronoq api on http://{}:{}".format(*sock.getsockname()[:2]), flush=True)
+        await run_services(endpoints.database_url, endpoints.kafka_bootstrap, stop,
+                           ServiceConfig(run_materializer=False, run_relay=False, api_socket=sock))
+
+    asyncio.run(main())
+    return 0
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -127,10 +156,19 @@ def run_component(materializer: bool, relay: bool) -> int:
     return 0
 
 
+def _api_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--api-host", default="127.0.0.1", help="address of the HTTP API (default 127.0.0.1)")
+    parser.add_argument("--api-port", type=int, default=8080, help="port of the HTTP API (default 8080; 0 = any)")
+
+
 def register(commands: argparse._SubParsersAction) -> None:
     up = commands.add_parser("up", help="start the embedded PostgreSQL + Kafka, the engine and the relay")
     up.add_argument("--demo", action="store_true", help="also create demo schedules and print what they fire")
+    _api_flags(up)
     up.set_defaults(func=cmd_up)
+    api = commands.add_parser("api", help="serve the HTTP API against the configured stack")
+    _api_flags(api)
+    api.set_defaults(func=cmd_api)
     commands.add_parser("migrate", help="apply the engine's database migrations").set_defaults(func=cmd_migrate)
     commands.add_parser("engine", help="run the materializer against the configured stack").set_defaults(
         func=lambda args: run_component(materializer=True, relay=False))

@@ -102,7 +102,7 @@ def _wait_for_file(path: Path, process: subprocess.Popen, timeout: float) -> Non
 
 def test_up_serves_create_and_consume_then_sigterm_leaves_no_process(tmp_path):
     env = cli_env(CHRONOQ_HOME=str(tmp_path / "home"))
-    up = subprocess.Popen(CHRONOQ + ["up"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+    up = subprocess.Popen(CHRONOQ + ["up", "--api-port", "0"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
     try:
         state_file = tmp_path / "home" / "stack.json"

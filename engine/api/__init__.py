@@ -1,0 +1,1 @@
+"""The HTTP API of the control plane (ASGI), its OpenAPI document and its server."""

@@ -1,0 +1,276 @@
+"""The control plane's HTTP API as a plain ASGI application.
+
+Every ``/v1`` route needs ``Authorization: Bearer <api_token>``; the token
+names the tenant, and every operation is scoped to it: another tenant's
+schedule is a 404, never a 403 that would leak its existence. Errors are JSON
+``{"error": {"code", "message", "field"?}}``; validation errors name the field.
+The routes are thin: they parse HTTP and call :class:`ControlPlane`, where
+validation, quotas and versioning live.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Awaitable, Callable, Mapping
+from urllib.parse import parse_qs
+
+import asyncpg
+import orjson
+
+from engine.api.openapi import openapi_document
+from engine.control_plane import ControlPlane, preview_fires
+from engine.tenants import Tenant, authenticate
+from schemas.errors import ChronoqError, Conflict, InvalidInput, NotFound, QuotaExceeded
+
+log = logging.getLogger("chronoq.api")
+
+MAX_BODY_BYTES = 1024 * 1024   # far above the 64 KiB payload quota; beyond it the request is refused
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+    body: bytes
+    params: dict[str, str] = field(default_factory=dict)
+    tenant: Tenant | None = None
+
+    def json(self) -> Any:
+        if not self.body:
+            raise InvalidInput("body", "is empty; send a JSON object", '{"kind": "cron", ...}')
+        try:
+            return orjson.loads(self.body)
+        except orjson.JSONDecodeError as err:
+            raise InvalidInput("body", f"is not valid JSON ({err})") from err
+
+    def json_object(self) -> dict[str, Any]:
+        value = self.json()
+        if not isinstance(value, dict):
+            raise InvalidInput("body", "must be a JSON object", '{"kind": "cron", ...}')
+        return value
+
+    def int_query(self, name: str, default: int) -> int:
+        raw = self.query.get(name)
+        if raw is None:
+            return default
+        try:
+            return int(raw)
+        except ValueError as err:
+            raise InvalidInput(name, f"must be an integer, got {raw[:40]!r}", str(default)) from err
+
+
+@dataclass
+class Response:
+    status: int
+    body: Any = None
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def error_response(status: int, code: str, message: str, field_name: str | None = None,
+                   headers: list[tuple[bytes, bytes]] | None = None) -> Response:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if field_name is not None:
+        error["field"] = field_name
+    return Response(status, {"error": error}, headers or [])
+
+
+def _to_response(err: ChronoqError) -> Response:
+    if isinstance(err, InvalidInput):
+        return error_response(422, "invalid_input", str(err), err.field)
+    if isinstance(err, NotFound):
+        return error_response(404, "not_found", str(err))
+    if isinstance(err, QuotaExceeded):
+        return error_response(429, "quota_exceeded", str(err), err.quota)
+    if isinstance(err, Conflict):
+        return error_response(409, "conflict", str(err))
+    return error_response(503 if err.retriable else 400, "error", str(err))
+
+
+class Api:
+    """Routes → control plane. ``extra_routes`` lets other engine rooms (dead letters) add theirs."""
+
+    def __init__(self, pool: asyncpg.Pool, control: ControlPlane,
+                 extra_routes: list[tuple[str, str, Handler]] | None = None) -> None:
+        self.pool = pool
+        self.control = control
+        routes: list[tuple[str, str, Handler]] = [
+            ("POST", "/v1/schedules", self.create_schedule),
+            ("GET", "/v1/schedules", self.list_schedules),
+            ("GET", "/v1/schedules/{id}", self.get_schedule),
+            ("PATCH", "/v1/schedules/{id}", self.update_schedule),
+            ("POST", "/v1/schedules/{id}/pause", self.lifecycle("pause_schedule")),
+            ("POST", "/v1/schedules/{id}/resume", self.lifecycle("resume_schedule")),
+            ("POST", "/v1/schedules/{id}/cancel", self.lifecycle("cancel_schedule")),
+            ("GET", "/v1/schedules/{id}/occurrences", self.list_occurrences),
+            ("GET", "/v1/schedules/{id}/versions", self.schedule_versions),
+            ("GET", "/v1/occurrences/{id}", self.get_occurrence),
+            ("POST", "/v1/preview", self.preview),
+            *(extra_routes or []),
+        ]
+        self.routes = [(method, _compile(path), handler) for method, path, handler in routes]
+        self._openapi = orjson.dumps(openapi_document())
+
+    # ----------------------------------------------------------------- ASGI
+
+    async def __call__(self, scope: Mapping[str, Any], receive: Callable[[], Awaitable[Mapping[str, Any]]],
+                       send: Callable[[Mapping[str, Any]], Awaitable[None]]) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        if scope["type"] != "http":
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        body, too_large = await _read_body(receive)
+        query = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode("latin-1")).items()}
+        request = Request(scope["method"], scope["path"], query, headers, body)
+        if too_large:
+            response = error_response(413, "too_large", f"request body over {MAX_BODY_BYTES} bytes")
+        else:
+            response = await self.dispatch(request)
+        payload = b"" if response.body is None else orjson.dumps(response.body)
+        await send({"type": "http.response.start", "status": response.status,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(payload)).encode()), *response.headers]})
+        await send({"type": "http.response.body", "body": payload})
+
+    async def dispatch(self, request: Request) -> Response:
+        if request.path == "/openapi.json" and request.method == "GET":
+            return Response(200, orjson.Fragment(self._openapi))
+        if request.path == "/healthz" and request.method == "GET":
+            return Response(200, {"status": "ok"})
+        allowed: list[str] = []
+        for method, pattern, handler in self.routes:
+            match = pattern.fullmatch(request.path)
+            if not match:
+                continue
+            if method != request.method:
+                allowed.append(method)
+                continue
+            request.params = match.groupdict()
+            try:
+                request.tenant = await self._authenticate(request)
+                if request.tenant is None:
+                    return error_response(401, "unauthorized",
+                                          "send Authorization: Bearer <api_token> (from chronoq tenant create)",
+                                          headers=[(b"www-authenticate", b'Bearer realm="chronoq"')])
+                return await handler(request)
+            except ChronoqError as err:
+                return _to_response(err)
+            except (asyncpg.PostgresConnectionError, OSError) as err:
+                log.error("database unavailable", extra={"action": "api.db_unavailable", "error": repr(err)})
+                return error_response(503, "unavailable", "the database is unavailable; retry shortly",
+                                      headers=[(b"retry-after", b"1")])
+        if allowed:
+            return error_response(405, "method_not_allowed", f"use {', '.join(sorted(set(allowed)))}",
+                                  headers=[(b"allow", ", ".join(sorted(set(allowed))).encode())])
+        return error_response(404, "not_found", f"no route {request.path}")
+
+    async def _authenticate(self, request: Request) -> Tenant | None:
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return None
+        return await authenticate(self.pool, token.strip())
+
+    # ----------------------------------------------------------------- routes
+
+    async def create_schedule(self, request: Request) -> Response:
+        assert request.tenant is not None
+        key = request.headers.get("idempotency-key")
+        schedule = await self.control.create_schedule(request.tenant.tenant_id, request.json_object(), key)
+        return Response(201, schedule)
+
+    async def list_schedules(self, request: Request) -> Response:
+        assert request.tenant is not None
+        page = await self.control.list_schedules(
+            request.tenant.tenant_id, state=request.query.get("state"), target=request.query.get("target"),
+            cursor=request.query.get("cursor"), limit=request.int_query("limit", 50))
+        return Response(200, page.to_json())
+
+    async def get_schedule(self, request: Request) -> Response:
+        assert request.tenant is not None
+        return Response(200, await self.control.get_schedule(request.tenant.tenant_id, request.params["id"]))
+
+    async def update_schedule(self, request: Request) -> Response:
+        assert request.tenant is not None
+        return Response(200, await self.control.update_schedule(request.tenant.tenant_id, request.params["id"],
+                                                                request.json_object()))
+
+    def lifecycle(self, method: str) -> Handler:
+        async def change(request: Request) -> Response:
+            assert request.tenant is not None
+            return Response(200, await getattr(self.control, method)(request.tenant.tenant_id,
+                                                                     request.params["id"]))
+        return change
+
+    async def list_occurrences(self, request: Request) -> Response:
+        assert request.tenant is not None
+        page = await self.control.list_occurrences(request.tenant.tenant_id, request.params["id"],
+                                                   cursor=request.query.get("cursor"),
+                                                   limit=request.int_query("limit", 50))
+        return Response(200, page.to_json())
+
+    async def schedule_versions(self, request: Request) -> Response:
+        assert request.tenant is not None
+        return Response(200, {"items": await self.control.schedule_history(request.tenant.tenant_id,
+                                                                           request.params["id"])})
+
+    async def get_occurrence(self, request: Request) -> Response:
+        assert request.tenant is not None
+        return Response(200, await self.control.get_occurrence(request.tenant.tenant_id, request.params["id"]))
+
+    async def preview(self, request: Request) -> Response:
+        body = request.json_object()
+        after_raw = body.pop("from", None)
+        count = body.pop("count", 10)
+        if after_raw is None:
+            after = await self.control.now()
+        elif isinstance(after_raw, str):
+            try:
+                after = datetime.fromisoformat(after_raw.replace("Z", "+00:00"))
+            except ValueError as err:
+                raise InvalidInput("from", "is not an ISO-8601 instant", "2026-03-07T00:00:00Z") from err
+            if after.tzinfo is None:
+                raise InvalidInput("from", "needs an offset or Z", "2026-03-07T00:00:00Z")
+            after = after.astimezone(timezone.utc)
+        else:
+            raise InvalidInput("from", "must be an ISO-8601 string", "2026-03-07T00:00:00Z")
+        unknown = sorted(set(body) - _PREVIEW_FIELDS)
+        if unknown:
+            raise InvalidInput(unknown[0], f"is not a preview field; known: from, count, {', '.join(sorted(_PREVIEW_FIELDS))}")
+        return Response(200, {"fires": preview_fires(body, after, count)})
+
+
+_PREVIEW_FIELDS = frozenset({"kind", "expression", "time_zone", "dst_repeat", "dst_gap", "anchor", "start_at",
+                             "end_at"})
+
+
+def _compile(path: str) -> re.Pattern[str]:
+    return re.compile(re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", path))
+
+
+async def _read_body(receive: Callable[[], Awaitable[Mapping[str, Any]]]) -> tuple[bytes, bool]:
+    """The request body, or (partial, True) once it exceeds MAX_BODY_BYTES."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            return b"", True
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            break
+    return b"".join(chunks), False
