@@ -20,9 +20,13 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
+from datetime import datetime, timezone
 from typing import Any
 
+from schemas.commands import HEADER_SIGNATURE, Command, CommandResult, decode_command_result, sign
 from schemas.errors import ChronoqError
+from schemas.topics import COMMAND_RESULTS_TOPIC, COMMANDS_TOPIC, DEFAULT_PARTITIONS, ensure_topics
 
 
 class ApiError(ChronoqError):
@@ -105,3 +109,87 @@ class ChronoqClient:
 
 def _segment(value: str) -> str:
     return urllib.parse.quote(str(value), safe="")
+
+
+class CommandProducer:
+    """Signs and produces scheduling commands for one tenant (async context manager).
+
+    ``signing_key`` is the hex string ``chronoq tenant create`` printed. Each
+    command gets a fresh command_id (returned) unless one is given; resending
+    the same command_id is safe: the engine applies a command once.
+    """
+
+    def __init__(self, kafka_bootstrap: str, tenant_id: str, signing_key: str | bytes) -> None:
+        from aiokafka import AIOKafkaProducer
+
+        self.tenant_id = tenant_id
+        self.signing_key = bytes.fromhex(signing_key) if isinstance(signing_key, str) else signing_key
+        self.producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", enable_idempotence=False)
+
+    async def __aenter__(self) -> "CommandProducer":
+        await self.producer.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.producer.stop()
+
+    async def send(self, action: str, *, schedule_id: str | None = None, body: dict[str, Any] | None = None,
+                   idempotency_key: str | None = None, command_id: uuid.UUID | None = None) -> uuid.UUID:
+        """Produce one signed command and wait for the broker's acknowledgement."""
+        command = Command(command_id or uuid.uuid4(), self.tenant_id, action, datetime.now(timezone.utc),
+                          uuid.UUID(str(schedule_id)) if schedule_id else None, idempotency_key, body)
+        value = command.encode()
+        await self.producer.send_and_wait(COMMANDS_TOPIC, value, key=self.tenant_id.encode(), headers=[
+            (HEADER_SIGNATURE, sign(self.signing_key, value).encode())])
+        return command.command_id
+
+
+class CommandResults:
+    """Waits for the results of commands on chronoq.command-results.
+
+    Start it BEFORE sending: it reads from the end of the topic as of
+    :meth:`start`, so earlier results are not replayed.
+    """
+
+    def __init__(self, kafka_bootstrap: str) -> None:
+        from aiokafka import AIOKafkaConsumer
+
+        self.consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, enable_auto_commit=False)
+        self.kafka_bootstrap = kafka_bootstrap
+        self._seen: dict[uuid.UUID, CommandResult] = {}
+
+    async def __aenter__(self) -> "CommandResults":
+        from aiokafka import TopicPartition
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.kafka_bootstrap)
+        await admin.start()
+        try:
+            await ensure_topics(admin, [COMMANDS_TOPIC, COMMAND_RESULTS_TOPIC], DEFAULT_PARTITIONS)
+        finally:
+            await admin.close()
+        await self.consumer.start()
+        partitions = None
+        while not partitions:
+            await self.consumer.topics()
+            partitions = self.consumer.partitions_for_topic(COMMAND_RESULTS_TOPIC)
+        self.consumer.assign([TopicPartition(COMMAND_RESULTS_TOPIC, p) for p in sorted(partitions)])
+        await self.consumer.seek_to_end()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.consumer.stop()
+
+    async def wait_for(self, command_id: uuid.UUID, timeout: float = 30.0) -> CommandResult:
+        """The result of ``command_id``; TimeoutError if none arrives in time."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while command_id not in self._seen:
+            if loop.time() > deadline:
+                raise TimeoutError(f"no result for command {command_id} within {timeout} s")
+            batches = await self.consumer.getmany(timeout_ms=100)
+            for records in batches.values():
+                for record in records:
+                    result = decode_command_result(record.value)
+                    self._seen[result.command_id] = result
+        return self._seen[command_id]

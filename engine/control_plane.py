@@ -9,12 +9,13 @@ the field; nothing is written when a request is rejected.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import hashlib
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Mapping
+from typing import Any, AsyncIterator, Mapping
 
 import asyncpg
 import orjson
@@ -307,8 +308,19 @@ class ControlPlane:
 
     # ------------------------------------------------------------------ create
 
-    async def create_schedule(self, tenant_id: str, raw: Mapping[str, Any],
-                              idempotency_key: str | None = None) -> dict[str, Any]:
+    @contextlib.asynccontextmanager
+    async def _transaction(self, conn: asyncpg.Connection | None) -> AsyncIterator[asyncpg.Connection]:
+        """A transaction of our own, or a savepoint inside the caller's (the command
+        processor applies a command in the transaction that records it as processed)."""
+        if conn is None:
+            async with self.pool.acquire() as own, own.transaction():
+                yield own
+        else:
+            async with conn.transaction():
+                yield conn
+
+    async def create_schedule(self, tenant_id: str, raw: Mapping[str, Any], idempotency_key: str | None = None,
+                              *, conn: asyncpg.Connection | None = None) -> dict[str, Any]:
         """Validate and store a schedule; return it (with schedule_id, version, next_run_at).
 
         With an idempotency key, repeating the same request returns the stored
@@ -318,10 +330,11 @@ class ControlPlane:
         if idempotency_key is not None:
             if not isinstance(idempotency_key, str) or not 1 <= len(idempotency_key) <= 200:
                 raise InvalidInput("Idempotency-Key", "must be 1-200 characters", "create-invoice-42")
-            existing = await self.pool.fetchrow(CP_SQL["get_schedule_by_key"], tenant_id, idempotency_key)
+            existing = await (conn or self.pool).fetchrow(CP_SQL["get_schedule_by_key"], tenant_id,
+                                                          idempotency_key)
             if existing is not None:
                 return _replayed(existing, request_hash, idempotency_key)
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self._transaction(conn) as conn:
             tenant = await _lock_tenant(conn, tenant_id)
             request = parse_schedule_request(raw, max_payload_bytes=tenant.quotas.max_payload_bytes)
             now = await self.now(conn)
@@ -399,8 +412,8 @@ class ControlPlane:
 
     # ------------------------------------------------------------------ changes
 
-    async def update_schedule(self, tenant_id: str, schedule_id: uuid.UUID | str,
-                              changes: Mapping[str, Any]) -> dict[str, Any]:
+    async def update_schedule(self, tenant_id: str, schedule_id: uuid.UUID | str, changes: Mapping[str, Any],
+                              *, conn: asyncpg.Connection | None = None) -> dict[str, Any]:
         """Apply a partial definition change as a new version.
 
         Unclaimed occurrences of older versions become CANCELED; future fires
@@ -411,7 +424,7 @@ class ControlPlane:
         unknown = sorted(set(changes) - _KNOWN_FIELDS)
         if unknown:
             raise InvalidInput(unknown[0], f"is not a schedule field; known fields: {', '.join(sorted(_KNOWN_FIELDS))}")
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self._transaction(conn) as conn:
             row = await self._lock(conn, tenant_id, schedule_id)
             state = lifecycle_transition(row["state"], "update")
             tenant = await _lock_tenant(conn, tenant_id)
@@ -437,20 +450,24 @@ class ControlPlane:
             await self._record(conn, updated, "update")
         return {**schedule_to_json(updated), "canceled_occurrences": canceled["canceled"]}
 
-    async def pause_schedule(self, tenant_id: str, schedule_id: uuid.UUID | str) -> dict[str, Any]:
+    async def pause_schedule(self, tenant_id: str, schedule_id: uuid.UUID | str, *,
+                              conn: asyncpg.Connection | None = None) -> dict[str, Any]:
         """Stop firing; occurrences not yet started are canceled and counted as missed on resume."""
-        return await self._change_state(tenant_id, schedule_id, "pause")
+        return await self._change_state(tenant_id, schedule_id, "pause", conn)
 
-    async def resume_schedule(self, tenant_id: str, schedule_id: uuid.UUID | str) -> dict[str, Any]:
+    async def resume_schedule(self, tenant_id: str, schedule_id: uuid.UUID | str, *,
+                              conn: asyncpg.Connection | None = None) -> dict[str, Any]:
         """Fire again from the durable cursor: what was missed while paused follows the misfire policy."""
-        return await self._change_state(tenant_id, schedule_id, "resume")
+        return await self._change_state(tenant_id, schedule_id, "resume", conn)
 
-    async def cancel_schedule(self, tenant_id: str, schedule_id: uuid.UUID | str) -> dict[str, Any]:
+    async def cancel_schedule(self, tenant_id: str, schedule_id: uuid.UUID | str, *,
+                              conn: asyncpg.Connection | None = None) -> dict[str, Any]:
         """Stop for good. Nothing is deleted: the schedule, its versions and occurrences stay readable."""
-        return await self._change_state(tenant_id, schedule_id, "cancel")
+        return await self._change_state(tenant_id, schedule_id, "cancel", conn)
 
-    async def _change_state(self, tenant_id: str, schedule_id: uuid.UUID | str, action: str) -> dict[str, Any]:
-        async with self.pool.acquire() as conn, conn.transaction():
+    async def _change_state(self, tenant_id: str, schedule_id: uuid.UUID | str, action: str,
+                            conn: asyncpg.Connection | None) -> dict[str, Any]:
+        async with self._transaction(conn) as conn:
             row = await self._lock(conn, tenant_id, schedule_id)
             state = lifecycle_transition(row["state"], action)
             if state == row["state"]:
@@ -485,7 +502,7 @@ class ControlPlane:
                            change, row["state"], definition_of(row), row["next_run_at"], now)
         message = ScheduleStateMessage(row["schedule_id"], row["tenant_id"], row["version"], row["state"],
                                        row["updated_at"])
-        await conn.execute(CP_SQL["insert_state_message"], row["tenant_id"], SCHEDULE_STATES_TOPIC, message.key,
+        await conn.execute(CP_SQL["insert_topic_message"], row["tenant_id"], SCHEDULE_STATES_TOPIC, message.key,
                            message.encode(), now)
 
 

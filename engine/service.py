@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from engine.api.app import Api
 from engine.api.server import serve as serve_api
+from engine.commands import CommandConfig, CommandProcessor
 from engine.control_plane import ControlPlane
 from engine.materializer import Materializer, MaterializerConfig
 from relay.dispatcher import Relay, RelayConfig
@@ -32,6 +33,8 @@ class ServiceConfig:
     run_materializer: bool = True
     run_relay: bool = True
     api_socket: socket.socket | None = None   # serve the HTTP API on this bound socket
+    run_commands: bool = False                 # consume chronoq.commands
+    commands: CommandConfig = field(default_factory=CommandConfig)
     materializer: MaterializerConfig = field(default_factory=MaterializerConfig)
     relay: RelayConfig = field(default_factory=RelayConfig)
 
@@ -64,6 +67,9 @@ async def run_services(database_url: str, kafka_bootstrap: str, stop: asyncio.Ev
             resources.push_async_callback(publisher.stop)
             relay = Relay.create(pool, publisher, config.relay, clock)
             tasks.append(asyncio.create_task(relay.run(stop), name="relay"))
+        if config.run_commands:
+            processor = CommandProcessor(pool, kafka_bootstrap, ControlPlane(pool, clock), config.commands)
+            tasks.append(asyncio.create_task(processor.run(stop), name="commands"))
         if config.api_socket is not None:
             api = Api(pool, ControlPlane(pool, clock))
             tasks.append(asyncio.create_task(serve_api(api, config.api_socket, stop), name="api"))

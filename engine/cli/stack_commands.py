@@ -57,7 +57,8 @@ async def _up(demo: bool, api_host: str, api_port: int) -> int:
         if applied:
             print(f"  migrated:  {', '.join(applied)}", flush=True)
         tasks = [asyncio.create_task(run_services(endpoints.database_url, endpoints.kafka_bootstrap, stop,
-                                                  ServiceConfig(api_socket=api_socket)), name="services")]
+                                                  ServiceConfig(api_socket=api_socket, run_commands=True)),
+                                     name="services")]
         if demo:
             tasks.append(asyncio.create_task(_run_demo(endpoints, stop), name="demo"))
         print("Press Ctrl-C (or send SIGTERM) to stop.", flush=True)
@@ -150,7 +151,8 @@ def run_component(materializer: bool, relay: bool) -> int:
         stop = asyncio.Event()
         stop_on_signals(stop)
         await run_services(endpoints.database_url, endpoints.kafka_bootstrap, stop,
-                           ServiceConfig(run_materializer=materializer, run_relay=relay))
+                           ServiceConfig(run_materializer=materializer, run_relay=relay,
+                                         run_commands=materializer))
 
     asyncio.run(main())
     return 0

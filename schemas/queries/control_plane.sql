@@ -96,8 +96,9 @@ INSERT INTO schedule_versions (schedule_id, version, tenant_id, change, state, d
                                changed_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, coalesce($8::timestamptz, now()));
 
--- name: insert_state_message
--- Queues a schedule state message for the relay (topic chronoq.schedule-states), in the change's transaction.
+-- name: insert_topic_message
+-- Queues a message that belongs to no occurrence (a schedule state, a command result) for the relay,
+-- in the transaction of the change it reports.
 INSERT INTO outbox (occurrence_id, tenant_id, topic, message_key, message, scheduled_for, available_at,
                     created_at)
 VALUES (NULL, $1, $2, $3, $4, coalesce($5::timestamptz, now()), coalesce($5::timestamptz, now()),
@@ -134,3 +135,19 @@ SELECT * FROM attempts WHERE occurrence_id = $1 ORDER BY attempt_number, started
 -- name: list_schedule_versions
 -- The version history of one schedule.
 SELECT * FROM schedule_versions WHERE schedule_id = $1 AND tenant_id = $2 ORDER BY version;
+
+-- name: claim_command
+-- Records an authenticated command as being processed; returns nothing if it was processed before
+-- (a replay or a redelivery), in which case its stored outcome is answered again.
+INSERT INTO processed_commands (command_id, tenant_id, action, outcome, processed_at)
+VALUES ($1, $2, $3, '{}'::jsonb, coalesce($4::timestamptz, now()))
+ON CONFLICT (command_id) DO NOTHING
+RETURNING command_id;
+
+-- name: command_outcome
+-- The stored outcome of a processed command.
+SELECT tenant_id, outcome FROM processed_commands WHERE command_id = $1;
+
+-- name: record_command_outcome
+-- Stores the outcome of a command, in the transaction of its effect.
+UPDATE processed_commands SET outcome = $2 WHERE command_id = $1;

@@ -1,0 +1,215 @@
+"""The command processor: scheduling commands from Kafka, applied once each.
+
+Services produce signed commands to ``chronoq.commands`` (format in
+``schemas/commands.py``). For each record the processor:
+
+1. parses it — a malformed record is answered ``rejected`` and skipped, it
+   never blocks the partition;
+2. verifies the HMAC signature with the claimed tenant's signing key — a
+   forged or unsigned command is answered ``rejected`` and changes nothing;
+   rejected-unauthenticated commands are NOT recorded as processed, so a
+   forger cannot burn a legitimate command id;
+3. refuses commands older than ``max_age`` (the dedupe window) or issued in
+   the future beyond ``max_skew``;
+4. in ONE transaction records the command id as processed, applies it through
+   the control plane (a savepoint, so a validation error rolls back only the
+   effect), stores the outcome and queues the result for
+   ``chronoq.command-results`` in the outbox. A replayed or redelivered
+   command finds its id recorded and is answered with the stored outcome;
+5. commits the Kafka offset only after that transaction committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import CommitFailedError
+from aiokafka.structs import ConsumerRecord
+from opentelemetry import metrics
+
+from engine.control_plane import ControlPlane
+from schemas import observability as obs
+from schemas.clock import pause
+from schemas.commands import (
+    HEADER_SIGNATURE,
+    Command,
+    CommandResult,
+    decode_command,
+    signature_valid,
+)
+from schemas.errors import ChronoqError, Conflict, InvalidInput, NotFound, QuotaExceeded
+from schemas.messages import MalformedMessage
+from schemas.queries import load_queries
+from schemas.topics import (
+    COMMAND_RESULTS_TOPIC,
+    COMMANDS_TOPIC,
+    DEFAULT_PARTITIONS,
+    ensure_topics,
+)
+
+SQL = load_queries("control_plane")
+log = logging.getLogger("chronoq.commands")
+
+# Ids for records too broken to carry one: stable per (topic, partition, offset).
+_MALFORMED_NAMESPACE = uuid.UUID("1c4f7a52-3e55-4f0e-9d9e-636d6472656a")
+
+
+@dataclass(frozen=True)
+class CommandConfig:
+    """group: the engine's consumer group on chronoq.commands.
+    max_age: commands issued longer ago are refused (the dedupe window).
+    max_skew: commands issued further in the future are refused (clock skew).
+    session_timeout / heartbeat_interval: group membership timing (s).
+    """
+
+    group: str = "chronoq-engine-commands"
+    max_age: timedelta = timedelta(days=7)
+    max_skew: timedelta = timedelta(minutes=5)
+    session_timeout: float = 10.0
+    heartbeat_interval: float = 3.0
+
+
+def _error(code: str, message: str, field: str | None = None) -> dict[str, Any]:
+    return {"code": code, "message": message, **({"field": field} if field else {})}
+
+
+def _error_of(err: ChronoqError) -> dict[str, Any]:
+    if isinstance(err, InvalidInput):
+        return _error("invalid_input", str(err), err.field)
+    if isinstance(err, NotFound):
+        return _error("not_found", str(err))
+    if isinstance(err, QuotaExceeded):
+        return _error("quota_exceeded", str(err), err.quota)
+    return _error("conflict" if isinstance(err, Conflict) else "error", str(err))
+
+
+class CommandProcessor:
+    def __init__(self, pool: asyncpg.Pool, kafka_bootstrap: str, control: ControlPlane,
+                 config: CommandConfig | None = None, meter: metrics.Meter | None = None) -> None:
+        self.pool = pool
+        self.kafka_bootstrap = kafka_bootstrap
+        self.control = control
+        self.config = config or CommandConfig()
+        meter = meter or obs.get_meter("engine")
+        self._processed = meter.create_counter(obs.COMMANDS_PROCESSED, unit="1")
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def process(self, record: ConsumerRecord) -> CommandResult:
+        """Apply one command record at most once and queue its result; return the result."""
+        try:
+            command = decode_command(record.value)
+        except MalformedMessage as err:
+            command_id = uuid.uuid5(_MALFORMED_NAMESPACE, f"{record.topic}/{record.partition}/{record.offset}")
+            return await self._answer(CommandResult(command_id, None, "rejected",
+                                                    error=_error("malformed", str(err))))
+        signature = dict(record.headers or ()).get(HEADER_SIGNATURE, b"")
+        tenant = await self.pool.fetchrow(SQL["get_tenant"], command.tenant_id)
+        if tenant is None or tenant["state"] != "active" or not signature_valid(
+                bytes(tenant["signing_key"]), record.value, signature.decode("latin-1")):
+            # Same answer whether the tenant exists or not: nothing to probe.
+            return await self._answer(CommandResult(command.command_id, command.tenant_id, "rejected", error=_error(
+                "unauthorized", "the signature is missing or does not verify with the tenant's signing key")))
+        now = await self.control.now()
+        if now - command.issued_at > self.config.max_age or command.issued_at - now > self.config.max_skew:
+            return await self._answer(CommandResult(command.command_id, command.tenant_id, "rejected", error=_error(
+                "stale", f"issued_at {command.issued_at.isoformat()} is outside the accepted window"
+                         f" ({self.config.max_age} back, {self.config.max_skew} ahead); send a new command")))
+        return await self._apply_once(command)
+
+    async def _apply_once(self, command: Command) -> CommandResult:
+        clock_now = self.control.clock.now()
+        async with self.pool.acquire() as conn, conn.transaction():
+            fresh = await conn.fetchval(SQL["claim_command"], command.command_id, command.tenant_id, command.action,
+                                        clock_now)
+            if fresh is None:
+                stored = await conn.fetchrow(SQL["command_outcome"], command.command_id)
+                outcome = stored["outcome"]
+                result = CommandResult(command.command_id, stored["tenant_id"], outcome.get("status", "rejected"),
+                                       outcome.get("schedule"), outcome.get("error"))
+            else:
+                try:
+                    schedule = await self._apply(command, conn)
+                    result = CommandResult(command.command_id, command.tenant_id, "applied", schedule)
+                except ChronoqError as err:
+                    result = CommandResult(command.command_id, command.tenant_id, "rejected", error=_error_of(err))
+                await conn.execute(SQL["record_command_outcome"], command.command_id, result.to_json())
+            await self._queue_result(conn, result)
+        self._processed.add(1, {"status": result.status, "action": command.action})
+        log.info("command processed", extra={"action": "command." + result.status, "command_id": str(
+            command.command_id), "tenant_id": command.tenant_id, "command": command.action,
+            "replayed": fresh is None})
+        return result
+
+    async def _apply(self, command: Command, conn: asyncpg.Connection) -> dict[str, Any]:
+        control, tenant = self.control, command.tenant_id
+        if command.action == "create":
+            key = command.idempotency_key or f"command:{command.command_id}"
+            return await control.create_schedule(tenant, command.body or {}, key, conn=conn)
+        assert command.schedule_id is not None
+        if command.action == "update":
+            return await control.update_schedule(tenant, command.schedule_id, command.body or {}, conn=conn)
+        change = {"pause": control.pause_schedule, "resume": control.resume_schedule,
+                  "cancel": control.cancel_schedule}[command.action]
+        return await change(tenant, command.schedule_id, conn=conn)
+
+    async def _answer(self, result: CommandResult) -> CommandResult:
+        async with self.pool.acquire() as conn:
+            await self._queue_result(conn, result)
+        self._processed.add(1, {"status": result.status, "action": "unknown"})
+        log.warning("command rejected", extra={"action": "command.rejected", "command_id": str(result.command_id),
+                                               "reason": (result.error or {}).get("code")})
+        return result
+
+    async def _queue_result(self, conn: asyncpg.Connection, result: CommandResult) -> None:
+        await conn.execute(SQL["insert_topic_message"], result.tenant_id or "", COMMAND_RESULTS_TOPIC,
+                           str(result.command_id).encode(), result.encode(), self.control.clock.now())
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume chronoq.commands until ``stop``; offsets follow the database commits."""
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.kafka_bootstrap)
+        await admin.start()
+        try:
+            await ensure_topics(admin, [COMMANDS_TOPIC, COMMAND_RESULTS_TOPIC], DEFAULT_PARTITIONS)
+        finally:
+            await admin.close()
+        consumer = AIOKafkaConsumer(
+            COMMANDS_TOPIC, bootstrap_servers=self.kafka_bootstrap, group_id=self.config.group,
+            enable_auto_commit=False, auto_offset_reset="earliest",
+            session_timeout_ms=int(self.config.session_timeout * 1000),
+            heartbeat_interval_ms=int(self.config.heartbeat_interval * 1000))
+        await consumer.start()
+        try:
+            while not stop.is_set():
+                batches = await consumer.getmany(timeout_ms=200)
+                for tp, records in batches.items():
+                    await self._process_partition(consumer, tp, records, stop)
+        finally:
+            await consumer.stop()
+
+    async def _process_partition(self, consumer: AIOKafkaConsumer, tp: TopicPartition,
+                                 records: list[ConsumerRecord], stop: asyncio.Event) -> None:
+        done: int | None = None
+        for record in records:
+            try:
+                await self.process(record)
+            except (asyncpg.PostgresError, OSError) as err:
+                # Database trouble: not the command's fault. Re-read it after a pause.
+                log.error("command processing failed; retrying", extra={"action": "command.retry",
+                                                                         "error": repr(err)})
+                consumer.seek(tp, record.offset)
+                await pause(stop, 1.0)
+                break
+            done = record.offset + 1
+        if done is not None:
+            try:
+                await consumer.commit({tp: done})
+            except CommitFailedError:
+                pass  # rebalanced away: the next owner re-reads; commands dedupe by id
