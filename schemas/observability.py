@@ -34,12 +34,25 @@ OCCURRENCES_APPLIED = "chronoq.occurrences_applied"        # counter
 HANDLER_FAILURES = "chronoq.handler_failures"              # counter
 HANDLER_DURATION = "chronoq.handler_duration"              # histogram, s
 POISON_MESSAGES = "chronoq.poison_messages"                # counter: sent to the dead-letter topic
+COMMANDS_PROCESSED = "chronoq.commands_processed"          # counter by status (applied|rejected) and action
 QUEUE_AGE = "chronoq.queue_age"                            # histogram, s: received - available_at
+# Attempts, retries and dead letters (engine side unless noted).
+ATTEMPTS = "chronoq.attempts"                              # counter, attr result: succeeded|failed|timed_out|canceled|fenced
+RETRIES = "chronoq.retries"                                # counter: retries scheduled (RETRY_WAIT + outbox row)
+DEAD_LETTERS = "chronoq.dead_letters"                      # counter, attr reason: occurrences that went DEAD
+DLQ_SIZE = "chronoq.dlq_size"                              # gauge: DEAD occurrences not replayed
+FENCED_EVENTS = "chronoq.fenced_attempt_events"            # counter, attr event: stale lease token rejected
+LEASE_TIMEOUTS = "chronoq.lease_timeouts"                  # counter: RUNNING attempts the reaper timed out
+OVERLAP_SKIPS = "chronoq.overlap_skips"                    # counter: occurrences SKIPPED_OVERLAP
+CANCELED_DELIVERIES = "chronoq.canceled_deliveries"        # counter (consumer): skipped, older version or canceled
+CONSUMER_LAG = "chronoq.consumer_lag"                      # gauge (consumer), per partition: high water - committable
 
 # Span names.
 SPAN_MATERIALIZE = "chronoq.materialize"
 SPAN_PUBLISH = "chronoq.relay.publish"
 SPAN_CONSUME = "chronoq.consume"
+SPAN_ATTEMPT_EVENTS = "chronoq.engine.attempt_events"
+SPAN_REAP = "chronoq.engine.reap"
 
 _configured = False
 
