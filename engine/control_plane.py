@@ -474,10 +474,11 @@ class ControlPlane:
                 return {**schedule_to_json(row), "canceled_occurrences": 0}
             canceled = await self._invalidate_older_versions(conn, row["schedule_id"], row["version"] + 1)
             cursor = None if state == "canceled" else row["next_run_at"]
-            if action == "pause" and canceled["earliest"] is not None and cursor is not None:
-                # The canceled occurrences were never delivered: rewind the cursor
-                # so that resume judges them with the misfire policy.
-                cursor = min(cursor, canceled["earliest"])
+            if action == "pause" and canceled["earliest_unpublished"] is not None and cursor is not None:
+                # Materialized ahead but never published: rewind the cursor so that
+                # resume judges those slots with the misfire policy. Published ones
+                # may already have run; they are canceled, never re-materialized.
+                cursor = min(cursor, canceled["earliest_unpublished"])
             updated = await conn.fetchrow(CP_SQL["change_schedule_state"], row["schedule_id"], tenant_id, state,
                                           cursor, self.clock.now())
             await self._record(conn, updated, action)

@@ -76,19 +76,27 @@ RETURNING *;
 -- Invalidates occurrences of versions older than $2 that no worker has started (SCHEDULED, ENQUEUED,
 -- RETRY_WAIT): they become CANCELED and their unsent outbox rows are discarded. An ENQUEUED one already
 -- in Kafka is skipped by consumers, which check the schedule's version before the effect.
--- Returns how many were canceled and the earliest of their scheduled instants.
-WITH canceled AS (
-    UPDATE occurrences
-    SET state = 'CANCELED', updated_at = coalesce($3::timestamptz, now())
+-- Returns how many were canceled and the earliest instant among those never published (SCHEDULED):
+-- only those may be re-materialized later without risking a second run of the same slot.
+WITH targets AS (
+    SELECT occurrence_id, scheduled_for, state
+    FROM occurrences
     WHERE schedule_id = $1 AND schedule_version < $2 AND state IN ('SCHEDULED', 'ENQUEUED', 'RETRY_WAIT')
-    RETURNING occurrence_id, scheduled_for
+    FOR UPDATE
+), canceled AS (
+    UPDATE occurrences o
+    SET state = 'CANCELED', updated_at = coalesce($3::timestamptz, now())
+    FROM targets t
+    WHERE o.occurrence_id = t.occurrence_id
+    RETURNING t.occurrence_id, t.scheduled_for, t.state AS was
 ), discarded AS (
     UPDATE outbox
     SET discarded_at = coalesce($3::timestamptz, now())
     WHERE occurrence_id IN (SELECT occurrence_id FROM canceled) AND sent_at IS NULL AND discarded_at IS NULL
     RETURNING 1
 )
-SELECT count(*) AS canceled, min(scheduled_for) AS earliest FROM canceled;
+SELECT count(*) AS canceled, min(scheduled_for) FILTER (WHERE was = 'SCHEDULED') AS earliest_unpublished
+FROM canceled;
 
 -- name: insert_schedule_version
 -- Records one version of a schedule in its history.

@@ -187,3 +187,13 @@ async def test_occurrence_detail_includes_attempts(control, pool, clock):
     await create_tenant(pool, "globex")
     with pytest.raises(NotFound):
         await control.get_occurrence("globex", occurrence["occurrence_id"])
+
+
+async def test_pause_never_rewinds_over_occurrences_already_published(control, pool, clock):
+    """A published occurrence may already have run: re-materializing its slot would run it twice."""
+    schedule = await control.create_schedule("acme", EVERY_MINUTE)
+    clock.advance(timedelta(seconds=45))
+    await materializer(pool, clock).run_once()                       # 10:01 materialized, cursor 10:02
+    await pool.execute("UPDATE occurrences SET state = 'ENQUEUED'")  # as the relay does after the broker's ack
+    paused = await control.pause_schedule("acme", schedule["schedule_id"])
+    assert paused["canceled_occurrences"] == 1 and paused["next_run_at"] == "2026-11-29T10:02:00Z"
