@@ -20,14 +20,21 @@ _PASS_THROUGH = ("priority", "flexible_window", "misfire_policy", "max_lateness"
                  "max_attempts", "dst_repeat", "dst_gap", "anchor", "start_at", "end_at")
 
 
-def schedule_body(args: argparse.Namespace) -> dict[str, Any]:
-    """Turn create flags into API field names (validation happens in the control plane)."""
+def fields_from_flags(args: argparse.Namespace, *, create: bool) -> dict[str, Any]:
+    """Turn create/update flags into API field names (validation happens in the control plane).
+
+    Create needs exactly one of --cron/--at/--every; update takes at most one.
+    """
     chosen = [flag for flag in ("cron", "at", "every") if getattr(args, flag) is not None]
-    if len(chosen) != 1:
+    if len(chosen) > 1 or (create and not chosen):
         raise InvalidInput("expression", "give exactly one of --cron EXPR, --at ISO8601 or --every DURATION",
                            "--cron '0 9 * * MON-FRI' --tz Europe/Berlin")
-    kind = {"cron": "cron", "at": "once", "every": "rate"}[chosen[0]]
-    body: dict[str, Any] = {"kind": kind, "expression": getattr(args, chosen[0]), "target": args.target}
+    body: dict[str, Any] = {}
+    if chosen:
+        body["kind"] = {"cron": "cron", "at": "once", "every": "rate"}[chosen[0]]
+        body["expression"] = getattr(args, chosen[0])
+    if create or args.target is not None:
+        body["target"] = args.target
     if args.tz is not None:
         body["time_zone"] = args.tz
     if args.payload is not None:
@@ -55,7 +62,7 @@ async def control_plane_call(method: str, *call_args: Any, **call_kwargs: Any) -
 def cmd_create(args: argparse.Namespace) -> int:
     if not args.tenant:
         raise InvalidInput("tenant", "is required: --tenant NAME", "--tenant acme")
-    body = schedule_body(args)
+    body = fields_from_flags(args, create=True)
     schedule = asyncio.run(control_plane_call("create_schedule", args.tenant, body, args.idempotency_key))
     print_json(schedule, args.json)
     return 0
@@ -107,26 +114,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_update(args: argparse.Namespace) -> int:
-    changes: dict[str, Any] = {}
-    chosen = [flag for flag in ("cron", "at", "every") if getattr(args, flag) is not None]
-    if len(chosen) > 1:
-        raise InvalidInput("expression", "give at most one of --cron, --at or --every", "--cron '0 10 * * *'")
-    if chosen:
-        changes["kind"] = {"cron": "cron", "at": "once", "every": "rate"}[chosen[0]]
-        changes["expression"] = getattr(args, chosen[0])
-    if args.tz is not None:
-        changes["time_zone"] = args.tz
-    if args.target is not None:
-        changes["target"] = args.target
-    if args.payload is not None:
-        try:
-            changes["payload"] = orjson.loads(args.payload)
-        except orjson.JSONDecodeError as err:
-            raise InvalidInput("payload", f"is not valid JSON ({err})", '\'{"invoice": 42}\'') from err
-    for name in _PASS_THROUGH:
-        value = getattr(args, name, None)
-        if value is not None:
-            changes[name] = value
+    changes = fields_from_flags(args, create=False)
     schedule = asyncio.run(control_plane_call("update_schedule", args.tenant, args.schedule_id, changes))
     print_json(schedule, args.json)
     return 0

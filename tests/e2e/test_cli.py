@@ -162,3 +162,27 @@ def test_preview_fires_a_repeated_wall_time_once_by_default(repeat, expected):
 def test_preview_rejects_an_expression_that_never_fires():
     result = run(["schedule", "preview", "--cron", "0 0 30 2 *"], cli_env())
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "expression: " in result.stderr
+
+
+async def test_operators_manage_the_lifecycle_from_the_cli(engine_db, kafka_bootstrap, acme):
+    env = cli_env(engine_db, kafka_bootstrap)
+
+    async def chronoq(*args: str) -> dict:
+        result = await asyncio.to_thread(run, [*args, "--json"], env)
+        assert result.returncode == 0, result.stderr
+        return orjson.loads(result.stdout)
+
+    created = await chronoq("schedule", "create", "--tenant", "acme", "--target", "ops", "--cron", "0 9 * * *")
+    sid = created["schedule_id"]
+    updated = await chronoq("schedule", "update", sid, "--tenant", "acme", "--cron", "0 10 * * *", "--tz",
+                            "Asia/Tokyo")
+    assert (updated["version"], updated["expression"], updated["time_zone"]) == (2, "0 10 * * *", "Asia/Tokyo")
+    assert (await chronoq("schedule", "pause", sid, "--tenant", "acme"))["state"] == "paused"
+    assert (await chronoq("schedule", "resume", sid, "--tenant", "acme"))["state"] == "active"
+    assert (await chronoq("schedule", "cancel", sid, "--tenant", "acme"))["state"] == "canceled"
+    listed = await chronoq("schedule", "list", "--tenant", "acme", "--state", "canceled")
+    assert [s["schedule_id"] for s in listed["items"]] == [sid]
+    history = await chronoq("schedule", "history", sid, "--tenant", "acme")
+    assert [h["change"] for h in history] == ["create", "update", "pause", "resume", "cancel"]
+    other = await asyncio.to_thread(run, ["schedule", "get", sid, "--tenant", "globex"], env)
+    assert other.returncode == 1 and "not found" in other.stderr
