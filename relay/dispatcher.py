@@ -105,12 +105,15 @@ class Relay:
             await self.hooks.after_claim()
         with self.tracer.start_as_current_span(obs.SPAN_PUBLISH) as span:
             span.set_attribute("chronoq.outbox_rows", len(claim.rows))
-            records = []
-            for row in claim.rows:
-                headers = [(HEADER_OCCURRENCE_ID, str(row.occurrence_id).encode()),
-                           (HEADER_TENANT, row.tenant_id.encode())]
-                obs.inject_trace_headers(headers)
-                records.append(OutgoingRecord(row.id, row.topic, row.message_key, row.message, headers))
+            # Every message of the batch continues this span's trace: the context
+            # is serialized once per batch, not once per message.
+            trace_headers: list[tuple[str, bytes]] = []
+            obs.inject_trace_headers(trace_headers)
+            records = [
+                OutgoingRecord(row.id, row.topic, row.message_key, row.message, [
+                    *_identity_headers(row.occurrence_id, row.tenant_id), *trace_headers])
+                for row in claim.rows
+            ]
             try:
                 outcome = await self.publisher.publish(records)
             except KafkaError as err:
@@ -157,3 +160,10 @@ class Relay:
         count = await self.store.backlog()
         self._backlog.set(count)
         return count
+
+
+def _identity_headers(occurrence_id: object, tenant_id: str) -> list[tuple[str, bytes]]:
+    """Headers that let a router act without decoding the body (none for non-occurrence rows)."""
+    if occurrence_id is None:
+        return [(HEADER_TENANT, tenant_id.encode())]
+    return [(HEADER_OCCURRENCE_ID, str(occurrence_id).encode()), (HEADER_TENANT, tenant_id.encode())]
