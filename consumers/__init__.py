@@ -1,19 +1,26 @@
 """The library a consumer app imports.
 
-    from consumers import ConsumerApp, ConsumerConfig, Occurrence
+    from consumers import ConsumerApp, ConsumerConfig, Occurrence, PermanentError
 
     app = ConsumerApp(ConsumerConfig(group="billing", kafka_bootstrap=..., database_url=...))
 
-    @app.handler("billing.invoice")
+    @app.handler("billing.invoice", timeout=60, concurrency=4, permanent_errors=(InvoiceRejected,))
     async def invoice(occurrence: Occurrence, conn) -> None:
         await conn.execute("INSERT INTO invoices ...")   # same transaction as the dedupe row
+        if occurrence.payload.get("plan") is None:
+            raise PermanentError("no plan: retrying cannot help")
 
-    await app.run()
+    await app.run()     # SIGTERM: finish in-flight handlers, commit, leave; a second SIGTERM aborts
 
-A consumer app needs Kafka and its own PostgreSQL, never the engine's database.
+A consumer app needs Kafka and its own PostgreSQL, never the engine's
+database. See docs/consumer-runtime.md for the attempt protocol.
 """
 
-from consumers.app import ConsumerApp, ConsumerConfig, Handler
-from consumers.occurrence import Occurrence
+from consumers.app import ConsumerApp
+from consumers.attempt_runner import ConsumerHooks, ConsumerStats, Handler, Outcome
+from consumers.config import ConsumerConfig
+from consumers.errors import OccurrenceCanceled, PermanentError
+from consumers.occurrence import Cancellation, Occurrence
 
-__all__ = ["ConsumerApp", "ConsumerConfig", "Handler", "Occurrence"]
+__all__ = ["Cancellation", "ConsumerApp", "ConsumerConfig", "ConsumerHooks", "ConsumerStats", "Handler",
+           "Occurrence", "OccurrenceCanceled", "Outcome", "PermanentError"]

@@ -1,175 +1,206 @@
-"""The consumer runtime: apply each occurrence's business effect at most once.
+"""The consumer runtime: apply each occurrence's business effect once, report every attempt.
 
-Delivery from Kafka is at least once. For every message the runtime opens a
-transaction on the app's OWN database, inserts the dedupe row for
-(consumer group, occurrence_id), calls the handler with the occurrence and
-that open connection, and commits; only then does it commit the Kafka offset.
+Delivery from Kafka is at least once. For each message the runtime runs the
+attempt protocol of :mod:`consumers.attempt_runner`: a transaction on the
+app's OWN database holding the dedupe row (consumer group, occurrence_id) and
+the handler's effect, with ``started`` / ``succeeded`` / ``failed`` /
+``canceled`` / ``already_applied`` events reported to the engine on
+``chronoq.attempts``. The engine — never this process — decides retries and
+dead letters; the app never needs the engine's database.
 
-- A redelivered occurrence whose dedupe row exists is acknowledged without
-  calling the handler (counted as a duplicate delivery).
-- A failing handler rolls the transaction back — no effect, no dedupe row —
-  and the runtime seeks back so the occurrence is delivered again.
-- Killed after the database commit but before the offset commit, the message
-  is redelivered and deduped. Offsets are never committed before the
-  database transaction; auto-commit is off.
-- A message that cannot be decoded (a poison message) goes to the dead-letter
-  topic and its offset is committed, so it never blocks the partition.
+Concurrency and offsets. Handlers run concurrently, bounded per target
+(``@app.handler(target, concurrency=n)``) and per process (``max_in_flight``).
+Messages of one partition start in offset order; they may finish in any
+order, and the committed offset of a partition never passes its lowest
+unfinished message (:mod:`consumers.offsets`). A partition with many buffered
+messages is paused, so fetching never outruns the handlers. Offsets are
+committed only after the database commit and the report; auto-commit is off.
 
-The app needs only Kafka and its own database, never the engine's.
+Poison messages (undecodable, or for a target without a handler) go to the
+dead-letter topic and their offsets are committed: they never block a
+partition.
+
+Shutdown. The first SIGTERM (or ``stop``) stops fetching, lets in-flight
+handlers finish for up to ``shutdown_grace`` seconds, commits offsets and
+leaves the group. A second SIGTERM (or :meth:`ConsumerApp.abort`) aborts the
+handlers still running: their transactions roll back and their messages are
+redelivered to the next owner.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
+import collections
 import logging
 import re
+import signal
 import time
-from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Any, Callable
 
 import asyncpg
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import CommitFailedError, KafkaError
 from aiokafka.structs import ConsumerRecord
 from opentelemetry import metrics, trace
 
+from consumers.attempt_reports import AttemptReporter
+from consumers.attempt_runner import (
+    AttemptRunner,
+    ConsumerHooks,
+    ConsumerMetrics,
+    ConsumerStats,
+    Handler,
+    HandlerRegistration,
+    Outcome,
+)
+from consumers.config import ConsumerConfig
 from consumers.dead_letters import send_to_dead_letters
-from consumers.occurrence import Occurrence
+from consumers.offsets import PartitionOffsets
+from consumers.schedule_states import ScheduleStateView
 from schemas import observability as obs
 from schemas.clock import pause
 from schemas.connections import create_pool
-from schemas.messages import MalformedMessage, OccurrenceMessage, decode_occurrence
+from schemas.messages import MalformedMessage, decode_occurrence
 from schemas.migrations import apply_migrations
-from schemas.queries import load_queries
 from schemas.topics import (
+    ATTEMPTS_TOPIC,
     DEAD_LETTER_TOPIC,
-    DEFAULT_PARTITIONS,
     OCCURRENCE_TOPIC_PREFIX,
+    SCHEDULE_STATES_TOPIC,
     ensure_topics,
     occurrence_topic,
     validate_target,
 )
 
-SQL = load_queries("consumer")
 log = logging.getLogger("chronoq.consumer")
 
-Handler = Callable[[Occurrence, asyncpg.Connection], Awaitable[None]]
+__all__ = ["ConsumerApp", "ConsumerConfig", "ConsumerHooks", "ConsumerStats", "Handler", "Outcome"]
 
 
-class Outcome(enum.Enum):
-    APPLIED = "applied"
-    DUPLICATE = "duplicate"
-    DEAD_LETTERED = "dead_lettered"
-    REDELIVER = "redeliver"
+class _Lane:
+    """One assigned partition: fetched-but-not-started messages and the offsets in flight."""
+
+    def __init__(self, tp: TopicPartition) -> None:
+        self.tp = tp
+        self.target = tp.topic[len(OCCURRENCE_TOPIC_PREFIX):] if tp.topic.startswith(OCCURRENCE_TOPIC_PREFIX) else ""
+        self.offsets = PartitionOffsets()
+        self.pending: collections.deque[ConsumerRecord] = collections.deque()
+        self.committed: int | None = None
+        self.paused = False
+        self.revoked = False
 
 
-@dataclass
-class ConsumerStats:
-    """Counts since start: what happened to the records this app processed."""
+class _Rebalance(ConsumerRebalanceListener):
+    def __init__(self, app: "ConsumerApp") -> None:
+        self.app = app
 
-    applied: int = 0
-    duplicates: int = 0
-    failures: int = 0
-    dead_lettered: int = 0
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self.app._revoke(list(revoked))
 
-
-@dataclass(frozen=True)
-class ConsumerConfig:
-    """group: Kafka consumer group; also the dedupe scope (one effect per group).
-    kafka_bootstrap: "host:port[,host:port]".
-    database_url: the app's own PostgreSQL (holds the dedupe table and the effects).
-    max_poll_records: messages fetched per poll (default 100).
-    redelivery_backoff / redelivery_backoff_max: seconds before a failed
-        occurrence is delivered again, doubling up to the maximum.
-    partitions: partitions of occurrence topics this app creates if missing.
-    metadata_refresh: seconds between metadata refreshes (how soon a pattern
-        subscription sees a new target's topic).
-    session_timeout / heartbeat_interval: group membership timing (s). A dead
-        member's partitions move after session_timeout. On the embedded tansu
-        broker a group's first join also takes about half the session timeout
-        and a member that left still counts until its session expires, so
-        short-lived consumers there use a short session (see docs/broker.md).
-    """
-
-    group: str
-    kafka_bootstrap: str
-    database_url: str
-    max_poll_records: int = 100
-    redelivery_backoff: float = 0.2
-    redelivery_backoff_max: float = 10.0
-    partitions: int = DEFAULT_PARTITIONS
-    metadata_refresh: float = 5.0
-    session_timeout: float = 10.0
-    heartbeat_interval: float = 3.0
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        self.app._assign(list(assigned))
 
 
 class ConsumerApp:
     """A consumer app: register handlers per target, then ``await app.run()``."""
 
     def __init__(self, config: ConsumerConfig, meter: metrics.Meter | None = None,
-                 tracer: trace.Tracer | None = None) -> None:
+                 tracer: trace.Tracer | None = None, hooks: ConsumerHooks | None = None) -> None:
+        config.validate()
         self.config = config
-        self._handlers: dict[str, Handler] = {}
-        self._fallback: Handler | None = None
+        self.hooks = hooks or ConsumerHooks()
+        self._handlers: dict[str, HandlerRegistration] = {}
+        self._fallback: HandlerRegistration | None = None
         self.stats = ConsumerStats()
-        meter = meter or obs.get_meter("consumer")
+        self.meters = ConsumerMetrics(meter or obs.get_meter("consumer"))
         self.tracer = tracer or obs.get_tracer("consumer")
-        self._applied_counter = meter.create_counter(obs.OCCURRENCES_APPLIED, unit="1")
-        self._duplicates = meter.create_counter(obs.DUPLICATE_DELIVERIES, unit="1")
-        self._failures = meter.create_counter(obs.HANDLER_FAILURES, unit="1")
-        self._poison = meter.create_counter(obs.POISON_MESSAGES, unit="1")
-        self._duration = meter.create_histogram(obs.HANDLER_DURATION, unit="s")
+        self.view = ScheduleStateView()
+        self._stopping = asyncio.Event()
+        self._aborting = asyncio.Event()
         self._pool: asyncpg.Pool | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
-        self._backoff = config.redelivery_backoff
+        self._runner: AttemptRunner | None = None
+        self._lanes: dict[TopicPartition, _Lane] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._running_per_target: collections.Counter[str] = collections.Counter()
+        self._lag_recorded_at = 0.0
+        self._background: list[asyncio.Task[None]] = []
 
-    def handler(self, target: str) -> Callable[[Handler], Handler]:
-        """Register ``fn`` as the handler of ``target``'s occurrences."""
+    # -- registration ---------------------------------------------------------------------------
+
+    def handler(self, target: str, *, timeout: float | None = None, concurrency: int | None = None,
+                permanent_errors: tuple[type[BaseException], ...] = ()) -> Callable[[Handler], Handler]:
+        """Register ``fn`` as the handler of ``target``'s occurrences.
+
+        timeout: seconds before the handler fails transiently (default ``config.handler_timeout``).
+        concurrency: handlers of this target running at once in this process (default ``config.concurrency``).
+        permanent_errors: the app's exception types that mean "never retry", besides ``PermanentError``.
+        """
         validate_target(target)
+        registration = self._registration(timeout, concurrency, permanent_errors)
 
         def register(fn: Handler) -> Handler:
             if target in self._handlers:
                 raise ValueError(f"target {target!r} already has a handler")
-            self._handlers[target] = fn
+            self._handlers[target] = registration(fn)
             return fn
 
         return register
 
-    def fallback_handler(self, fn: Handler) -> Handler:
+    def fallback_handler(self, fn: Handler, *, timeout: float | None = None, concurrency: int | None = None,
+                         permanent_errors: tuple[type[BaseException], ...] = ()) -> Handler:
         """Register ``fn`` for every target without a handler of its own.
 
         The app then subscribes to all occurrence topics by pattern, including
         topics created after it started (found within ``metadata_refresh``).
         """
-        self._fallback = fn
+        self._fallback = self._registration(timeout, concurrency, permanent_errors)(fn)
         return fn
+
+    def _registration(self, timeout: float | None, concurrency: int | None,
+                      permanent_errors: tuple[type[BaseException], ...]) -> Callable[[Handler], HandlerRegistration]:
+        timeout = self.config.handler_timeout if timeout is None else timeout
+        concurrency = self.config.concurrency if concurrency is None else concurrency
+        if timeout <= 0 or concurrency < 1:
+            raise ValueError("a handler needs a positive timeout and a concurrency of at least 1")
+        return lambda fn: HandlerRegistration(fn, timeout, concurrency, tuple(permanent_errors))
 
     @property
     def topics(self) -> list[str]:
         return sorted(occurrence_topic(t) for t in self._handlers)
 
-    def _handler_for(self, target: str) -> Handler | None:
+    def _registration_for(self, target: str) -> HandlerRegistration | None:
         return self._handlers.get(target, self._fallback)
 
+    # -- lifecycle ------------------------------------------------------------------------------
+
     async def start(self) -> None:
+        """Migrate the app database, create topics, read schedule states, join the group."""
         if not self._handlers and self._fallback is None:
             raise ValueError("register at least one handler with @app.handler(target) before run()")
         cfg = self.config
-        self._pool = await create_pool(cfg.database_url, min_size=1, max_size=4)
+        self._pool = await create_pool(cfg.database_url, min_size=1,
+                                       max_size=max(4, min(cfg.max_in_flight, 32) + 2))
         async with self._pool.acquire() as conn:
             await apply_migrations(conn, "consumer")
         admin = AIOKafkaAdminClient(bootstrap_servers=cfg.kafka_bootstrap)
         await admin.start()
         try:
-            await ensure_topics(admin, self.topics + [DEAD_LETTER_TOPIC], cfg.partitions)
+            await ensure_topics(admin, self.topics + [DEAD_LETTER_TOPIC, ATTEMPTS_TOPIC, SCHEDULE_STATES_TOPIC],
+                                cfg.partitions)
         finally:
             await admin.close()
         self._producer = AIOKafkaProducer(bootstrap_servers=cfg.kafka_bootstrap, acks="all",
-                                          enable_idempotence=False)
+                                          enable_idempotence=False,
+                                          request_timeout_ms=int(cfg.report_timeout * 1000))
         await self._producer.start()
+        await self.view.start(cfg.kafka_bootstrap, cfg.state_catch_up_timeout)
+        self._background.append(asyncio.create_task(self.view.follow(self._stopping), name="schedule-states"))
+        reporter = AttemptReporter(self._producer, cfg.report_timeout, cfg.report_attempts)
+        self._runner = AttemptRunner(cfg, self._pool, reporter, self.view, self.hooks, self.meters, self.stats,
+                                     self._stopping)
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=cfg.kafka_bootstrap, group_id=cfg.group,
             enable_auto_commit=False, auto_offset_reset="earliest", max_poll_records=cfg.max_poll_records,
@@ -178,10 +209,11 @@ class ConsumerApp:
             heartbeat_interval_ms=int(cfg.heartbeat_interval * 1000),
         )
         await self._consumer.start()
+        listener = _Rebalance(self)
         if self._fallback is not None:
-            self._consumer.subscribe(pattern=re.escape(OCCURRENCE_TOPIC_PREFIX) + ".*")
+            self._consumer.subscribe(pattern=re.escape(OCCURRENCE_TOPIC_PREFIX) + ".*", listener=listener)
         else:
-            self._consumer.subscribe(self.topics)
+            self._consumer.subscribe(self.topics, listener=listener)
 
     async def stop(self) -> None:
         """Leave the group and close connections (offsets were committed as work finished).
@@ -189,9 +221,15 @@ class ConsumerApp:
         Every resource is closed even if closing another one fails (a broker
         that is already gone must not leave the database pool open).
         """
+        self._stopping.set()
+        background, self._background = self._background, []
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
         consumer, producer, pool = self._consumer, self._producer, self._pool
         self._consumer = self._producer = self._pool = None
-        for close in (consumer and consumer.stop, producer and producer.stop, pool and pool.close):
+        for close in (consumer and consumer.stop, self.view.stop, producer and producer.stop,
+                      pool and pool.close):
             if close is None:
                 continue
             try:
@@ -199,56 +237,210 @@ class ConsumerApp:
             except Exception as err:  # noqa: BLE001 - shutdown continues whatever failed
                 log.warning("error while closing", extra={"action": "consumer.close_failed", "error": repr(err)})
 
+    def abort(self) -> None:
+        """Stop at once: cancel running handlers (they roll back; their messages are redelivered)."""
+        self._stopping.set()
+        self._aborting.set()
+
     async def run(self, stop: asyncio.Event | None = None, max_applied: int | None = None) -> int:
-        """Consume until ``stop`` is set or ``max_applied`` occurrences were applied; return that count."""
+        """Consume until ``stop`` is set (or ``max_applied`` occurrences were applied); return that count.
+
+        Without ``stop`` the app handles SIGTERM and SIGINT itself: the first
+        stops gracefully, the second aborts.
+        """
+        own_signals = stop is None
         stop = stop or asyncio.Event()
-        await self.start()
+        if own_signals:
+            self._install_signal_handlers(stop)
         try:
-            while not stop.is_set() and (max_applied is None or self.stats.applied < max_applied):
-                assert self._consumer is not None
-                batches = await self._consumer.getmany(timeout_ms=200)
-                for tp, records in batches.items():
-                    await self._process_partition(tp, records, stop, max_applied)
-                    if max_applied is not None and self.stats.applied >= max_applied:
-                        break
+            await self.start()
+            try:
+                await self._consume(stop, max_applied)
+            finally:
+                self._stopping.set()
+                await self._drain()
+                await self._commit(final=True)
         finally:
             await self.stop()
+            if own_signals:
+                self._remove_signal_handlers()
         return self.stats.applied
 
-    async def _process_partition(self, tp: TopicPartition, records: list[ConsumerRecord], stop: asyncio.Event,
-                                 max_applied: int | None) -> None:
-        assert self._consumer is not None
-        next_offset: int | None = None
-        for record in records:
-            if stop.is_set() or (max_applied is not None and self.stats.applied >= max_applied):
-                # Not processed: rewind so this member (or the next owner) reads it again.
-                self._consumer.seek(tp, record.offset)
-                break
+    def _install_signal_handlers(self, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+
+        def on_signal() -> None:
+            if stop.is_set():
+                log.warning("second signal: aborting in-flight handlers", extra={"action": "consumer.abort"})
+                self.abort()
+            else:
+                log.info("signal: finishing in-flight handlers, then stopping", extra={"action": "consumer.stop"})
+                stop.set()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal)
+
+    def _remove_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+    # -- the fetch / dispatch / commit loop ---------------------------------------------------------
+
+    async def _consume(self, stop: asyncio.Event, max_applied: int | None) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        stopper = asyncio.create_task(stop.wait())
+        try:
+            while not stop.is_set() and not self._stopping.is_set():
+                if max_applied is not None and self.stats.applied >= max_applied:
+                    break
+                # Raced against stop: a group join can hold a fetch for seconds.
+                fetch = asyncio.create_task(consumer.getmany(timeout_ms=50 if self._tasks else 200))
+                await asyncio.wait({fetch, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                if not fetch.done():
+                    fetch.cancel()
+                    await asyncio.gather(fetch, return_exceptions=True)
+                    break
+                for tp, records in fetch.result().items():
+                    lane = self._lanes.get(tp)
+                    if lane is None or lane.revoked:
+                        continue
+                    for record in records:
+                        lane.offsets.add(record.offset)
+                        lane.pending.append(record)
+                self._dispatch(max_applied)
+                await self._commit()
+                self._backpressure()
+                self._record_lag()
+        finally:
+            stopper.cancel()
+
+    def _dispatch(self, max_applied: int | None) -> None:
+        """Start pending messages, in offset order per partition, within the concurrency limits."""
+        progress = True
+        while progress and len(self._tasks) < self.config.max_in_flight:
+            progress = False
+            for lane in list(self._lanes.values()):
+                if not lane.pending or len(self._tasks) >= self.config.max_in_flight:
+                    continue
+                if max_applied is not None and self.stats.applied + len(self._tasks) >= max_applied:
+                    return
+                registration = self._registration_for(lane.target)
+                limit = registration.concurrency if registration else 1
+                if self._running_per_target[lane.target] >= limit:
+                    continue
+                record = lane.pending.popleft()
+                self._running_per_target[lane.target] += 1
+                task = asyncio.create_task(self._run_record(lane, record))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+                progress = True
+
+    async def _run_record(self, lane: _Lane, record: ConsumerRecord) -> None:
+        try:
             outcome = await self.handle_record(record)
-            if outcome is Outcome.REDELIVER:
-                self._consumer.seek(tp, record.offset)
-                await pause(stop, self._backoff)
-                self._backoff = min(self._backoff * 2, self.config.redelivery_backoff_max)
-                break
-            self._backoff = self.config.redelivery_backoff
-            next_offset = record.offset + 1
-        if next_offset is not None:
-            try:
-                await self._consumer.commit({tp: next_offset})
-            except CommitFailedError as err:
-                # The partition moved to another member during a rebalance; it will
-                # redeliver from the last committed offset and the dedupe rows
-                # keep the effects single.
-                log.warning("offset commit refused after rebalance",
-                            extra={"action": "consumer.commit_failed", "partition": tp.partition,
-                                   "error": repr(err)})
+        except asyncio.CancelledError:
+            outcome = Outcome.ABANDONED
+            raise
+        except Exception as err:  # noqa: BLE001 - a runtime bug must not kill the app; redelivered later
+            outcome = Outcome.ABANDONED
+            log.exception("delivery failed unexpectedly; it will be redelivered",
+                          extra={"action": "consumer.bug", "error": repr(err), "offset": record.offset})
+        finally:
+            self._running_per_target[lane.target] -= 1
+        if outcome is not Outcome.ABANDONED:
+            lane.offsets.finish(record.offset)
+
+    async def _commit(self, final: bool = False) -> None:
+        """Commit, per partition, up to the lowest unfinished offset (only what moved)."""
+        if self._consumer is None:
+            return
+        offsets = {}
+        for lane in self._lanes.values():
+            position = lane.offsets.committable()
+            if not lane.revoked and position is not None and position != lane.committed:
+                offsets[lane.tp] = position
+        if not offsets:
+            return
+        try:
+            await self._consumer.commit(offsets)
+        except (CommitFailedError, KafkaError) as err:
+            # The partition moved to another member during a rebalance; it will
+            # redeliver from the last committed offset and the dedupe rows keep
+            # the effects single.
+            log.warning("offset commit refused", extra={"action": "consumer.commit_failed", "error": repr(err),
+                                                        "final": final})
+            return
+        for tp, position in offsets.items():
+            self._lanes[tp].committed = position
+
+    def _backpressure(self) -> None:
+        """Pause partitions whose buffer is full (fetching never outruns the handlers); resume the others."""
+        consumer = self._consumer
+        assert consumer is not None
+        for lane in self._lanes.values():
+            full = len(lane.pending) >= self.config.max_poll_records
+            if full and not lane.paused:
+                consumer.pause(lane.tp)
+                lane.paused = True
+            elif not full and lane.paused:
+                consumer.resume(lane.tp)
+                lane.paused = False
+
+    def _record_lag(self) -> None:
+        now = time.monotonic()
+        if now - self._lag_recorded_at < 1.0 or self._consumer is None:
+            return
+        self._lag_recorded_at = now
+        for lane in self._lanes.values():
+            high = self._consumer.highwater(lane.tp)
+            position = lane.offsets.committable() if lane.offsets.committable() is not None else lane.committed
+            if high is not None and position is not None:
+                self.meters.lag.set(max(high - position, 0), {"topic": lane.tp.topic, "partition": lane.tp.partition})
+
+    async def _drain(self) -> None:
+        """Let in-flight handlers finish for up to shutdown_grace (or until abort), then cancel the rest."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.shutdown_grace
+        aborter = asyncio.create_task(self._aborting.wait())
+        try:
+            while self._tasks and not self._aborting.is_set():
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    log.warning("shutdown grace over; aborting in-flight handlers",
+                                extra={"action": "consumer.grace_over", "in_flight": len(self._tasks)})
+                    break
+                await asyncio.wait({*self._tasks, aborter}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            aborter.cancel()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _revoke(self, revoked: list[TopicPartition]) -> None:
+        """Partitions are leaving this member: commit what finished, forget what did not start."""
+        await self._commit()
+        for tp in revoked:
+            lane = self._lanes.pop(tp, None)
+            if lane is not None:
+                lane.revoked = True
+                lane.pending.clear()
+
+    def _assign(self, assigned: list[TopicPartition]) -> None:
+        for tp in assigned:
+            self._lanes[tp] = _Lane(tp)   # reading resumes at the committed offset
+
+    # -- one record -------------------------------------------------------------------------------
 
     async def handle_record(self, record: ConsumerRecord) -> Outcome:
-        """Apply one Kafka record: decode, dedupe, run the handler in one transaction."""
+        """Process one Kafka record completely: decode, dedupe, run the handler, report."""
+        assert self._runner is not None, "call start() first"
         try:
             message = decode_occurrence(record.value)
-            handler = self._handler_for(message.target)
-            if handler is None:
+            registration = self._registration_for(message.target)
+            if registration is None:
                 raise MalformedMessage(f"no handler for target {message.target!r} in this app")
         except MalformedMessage as err:
             return await self._dead_letter(record, str(err))
@@ -256,50 +448,27 @@ class ConsumerApp:
         with self.tracer.start_as_current_span(obs.SPAN_CONSUME, context=context) as span:
             span.set_attribute("chronoq.occurrence_id", str(message.occurrence_id))
             span.set_attribute("chronoq.tenant_id", message.tenant_id)
-            try:
-                outcome = await self._apply(message, handler)
-            except Exception as err:  # the handler's (or the app database's) failure
-                self.stats.failures += 1
-                self._failures.add(1, {"target": message.target})
-                span.record_exception(err)
-                log.warning("handler failed; occurrence will be delivered again",
-                            extra={"action": "occurrence.failed", "occurrence_id": str(message.occurrence_id),
-                                   "schedule_id": str(message.schedule_id), "tenant_id": message.tenant_id,
-                                   "error": repr(err)})
-                return Outcome.REDELIVER
+            span.set_attribute("chronoq.attempt", message.attempt)
+            outcome = await self._runner.deliver(message, registration)
             span.set_attribute("chronoq.outcome", outcome.value)
         return outcome
 
-    async def _apply(self, message: OccurrenceMessage, handler: Handler) -> Outcome:
-        assert self._pool is not None
-        started = time.perf_counter()
-        async with self._pool.acquire() as conn, conn.transaction():
-            applied_at = await conn.fetchval(
-                SQL["insert_dedupe"], self.config.group, message.occurrence_id, message.schedule_id,
-                message.schedule_version, message.tenant_id, message.scheduled_for,
-            )
-            if applied_at is None:
-                self.stats.duplicates += 1
-                self._duplicates.add(1, {"target": message.target})
-                log.info("duplicate delivery suppressed",
-                         extra={"action": "occurrence.duplicate", "occurrence_id": str(message.occurrence_id)})
-                return Outcome.DUPLICATE
-            await handler(Occurrence.from_message(message, applied_at), conn)
-        self.stats.applied += 1
-        self._applied_counter.add(1, {"target": message.target})
-        self._duration.record(time.perf_counter() - started, {"target": message.target})
-        return Outcome.APPLIED
-
     async def _dead_letter(self, record: ConsumerRecord, reason: str) -> Outcome:
         assert self._producer is not None
-        try:
-            await send_to_dead_letters(self._producer, record, self.config.group, reason)
-        except KafkaError as err:
-            log.error("could not dead-letter a poison message; will retry",
-                      extra={"action": "poison.dlq_failed", "error": repr(err)})
-            return Outcome.REDELIVER
+        backoff = self.config.redelivery_backoff
+        while True:
+            try:
+                await send_to_dead_letters(self._producer, record, self.config.group, reason)
+                break
+            except KafkaError as err:
+                log.error("could not dead-letter a poison message; retrying",
+                          extra={"action": "poison.dlq_failed", "error": repr(err)})
+            await pause(self._stopping, backoff)
+            if self._stopping.is_set():
+                return Outcome.ABANDONED
+            backoff = min(backoff * 2, self.config.redelivery_backoff_max)
         self.stats.dead_lettered += 1
-        self._poison.add(1)
+        self.meters.poison.add(1)
         log.warning("poison message sent to the dead-letter topic",
                     extra={"action": "poison.dead_lettered", "topic": record.topic,
                            "partition": record.partition, "offset": record.offset, "reason": reason})

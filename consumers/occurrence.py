@@ -1,22 +1,59 @@
-"""What a handler receives: one occurrence, as delivered."""
+"""What a handler receives: one occurrence, as delivered, with its cancellation signal."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from consumers.errors import OccurrenceCanceled
 from schemas.messages import OccurrenceMessage
+
+
+class Cancellation:
+    """A cooperative cancellation signal for one running handler.
+
+    The runtime sets it when the occurrence's schedule is canceled while the
+    handler runs. The handler decides what to do: check ``is_canceled``,
+    ``await wait()``, or call ``raise_if_canceled()`` between steps. If the
+    handler then raises (anything), its transaction rolls back and the
+    occurrence is reported CANCELED instead of failed; if it returns, its
+    effect commits as usual.
+    """
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self.reason: str | None = None
+
+    def cancel(self, reason: str) -> None:
+        if not self._event.is_set():
+            self.reason = reason
+            self._event.set()
+
+    @property
+    def is_canceled(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self) -> str | None:
+        await self._event.wait()
+        return self.reason
+
+    def raise_if_canceled(self) -> None:
+        if self._event.is_set():
+            raise OccurrenceCanceled(f"the occurrence's schedule was canceled ({self.reason})")
 
 
 @dataclass(frozen=True)
 class Occurrence:
     """One scheduled time of one schedule, delivered to a handler.
 
-    ``occurrence_id`` is stable across redeliveries, relay retries and DLQ
-    replays: use it as the idempotency key of any effect outside the database
-    transaction the runtime hands you.
+    ``occurrence_id`` is stable across redeliveries, retries, relay retries and
+    DLQ replays: use it as the idempotency key of any effect outside the
+    database transaction the runtime hands you. ``attempt`` is the delivery
+    number (1 for the first, n for the n-th retry); ``lease_token`` identifies
+    this attempt (fresh for every attempt).
     """
 
     occurrence_id: uuid.UUID
@@ -31,13 +68,16 @@ class Occurrence:
     deadline: datetime | None
     payload: Any
     received_at: datetime
+    lease_token: uuid.UUID | None = None
+    cancellation: Cancellation = field(default_factory=Cancellation, compare=False, repr=False)
 
     @classmethod
-    def from_message(cls, message: OccurrenceMessage, received_at: datetime) -> "Occurrence":
+    def from_message(cls, message: OccurrenceMessage, received_at: datetime, lease_token: uuid.UUID | None = None,
+                     cancellation: Cancellation | None = None) -> "Occurrence":
         return cls(
             occurrence_id=message.occurrence_id, schedule_id=message.schedule_id,
             schedule_version=message.schedule_version, tenant_id=message.tenant_id, target=message.target,
             scheduled_for=message.scheduled_for, available_at=message.available_at, attempt=message.attempt,
             priority=message.priority, deadline=message.deadline, payload=message.payload,
-            received_at=received_at,
+            received_at=received_at, lease_token=lease_token, cancellation=cancellation or Cancellation(),
         )

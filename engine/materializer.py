@@ -27,6 +27,7 @@ import asyncpg
 from opentelemetry import metrics, trace
 
 from engine import timing
+from engine.overlap import hold_for_overlap_gate
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock, pause
 from schemas.identity import occurrence_id
@@ -148,6 +149,7 @@ class Materializer:
                     cursors[2].append(next_run_at)
                     report.completed += next_run_at is None
                 written = await conn.fetchrow(SQL["insert_occurrences"], *batch.columns, self.clock.now())
+                await hold_for_overlap_gate(conn, batch.columns[0])   # overlap policies: the gate decides
                 await conn.execute(SQL["advance_schedules"], *cursors, self.clock.now())
             report.schedules = len(rows)
             report.occurrences = written["outbox_rows"]

@@ -16,9 +16,12 @@ from dataclasses import dataclass, field
 
 from engine.api.app import Api
 from engine.api.server import serve as serve_api
+from engine.attempts import AttemptProcessor, AttemptProcessorConfig
 from engine.commands import CommandConfig, CommandProcessor
 from engine.control_plane import ControlPlane
 from engine.materializer import Materializer, MaterializerConfig
+from engine.overlap import OverlapGate, OverlapGateConfig
+from engine.reaper import Reaper, ReaperConfig
 from relay.dispatcher import Relay, RelayConfig
 from relay.publisher import KafkaPublisher, PublisherConfig
 from schemas.clock import Clock, DatabaseClock
@@ -37,6 +40,12 @@ class ServiceConfig:
     commands: CommandConfig = field(default_factory=CommandConfig)
     materializer: MaterializerConfig = field(default_factory=MaterializerConfig)
     relay: RelayConfig = field(default_factory=RelayConfig)
+    run_attempts: bool = True                  # consume chronoq.attempts (attempt events from consumers)
+    attempts: AttemptProcessorConfig = field(default_factory=AttemptProcessorConfig)
+    run_reaper: bool = True                    # time out expired attempt leases, retry or dead-letter them
+    reaper: ReaperConfig = field(default_factory=ReaperConfig)
+    run_overlap_gate: bool = True              # dispatch or skip occurrences of skip_if_running/queue_one schedules
+    overlap_gate: OverlapGateConfig = field(default_factory=OverlapGateConfig)
 
 
 async def migrate(database_url: str) -> list[str]:
@@ -70,6 +79,14 @@ async def run_services(database_url: str, kafka_bootstrap: str, stop: asyncio.Ev
         if config.run_commands:
             processor = CommandProcessor(pool, kafka_bootstrap, ControlPlane(pool, clock), config.commands)
             tasks.append(asyncio.create_task(processor.run(stop), name="commands"))
+        if config.run_attempts:
+            attempts = AttemptProcessor(pool, kafka_bootstrap, config.attempts, clock)
+            tasks.append(asyncio.create_task(attempts.run(stop), name="attempts"))
+        if config.run_reaper:
+            tasks.append(asyncio.create_task(Reaper(pool, config.reaper, clock).run(stop), name="reaper"))
+        if config.run_overlap_gate:
+            gate = OverlapGate(pool, config.overlap_gate, clock)
+            tasks.append(asyncio.create_task(gate.run(stop), name="overlap-gate"))
         if config.api_socket is not None:
             api = Api(pool, ControlPlane(pool, clock))
             tasks.append(asyncio.create_task(serve_api(api, config.api_socket, stop), name="api"))

@@ -26,6 +26,14 @@ COMMAND_RESULTS_TOPIC = "chronoq.command-results"
 ATTEMPTS_TOPIC = "chronoq.attempts"
 SCHEDULE_STATES_TOPIC = "chronoq.schedule-states"
 
+#: Topic-level settings chronoq applies when it creates a topic (whoever
+#: creates it first: relay, engine or consumer). Schedule states are compacted:
+#: a consumer reads the topic from the beginning and needs only the latest
+#: state of each schedule.
+TOPIC_CONFIGS: dict[str, dict[str, str]] = {
+    SCHEDULE_STATES_TOPIC: {"cleanup.policy": "compact"},
+}
+
 #: Partitions of the topics chronoq creates. Partitions bound a consumer
 #: group's parallelism; Kafka cannot shrink them later, so err on more.
 DEFAULT_PARTITIONS = 8
@@ -65,7 +73,8 @@ async def ensure_topics(admin: AIOKafkaAdminClient, topics: Sequence[str], parti
     """Create the topics that do not exist; an existing topic is left as it is."""
     existing = set(await admin.list_topics())
     new = [NewTopic(t, num_partitions=partitions, replication_factor=replication_factor,
-                    topic_configs=configs or {}) for t in topics if t not in existing]
+                    topic_configs={**TOPIC_CONFIGS.get(t, {}), **(configs or {})})
+           for t in topics if t not in existing]
     if not new:
         return
     try:

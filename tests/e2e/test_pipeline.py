@@ -10,6 +10,7 @@ import asyncpg
 import pytest
 
 from consumers import ConsumerApp, ConsumerConfig, Occurrence
+from engine.attempts import AttemptProcessorConfig
 from engine.control_plane import ControlPlane
 from engine.materializer import Materializer, MaterializerConfig
 from engine.service import ServiceConfig, run_services
@@ -49,7 +50,9 @@ async def test_a_one_time_schedule_is_consumed_exactly_once(engine_db, pool, con
     schedule = await control.create_schedule("acme", {"kind": "once", "target": target,
                                                       "expression": "2026-11-29T10:00:05Z"})
     stop = asyncio.Event()
-    services = asyncio.create_task(run_services(engine_db, kafka_bootstrap, stop, ServiceConfig(), clock))
+    fast_join = AttemptProcessorConfig(session_timeout=2.0, heartbeat_interval=0.4)   # embedded broker
+    services = asyncio.create_task(run_services(engine_db, kafka_bootstrap, stop, ServiceConfig(attempts=fast_join),
+                                                clock))
     app = recording_app(consumer_db, kafka_bootstrap, target)
     consumer = asyncio.create_task(app.run(stop))
     try:
@@ -59,6 +62,7 @@ async def test_a_one_time_schedule_is_consumed_exactly_once(engine_db, pool, con
         clock.advance(timedelta(seconds=5))
         await wait_for(lambda: app.stats.applied == 1)
         await asyncio.sleep(1.0)   # give a duplicate every chance to show up
+        await wait_for(lambda: pool.fetchval("SELECT state = 'SUCCEEDED' FROM occurrences"))   # attempt reported
     finally:
         stop.set()
         await asyncio.gather(services, consumer)
@@ -67,7 +71,7 @@ async def test_a_one_time_schedule_is_consumed_exactly_once(engine_db, pool, con
     occurrence = await pool.fetchrow("SELECT * FROM occurrences WHERE schedule_id = $1::uuid",
                                      schedule["schedule_id"])
     assert rows[0]["occurrence_id"] == occurrence["occurrence_id"]
-    assert occurrence["state"] == "ENQUEUED" and occurrence["enqueued_at"] == clock.now()
+    assert occurrence["state"] == "SUCCEEDED" and occurrence["enqueued_at"] == clock.now()
     assert (await control.get_schedule("acme", schedule["schedule_id"]))["state"] == "completed"
 
 

@@ -1,4 +1,4 @@
-"""The consumer runtime against real Kafka and a real app database."""
+"""The consumer runtime against real Kafka and a real app database (no engine: messages are produced here)."""
 
 from __future__ import annotations
 
@@ -12,30 +12,41 @@ from aiokafka import AIOKafkaProducer
 
 from consumers import ConsumerApp, ConsumerConfig, Occurrence
 from consumers.dead_letters import HEADER_REASON
+from schemas.attempt_events import decode_attempt_event
 from schemas.identity import occurrence_id
 from schemas.messages import OccurrenceMessage
-from schemas.topics import DEAD_LETTER_TOPIC, occurrence_topic
+from schemas.topics import ATTEMPTS_TOPIC, DEAD_LETTER_TOPIC, occurrence_topic
 from tests.conftest import wait_for
 from tests.kafka_reading import read_topic
 
 SCHEDULED = datetime(2026, 11, 29, 10, 0, tzinfo=timezone.utc)
 
 
-def message(target: str, tenant: str = "acme", when: datetime = SCHEDULED) -> OccurrenceMessage:
+def message(target: str, tenant: str = "acme", when: datetime = SCHEDULED, attempt: int = 1) -> OccurrenceMessage:
     schedule_id = uuid.uuid4()
     return OccurrenceMessage(occurrence_id=occurrence_id(schedule_id, 1, when), schedule_id=schedule_id,
                              schedule_version=1, tenant_id=tenant, target=target, scheduled_for=when,
-                             available_at=when, payload={"amount": 7})
+                             available_at=when, attempt=attempt, payload={"amount": 7})
 
 
-async def produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
+async def produce(bootstrap: str, topic: str, values: list[bytes], key: bytes = b"acme") -> None:
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
     await producer.start()
     try:
         for value in values:
-            await producer.send_and_wait(topic, value, key=b"acme")
+            await producer.send_and_wait(topic, value, key=key)
     finally:
         await producer.stop()
+
+
+async def attempt_events(bootstrap: str, ident: uuid.UUID, expected: int, timeout: float = 15.0) -> list:
+    """The attempt events reported for one occurrence, once at least ``expected`` arrived."""
+    async def found():
+        records = await read_topic(bootstrap, ATTEMPTS_TOPIC, expected=0, settle=0.1)
+        events = [decode_attempt_event(r.value) for r in records]
+        matching = [e for e in events if e.occurrence_id == ident]
+        return matching if len(matching) >= expected else None
+    return await wait_for(found, timeout, interval=0.2)
 
 
 @pytest.fixture
@@ -46,10 +57,11 @@ async def effects(consumer_db):
     await conn.close()
 
 
-def effect_app(consumer_db, kafka_bootstrap, target, fail_times: int = 0, **config) -> ConsumerApp:
-    app = ConsumerApp(ConsumerConfig(f"group-{uuid.uuid4().hex[:8]}", kafka_bootstrap, consumer_db,
-                                     redelivery_backoff=0.05, session_timeout=2.0,
-                                     heartbeat_interval=0.4, **config))
+def effect_app(consumer_db, kafka_bootstrap, target, fail_times: int = 0, group: str | None = None,
+               **config) -> ConsumerApp:
+    app = ConsumerApp(ConsumerConfig(group or f"group-{uuid.uuid4().hex[:8]}", kafka_bootstrap, consumer_db,
+                                     redelivery_backoff=0.05, session_timeout=2.0, heartbeat_interval=0.4,
+                                     **config))
     calls = {"n": 0}
 
     @app.handler(target)
@@ -61,6 +73,7 @@ def effect_app(consumer_db, kafka_bootstrap, target, fail_times: int = 0, **conf
             raise RuntimeError("downstream unavailable")
 
     app.calls = calls  # type: ignore[attr-defined]
+    app.apply = apply  # type: ignore[attr-defined]
     return app
 
 
@@ -77,7 +90,8 @@ async def run_until(app: ConsumerApp, condition, timeout: float = 20.0) -> None:
 
 
 async def test_the_same_message_delivered_twice_applies_the_effect_once(consumer_db, kafka_bootstrap, target, effects):
-    value = message(target).encode()
+    sent = message(target)
+    value = sent.encode()
     await produce(kafka_bootstrap, occurrence_topic(target), [value, value])
     app = effect_app(consumer_db, kafka_bootstrap, target)
 
@@ -86,19 +100,43 @@ async def test_the_same_message_delivered_twice_applies_the_effect_once(consumer
     assert (app.stats.applied, app.stats.duplicates) == (1, 1)
     assert await effects.fetchval("SELECT count(*) FROM effects") == 1
     assert await effects.fetchval("SELECT count(*) FROM chronoq_consumer_dedupe") == 1
+    # The engine hears of one attempt that succeeded, then of the duplicate, naming the attempt that applied it.
+    started, succeeded, duplicate = await attempt_events(kafka_bootstrap, sent.occurrence_id, 3)
+    assert [e.event for e in (started, succeeded, duplicate)] == ["started", "succeeded", "already_applied"]
+    assert started.lease_token == succeeded.lease_token == duplicate.applied_by
+    assert await effects.fetchval("SELECT lease_token FROM chronoq_consumer_dedupe") == started.lease_token
 
 
 async def test_a_failed_handler_leaves_no_effect_and_the_occurrence_comes_again(
         consumer_db, kafka_bootstrap, target, effects):
-    sent = message(target)
-    await produce(kafka_bootstrap, occurrence_topic(target), [sent.encode()])
-    app = effect_app(consumer_db, kafka_bootstrap, target, fail_times=2)
+    """The runtime reports the failure; the engine's retry (attempt 2, same occurrence) is applied once."""
+    first = message(target)
+    await produce(kafka_bootstrap, occurrence_topic(target), [first.encode()])
+    app = effect_app(consumer_db, kafka_bootstrap, target, fail_times=1)
+    stop = asyncio.Event()
+    task = asyncio.create_task(app.run(stop))
+    try:
+        await wait_for(lambda: app.stats.failures == 1)
+        assert await effects.fetchval("SELECT count(*) FROM effects") == 0          # rolled back: no effect
+        assert await effects.fetchval("SELECT count(*) FROM chronoq_consumer_dedupe") == 0   # and no dedupe row
+        started, failed = await attempt_events(kafka_bootstrap, first.occurrence_id, 2)
+        assert (failed.event, failed.lease_token, failed.error_class, failed.permanent) == (
+            "failed", started.lease_token, "RuntimeError", False)
+        assert app.calls["n"] == 1                         # no retry in place: retries are the engine's
 
-    await run_until(app, lambda: app.stats.applied == 1)
-
-    assert app.calls["n"] == 3 and app.stats.failures == 2
-    assert await effects.fetch("SELECT occurrence_id, amount FROM effects") == [(sent.occurrence_id, 7)]
+        retry = OccurrenceMessage(**{**first.__dict__, "attempt": 2})
+        await produce(kafka_bootstrap, occurrence_topic(target), [retry.encode()])
+        await wait_for(lambda: app.stats.applied == 1)
+    finally:
+        stop.set()
+        await task
+    assert app.calls["n"] == 2 and app.stats.failures == 1
+    assert await effects.fetch("SELECT occurrence_id, amount FROM effects") == [(first.occurrence_id, 7)]
     assert await effects.fetchval("SELECT count(*) FROM chronoq_consumer_dedupe") == 1
+    events = await attempt_events(kafka_bootstrap, first.occurrence_id, 4)
+    assert [(e.event, e.attempt) for e in events] == [("started", 1), ("failed", 1), ("started", 2),
+                                                       ("succeeded", 2)]
+    assert events[0].lease_token != events[2].lease_token     # every attempt has its own token
 
 
 async def test_a_restarted_group_member_resumes_after_the_committed_offset(
@@ -110,7 +148,7 @@ async def test_a_restarted_group_member_resumes_after_the_committed_offset(
 
     await produce(kafka_bootstrap, occurrence_topic(target), [second.encode()])
     again = ConsumerApp(app.config)
-    again.handler(target)(app._handlers[target])
+    again.handler(target)(app.apply)  # type: ignore[attr-defined]
     await run_until(again, lambda: again.stats.applied == 1)
 
     assert (again.stats.applied, again.stats.duplicates) == (1, 0)
@@ -135,7 +173,7 @@ async def test_poison_messages_go_to_the_dead_letter_topic_and_do_not_block(
 
 
 async def test_concurrent_twins_of_one_occurrence_apply_once(consumer_db, kafka_bootstrap, target, effects):
-    """Two groups members racing on one occurrence id: the unique dedupe key lets exactly one through."""
+    """Thirty-two deliveries of one occurrence racing: the unique dedupe key lets exactly one through."""
     app = effect_app(consumer_db, kafka_bootstrap, target)
     await app.start()
     try:
@@ -144,5 +182,6 @@ async def test_concurrent_twins_of_one_occurrence_apply_once(consumer_db, kafka_
         outcomes = await asyncio.gather(*(app.handle_record(record) for _ in range(32)))
     finally:
         await app.stop()
-    assert sorted(o.value for o in outcomes).count("applied") == 1
+    values = sorted(o.value for o in outcomes)
+    assert values.count("applied") == 1 and values.count("duplicate") == 31
     assert await effects.fetchval("SELECT count(*) FROM effects") == 1

@@ -1,0 +1,401 @@
+"""One delivery of one occurrence: the attempt protocol between the app's database and the engine.
+
+For a decoded occurrence message the runner:
+
+1. skips it if the schedule-state view says its version is obsolete or its
+   schedule canceled (reports ``canceled``, no transaction);
+2. opens a transaction on the app's database, bounded by the lease
+   (``lock_timeout``, ``idle_in_transaction_session_timeout``), and inserts
+   the dedupe row (consumer group, occurrence_id) with a fresh lease token;
+   if the row already exists the effect was applied: report
+   ``already_applied`` with the token recorded in the row, and stop;
+3. reports ``started`` (attempt number from the message, the new token, the
+   lease TTL) and waits for the broker's acknowledgement — only then is the
+   attempt real; a broker failure rolls back and retries in place;
+4. re-checks the view right before calling the handler;
+5. calls the handler with the occurrence and the open connection, under the
+   target's timeout, while a background task heartbeats the lease and the
+   view watches for the schedule's cancellation;
+6. commits, then reports ``succeeded``; or rolls back and reports ``failed``
+   (error class, message, permanent or not) or ``canceled``.
+
+Only the engine decides retries: a failed handler is reported, never retried
+here. What is retried here, in place and without consuming an attempt, is an
+**infrastructure error**: the app's database unreachable, or the broker not
+acknowledging a report. A database session that ended during the handler
+while the database itself is reachable (e.g. PostgreSQL ended a transaction
+left idle past the lease) is the attempt's failure, not an outage.
+
+Crash safety (``docs/consumer-runtime.md``): every step is either undone by a
+rollback or repeated harmlessly on redelivery, because the dedupe row commits
+with the effect and the engine fences by lease token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+import asyncpg
+from opentelemetry import metrics
+
+from consumers.attempt_reports import AttemptReporter
+from consumers.config import ConsumerConfig
+from consumers.errors import InfrastructureError, OccurrenceCanceled, PermanentError, lost_connection
+from consumers.occurrence import Cancellation, Occurrence
+from consumers.schedule_states import ScheduleStateView
+from schemas import observability as obs
+from schemas.attempt_events import AttemptEvent
+from schemas.clock import pause
+from schemas.messages import OccurrenceMessage
+from schemas.queries import load_queries
+
+SQL = load_queries("consumer")
+log = logging.getLogger("chronoq.consumer")
+
+Handler = Callable[[Occurrence, asyncpg.Connection], Awaitable[None]]
+Hook = Callable[[Occurrence], Awaitable[None]]
+
+LEASE_EXPIRED = "LeaseExpired"
+HANDLER_TIMEOUT = "HandlerTimeout"
+
+
+class Outcome(enum.Enum):
+    APPLIED = "applied"              # effect committed and succeeded reported
+    DUPLICATE = "duplicate"          # the dedupe row existed: already_applied reported
+    FAILED = "failed"                # the handler failed; reported, the engine decides the retry
+    CANCELED = "canceled"            # obsolete version / canceled schedule; reported
+    DEAD_LETTERED = "dead_lettered"  # a poison record went to the dead-letter topic
+    ABANDONED = "abandoned"          # shutdown came first: not finished, its offset is not committed
+
+
+@dataclass(frozen=True)
+class HandlerRegistration:
+    """A target's handler and its limits."""
+
+    fn: Handler
+    timeout: float
+    concurrency: int
+    permanent_errors: tuple[type[BaseException], ...] = ()
+
+
+@dataclass(frozen=True)
+class ConsumerHooks:
+    """Awaited at the handoffs of a delivery; tests use them to kill or pause the process exactly there.
+
+    after_started: dedupe row inserted (uncommitted), ``started`` acknowledged; the handler has not run.
+    before_commit: the handler returned; effect and dedupe row not committed yet.
+    after_commit: effect and dedupe row committed; ``succeeded`` not reported yet.
+    after_report: ``succeeded`` acknowledged by the broker; the Kafka offset not committed yet.
+    """
+
+    after_started: Hook | None = None
+    before_commit: Hook | None = None
+    after_commit: Hook | None = None
+    after_report: Hook | None = None
+
+
+@dataclass
+class ConsumerStats:
+    """Counts since start: what happened to the deliveries this app processed."""
+
+    applied: int = 0
+    duplicates: int = 0
+    failures: int = 0
+    canceled: int = 0
+    dead_lettered: int = 0
+    infrastructure_errors: int = 0
+    abandoned: int = 0
+    outcomes: list[tuple[uuid.UUID, int, str]] = field(default_factory=list)  # last 1000 (id, attempt, outcome)
+
+    def record(self, occurrence_id: uuid.UUID, attempt: int, outcome: Outcome) -> None:
+        self.outcomes.append((occurrence_id, attempt, outcome.value))
+        del self.outcomes[:-1000]
+
+
+class ConsumerMetrics:
+    def __init__(self, meter: metrics.Meter) -> None:
+        self.applied = meter.create_counter(obs.OCCURRENCES_APPLIED, unit="1")
+        self.duplicates = meter.create_counter(obs.DUPLICATE_DELIVERIES, unit="1")
+        self.failures = meter.create_counter(obs.HANDLER_FAILURES, unit="1")
+        self.poison = meter.create_counter(obs.POISON_MESSAGES, unit="1")
+        self.duration = meter.create_histogram(obs.HANDLER_DURATION, unit="s")
+        self.canceled = meter.create_counter(obs.CANCELED_DELIVERIES, unit="1")
+        self.lag = meter.create_gauge(obs.CONSUMER_LAG, unit="1")
+
+
+class _LocalLease:
+    """This worker's own view of its lease: renewed by acknowledged heartbeats, lost once overdue.
+
+    Monotonic time keeps running while a process is stopped (SIGSTOP), so a
+    worker that wakes up past its lease knows it lost it.
+    """
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self.renewed_at = time.monotonic()
+        self.lost = False
+
+    def renewed(self, at: float) -> None:
+        if not self.lost:
+            self.renewed_at = at
+
+    def check(self) -> bool:
+        if not self.lost and time.monotonic() - self.renewed_at > self.ttl:
+            self.lost = True
+        return not self.lost
+
+
+def _ms(seconds: float) -> str:
+    return str(max(int(seconds * 1000), 1))
+
+
+class AttemptRunner:
+    def __init__(self, config: ConsumerConfig, pool: asyncpg.Pool, reporter: AttemptReporter,
+                 view: ScheduleStateView, hooks: ConsumerHooks, meters: ConsumerMetrics, stats: ConsumerStats,
+                 stopping: asyncio.Event) -> None:
+        self.config = config
+        self.pool = pool
+        self.reporter = reporter
+        self.view = view
+        self.hooks = hooks
+        self.meters = meters
+        self.stats = stats
+        self.stopping = stopping
+
+    async def deliver(self, message: OccurrenceMessage, registration: HandlerRegistration) -> Outcome:
+        """Process one delivery to the end, retrying infrastructure errors in place until shutdown."""
+        backoff = self.config.redelivery_backoff
+        while True:
+            try:
+                outcome = await self._attempt(message, registration)
+            except InfrastructureError as err:
+                self.stats.infrastructure_errors += 1
+                log.warning("infrastructure error; the delivery is retried in place, no attempt consumed",
+                            extra={**_ids(message), "action": "occurrence.infrastructure_error",
+                                   "error": str(err), "retry_in_s": backoff})
+                await pause(self.stopping, backoff)
+                if self.stopping.is_set():
+                    outcome = Outcome.ABANDONED
+                else:
+                    backoff = min(backoff * 2, self.config.redelivery_backoff_max)
+                    continue
+            if outcome is Outcome.ABANDONED:
+                self.stats.abandoned += 1
+            self.stats.record(message.occurrence_id, message.attempt, outcome)
+            return outcome
+
+    # -- one try --------------------------------------------------------------------------------
+
+    async def _attempt(self, message: OccurrenceMessage, registration: HandlerRegistration) -> Outcome:
+        obsolete = self.view.verdict(message.schedule_id, message.schedule_version)
+        if obsolete:
+            return await self._skip(message, obsolete, None)
+        try:
+            conn = await self.pool.acquire()
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, asyncio.TimeoutError) as err:
+            raise InfrastructureError(f"app database unreachable: {err!r}") from err
+        try:
+            return await self._in_transaction(conn, message, registration)
+        finally:
+            try:
+                await self.pool.release(conn)
+            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+                pass   # a dead connection; the pool replaces it
+
+    async def _in_transaction(self, conn: asyncpg.Connection, message: OccurrenceMessage,
+                              registration: HandlerRegistration) -> Outcome:
+        cfg = self.config
+        token = uuid.uuid4()
+        transaction = conn.transaction()
+        try:
+            await transaction.start()
+            await conn.fetchval(SQL["limit_transaction"], _ms(cfg.lock_timeout), _ms(cfg.idle_timeout))
+            applied_at = await conn.fetchval(
+                SQL["insert_dedupe"], cfg.group, message.occurrence_id, message.schedule_id,
+                message.schedule_version, message.tenant_id, message.scheduled_for, message.attempt, token)
+        except asyncpg.exceptions.LockNotAvailableError as err:
+            await _rollback(transaction)
+            raise InfrastructureError("another attempt of this occurrence holds its uncommitted dedupe row;"
+                                      " trying again later") from err
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
+            await _rollback(transaction)
+            raise InfrastructureError(f"app database error before the handler: {err!r}") from err
+        if applied_at is None:
+            await _rollback(transaction)
+            return await self._duplicate(conn, message)
+        try:
+            await self.reporter.send(AttemptEvent.started(message.occurrence_id, message.attempt, token,
+                                                          cfg.lease_ttl, cfg.group, cfg.worker))
+        except InfrastructureError:
+            await _rollback(transaction)
+            raise
+        lease = _LocalLease(cfg.lease_ttl)
+        obsolete = self.view.verdict(message.schedule_id, message.schedule_version)   # right before the handler
+        if obsolete:
+            await _rollback(transaction)
+            return await self._skip(message, obsolete, token)
+        occurrence = Occurrence.from_message(message, applied_at, token, Cancellation())
+        if self.hooks.after_started:
+            await self.hooks.after_started(occurrence)
+        error, timed_out = await self._run_handler(conn, transaction, occurrence, registration, lease)
+        if error is None:
+            return await self._succeeded(occurrence)
+        await _rollback(transaction)
+        return await self._failed(conn, occurrence, registration, lease, error, timed_out)
+
+    async def _run_handler(self, conn: asyncpg.Connection, transaction: asyncpg.transaction.Transaction,
+                           occurrence: Occurrence, registration: HandlerRegistration,
+                           lease: _LocalLease) -> tuple[Exception | None, bool]:
+        started = time.perf_counter()
+        deadline = asyncio.timeout(registration.timeout)
+        error: Exception | None = None
+        with self.view.watch(occurrence.schedule_id, occurrence.cancellation):
+            heartbeats = asyncio.create_task(self._heartbeats(occurrence, lease), name="lease-heartbeats")
+            try:
+                async with deadline:
+                    await registration.fn(occurrence, conn)
+                if self.hooks.before_commit:
+                    await self.hooks.before_commit(occurrence)
+                await transaction.commit()
+            except Exception as err:  # noqa: BLE001 - every handler failure is classified below
+                error = err
+            finally:
+                heartbeats.cancel()
+                await asyncio.gather(heartbeats, return_exceptions=True)
+        self.meters.duration.record(time.perf_counter() - started, {"target": occurrence.target})
+        return error, deadline.expired()
+
+    async def _heartbeats(self, occurrence: Occurrence, lease: _LocalLease) -> None:
+        """Renew the lease while the handler runs; stop for good once it is overdue."""
+        while True:
+            await asyncio.sleep(self.config.renew_interval)
+            if not lease.check():
+                log.warning("lease overdue (the process was paused or starved); no longer renewing it",
+                            extra={**_ids(occurrence), "action": "attempt.lease_lost",
+                                   "lease_token": str(occurrence.lease_token)})
+                return
+            sent_at = time.monotonic()
+            try:
+                await self.reporter.send(AttemptEvent.heartbeat(occurrence.occurrence_id, occurrence.attempt,
+                                                                occurrence.lease_token,  # type: ignore[arg-type]
+                                                                self.config.lease_ttl))
+            except InfrastructureError as err:
+                log.warning("heartbeat not delivered", extra={**_ids(occurrence), "action": "attempt.heartbeat_failed",
+                                                              "error": str(err)})
+                continue
+            lease.renewed(sent_at)
+
+    # -- outcomes -------------------------------------------------------------------------------
+
+    async def _succeeded(self, occurrence: Occurrence) -> Outcome:
+        self.stats.applied += 1
+        self.meters.applied.add(1, {"target": occurrence.target})
+        log.info("occurrence applied", extra={**_ids(occurrence), "action": "occurrence.applied",
+                                              "attempt": occurrence.attempt})
+        if self.hooks.after_commit:
+            await self.hooks.after_commit(occurrence)
+        event = AttemptEvent.succeeded(occurrence.occurrence_id, occurrence.attempt,
+                                       occurrence.lease_token)  # type: ignore[arg-type]
+        if not await self._report(event):
+            return Outcome.ABANDONED
+        if self.hooks.after_report:
+            await self.hooks.after_report(occurrence)
+        return Outcome.APPLIED
+
+    async def _failed(self, conn: asyncpg.Connection, occurrence: Occurrence, registration: HandlerRegistration,
+                      lease: _LocalLease, error: Exception, timed_out: bool) -> Outcome:
+        token = occurrence.lease_token
+        assert token is not None
+        if isinstance(error, OccurrenceCanceled) or occurrence.cancellation.is_canceled:
+            return await self._skip(occurrence, "cooperative", token)
+        permanent = False
+        error_class, text = type(error).__name__, str(error) or repr(error)
+        if timed_out:
+            error_class, text = HANDLER_TIMEOUT, f"the handler ran longer than {registration.timeout} s"
+        elif lost_connection(error, conn):
+            if not lease.check():
+                error_class = LEASE_EXPIRED
+                text = f"the attempt outlived its {self.config.lease_ttl} s lease; its transaction was ended"
+            elif not await self._database_reachable():
+                raise InfrastructureError(f"app database unreachable during the handler: {error!r}") from error
+            else:
+                text = f"the attempt's database session ended: {text}"
+        else:
+            permanent = isinstance(error, PermanentError) or isinstance(error, registration.permanent_errors)
+        self.stats.failures += 1
+        self.meters.failures.add(1, {"target": occurrence.target, "permanent": permanent})
+        log.warning("handler failed", extra={**_ids(occurrence), "action": "occurrence.failed",
+                                             "attempt": occurrence.attempt, "error_class": error_class,
+                                             "permanent": permanent, "error": text[:500]})
+        event = AttemptEvent.failed(occurrence.occurrence_id, occurrence.attempt, token, error_class, text, permanent)
+        return Outcome.FAILED if await self._report(event) else Outcome.ABANDONED
+
+    async def _duplicate(self, conn: asyncpg.Connection, message: OccurrenceMessage) -> Outcome:
+        try:
+            row = await conn.fetchrow(SQL["dedupe_row"], self.config.group, message.occurrence_id)
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
+            raise InfrastructureError(f"app database error reading the dedupe row: {err!r}") from err
+        self.stats.duplicates += 1
+        self.meters.duplicates.add(1, {"target": message.target})
+        log.info("duplicate delivery suppressed", extra={**_ids(message), "action": "occurrence.duplicate",
+                                                         "attempt": message.attempt})
+        event = AttemptEvent.already_applied(message.occurrence_id, message.attempt,
+                                             row["lease_token"] if row else None, self.config.group)
+        return Outcome.DUPLICATE if await self._report(event) else Outcome.ABANDONED
+
+    async def _skip(self, occurrence: OccurrenceMessage | Occurrence, reason: str,
+                    token: uuid.UUID | None) -> Outcome:
+        self.stats.canceled += 1
+        self.meters.canceled.add(1, {"target": occurrence.target, "reason": reason})
+        log.info("occurrence canceled: not applied", extra={**_ids(occurrence), "action": "occurrence.canceled",
+                                                           "reason": reason, "version": occurrence.schedule_version})
+        event = AttemptEvent.canceled(occurrence.occurrence_id, occurrence.attempt, reason, token, self.config.group)
+        return Outcome.CANCELED if await self._report(event) else Outcome.ABANDONED
+
+    async def _report(self, event: AttemptEvent) -> bool:
+        """Send an outcome, retrying in place (the effect is settled; only the report is missing).
+
+        False if shutdown came first: the offset is then not committed and the
+        redelivery reports again.
+        """
+        backoff = self.config.redelivery_backoff
+        while True:
+            try:
+                await self.reporter.send(event)
+                return True
+            except InfrastructureError as err:
+                self.stats.infrastructure_errors += 1
+                log.warning("attempt report not delivered; retrying", extra={
+                    "action": "attempt.report_failed", "occurrence_id": str(event.occurrence_id),
+                    "event": event.event, "error": str(err)})
+            await pause(self.stopping, backoff)
+            if self.stopping.is_set():
+                return False
+            backoff = min(backoff * 2, self.config.redelivery_backoff_max)
+
+    async def _database_reachable(self) -> bool:
+        try:
+            async with asyncio.timeout(5):
+                await self.pool.fetchval(SQL["ping"])
+        except Exception:  # noqa: BLE001 - any failure means "not reachable now"
+            return False
+        return True
+
+
+async def _rollback(transaction: asyncpg.transaction.Transaction) -> None:
+    """Roll back if still possible; a dead connection has rolled back already."""
+    try:
+        await transaction.rollback()
+    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+        pass
+
+
+def _ids(occurrence: OccurrenceMessage | Occurrence) -> dict[str, str]:
+    return {"occurrence_id": str(occurrence.occurrence_id), "schedule_id": str(occurrence.schedule_id),
+            "tenant_id": occurrence.tenant_id}

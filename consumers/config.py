@@ -1,0 +1,111 @@
+"""Configuration of a consumer app: one frozen dataclass, checked by ``validate()``."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+from schemas.topics import DEFAULT_PARTITIONS
+
+
+def _worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    """group: Kafka consumer group; also the dedupe scope (one effect per group).
+    kafka_bootstrap: "host:port[,host:port]".
+    database_url: the app's own PostgreSQL (holds the dedupe table and the effects).
+    max_poll_records: messages fetched per poll, and buffered per partition before
+        fetching from it pauses (default 100).
+    redelivery_backoff / redelivery_backoff_max: seconds between in-place retries of a
+        delivery that hit an infrastructure error (app database or broker
+        unavailable), doubling up to the maximum. Handler failures are not retried
+        in place: the engine schedules their retries.
+    partitions: partitions of the topics this app creates if missing.
+    metadata_refresh: seconds between metadata refreshes (how soon a pattern
+        subscription sees a new target's topic).
+    session_timeout / heartbeat_interval: group membership timing (s). A dead
+        member's partitions move after session_timeout. On the embedded tansu
+        broker a group's first join also takes about half the session timeout
+        and a member that left still counts until its session expires, so
+        short-lived consumers there use a short session (see docs/broker.md).
+    lease_ttl: seconds an attempt's lease lasts without a heartbeat (default 30).
+        The engine times out an attempt whose lease expired and retries it.
+    lease_renew_interval: seconds between the automatic lease heartbeats of a
+        running handler (default lease_ttl / 3).
+    handler_timeout: default per-target handler timeout in seconds (default 300);
+        a handler that overruns fails transiently ("HandlerTimeout").
+    concurrency: default per-target limit of handlers running at once in this
+        process (default 1); ``@app.handler(target, concurrency=n)`` overrides it.
+    max_in_flight: limit of deliveries in flight in this process, all targets
+        together (default 64).
+    shutdown_grace: seconds the first SIGTERM lets in-flight handlers finish before
+        they are aborted (default 30).
+    transaction_idle_timeout: seconds an attempt's transaction may sit idle before
+        PostgreSQL ends it (default lease_ttl): a worker paused past its lease
+        cannot keep the dedupe row locked, so the retry elsewhere proceeds and the
+        late commit fails. Handlers must not leave their transaction idle longer.
+    dedupe_lock_timeout: seconds a delivery waits for another attempt's
+        uncommitted dedupe row before it backs off and tries again later
+        (default lease_ttl).
+    report_attempts: send attempt events to the engine (default True). Turn it off
+        for a second group that only observes a target another app owns.
+    report_timeout: seconds to wait for the broker to acknowledge an attempt event.
+    state_catch_up_timeout: seconds to read the schedule-state topic at start-up
+        before handling occurrences (default 30; the app starts anyway after it).
+    worker: this process's name in attempt events (default host:pid).
+    """
+
+    group: str
+    kafka_bootstrap: str
+    database_url: str
+    max_poll_records: int = 100
+    redelivery_backoff: float = 0.2
+    redelivery_backoff_max: float = 10.0
+    partitions: int = DEFAULT_PARTITIONS
+    metadata_refresh: float = 5.0
+    session_timeout: float = 10.0
+    heartbeat_interval: float = 3.0
+    lease_ttl: float = 30.0
+    lease_renew_interval: float | None = None
+    handler_timeout: float = 300.0
+    concurrency: int = 1
+    max_in_flight: int = 64
+    shutdown_grace: float = 30.0
+    transaction_idle_timeout: float | None = None
+    dedupe_lock_timeout: float | None = None
+    report_attempts: bool = True
+    report_timeout: float = 10.0
+    state_catch_up_timeout: float = 30.0
+    worker: str = field(default_factory=_worker_id)
+
+    @property
+    def renew_interval(self) -> float:
+        return self.lease_renew_interval if self.lease_renew_interval is not None else self.lease_ttl / 3
+
+    @property
+    def idle_timeout(self) -> float:
+        return self.transaction_idle_timeout if self.transaction_idle_timeout is not None else self.lease_ttl
+
+    @property
+    def lock_timeout(self) -> float:
+        return self.dedupe_lock_timeout if self.dedupe_lock_timeout is not None else self.lease_ttl
+
+    def validate(self) -> None:
+        positive = ("max_poll_records", "redelivery_backoff", "session_timeout", "heartbeat_interval", "lease_ttl",
+                    "handler_timeout", "concurrency", "max_in_flight", "report_timeout")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.heartbeat_interval >= self.session_timeout:
+            raise ValueError("heartbeat_interval must be shorter than session_timeout")
+        if not 0 < self.renew_interval <= self.lease_ttl / 2:
+            raise ValueError("lease_renew_interval must be positive and at most half of lease_ttl,"
+                             " so one lost heartbeat does not expire the lease")
+        if self.idle_timeout <= 0 or self.lock_timeout <= 0:
+            raise ValueError("transaction_idle_timeout and dedupe_lock_timeout must be positive")
+        if self.shutdown_grace < 0:
+            raise ValueError("shutdown_grace must not be negative")

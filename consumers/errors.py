@@ -1,0 +1,60 @@
+"""What a handler can raise, and how the runtime tells a handler's failure from an outage.
+
+* :class:`PermanentError` (or a subclass, or a type the app lists in
+  ``@app.handler(target, permanent_errors=(...))``): the occurrence is never
+  retried; the engine moves it to DEAD and the dead-letter list.
+* :class:`OccurrenceCanceled`: the handler gave up because the runtime
+  signalled that its schedule was canceled (``occurrence.cancellation``).
+* Anything else a handler raises is transient: the engine retries it with
+  backoff until the schedule's max attempts.
+
+Infrastructure errors — the app's own database unreachable, the broker
+unavailable — are not the occurrence's fault and do not consume an attempt:
+the runtime retries the delivery in place with backoff.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import asyncpg
+
+from schemas.errors import ChronoqError
+
+
+class PermanentError(ChronoqError):
+    """Raise in a handler when retrying cannot help (bad payload, a rejected business rule).
+
+    The occurrence goes to DEAD after this attempt, with this error's class
+    and message in the dead-letter list.
+    """
+
+    retriable: ClassVar[bool] = False
+
+
+class OccurrenceCanceled(ChronoqError):
+    """The occurrence's schedule was canceled while its handler ran (``raise_if_canceled``)."""
+
+
+class InfrastructureError(ChronoqError):
+    """The app's database or the broker is unavailable; the delivery is retried in place, no attempt consumed."""
+
+    retriable: ClassVar[bool] = True
+
+
+#: Errors that mean "this database connection is gone", not "the handler's statement failed".
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresConnectionError,            # SQLSTATE class 08
+    asyncpg.InterfaceError,                     # the connection is closed
+    asyncpg.exceptions.OperatorInterventionError,    # class 57: terminated, shutting down
+    asyncpg.exceptions.IdleInTransactionSessionTimeoutError,
+    ConnectionError,
+    OSError,
+)
+
+
+def lost_connection(error: BaseException, conn: asyncpg.Connection | None) -> bool:
+    """True when ``error`` (or the connection's state) says the database session itself is gone."""
+    if isinstance(error, CONNECTION_ERRORS):
+        return True
+    return conn is not None and conn.is_closed()

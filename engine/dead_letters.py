@@ -1,0 +1,134 @@
+"""The dead-letter list: DEAD occurrences, listed per tenant and replayed by id.
+
+An occurrence goes DEAD when its attempts ran out, its error was permanent,
+its deadline passed or its tenant's retry budget was spent; the engine then
+also publishes a dead-occurrence record to ``chronoq.dead-letters``
+(``schemas/dead_letter_messages.py``). The database is the list of record:
+:func:`list_dead_letters` reads it, :func:`replay_dead_letter` re-enqueues
+one occurrence — the **same occurrence_id**, so a consumer that had in fact
+applied it (its dedupe row exists) acknowledges it without a second effect.
+
+Plain async functions over a pool: the HTTP API and ``chronoq dlq`` call them
+with the caller's tenant; another tenant's occurrence is simply not found.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import logging
+import uuid
+from datetime import datetime
+from typing import Any, Mapping
+
+import asyncpg
+import orjson
+
+from engine.attempts import DEFAULT_RETRY_BUDGET, SQL
+from engine.occurrence_states import Event, State, transition
+from schemas.clock import Clock, DatabaseClock
+from schemas.errors import Conflict, InvalidInput, NotFound
+from schemas.messages import MalformedMessage, OccurrenceMessage, decode_occurrence, format_instant
+from schemas.topics import occurrence_topic, partition_key
+
+log = logging.getLogger("chronoq.dead_letters")
+
+MAX_PAGE = 500
+
+
+def _instant(value: datetime | None) -> str | None:
+    return format_instant(value) if value else None
+
+
+def dead_letter_to_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "occurrence_id": str(row["occurrence_id"]), "schedule_id": str(row["schedule_id"]),
+        "schedule_version": row["schedule_version"], "tenant_id": row["tenant_id"], "target": row["target"],
+        "scheduled_for": _instant(row["scheduled_for"]), "attempts": row["attempt_count"],
+        "replays": row["replay_count"], "reason": row["dead_reason"], "error_class": row["last_error_class"],
+        "error_message": row["last_error_message"], "died_at": _instant(row["finished_at"]),
+    }
+
+
+def _encode_cursor(at: datetime, ident: uuid.UUID) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps([format_instant(at), str(ident)])).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str | None) -> tuple[datetime | None, uuid.UUID | None]:
+    if cursor is None:
+        return None, None
+    try:
+        at, ident = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        return datetime.fromisoformat(at.replace("Z", "+00:00")), uuid.UUID(ident)
+    except (ValueError, TypeError, orjson.JSONDecodeError) as err:
+        raise InvalidInput("cursor", "is not a cursor returned by this listing; start without one") from err
+
+
+async def list_dead_letters(pool: asyncpg.Pool, tenant_id: str | None, *, limit: int = 100,
+                            cursor: str | None = None) -> dict[str, Any]:
+    """A page of DEAD occurrences, oldest death first: ``{"items": [...], "next_cursor": ...}``.
+
+    ``tenant_id`` None lists every tenant (operators only: the CLI without
+    ``--tenant``); the API always passes the caller's tenant.
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+        raise InvalidInput("limit", f"must be an integer from 1 to {MAX_PAGE}", "100")
+    after, after_id = _decode_cursor(cursor)
+    rows = await pool.fetch(SQL["list_dead_letters"], tenant_id, after, after_id, limit + 1)
+    items = [dead_letter_to_json(r) for r in rows[:limit]]
+    next_cursor = _encode_cursor(rows[limit - 1]["finished_at"], rows[limit - 1]["occurrence_id"]) \
+        if len(rows) > limit else None
+    return {"items": items, "next_cursor": next_cursor}
+
+
+def _as_uuid(value: uuid.UUID | str) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(str(value))
+    except ValueError as err:
+        raise NotFound("occurrence", value) from err
+
+
+async def replay_dead_letter(pool: asyncpg.Pool, tenant_id: str, occurrence_id: uuid.UUID | str,
+                             clock: Clock | None = None) -> dict[str, Any]:
+    """Re-enqueue a DEAD occurrence of ``tenant_id`` with the same occurrence_id; return it.
+
+    The occurrence becomes RETRY_WAIT with a new delivery due now (attempt
+    number continuing, attempts before the replay no longer counted against
+    max_attempts). NotFound for another tenant's or an unknown id; Conflict if
+    it is not DEAD, or if its schedule changed since (a newer version or
+    canceled: consumers would skip it as obsolete).
+    """
+    clock = clock or DatabaseClock()
+    ident = _as_uuid(occurrence_id)
+    async with pool.acquire() as conn, conn.transaction():
+        now: datetime = await conn.fetchval(SQL["current_instant"], clock.now())
+        occ = await conn.fetchrow(SQL["lock_occurrence"], ident, DEFAULT_RETRY_BUDGET)
+        if occ is None or occ["tenant_id"] != tenant_id:
+            raise NotFound("occurrence", occurrence_id)
+        if occ["state"] != State.DEAD.value:
+            raise Conflict(f"occurrence {ident} is {occ['state']}, not DEAD: only dead letters can be replayed")
+        if occ["schedule_state"] == "canceled" or occ["current_version"] != occ["schedule_version"]:
+            raise Conflict(
+                f"occurrence {ident} belongs to version {occ['schedule_version']} of its schedule, which is now"
+                f" {occ['schedule_state']} at version {occ['current_version']}: consumers would skip it as"
+                " obsolete; fire the current version instead"
+            )
+        transition(State.DEAD, Event.REPLAY)
+        raw = await conn.fetchval(SQL["latest_occurrence_message"], ident, occurrence_topic(occ["target"]))
+        try:
+            original = decode_occurrence(raw)
+        except MalformedMessage as err:
+            raise Conflict(f"occurrence {ident} has no stored message to replay ({err})") from err
+        message: OccurrenceMessage = dataclasses.replace(original, attempt=occ["attempt_count"] + 1,
+                                                         available_at=now)
+        await conn.execute(SQL["insert_outbox_row"], ident, tenant_id, occurrence_topic(occ["target"]),
+                           partition_key(tenant_id), message.encode(), now, now)
+        row = await conn.fetchrow(SQL["replay_occurrence"], ident, now)
+    log.info("dead letter replayed", extra={"action": "occurrence.replayed", "occurrence_id": str(ident),
+                                            "schedule_id": str(row["schedule_id"]), "tenant_id": tenant_id,
+                                            "attempt": message.attempt})
+    return {"occurrence_id": str(ident), "schedule_id": str(row["schedule_id"]), "tenant_id": tenant_id,
+            "state": row["state"], "attempt": message.attempt, "replays": row["replay_count"],
+            "available_at": format_instant(now)}

@@ -1,0 +1,171 @@
+"""Overlap policies: may a schedule's next occurrence run while another one is in flight?
+
+* ``allow`` (default): every occurrence is dispatched on time; nothing here
+  touches it.
+* ``skip_if_running``: an occurrence that comes due while another occurrence
+  of the same schedule is in flight becomes SKIPPED_OVERLAP.
+* ``queue_one``: it waits (held) until the one in flight finishes, then runs;
+  at most one waits — a further one that comes due meanwhile is skipped (the
+  waiting one keeps its place, like Temporal's BufferOne).
+
+"In flight" is learned asynchronously (RUNNING arrives as an attempt event,
+later), so it means *dispatched and not finished*: SCHEDULED after the gate
+released it, ENQUEUED (in Kafka, perhaps not started yet), RUNNING,
+RETRY_WAIT. Counting ENQUEUED is what makes the decision safe: an occurrence
+dispatched a moment ago blocks the next even before any worker reports it.
+
+How it stays atomic with a generic relay: in the materializer's transaction
+:func:`hold_for_overlap_gate` gives the new outbox rows of such schedules a
+claim that never expires (token :data:`OVERLAP_GATE_TOKEN`, expiry
+``infinity``), so the relay — which claims only unclaimed or expired rows —
+cannot publish them. The :class:`OverlapGate` takes due held rows, locks their
+schedules in id order (``FOR UPDATE``), reads what is in flight, and applies
+:func:`decide_overlap`: dispatch (clear the claim: the relay publishes it on
+its next pass), keep holding, or skip. Every decision about one schedule is
+made under its row lock, so two occurrences can never both see "nothing
+running", with any number of gates.
+
+Replays from the dead-letter list and retries are not gated: a retry belongs
+to the occurrence already in flight, and a replay is an operator's decision.
+A schedule whose dispatched occurrence is never reported (no consumer runs,
+or its consumer group does not report attempts) stays in flight, and the
+policy keeps skipping: overlap policies need a consumer that reports attempts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import asyncpg
+from opentelemetry import metrics
+
+from schemas import observability as obs
+from schemas.clock import Clock, DatabaseClock, pause
+from schemas.queries import load_queries
+
+SQL = load_queries("attempts")
+log = logging.getLogger("chronoq.overlap")
+
+#: The claim token of outbox rows held by the overlap gate (never a relay's: relays use uuid4).
+OVERLAP_GATE_TOKEN = uuid.UUID("6f1c2a0e-4d0b-5c8e-9a51-6f7665726c61")
+
+POLICIES = ("allow", "skip_if_running", "queue_one")
+
+
+@dataclass(frozen=True)
+class OverlapDecision:
+    dispatch: tuple[int, ...] = ()
+    hold: tuple[int, ...] = ()
+    skip: tuple[int, ...] = ()
+
+
+def decide_overlap(policy: str, in_flight: bool, due: Sequence[int]) -> OverlapDecision:
+    """Decide the held, due deliveries of one schedule (``due``: outbox ids, oldest occurrence first).
+
+    Pure. At most one delivery is dispatched per decision, and only when
+    nothing is in flight; ``queue_one`` keeps at most one waiting.
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"unknown overlap policy {policy!r}")
+    due = tuple(due)
+    if not due:
+        return OverlapDecision()
+    if policy == "allow":
+        return OverlapDecision(dispatch=due)
+    if policy == "skip_if_running":
+        if in_flight:
+            return OverlapDecision(skip=due)
+        return OverlapDecision(dispatch=due[:1], skip=due[1:])
+    # queue_one
+    if in_flight:
+        return OverlapDecision(hold=due[:1], skip=due[1:])
+    return OverlapDecision(dispatch=due[:1], hold=due[1:2], skip=due[2:])
+
+
+async def hold_for_overlap_gate(conn: asyncpg.Connection, occurrence_ids: Sequence[uuid.UUID]) -> None:
+    """Hold the new outbox rows of overlap-restricted schedules for the gate (call in the writer's transaction)."""
+    if occurrence_ids:
+        await conn.execute(SQL["hold_for_overlap_gate"], list(occurrence_ids), OVERLAP_GATE_TOKEN)
+
+
+@dataclass(frozen=True)
+class OverlapGateConfig:
+    """interval: seconds between passes when nothing was due (default 0.1: held rows wait for it).
+    batch_size: schedules decided per transaction (default 200).
+    """
+
+    interval: float = 0.1
+    batch_size: int = 200
+
+
+@dataclass
+class GateReport:
+    schedules: int = 0
+    dispatched: list[uuid.UUID] = field(default_factory=list)
+    skipped: list[uuid.UUID] = field(default_factory=list)
+    held: int = 0
+
+
+class OverlapGate:
+    def __init__(self, pool: asyncpg.Pool, config: OverlapGateConfig | None = None, clock: Clock | None = None,
+                 meter: metrics.Meter | None = None) -> None:
+        self.pool = pool
+        self.config = config or OverlapGateConfig()
+        self.clock = clock or DatabaseClock()
+        self._skips = (meter or obs.get_meter("engine")).create_counter(obs.OVERLAP_SKIPS, unit="1")
+
+    async def run_once(self) -> GateReport:
+        report = GateReport()
+        async with self.pool.acquire() as conn, conn.transaction():
+            now = await conn.fetchval(SQL["current_instant"], self.clock.now())
+            candidates = await conn.fetch(SQL["gated_due_schedules"], now, OVERLAP_GATE_TOKEN, self.config.batch_size)
+            if not candidates:
+                return report
+            locked = await conn.fetch(SQL["lock_schedules_in_order"], [r["schedule_id"] for r in candidates])
+            policies = {r["schedule_id"]: r["overlap_policy"] for r in locked}
+            rows = await conn.fetch(SQL["gated_due_rows"], now, list(policies), OVERLAP_GATE_TOKEN)
+            busy = {r["schedule_id"] for r in await conn.fetch(SQL["schedules_in_flight"], list(policies))}
+            due: dict[uuid.UUID, list[int]] = {}
+            occurrence_of: dict[int, asyncpg.Record] = {}
+            for row in rows:
+                due.setdefault(row["schedule_id"], []).append(row["outbox_id"])
+                occurrence_of[row["outbox_id"]] = row
+            dispatch: list[int] = []
+            skip: list[int] = []
+            for schedule_id, outbox_ids in due.items():
+                decision = decide_overlap(policies[schedule_id], schedule_id in busy, outbox_ids)
+                dispatch.extend(decision.dispatch)
+                skip.extend(decision.skip)
+                report.held += len(decision.hold)
+            if dispatch:
+                report.dispatched = [r["occurrence_id"] for r in
+                                     await conn.fetch(SQL["dispatch_held_rows"], dispatch, OVERLAP_GATE_TOKEN, now)]
+            if skip:
+                report.skipped = [r["occurrence_id"] for r in
+                                  await conn.fetch(SQL["skip_held_rows"], skip, OVERLAP_GATE_TOKEN, now)]
+            report.schedules = len(due)
+        for outbox_id in skip:
+            row = occurrence_of[outbox_id]
+            log.info("occurrence skipped: another occurrence of its schedule is in flight",
+                     extra={"action": "occurrence.skipped_overlap", "occurrence_id": str(row["occurrence_id"]),
+                            "schedule_id": str(row["schedule_id"]), "tenant_id": row["tenant_id"]})
+        if report.skipped:
+            self._skips.add(len(report.skipped))
+        return report
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Decide held deliveries until ``stop`` is set; database errors are logged and retried."""
+        while not stop.is_set():
+            try:
+                report = await self.run_once()
+            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
+                log.error("overlap gate pass failed; retrying", extra={"action": "overlap.error",
+                                                                        "error": repr(err)})
+                await pause(stop, 1.0)
+                continue
+            if report.schedules < self.config.batch_size:
+                await pause(stop, self.config.interval)

@@ -1,0 +1,113 @@
+"""The lease reaper: time out RUNNING attempts whose lease expired, then retry or dead-letter them.
+
+A worker holds its attempt's lease by heartbeating (the consumer runtime does
+it automatically every ``lease_renew_interval``). When the engine's clock
+passes ``lease_expires_at`` without a heartbeat — the worker crashed, was
+paused, or lost the broker — the reaper closes the attempt as ``timed_out``
+and applies the same retry rules as a transient failure (error class
+``LeaseExpired``): RETRY_WAIT with a new delivery, or DEAD. The new delivery's
+``started`` brings a new lease token, so anything the old worker reports
+afterwards is fenced. Its effect, if it ever commits, is still protected by
+the consumer's dedupe row.
+
+Each pass locks up to ``batch_size`` expired occurrences with SKIP LOCKED (the
+attempt processor and other reapers never wait for it) and decides each in
+the same transaction. The loop also records the dead-letter list's size and
+forgets old retry-budget windows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass
+
+import asyncpg
+from opentelemetry import metrics, trace
+
+from engine.attempts import (
+    DEFAULT_RETRY_BUDGET,
+    LEASE_EXPIRED,
+    SQL,
+    AttemptLedger,
+    AttemptMetrics,
+    AttemptStats,
+    Failure,
+)
+from schemas import observability as obs
+from schemas.clock import Clock, DatabaseClock, pause
+
+log = logging.getLogger("chronoq.reaper")
+
+
+@dataclass(frozen=True)
+class ReaperConfig:
+    """interval: seconds between passes when nothing expired (default 1).
+    batch_size: expired attempts handled per transaction (default 200).
+    housekeeping_every: passes between DLQ-size gauges and retry-budget pruning.
+    """
+
+    interval: float = 1.0
+    batch_size: int = 200
+    housekeeping_every: int = 10
+
+
+class Reaper:
+    def __init__(self, pool: asyncpg.Pool, config: ReaperConfig | None = None, clock: Clock | None = None,
+                 rng: random.Random | None = None, meter: metrics.Meter | None = None,
+                 tracer: trace.Tracer | None = None) -> None:
+        self.pool = pool
+        self.config = config or ReaperConfig()
+        self.clock = clock or DatabaseClock()
+        meter = meter or obs.get_meter("engine")
+        self.tracer = tracer or obs.get_tracer("engine")
+        self.stats = AttemptStats()
+        self.meters = AttemptMetrics(meter)
+        self._dlq_size = meter.create_gauge(obs.DLQ_SIZE, unit="1")
+        self.ledger = AttemptLedger(self.clock, rng or random.Random(), self.meters, self.stats)
+        self._passes = 0
+
+    async def run_once(self) -> int:
+        """Time out one batch of expired leases; return how many."""
+        with self.tracer.start_as_current_span(obs.SPAN_REAP) as span:
+            async with self.pool.acquire() as conn, conn.transaction():
+                now = await conn.fetchval(SQL["current_instant"], self.clock.now())
+                expired = await conn.fetch(SQL["expired_leases"], now, self.config.batch_size)
+                for row in expired:
+                    occ = await conn.fetchrow(SQL["lock_occurrence"], row["occurrence_id"], DEFAULT_RETRY_BUDGET)
+                    failure = Failure(LEASE_EXPIRED, f"no heartbeat since the lease expired at"
+                                                     f" {occ['lease_expires_at'].isoformat()}")
+                    await self.ledger.finish_attempt(conn, occ["lease_token"], "timed_out", now, failure)
+                    outcome = await self.ledger.conclude_failure(conn, occ, failure, now)
+                    log.warning("attempt lease expired", extra={
+                        "action": "attempt.timed_out", "occurrence_id": str(occ["occurrence_id"]),
+                        "schedule_id": str(occ["schedule_id"]), "tenant_id": occ["tenant_id"],
+                        "attempt": occ["attempt_count"], "lease_token": str(occ["lease_token"]),
+                        "outcome": outcome.value})
+            span.set_attribute("chronoq.timed_out", len(expired))
+        if expired:
+            self.meters.lease_timeouts.add(len(expired))
+        return len(expired)
+
+    async def housekeeping(self) -> int:
+        """Record the DLQ size gauge and prune old retry-budget windows; return the DLQ size."""
+        size = await self.pool.fetchval(SQL["dead_letter_count"])
+        self._dlq_size.set(size)
+        await self.pool.execute(SQL["prune_retry_usage"], self.clock.now())
+        return size
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Reap until ``stop`` is set; database errors are logged and retried."""
+        while not stop.is_set():
+            try:
+                if self._passes % self.config.housekeeping_every == 0:
+                    await self.housekeeping()
+                self._passes += 1
+                reaped = await self.run_once()
+            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
+                log.error("reaper pass failed; retrying", extra={"action": "reaper.error", "error": repr(err)})
+                await pause(stop, self.config.interval)
+                continue
+            if reaped < self.config.batch_size:
+                await pause(stop, self.config.interval)

@@ -1,0 +1,199 @@
+"""Attempt events: what a consumer runtime tells the engine about each delivery.
+
+Topic ``chronoq.attempts``, keyed by occurrence_id so every event of one
+occurrence lands on one partition and the engine reads them in the order they
+were produced. Encoded with orjson as a JSON object, format 1::
+
+    {"format": 1, "event": "started", "occurrence_id": "uuid", "attempt": 2,
+     "lease_token": "uuid", "lease_ttl": 30.0, "consumer_group": "billing",
+     "worker": "host:4242"}
+
+Fields by event (unknown fields are ignored, as for every chronoq message):
+
+========================  ==========================================================
+``started``               lease_token (fresh, made by the consumer), lease_ttl (s)
+``heartbeat``             lease_token, lease_ttl: extend the lease to engine-now + ttl
+``succeeded``             lease_token: the effect and the dedupe row are committed
+``failed``                lease_token, error_class, error_message, permanent (bool)
+``canceled``              reason (``stale_version``, ``schedule_canceled`` or
+                          ``cooperative``); lease_token when an attempt had started
+``already_applied``       applied_by: the lease token recorded with the consumer's
+                          dedupe row (null if the row predates tokens)
+========================  ==========================================================
+
+``attempt`` is the delivery number carried by the occurrence message
+(``OccurrenceMessage.attempt``). Nothing here carries a worker's wall-clock
+time: the engine judges leases by its own clock.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from schemas.messages import (
+    HEADER_FORMAT,
+    HEADER_OCCURRENCE_ID,
+    SUPPORTED_FORMATS,
+    MalformedMessage,
+)
+
+FORMAT_VERSION = 1
+
+STARTED = "started"
+HEARTBEAT = "heartbeat"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+CANCELED = "canceled"
+ALREADY_APPLIED = "already_applied"
+EVENT_KINDS = (STARTED, HEARTBEAT, SUCCEEDED, FAILED, CANCELED, ALREADY_APPLIED)
+
+#: Why a delivery was skipped or abandoned as canceled.
+CANCEL_REASONS = ("stale_version", "schedule_canceled", "cooperative")
+
+#: Events that must name the attempt's lease token.
+_NEEDS_TOKEN = frozenset({STARTED, HEARTBEAT, SUCCEEDED, FAILED})
+MAX_ERROR_MESSAGE = 2000
+MAX_ERROR_CLASS = 200
+
+
+@dataclass(frozen=True)
+class AttemptEvent:
+    event: str
+    occurrence_id: uuid.UUID
+    attempt: int
+    lease_token: uuid.UUID | None = None
+    lease_ttl: float | None = None
+    consumer_group: str | None = None
+    worker: str | None = None
+    error_class: str | None = None
+    error_message: str | None = None
+    permanent: bool = False
+    reason: str | None = None
+    applied_by: uuid.UUID | None = None
+
+    def __post_init__(self) -> None:
+        if self.event not in EVENT_KINDS:
+            raise MalformedMessage(f"unknown attempt event {self.event!r}; known: {', '.join(EVENT_KINDS)}")
+        if isinstance(self.attempt, bool) or not isinstance(self.attempt, int) or self.attempt < 1:
+            raise MalformedMessage("field 'attempt' must be a positive integer")
+        if self.event in _NEEDS_TOKEN and self.lease_token is None:
+            raise MalformedMessage(f"a {self.event} event needs a lease_token")
+        if self.event in (STARTED, HEARTBEAT):
+            if (isinstance(self.lease_ttl, bool) or not isinstance(self.lease_ttl, (int, float))
+                    or not 0 < self.lease_ttl <= 86400):
+                raise MalformedMessage("field 'lease_ttl' must be a number of seconds in (0, 86400]")
+        if self.event == FAILED and not self.error_class:
+            raise MalformedMessage("a failed event needs an error_class")
+        if self.event == CANCELED and self.reason not in CANCEL_REASONS:
+            raise MalformedMessage(f"a canceled event needs a reason: one of {', '.join(CANCEL_REASONS)}")
+
+    # Constructors that read like the protocol.
+    @classmethod
+    def started(cls, occurrence_id: uuid.UUID, attempt: int, lease_token: uuid.UUID, lease_ttl: float,
+                consumer_group: str | None = None, worker: str | None = None) -> "AttemptEvent":
+        return cls(STARTED, occurrence_id, attempt, lease_token, lease_ttl, consumer_group, worker)
+
+    @classmethod
+    def heartbeat(cls, occurrence_id: uuid.UUID, attempt: int, lease_token: uuid.UUID,
+                  lease_ttl: float) -> "AttemptEvent":
+        return cls(HEARTBEAT, occurrence_id, attempt, lease_token, lease_ttl)
+
+    @classmethod
+    def succeeded(cls, occurrence_id: uuid.UUID, attempt: int, lease_token: uuid.UUID) -> "AttemptEvent":
+        return cls(SUCCEEDED, occurrence_id, attempt, lease_token)
+
+    @classmethod
+    def failed(cls, occurrence_id: uuid.UUID, attempt: int, lease_token: uuid.UUID, error_class: str,
+               error_message: str, permanent: bool = False) -> "AttemptEvent":
+        return cls(FAILED, occurrence_id, attempt, lease_token, error_class=error_class[:MAX_ERROR_CLASS],
+                   error_message=error_message[:MAX_ERROR_MESSAGE], permanent=permanent)
+
+    @classmethod
+    def canceled(cls, occurrence_id: uuid.UUID, attempt: int, reason: str,
+                 lease_token: uuid.UUID | None = None, consumer_group: str | None = None) -> "AttemptEvent":
+        return cls(CANCELED, occurrence_id, attempt, lease_token, consumer_group=consumer_group, reason=reason)
+
+    @classmethod
+    def already_applied(cls, occurrence_id: uuid.UUID, attempt: int, applied_by: uuid.UUID | None,
+                        consumer_group: str | None = None) -> "AttemptEvent":
+        return cls(ALREADY_APPLIED, occurrence_id, attempt, consumer_group=consumer_group, applied_by=applied_by)
+
+    @property
+    def key(self) -> bytes:
+        """Keyed by occurrence: the events of one occurrence stay ordered on one partition."""
+        return str(self.occurrence_id).encode()
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return [(HEADER_FORMAT, str(FORMAT_VERSION).encode()),
+                (HEADER_OCCURRENCE_ID, str(self.occurrence_id).encode())]
+
+    def encode(self) -> bytes:
+        data: dict[str, Any] = {"format": FORMAT_VERSION, "event": self.event,
+                                "occurrence_id": str(self.occurrence_id), "attempt": self.attempt}
+        if self.lease_token is not None:
+            data["lease_token"] = str(self.lease_token)
+        optional = {"lease_ttl": self.lease_ttl, "consumer_group": self.consumer_group, "worker": self.worker,
+                    "error_class": self.error_class, "error_message": self.error_message, "reason": self.reason}
+        data.update((name, value) for name, value in optional.items() if value is not None)
+        if self.event == FAILED:
+            data["permanent"] = self.permanent
+        if self.applied_by is not None:
+            data["applied_by"] = str(self.applied_by)
+        return orjson.dumps(data)
+
+
+def _optional_uuid(data: dict[str, Any], name: str) -> uuid.UUID | None:
+    raw = data.get(name)
+    if raw is None:
+        return None
+    try:
+        return uuid.UUID(str(raw))
+    except ValueError as err:
+        raise MalformedMessage(f"field {name!r} is not a UUID: {str(raw)[:60]!r}") from err
+
+
+def _optional_text(data: dict[str, Any], name: str) -> str | None:
+    raw = data.get(name)
+    if raw is None:
+        return None
+    if not isinstance(raw, str):
+        raise MalformedMessage(f"field {name!r} must be a string")
+    return raw
+
+
+def decode_attempt_event(value: bytes | None) -> AttemptEvent:
+    """Decode an attempt event or raise MalformedMessage saying what is wrong."""
+    if value is None:
+        raise MalformedMessage("attempt event has no value (tombstone)")
+    try:
+        data = orjson.loads(value)
+    except orjson.JSONDecodeError as err:
+        raise MalformedMessage(f"attempt event is not JSON: {err}") from err
+    if not isinstance(data, dict):
+        raise MalformedMessage("attempt event is not a JSON object")
+    if data.get("format") not in SUPPORTED_FORMATS:
+        raise MalformedMessage(f"unknown attempt event format {data.get('format')!r}")
+    occurrence = _optional_uuid(data, "occurrence_id")
+    if occurrence is None:
+        raise MalformedMessage("field 'occurrence_id' is required")
+    permanent = data.get("permanent", False)
+    if not isinstance(permanent, bool):
+        raise MalformedMessage("field 'permanent' must be true or false")
+    return AttemptEvent(
+        event=_optional_text(data, "event") or "",
+        occurrence_id=occurrence,
+        attempt=data.get("attempt"),  # type: ignore[arg-type]  # validated in __post_init__
+        lease_token=_optional_uuid(data, "lease_token"),
+        lease_ttl=data.get("lease_ttl"),
+        consumer_group=_optional_text(data, "consumer_group"),
+        worker=_optional_text(data, "worker"),
+        error_class=_optional_text(data, "error_class"),
+        error_message=_optional_text(data, "error_message"),
+        permanent=permanent,
+        reason=_optional_text(data, "reason"),
+        applied_by=_optional_uuid(data, "applied_by"),
+    )

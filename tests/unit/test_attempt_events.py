@@ -1,0 +1,92 @@
+"""The attempt event and dead-letter formats: round trips and what a reader rejects."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from schemas.attempt_events import CANCEL_REASONS, AttemptEvent, decode_attempt_event
+from schemas.dead_letter_messages import DeadOccurrenceMessage, decode_dead_occurrence, occurrence_id_of
+from schemas.messages import MalformedMessage, OccurrenceMessage
+
+OCC = uuid.uuid4()
+TOKEN = uuid.uuid4()
+
+events = st.one_of(
+    st.builds(AttemptEvent.started, st.uuids(), st.integers(1, 100), st.uuids(), st.floats(0.1, 3600),
+              st.text(min_size=1, max_size=20), st.text(max_size=20)),
+    st.builds(AttemptEvent.heartbeat, st.uuids(), st.integers(1, 100), st.uuids(), st.floats(0.1, 3600)),
+    st.builds(AttemptEvent.succeeded, st.uuids(), st.integers(1, 100), st.uuids()),
+    st.builds(AttemptEvent.failed, st.uuids(), st.integers(1, 100), st.uuids(), st.text(min_size=1, max_size=50),
+              st.text(max_size=300), st.booleans()),
+    st.builds(AttemptEvent.canceled, st.uuids(), st.integers(1, 100), st.sampled_from(CANCEL_REASONS),
+              st.none() | st.uuids()),
+    st.builds(AttemptEvent.already_applied, st.uuids(), st.integers(1, 100), st.none() | st.uuids()),
+)
+
+
+@given(events)
+def test_every_event_round_trips(event):
+    assert decode_attempt_event(event.encode()) == event
+    assert event.key == str(event.occurrence_id).encode()
+
+
+def test_the_wire_format_is_plain_json():
+    data = orjson.loads(AttemptEvent.started(OCC, 2, TOKEN, 30.0, "billing", "host:1").encode())
+    assert data == {"format": 1, "event": "started", "occurrence_id": str(OCC), "attempt": 2,
+                    "lease_token": str(TOKEN), "lease_ttl": 30.0, "consumer_group": "billing", "worker": "host:1"}
+
+
+def test_unknown_fields_are_ignored():
+    data = orjson.loads(AttemptEvent.succeeded(OCC, 1, TOKEN).encode())
+    data["added_later"] = {"x": 1}
+    assert decode_attempt_event(orjson.dumps(data)) == AttemptEvent.succeeded(OCC, 1, TOKEN)
+
+
+@pytest.mark.parametrize("mutate, problem", [
+    (lambda d: d.pop("lease_token"), "lease_token"),
+    (lambda d: d.update(attempt=0), "attempt"),
+    (lambda d: d.update(attempt=True), "attempt"),
+    (lambda d: d.update(event="exploded"), "unknown attempt event"),
+    (lambda d: d.update(format=9), "format"),
+    (lambda d: d.update(occurrence_id="nope"), "occurrence_id"),
+    (lambda d: d.update(lease_ttl=-1), "lease_ttl"),
+    (lambda d: d.update(permanent="yes"), "permanent"),
+])
+def test_malformed_events_are_rejected_with_the_reason(mutate, problem):
+    data = orjson.loads(AttemptEvent.started(OCC, 1, TOKEN, 30.0).encode())
+    mutate(data)
+    with pytest.raises(MalformedMessage, match=problem):
+        decode_attempt_event(orjson.dumps(data))
+
+
+@pytest.mark.parametrize("raw", [None, b"", b"\x00garbage", b"[]"])
+def test_garbage_is_malformed(raw):
+    with pytest.raises(MalformedMessage):
+        decode_attempt_event(raw)
+
+
+def test_failed_needs_an_error_class_and_canceled_a_reason():
+    with pytest.raises(MalformedMessage):
+        AttemptEvent("failed", OCC, 1, TOKEN)
+    with pytest.raises(MalformedMessage):
+        AttemptEvent("canceled", OCC, 1, reason="because")
+
+
+def test_long_error_messages_are_cut():
+    event = AttemptEvent.failed(OCC, 1, TOKEN, "E" * 500, "m" * 10_000)
+    assert len(event.error_class) == 200 and len(event.error_message) == 2000
+
+
+def test_dead_occurrence_records_round_trip_and_poison_is_told_apart():
+    at = datetime(2026, 11, 29, 10, 0, tzinfo=timezone.utc)
+    occurrence = OccurrenceMessage(OCC, uuid.uuid4(), 1, "acme", "billing.invoice", at, at, 3, payload={"n": 1})
+    record = DeadOccurrenceMessage(occurrence, 3, "max_attempts", "TimeoutError", "slow", at)
+    assert decode_dead_occurrence(record.encode()) == record
+    assert occurrence_id_of(record.encode()) == OCC
+    assert occurrence_id_of(b"\x00garbage") is None
