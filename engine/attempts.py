@@ -360,7 +360,9 @@ def _ids(occ: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class AttemptProcessorConfig:
-    """group: the engine's consumer group on the attempts topic (engine nodes share the partitions).
+    """group: the engine's consumer group on the attempts topic (engine nodes share the partitions). Default:
+        ``chronoq-engine-attempts.<engine database name>``, so the engines of one database share one group
+        and engines of different databases (tests, staging) on one broker never take each other's events.
     session_timeout / heartbeat_interval: group membership timing (s); the embedded broker's first
         join takes about half the session timeout (docs/broker.md).
     max_poll_records: events applied per transaction.
@@ -368,7 +370,7 @@ class AttemptProcessorConfig:
     error_backoff: seconds to wait after a failed batch before reading it again.
     """
 
-    group: str = "chronoq-engine-attempts"
+    group: str | None = None
     session_timeout: float = 10.0
     heartbeat_interval: float = 3.0
     max_poll_records: int = 500
@@ -435,8 +437,9 @@ class AttemptProcessor:
             await ensure_topics(admin, [ATTEMPTS_TOPIC], cfg.partitions)
         finally:
             await admin.close()
+        group = cfg.group or f"chronoq-engine-attempts.{await self.pool.fetchval(SQL['current_database'])}"
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.kafka_bootstrap, group_id=cfg.group,
+            bootstrap_servers=self.kafka_bootstrap, group_id=group,
             enable_auto_commit=False, auto_offset_reset="earliest", max_poll_records=cfg.max_poll_records,
             session_timeout_ms=int(cfg.session_timeout * 1000),
             heartbeat_interval_ms=int(cfg.heartbeat_interval * 1000),

@@ -6,6 +6,10 @@
 -- The one clock: the injected instant if given, else the database's now().
 SELECT coalesce($1::timestamptz, now());
 
+-- name: current_database
+-- The engine database's name (it names the engine's consumer group on the attempts topic).
+SELECT current_database();
+
 -- name: lock_occurrence
 -- Locks one occurrence for an attempt decision, with what the decision needs from its schedule and tenant
 -- (a tenant without a row gets the retry budget default $2).
