@@ -379,7 +379,10 @@ class ConsumerApp:
         """Pause partitions whose buffer is full (fetching never outruns the handlers); resume the others."""
         consumer = self._consumer
         assert consumer is not None
+        assigned = consumer.assignment()
         for lane in self._lanes.values():
+            if lane.tp not in assigned:       # being revoked: the rebalance listener drops the lane
+                continue
             full = len(lane.pending) >= self.config.max_poll_records
             if full and not lane.paused:
                 consumer.pause(lane.tp)
@@ -393,7 +396,10 @@ class ConsumerApp:
         if now - self._lag_recorded_at < 1.0 or self._consumer is None:
             return
         self._lag_recorded_at = now
+        assigned = self._consumer.assignment()
         for lane in self._lanes.values():
+            if lane.tp not in assigned:
+                continue
             high = self._consumer.highwater(lane.tp)
             position = lane.offsets.committable() if lane.offsets.committable() is not None else lane.committed
             if high is not None and position is not None:
