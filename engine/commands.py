@@ -181,11 +181,12 @@ class CommandProcessor:
         finally:
             await admin.close()
         consumer = AIOKafkaConsumer(
-            COMMANDS_TOPIC, bootstrap_servers=self.kafka_bootstrap, group_id=self.config.group,
+            bootstrap_servers=self.kafka_bootstrap, group_id=self.config.group,
             enable_auto_commit=False, auto_offset_reset="earliest",
             session_timeout_ms=int(self.config.session_timeout * 1000),
             heartbeat_interval_ms=int(self.config.heartbeat_interval * 1000))
         await consumer.start()
+        consumer.subscribe([COMMANDS_TOPIC])   # after start: start() with topics waits for the first join
         try:
             while not stop.is_set():
                 batches = await consumer.getmany(timeout_ms=200)

@@ -20,6 +20,7 @@ from urllib.parse import parse_qs
 import asyncpg
 import orjson
 
+from engine import dead_letters
 from engine.api.openapi import openapi_document
 from engine.control_plane import ControlPlane, preview_fires
 from engine.tenants import Tenant, authenticate
@@ -113,6 +114,8 @@ class Api:
             ("GET", "/v1/schedules/{id}/versions", self.schedule_versions),
             ("GET", "/v1/occurrences/{id}", self.get_occurrence),
             ("POST", "/v1/preview", self.preview),
+            ("GET", "/v1/dead-letters", self.list_dead_letters),
+            ("POST", "/v1/occurrences/{id}/replay", self.replay_dead_letter),
             *(extra_routes or []),
         ]
         self.routes = [(method, _compile(path), handler) for method, path, handler in routes]
@@ -227,6 +230,19 @@ class Api:
     async def get_occurrence(self, request: Request) -> Response:
         assert request.tenant is not None
         return Response(200, await self.control.get_occurrence(request.tenant.tenant_id, request.params["id"]))
+
+    async def list_dead_letters(self, request: Request) -> Response:
+        assert request.tenant is not None
+        page = await dead_letters.list_dead_letters(self.pool, request.tenant.tenant_id,
+                                                    limit=request.int_query("limit", 100),
+                                                    cursor=request.query.get("cursor"))
+        return Response(200, page)
+
+    async def replay_dead_letter(self, request: Request) -> Response:
+        assert request.tenant is not None
+        occurrence = await dead_letters.replay_dead_letter(self.pool, request.tenant.tenant_id,
+                                                           request.params["id"], self.control.clock)
+        return Response(200, occurrence)
 
     async def preview(self, request: Request) -> Response:
         body = request.json_object()

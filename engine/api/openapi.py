@@ -124,6 +124,16 @@ def openapi_document() -> dict[str, Any]:
                 "SchedulePage": _page("Schedule"),
                 "Occurrence": _OCCURRENCE,
                 "OccurrencePage": _page("Occurrence"),
+                "DeadLetter": {"type": "object", "properties": {
+                    "occurrence_id": {"type": "string", "format": "uuid"}, "schedule_id": {"type": "string"},
+                    "reason": {"type": "string"}, "error_class": {"type": "string", "nullable": True},
+                    "error_message": {"type": "string", "nullable": True}, "attempts": {"type": "integer"},
+                    "died_at": _NULLABLE_INSTANT}},
+                "DeadLetterPage": _page("DeadLetter"),
+                "Replay": {"type": "object", "required": ["occurrence_id", "state", "attempt"], "properties": {
+                    "occurrence_id": {"type": "string", "format": "uuid"}, "schedule_id": {"type": "string"},
+                    "tenant_id": {"type": "string"}, "state": {"type": "string"}, "attempt": {"type": "integer"},
+                    "replays": {"type": "integer"}, "available_at": _INSTANT}},
                 "VersionList": {"type": "object", "properties": {"items": {"type": "array",
                                                                            "items": {"type": "object"}}}},
                 "PreviewRequest": {
@@ -181,6 +191,14 @@ def openapi_document() -> dict[str, Any]:
                 "summary": "One occurrence with its attempts", "parameters": [_ID],
                 "responses": {"200": {"description": "the occurrence", **_json("Occurrence")},
                               **_errors(404, *_COMMON)}}},
+            "/v1/dead-letters": {"get": {
+                "summary": "DEAD occurrences of the tenant, oldest death first", "parameters": _PAGING,
+                "responses": {"200": {"description": "a page", **_json("DeadLetterPage")},
+                              **_errors(*_COMMON)}}},
+            "/v1/occurrences/{id}/replay": {"post": {
+                "summary": "Re-enqueue a DEAD occurrence with the same occurrence_id", "parameters": [_ID],
+                "responses": {"200": {"description": "the occurrence, RETRY_WAIT with a delivery due now",
+                                      **_json("Replay")}, **_errors(404, 409, *_COMMON)}}},
             "/v1/preview": {"post": {
                 "summary": "The next fire instants of a definition, UTC and local",
                 "requestBody": {"required": True, **_json("PreviewRequest")},

@@ -14,7 +14,7 @@ from schemas.errors import InvalidInput
 from schemas.observability import configure_telemetry
 
 
-def consumer_config(endpoints: Endpoints, group: str) -> ConsumerConfig:
+def consumer_config(endpoints: Endpoints, group: str, report_attempts: bool = True) -> ConsumerConfig:
     """Consumer settings for a built-in consumer on these endpoints.
 
     On the embedded tansu broker a group's join waits about half the session
@@ -24,8 +24,9 @@ def consumer_config(endpoints: Endpoints, group: str) -> ConsumerConfig:
     """
     if endpoints.embedded:
         return ConsumerConfig(group, endpoints.kafka_bootstrap, endpoints.consumer_database_url,
-                              session_timeout=2.0, heartbeat_interval=0.5)
-    return ConsumerConfig(group, endpoints.kafka_bootstrap, endpoints.consumer_database_url)
+                              session_timeout=2.0, heartbeat_interval=0.5, report_attempts=report_attempts)
+    return ConsumerConfig(group, endpoints.kafka_bootstrap, endpoints.consumer_database_url,
+                          report_attempts=report_attempts)
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
@@ -37,7 +38,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
     async def main() -> int:
         stop = asyncio.Event()
         stop_on_signals(stop)
-        app = printing_consumer(consumer_config(endpoints, args.group), args.target, args.json)
+        app = printing_consumer(consumer_config(endpoints, args.group, not args.no_report), args.target, args.json)
         return await app.run(stop, max_applied=args.max)
 
     asyncio.run(main())
@@ -50,4 +51,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     consume.add_argument("--group", default="chronoq-cli", help="consumer group (default chronoq-cli)")
     consume.add_argument("--max", type=int, help="exit after applying this many occurrences")
     consume.add_argument("--json", action="store_true", help="one JSON object per line")
+    consume.add_argument("--no-report", action="store_true",
+                         help="do not report attempts to the engine: peek at a target another app owns")
     consume.set_defaults(func=cmd_consume)

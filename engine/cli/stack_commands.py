@@ -131,7 +131,8 @@ def cmd_api(args: argparse.Namespace) -> int:
         sock = bind_api(args.api_host, args.api_port)
         print("chronoq api on http://{}:{}".format(*sock.getsockname()[:2]), flush=True)
         await run_services(endpoints.database_url, endpoints.kafka_bootstrap, stop,
-                           ServiceConfig(run_materializer=False, run_relay=False, api_socket=sock))
+                           ServiceConfig(run_materializer=False, run_relay=False, run_attempts=False,
+                                         run_reaper=False, run_overlap_gate=False, api_socket=sock))
 
     asyncio.run(main())
     return 0
@@ -152,7 +153,8 @@ def run_component(materializer: bool, relay: bool) -> int:
         stop_on_signals(stop)
         await run_services(endpoints.database_url, endpoints.kafka_bootstrap, stop,
                            ServiceConfig(run_materializer=materializer, run_relay=relay,
-                                         run_commands=materializer))
+                                         run_commands=materializer, run_attempts=materializer,
+                                         run_reaper=materializer, run_overlap_gate=materializer))
 
     asyncio.run(main())
     return 0

@@ -62,5 +62,5 @@ async def test_no_generated_request_produces_a_server_error(api_process):
         return operations
 
     operations = await asyncio.to_thread(run_all)
-    assert operations == 11
+    assert operations == 13
     assert not failures, "\n".join(failures[:20])

@@ -118,3 +118,32 @@ async def test_malformed_bodies_and_unknown_routes_are_client_errors(clients):
         with pytest.raises(ApiError) as caught:
             await acme.request(method, path, body)
         assert 400 <= caught.value.status < 500, (method, path, caught.value)
+
+
+async def test_dead_letters_are_listed_and_replayed_per_tenant(clients, pool, clock):
+    import random
+    import uuid as uuid_module
+
+    from engine.attempts import AttemptProcessor
+    from schemas.attempt_events import AttemptEvent
+    from tests.integration.attempt_rows import due_occurrence
+
+    acme, globex = clients
+    dead = await due_occurrence(pool, "acme", "billing.invoice", clock.now())
+    token = uuid_module.uuid4()
+    await AttemptProcessor(pool, clock=clock, rng=random.Random(1)).apply_events([
+        AttemptEvent.started(dead.occurrence_id, 1, token, 30.0),
+        AttemptEvent.failed(dead.occurrence_id, 1, token, "InvoiceRejected", "no such customer", permanent=True)])
+
+    page = await acme.request("GET", "/v1/dead-letters?limit=10")
+    assert [(d["occurrence_id"], d["reason"]) for d in page["items"]] == [(str(dead.occurrence_id),
+                                                                           "permanent_error")]
+    assert (await globex.request("GET", "/v1/dead-letters"))["items"] == []
+    with pytest.raises(ApiError) as caught:
+        await globex.request("POST", f"/v1/occurrences/{dead.occurrence_id}/replay")
+    assert caught.value.status == 404
+    replayed = await acme.request("POST", f"/v1/occurrences/{dead.occurrence_id}/replay")
+    assert (replayed["occurrence_id"], replayed["state"]) == (str(dead.occurrence_id), "RETRY_WAIT")
+    with pytest.raises(ApiError) as caught:
+        await acme.request("POST", f"/v1/occurrences/{dead.occurrence_id}/replay")   # not DEAD any more
+    assert caught.value.status == 409
