@@ -165,7 +165,11 @@ async def killed_at(point, pool, clock, kafka_bootstrap, consumer_db, effects, t
     stop = asyncio.Event()
     task = asyncio.create_task(app.run(stop))
     try:
+        # After a kill past the effect, the engine may already know both occurrences SUCCEEDED; the
+        # redelivery (the offset was never committed) must still come and be recognised as a duplicate.
         await wait_for(lambda: all_succeeded(pool, ids), timeout=30)
+        if point != "after_started":
+            await wait_for(lambda: app.stats.duplicates >= 1, timeout=30)
     finally:
         stop.set()
         await task
