@@ -27,7 +27,7 @@ import asyncpg
 from opentelemetry import metrics, trace
 
 from engine import timing
-from engine.overlap import hold_for_overlap_gate
+from engine.overlap import OVERLAP_GATE_TOKEN
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock, pause
 from schemas.identity import occurrence_id
@@ -95,7 +95,7 @@ class _Batch:
     """Column arrays for one insert_occurrences call."""
 
     def __init__(self) -> None:
-        self.columns: list[list[Any]] = [[] for _ in range(11)]
+        self.columns: list[list[Any]] = [[] for _ in range(12)]
 
     def add(self, row: Mapping[str, Any], scheduled_for: datetime, available_at: datetime, state: str,
             message: OccurrenceMessage | None) -> None:
@@ -103,7 +103,7 @@ class _Batch:
             message.occurrence_id if message else occurrence_id(row["schedule_id"], row["version"], scheduled_for),
             row["schedule_id"], row["version"], row["tenant_id"], row["target"], scheduled_for, available_at,
             state, occurrence_topic(row["target"]), partition_key(row["tenant_id"]),
-            message.encode() if message else b"",
+            message.encode() if message else b"", row["overlap_policy"] != "allow",
         )
         for column, value in zip(self.columns, values):
             column.append(value)
@@ -148,8 +148,8 @@ class Materializer:
                     cursors[1].append(row["version"])
                     cursors[2].append(next_run_at)
                     report.completed += next_run_at is None
-                written = await conn.fetchrow(SQL["insert_occurrences"], *batch.columns, self.clock.now())
-                await hold_for_overlap_gate(conn, batch.columns[0])   # overlap policies: the gate decides
+                written = await conn.fetchrow(SQL["insert_occurrences"], *batch.columns, OVERLAP_GATE_TOKEN,
+                                              self.clock.now())
                 await conn.execute(SQL["advance_schedules"], *cursors, self.clock.now())
             report.schedules = len(rows)
             report.occurrences = written["outbox_rows"]

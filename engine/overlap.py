@@ -14,11 +14,10 @@ released it, ENQUEUED (in Kafka, perhaps not started yet), RUNNING,
 RETRY_WAIT. Counting ENQUEUED is what makes the decision safe: an occurrence
 dispatched a moment ago blocks the next even before any worker reports it.
 
-How it stays atomic with a generic relay: in the materializer's transaction
-:func:`hold_for_overlap_gate` gives the new outbox rows of such schedules a
-claim that never expires (token :data:`OVERLAP_GATE_TOKEN`, expiry
-``infinity``), so the relay — which claims only unclaimed or expired rows —
-cannot publish them. The :class:`OverlapGate` takes due held rows, locks their
+How it stays atomic with a generic relay: the materializer writes the outbox
+rows of such schedules already held — claimed with :data:`OVERLAP_GATE_TOKEN`
+until ``infinity`` — so the relay, which claims only unclaimed or expired
+rows, cannot publish them. The :class:`OverlapGate` takes due held rows, locks their
 schedules in id order (``FOR UPDATE``), reads what is in flight, and applies
 :func:`decide_overlap`: dispatch (clear the claim: the relay publishes it on
 its next pass), keep holding, or skip. Every decision about one schedule is
@@ -84,12 +83,6 @@ def decide_overlap(policy: str, in_flight: bool, due: Sequence[int]) -> OverlapD
     if in_flight:
         return OverlapDecision(hold=due[:1], skip=due[1:])
     return OverlapDecision(dispatch=due[:1], hold=due[1:2], skip=due[2:])
-
-
-async def hold_for_overlap_gate(conn: asyncpg.Connection, occurrence_ids: Sequence[uuid.UUID]) -> None:
-    """Hold the new outbox rows of overlap-restricted schedules for the gate (call in the writer's transaction)."""
-    if occurrence_ids:
-        await conn.execute(SQL["hold_for_overlap_gate"], list(occurrence_ids), OVERLAP_GATE_TOKEN)
 
 
 @dataclass(frozen=True)

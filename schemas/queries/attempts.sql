@@ -148,17 +148,6 @@ SET state = 'RETRY_WAIT', attempt_floor = attempt_count, replay_count = replay_c
 WHERE occurrence_id = $1 AND state = 'DEAD'
 RETURNING *;
 
--- name: hold_for_overlap_gate
--- In the materializer's transaction: the outbox rows of new occurrences ($1) whose schedule restricts
--- overlap are held by the overlap gate (claim token $2 that never expires), so the relay cannot publish
--- one before the gate has decided, atomically per schedule, whether it may run.
-UPDATE outbox o
-SET claim_token = $2, claim_expires_at = 'infinity'
-FROM occurrences oc
-JOIN schedules s ON s.schedule_id = oc.schedule_id
-WHERE o.occurrence_id = oc.occurrence_id AND oc.occurrence_id = ANY ($1::uuid[])
-  AND s.overlap_policy <> 'allow' AND o.sent_at IS NULL AND o.discarded_at IS NULL AND o.claim_token IS NULL;
-
 -- name: gated_due_schedules
 -- Schedules with a held, due outbox row, the longest waiting first.
 SELECT oc.schedule_id, min(o.available_at) AS due

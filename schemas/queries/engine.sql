@@ -11,7 +11,7 @@ SELECT coalesce($1::timestamptz, now());
 -- SKIP LOCKED lets several materializers share the table; uniqueness of occurrences stays the final guard.
 SELECT schedule_id, tenant_id, kind, expression, time_zone, dst_repeat, dst_gap, anchor, start_at, end_at,
        version, next_run_at, target, payload, priority, flexible_window_s, misfire_policy, max_lateness_s,
-       deadline_s
+       deadline_s, overlap_policy
 FROM schedules
 WHERE state = 'active'
   AND next_run_at <= coalesce($1::timestamptz, now()) + make_interval(secs => $2)
@@ -23,26 +23,29 @@ FOR UPDATE SKIP LOCKED;
 -- name: insert_occurrences
 -- Inserts occurrences (SCHEDULED or MISSED) and, for each SCHEDULED one actually inserted, its outbox row.
 -- An occurrence that already exists (overlapping materializers, replays) is left alone and gets no second
--- outbox row. Returns how many occurrences and outbox rows were written.
+-- outbox row. Rows flagged in $12 (schedules with an overlap policy) are written already held by the overlap
+-- gate: claimed with token $13 that never expires, so no relay publishes them before the gate decided.
+-- Returns how many occurrences and outbox rows were written.
 WITH input AS (
     SELECT *
     FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::text[], $5::text[], $6::timestamptz[],
-                $7::timestamptz[], $8::text[], $9::text[], $10::bytea[], $11::bytea[])
+                $7::timestamptz[], $8::text[], $9::text[], $10::bytea[], $11::bytea[], $12::bool[])
          AS t(occurrence_id, schedule_id, schedule_version, tenant_id, target, scheduled_for,
-              available_at, state, topic, message_key, message)
+              available_at, state, topic, message_key, message, held)
 ), inserted AS (
     INSERT INTO occurrences (occurrence_id, schedule_id, schedule_version, tenant_id, target,
                              scheduled_for, available_at, state, created_at, updated_at)
     SELECT occurrence_id, schedule_id, schedule_version, tenant_id, target, scheduled_for, available_at,
-           state, coalesce($12::timestamptz, now()), coalesce($12::timestamptz, now())
+           state, coalesce($14::timestamptz, now()), coalesce($14::timestamptz, now())
     FROM input
     ON CONFLICT DO NOTHING
     RETURNING occurrence_id, state
 ), outboxed AS (
     INSERT INTO outbox (occurrence_id, tenant_id, topic, message_key, message, scheduled_for, available_at,
-                        created_at)
+                        claim_token, claim_expires_at, created_at)
     SELECT i.occurrence_id, i.tenant_id, i.topic, i.message_key, i.message, i.scheduled_for,
-           i.available_at, coalesce($12::timestamptz, now())
+           i.available_at, CASE WHEN i.held THEN $13::uuid END,
+           CASE WHEN i.held THEN 'infinity'::timestamptz END, coalesce($14::timestamptz, now())
     FROM input i JOIN inserted USING (occurrence_id)
     WHERE inserted.state = 'SCHEDULED'
     RETURNING 1

@@ -10,7 +10,7 @@ from datetime import timedelta
 from engine.attempts import AttemptProcessor
 from engine.control_plane import ControlPlane
 from engine.materializer import Materializer, MaterializerConfig
-from engine.overlap import OVERLAP_GATE_TOKEN, OverlapGate, hold_for_overlap_gate
+from engine.overlap import OVERLAP_GATE_TOKEN, OverlapGate
 from relay.outbox import OutboxStore
 from schemas import observability as obs
 from schemas.attempt_events import AttemptEvent as Ev
@@ -22,8 +22,8 @@ async def held_occurrences(pool, target, at, overlap, count, schedule_id=None):
     schedule_id = schedule_id or await insert_schedule(pool, "acme", target, at, overlap=overlap)
     messages = [await insert_occurrence(pool, schedule_id, "acme", target, at + timedelta(seconds=i))
                 for i in range(count)]
-    async with pool.acquire() as conn, conn.transaction():
-        await hold_for_overlap_gate(conn, [m.occurrence_id for m in messages])
+    await pool.execute("UPDATE outbox SET claim_token = $2, claim_expires_at = 'infinity'"
+                       " WHERE occurrence_id = ANY($1)", [m.occurrence_id for m in messages], OVERLAP_GATE_TOKEN)
     return schedule_id, messages
 
 
