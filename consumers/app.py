@@ -39,7 +39,6 @@ from typing import Any, Callable
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import CommitFailedError, KafkaError
 from aiokafka.structs import ConsumerRecord
 from opentelemetry import metrics, trace
@@ -68,7 +67,7 @@ from schemas.topics import (
     DEAD_LETTER_TOPIC,
     OCCURRENCE_TOPIC_PREFIX,
     SCHEDULE_STATES_TOPIC,
-    ensure_topics,
+    create_missing_topics,
     occurrence_topic,
     validate_target,
 )
@@ -185,13 +184,9 @@ class ConsumerApp:
                                        max_size=max(4, min(cfg.max_in_flight, 32) + 2))
         async with self._pool.acquire() as conn:
             await apply_migrations(conn, "consumer")
-        admin = AIOKafkaAdminClient(bootstrap_servers=cfg.kafka_bootstrap)
-        await admin.start()
-        try:
-            await ensure_topics(admin, self.topics + [DEAD_LETTER_TOPIC, ATTEMPTS_TOPIC, SCHEDULE_STATES_TOPIC],
-                                cfg.partitions)
-        finally:
-            await admin.close()
+        await create_missing_topics(cfg.kafka_bootstrap,
+                                    self.topics + [DEAD_LETTER_TOPIC, ATTEMPTS_TOPIC, SCHEDULE_STATES_TOPIC],
+                                    cfg.partitions)
         self._producer = AIOKafkaProducer(bootstrap_servers=cfg.kafka_bootstrap, acks="all",
                                           enable_idempotence=False,
                                           request_timeout_ms=int(cfg.report_timeout * 1000))

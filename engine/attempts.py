@@ -47,7 +47,6 @@ from typing import Any, Mapping, Sequence
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import CommitFailedError, KafkaError
 from opentelemetry import metrics, trace
 
@@ -65,7 +64,7 @@ from schemas.topics import (
     ATTEMPTS_TOPIC,
     DEAD_LETTER_TOPIC,
     DEFAULT_PARTITIONS,
-    ensure_topics,
+    create_missing_topics,
     occurrence_topic,
     partition_key,
 )
@@ -431,12 +430,7 @@ class AttemptProcessor:
         if self.kafka_bootstrap is None:
             raise ValueError("AttemptProcessor.run needs kafka_bootstrap")
         cfg = self.config
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.kafka_bootstrap)
-        await admin.start()
-        try:
-            await ensure_topics(admin, [ATTEMPTS_TOPIC], cfg.partitions)
-        finally:
-            await admin.close()
+        await create_missing_topics(self.kafka_bootstrap, [ATTEMPTS_TOPIC], cfg.partitions)
         group = cfg.group or f"chronoq-engine-attempts.{await self.pool.fetchval(SQL['current_database'])}"
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.kafka_bootstrap, group_id=group,

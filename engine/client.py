@@ -26,7 +26,7 @@ from typing import Any
 
 from schemas.commands import HEADER_SIGNATURE, Command, CommandResult, decode_command_result, sign
 from schemas.errors import ChronoqError
-from schemas.topics import COMMAND_RESULTS_TOPIC, COMMANDS_TOPIC, DEFAULT_PARTITIONS, ensure_topics
+from schemas.topics import COMMAND_RESULTS_TOPIC, COMMANDS_TOPIC, create_missing_topics
 
 
 class ApiError(ChronoqError):
@@ -160,14 +160,7 @@ class CommandResults:
 
     async def __aenter__(self) -> "CommandResults":
         from aiokafka import TopicPartition
-        from aiokafka.admin import AIOKafkaAdminClient
-
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.kafka_bootstrap)
-        await admin.start()
-        try:
-            await ensure_topics(admin, [COMMANDS_TOPIC, COMMAND_RESULTS_TOPIC], DEFAULT_PARTITIONS)
-        finally:
-            await admin.close()
+        await create_missing_topics(self.kafka_bootstrap, [COMMANDS_TOPIC, COMMAND_RESULTS_TOPIC])
         await self.consumer.start()
         partitions = None
         while not partitions:

@@ -30,7 +30,6 @@ from typing import Any
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import CommitFailedError
 from aiokafka.structs import ConsumerRecord
 from opentelemetry import metrics
@@ -51,8 +50,7 @@ from schemas.queries import load_queries
 from schemas.topics import (
     COMMAND_RESULTS_TOPIC,
     COMMANDS_TOPIC,
-    DEFAULT_PARTITIONS,
-    ensure_topics,
+    create_missing_topics,
 )
 
 SQL = load_queries("control_plane")
@@ -174,12 +172,7 @@ class CommandProcessor:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume chronoq.commands until ``stop``; offsets follow the database commits."""
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.kafka_bootstrap)
-        await admin.start()
-        try:
-            await ensure_topics(admin, [COMMANDS_TOPIC, COMMAND_RESULTS_TOPIC], DEFAULT_PARTITIONS)
-        finally:
-            await admin.close()
+        await create_missing_topics(self.kafka_bootstrap, [COMMANDS_TOPIC, COMMAND_RESULTS_TOPIC])
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.kafka_bootstrap, group_id=self.config.group,
             enable_auto_commit=False, auto_offset_reset="earliest",

@@ -8,7 +8,6 @@ the field; nothing is written when a request is rejected.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
 import hashlib
@@ -22,6 +21,7 @@ import orjson
 
 from engine import timing
 from schemas.clock import Clock, DatabaseClock
+from engine.pagination import decode_cursor, key_of, page_size, split_page
 from engine.tenants import Tenant
 from schemas.errors import Conflict, InvalidInput, NotFound, QuotaExceeded
 from schemas.messages import ScheduleStateMessage, format_instant
@@ -268,8 +268,6 @@ class Page:
         return {"items": self.items, "next_cursor": self.next_cursor}
 
 
-MAX_PAGE = 500
-
 # Lifecycle: which state each action leads to from each state. A missing entry
 # is a conflict; an action that leaves the state as it is is a no-op (retrying
 # a pause is safe and creates no new version).
@@ -360,7 +358,7 @@ class ControlPlane:
     # ------------------------------------------------------------------ reads
 
     async def get_schedule(self, tenant_id: str, schedule_id: uuid.UUID | str) -> dict[str, Any]:
-        row = await self.pool.fetchrow(CP_SQL["get_schedule"], _as_uuid(schedule_id, "schedule"), tenant_id)
+        row = await self.pool.fetchrow(CP_SQL["get_schedule"], as_uuid(schedule_id, "schedule"), tenant_id)
         if row is None:
             raise NotFound("schedule", schedule_id)
         return schedule_to_json(row)
@@ -370,31 +368,29 @@ class ControlPlane:
         """A tenant's schedules in creation order, ``limit`` at a time."""
         if state is not None and state not in SCHEDULE_STATES:
             raise InvalidInput("state", f"must be one of {', '.join(SCHEDULE_STATES)}", "active")
-        after_at, after_id = _decode_cursor(cursor)
-        limit = _page_size(limit)
+        after_at, after_id = decode_cursor(cursor)
+        limit = page_size(limit)
         rows = await self.pool.fetch(CP_SQL["list_schedules"], tenant_id, state, target, after_at, after_id,
                                      limit + 1)
-        items = [schedule_to_json(r) for r in rows[:limit]]
-        last = rows[limit - 1] if len(rows) > limit else None
-        return Page(items, _encode_cursor(last["created_at"], last["schedule_id"]) if last else None)
+        page, next_cursor = split_page(rows, limit, key_of("created_at", "schedule_id"))
+        return Page([schedule_to_json(r) for r in page], next_cursor)
 
     async def list_occurrences(self, tenant_id: str, schedule_id: uuid.UUID | str, *, cursor: str | None = None,
                                limit: int = 50) -> Page:
         """One schedule's occurrences, oldest first (NotFound for another tenant's schedule)."""
-        sid = _as_uuid(schedule_id, "schedule")
+        sid = as_uuid(schedule_id, "schedule")
         if await self.pool.fetchrow(CP_SQL["get_schedule"], sid, tenant_id) is None:
             raise NotFound("schedule", schedule_id)
-        after_at, after_id = _decode_cursor(cursor)
-        limit = _page_size(limit)
+        after_at, after_id = decode_cursor(cursor)
+        limit = page_size(limit)
         rows = await self.pool.fetch(CP_SQL["list_schedule_occurrences"], sid, tenant_id, after_at, after_id,
                                      limit + 1)
-        items = [occurrence_to_json(r) for r in rows[:limit]]
-        last = rows[limit - 1] if len(rows) > limit else None
-        return Page(items, _encode_cursor(last["scheduled_for"], last["occurrence_id"]) if last else None)
+        page, next_cursor = split_page(rows, limit, key_of("scheduled_for", "occurrence_id"))
+        return Page([occurrence_to_json(r) for r in page], next_cursor)
 
     async def get_occurrence(self, tenant_id: str, occurrence_id: uuid.UUID | str) -> dict[str, Any]:
         """An occurrence with its attempts."""
-        oid = _as_uuid(occurrence_id, "occurrence")
+        oid = as_uuid(occurrence_id, "occurrence")
         row = await self.pool.fetchrow(CP_SQL["get_occurrence"], oid, tenant_id)
         if row is None:
             raise NotFound("occurrence", occurrence_id)
@@ -402,7 +398,7 @@ class ControlPlane:
         return {**occurrence_to_json(row), "attempts": [attempt_to_json(a) for a in attempts]}
 
     async def schedule_history(self, tenant_id: str, schedule_id: uuid.UUID | str) -> list[dict[str, Any]]:
-        rows = await self.pool.fetch(CP_SQL["list_schedule_versions"], _as_uuid(schedule_id, "schedule"),
+        rows = await self.pool.fetch(CP_SQL["list_schedule_versions"], as_uuid(schedule_id, "schedule"),
                                      tenant_id)
         if not rows:
             raise NotFound("schedule", schedule_id)
@@ -485,7 +481,7 @@ class ControlPlane:
         return {**schedule_to_json(updated), "canceled_occurrences": canceled["canceled"]}
 
     async def _lock(self, conn: asyncpg.Connection, tenant_id: str, schedule_id: uuid.UUID | str) -> asyncpg.Record:
-        row = await conn.fetchrow(CP_SQL["lock_schedule"], _as_uuid(schedule_id, "schedule"), tenant_id)
+        row = await conn.fetchrow(CP_SQL["lock_schedule"], as_uuid(schedule_id, "schedule"), tenant_id)
         if row is None:
             raise NotFound("schedule", schedule_id)
         return row
@@ -561,26 +557,6 @@ def _replayed(row: Mapping[str, Any], request_hash: str, key: str) -> dict[str, 
     return schedule_to_json(row)
 
 
-def _page_size(limit: object) -> int:
-    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_PAGE:
-        raise InvalidInput("limit", f"must be an integer from 1 to {MAX_PAGE}", "50")
-    return limit
-
-
-def _encode_cursor(at: datetime, ident: uuid.UUID) -> str:
-    return base64.urlsafe_b64encode(orjson.dumps([format_instant(at), str(ident)])).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str | None) -> tuple[datetime | None, uuid.UUID | None]:
-    if cursor is None:
-        return None, None
-    try:
-        at, ident = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        return datetime.fromisoformat(at.replace("Z", "+00:00")), uuid.UUID(ident)
-    except (ValueError, TypeError, orjson.JSONDecodeError) as err:
-        raise InvalidInput("cursor", "is not a cursor returned by this API; start without one") from err
-
-
 def _instant(value: datetime | None) -> str | None:
     return format_instant(value) if value else None
 
@@ -610,7 +586,8 @@ def definition_of(row: Mapping[str, Any]) -> dict[str, Any]:
     return {name: data[name] for name in _KNOWN_FIELDS if data.get(name) is not None}
 
 
-def _as_uuid(value: uuid.UUID | str, kind: str) -> uuid.UUID:
+def as_uuid(value: uuid.UUID | str, kind: str) -> uuid.UUID:
+    """A path or CLI id as a UUID; anything else is simply not found (never a 500 or a leak)."""
     if isinstance(value, uuid.UUID):
         return value
     try:

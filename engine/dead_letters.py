@@ -14,7 +14,6 @@ with the caller's tenant; another tenant's occurrence is simply not found.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import logging
 import uuid
@@ -22,19 +21,17 @@ from datetime import datetime
 from typing import Any, Mapping
 
 import asyncpg
-import orjson
 
 from engine.attempts import DEFAULT_RETRY_BUDGET, SQL
+from engine.control_plane import as_uuid
 from engine.occurrence_states import Event, State, transition
+from engine.pagination import decode_cursor, key_of, page_size, split_page
 from schemas.clock import Clock, DatabaseClock
-from schemas.errors import Conflict, InvalidInput, NotFound
+from schemas.errors import Conflict, NotFound
 from schemas.messages import MalformedMessage, OccurrenceMessage, decode_occurrence, format_instant
 from schemas.topics import occurrence_topic, partition_key
 
 log = logging.getLogger("chronoq.dead_letters")
-
-MAX_PAGE = 500
-
 
 def _instant(value: datetime | None) -> str | None:
     return format_instant(value) if value else None
@@ -50,20 +47,6 @@ def dead_letter_to_json(row: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _encode_cursor(at: datetime, ident: uuid.UUID) -> str:
-    return base64.urlsafe_b64encode(orjson.dumps([format_instant(at), str(ident)])).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str | None) -> tuple[datetime | None, uuid.UUID | None]:
-    if cursor is None:
-        return None, None
-    try:
-        at, ident = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        return datetime.fromisoformat(at.replace("Z", "+00:00")), uuid.UUID(ident)
-    except (ValueError, TypeError, orjson.JSONDecodeError) as err:
-        raise InvalidInput("cursor", "is not a cursor returned by this listing; start without one") from err
-
-
 async def list_dead_letters(pool: asyncpg.Pool, tenant_id: str | None, *, limit: int = 100,
                             cursor: str | None = None) -> dict[str, Any]:
     """A page of DEAD occurrences, oldest death first: ``{"items": [...], "next_cursor": ...}``.
@@ -71,23 +54,11 @@ async def list_dead_letters(pool: asyncpg.Pool, tenant_id: str | None, *, limit:
     ``tenant_id`` None lists every tenant (operators only: the CLI without
     ``--tenant``); the API always passes the caller's tenant.
     """
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
-        raise InvalidInput("limit", f"must be an integer from 1 to {MAX_PAGE}", "100")
-    after, after_id = _decode_cursor(cursor)
+    limit = page_size(limit)
+    after, after_id = decode_cursor(cursor)
     rows = await pool.fetch(SQL["list_dead_letters"], tenant_id, after, after_id, limit + 1)
-    items = [dead_letter_to_json(r) for r in rows[:limit]]
-    next_cursor = _encode_cursor(rows[limit - 1]["finished_at"], rows[limit - 1]["occurrence_id"]) \
-        if len(rows) > limit else None
-    return {"items": items, "next_cursor": next_cursor}
-
-
-def _as_uuid(value: uuid.UUID | str) -> uuid.UUID:
-    if isinstance(value, uuid.UUID):
-        return value
-    try:
-        return uuid.UUID(str(value))
-    except ValueError as err:
-        raise NotFound("occurrence", value) from err
+    page, next_cursor = split_page(rows, limit, key_of("finished_at", "occurrence_id"))
+    return {"items": [dead_letter_to_json(r) for r in page], "next_cursor": next_cursor}
 
 
 async def replay_dead_letter(pool: asyncpg.Pool, tenant_id: str, occurrence_id: uuid.UUID | str,
@@ -101,7 +72,7 @@ async def replay_dead_letter(pool: asyncpg.Pool, tenant_id: str, occurrence_id: 
     canceled: consumers would skip it as obsolete).
     """
     clock = clock or DatabaseClock()
-    ident = _as_uuid(occurrence_id)
+    ident = as_uuid(occurrence_id, "occurrence")
     async with pool.acquire() as conn, conn.transaction():
         now: datetime = await conn.fetchval(SQL["current_instant"], clock.now())
         occ = await conn.fetchrow(SQL["lock_occurrence"], ident, DEFAULT_RETRY_BUDGET)

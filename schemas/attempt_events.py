@@ -37,8 +37,8 @@ import orjson
 from schemas.messages import (
     HEADER_FORMAT,
     HEADER_OCCURRENCE_ID,
-    SUPPORTED_FORMATS,
     MalformedMessage,
+    decode_json_object,
 )
 
 FORMAT_VERSION = 1
@@ -167,16 +167,7 @@ def _optional_text(data: dict[str, Any], name: str) -> str | None:
 
 def decode_attempt_event(value: bytes | None) -> AttemptEvent:
     """Decode an attempt event or raise MalformedMessage saying what is wrong."""
-    if value is None:
-        raise MalformedMessage("attempt event has no value (tombstone)")
-    try:
-        data = orjson.loads(value)
-    except orjson.JSONDecodeError as err:
-        raise MalformedMessage(f"attempt event is not JSON: {err}") from err
-    if not isinstance(data, dict):
-        raise MalformedMessage("attempt event is not a JSON object")
-    if data.get("format") not in SUPPORTED_FORMATS:
-        raise MalformedMessage(f"unknown attempt event format {data.get('format')!r}")
+    data = decode_json_object(value, "attempt event")
     occurrence = _optional_uuid(data, "occurrence_id")
     if occurrence is None:
         raise MalformedMessage("field 'occurrence_id' is required")

@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-from schemas.messages import MalformedMessage, format_instant
+from schemas.messages import MalformedMessage, decode_json_object, format_instant
 
 FORMAT_VERSION = 1
 ACTIONS = ("create", "update", "pause", "resume", "cancel")
@@ -70,16 +70,7 @@ def signature_valid(signing_key: bytes, value: bytes, signature: str | None) -> 
 
 def decode_command(value: bytes | None) -> Command:
     """Parse a command (signature not checked here); MalformedMessage says what is wrong."""
-    if value is None:
-        raise MalformedMessage("command has no value")
-    try:
-        data = orjson.loads(value)
-    except orjson.JSONDecodeError as err:
-        raise MalformedMessage(f"command is not JSON: {err}") from err
-    if not isinstance(data, dict):
-        raise MalformedMessage("command is not a JSON object")
-    if data.get("format") != FORMAT_VERSION:
-        raise MalformedMessage(f"unknown command format {data.get('format')!r}; this engine reads 1")
+    data = decode_json_object(value, "command")
     try:
         command_id = uuid.UUID(str(data.get("command_id")))
     except ValueError as err:

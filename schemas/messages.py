@@ -16,9 +16,9 @@ carry the same occurrence_id and attempt. Readers accept any message whose
 ``format`` they know and ignore unknown fields, so a producer may add fields
 without a format bump; removing or changing one needs ``format`` 2.
 
-Headers carry what a router needs without decoding the body
-(``chronoq-format``, ``chronoq-occurrence-id``, ``chronoq-tenant``) plus the
-W3C trace context (``traceparent``) injected by the relay.
+The relay adds headers a router can act on without decoding the body
+(``chronoq-occurrence-id``, ``chronoq-tenant``) and the W3C trace context
+(``traceparent``) of its publish span.
 
 The schedule state message (topic ``chronoq.schedule-states``, keyed by
 schedule_id, compacted in production) announces each schedule version::
@@ -85,13 +85,6 @@ class OccurrenceMessage:
             }
         )
 
-    def headers(self) -> list[tuple[str, bytes]]:
-        return [
-            (HEADER_FORMAT, str(FORMAT_VERSION).encode()),
-            (HEADER_OCCURRENCE_ID, str(self.occurrence_id).encode()),
-            (HEADER_TENANT, self.tenant_id.encode()),
-        ]
-
 
 def format_instant(instant: datetime) -> str:
     """UTC ISO-8601 with a trailing Z (microseconds only when present)."""
@@ -137,25 +130,25 @@ def _positive_int(data: dict[str, Any], name: str) -> int:
     return raw
 
 
-def _json_object(value: bytes | None) -> dict[str, Any]:
-    """The JSON object of a chronoq message of a known format, or MalformedMessage."""
+def decode_json_object(value: bytes | None, kind: str = "message") -> dict[str, Any]:
+    """The JSON object of a chronoq record (message, command, event) of a known format, or MalformedMessage."""
     if value is None:
-        raise MalformedMessage("message has no value (tombstone)")
+        raise MalformedMessage(f"{kind} has no value (tombstone)")
     try:
         data = orjson.loads(value)
     except orjson.JSONDecodeError as err:
-        raise MalformedMessage(f"message is not JSON: {err}") from err
+        raise MalformedMessage(f"{kind} is not JSON: {err}") from err
     if not isinstance(data, dict):
-        raise MalformedMessage("message is not a JSON object")
+        raise MalformedMessage(f"{kind} is not a JSON object")
     fmt = data.get("format")
     if fmt not in SUPPORTED_FORMATS:
-        raise MalformedMessage(f"unknown message format {fmt!r}; this reader knows {sorted(SUPPORTED_FORMATS)}")
+        raise MalformedMessage(f"unknown {kind} format {fmt!r}; this reader knows {sorted(SUPPORTED_FORMATS)}")
     return data
 
 
 def decode_occurrence(value: bytes | None) -> OccurrenceMessage:
     """Decode an occurrence message or raise MalformedMessage saying what is wrong."""
-    data = _json_object(value)
+    data = decode_json_object(value)
     return OccurrenceMessage(
         occurrence_id=_uuid(data, "occurrence_id"),
         schedule_id=_uuid(data, "schedule_id"),
@@ -197,7 +190,7 @@ class ScheduleStateMessage:
 
 def decode_schedule_state(value: bytes | None) -> ScheduleStateMessage:
     """Decode a schedule state message or raise MalformedMessage."""
-    data = _json_object(value)
+    data = decode_json_object(value)
     return ScheduleStateMessage(
         schedule_id=_uuid(data, "schedule_id"),
         tenant_id=_text(data, "tenant_id"),

@@ -85,3 +85,13 @@ async def ensure_topics(admin: AIOKafkaAdminClient, topics: Sequence[str], parti
         if code not in (0, TopicAlreadyExistsError.errno):
             raise KafkaError(f"could not create topic {topic}: error code {code}")
     log.info("created topics", extra={"action": "topics.created", "topics": [t.name for t in new]})
+
+
+async def create_missing_topics(bootstrap: str, topics: Sequence[str], partitions: int = DEFAULT_PARTITIONS) -> None:
+    """Connect an admin client, create the topics that do not exist, disconnect."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await ensure_topics(admin, topics, partitions)
+    finally:
+        await admin.close()

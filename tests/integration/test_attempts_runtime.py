@@ -25,7 +25,7 @@ from engine.reaper import ReaperConfig
 from engine.service import ServiceConfig, run_services
 from relay.dispatcher import RelayConfig
 from schemas.dead_letter_messages import decode_dead_occurrence
-from schemas.messages import MalformedMessage, OccurrenceMessage, ScheduleStateMessage
+from schemas.messages import MalformedMessage, ScheduleStateMessage
 from schemas.topics import DEAD_LETTER_TOPIC, SCHEDULE_STATES_TOPIC, occurrence_topic
 from tests.conftest import wait_for
 from tests.integration.attempt_rows import attempt_rows, due_occurrence, occurrence_row

@@ -1,0 +1,56 @@
+"""Keyset pagination shared by every listing of the API and CLI.
+
+A cursor is the opaque, URL-safe encoding of the sort key of the last item of
+a page (an instant and an id); the next page is "rows after that key", so
+pages stay stable while rows are inserted. Listings fetch ``limit + 1`` rows
+to know whether another page exists.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from datetime import datetime
+from typing import Any, Callable, Sequence, TypeVar
+
+import orjson
+
+from schemas.errors import InvalidInput
+from schemas.messages import format_instant
+
+MAX_PAGE = 500
+Row = TypeVar("Row")
+
+
+def page_size(limit: object, maximum: int = MAX_PAGE) -> int:
+    """A valid page size, or InvalidInput('limit')."""
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= maximum:
+        raise InvalidInput("limit", f"must be an integer from 1 to {maximum}", "50")
+    return limit
+
+
+def encode_cursor(at: datetime, ident: uuid.UUID) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps([format_instant(at), str(ident)])).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str | None) -> tuple[datetime | None, uuid.UUID | None]:
+    """The sort key a cursor encodes, (None, None) for the first page, or InvalidInput('cursor')."""
+    if cursor is None:
+        return None, None
+    try:
+        at, ident = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        return datetime.fromisoformat(at.replace("Z", "+00:00")), uuid.UUID(ident)
+    except (ValueError, TypeError, orjson.JSONDecodeError) as err:
+        raise InvalidInput("cursor", "is not a cursor returned by this listing; start without one") from err
+
+
+def split_page(rows: Sequence[Row], limit: int,
+               key: Callable[[Row], tuple[datetime, uuid.UUID]]) -> tuple[Sequence[Row], str | None]:
+    """The rows of this page and the cursor of the next (None on the last page), from limit + 1 rows."""
+    if len(rows) <= limit:
+        return rows, None
+    return rows[:limit], encode_cursor(*key(rows[limit - 1]))
+
+
+def key_of(at_column: str, id_column: str) -> Callable[[Any], tuple[datetime, uuid.UUID]]:
+    return lambda row: (row[at_column], row[id_column])
