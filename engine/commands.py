@@ -62,13 +62,16 @@ _MALFORMED_NAMESPACE = uuid.UUID("1c4f7a52-3e55-4f0e-9d9e-636d6472656a")
 
 @dataclass(frozen=True)
 class CommandConfig:
-    """group: the engine's consumer group on chronoq.commands.
+    """group: the engine's consumer group on chronoq.commands. Default:
+        ``chronoq-engine-commands.<engine database name>``: the engines of one
+        database share the commands, engines of different databases on one
+        broker (staging, tests) never take each other's.
     max_age: commands issued longer ago are refused (the dedupe window).
     max_skew: commands issued further in the future are refused (clock skew).
     session_timeout / heartbeat_interval: group membership timing (s).
     """
 
-    group: str = "chronoq-engine-commands"
+    group: str | None = None
     max_age: timedelta = timedelta(days=7)
     max_skew: timedelta = timedelta(minutes=5)
     session_timeout: float = 10.0
@@ -173,8 +176,9 @@ class CommandProcessor:
     async def run(self, stop: asyncio.Event) -> None:
         """Consume chronoq.commands until ``stop``; offsets follow the database commits."""
         await create_missing_topics(self.kafka_bootstrap, [COMMANDS_TOPIC, COMMAND_RESULTS_TOPIC])
+        group = self.config.group or f"chronoq-engine-commands.{await self.pool.fetchval(SQL['current_database'])}"
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.kafka_bootstrap, group_id=self.config.group,
+            bootstrap_servers=self.kafka_bootstrap, group_id=group,
             enable_auto_commit=False, auto_offset_reset="earliest",
             session_timeout_ms=int(self.config.session_timeout * 1000),
             heartbeat_interval_ms=int(self.config.heartbeat_interval * 1000))

@@ -14,6 +14,7 @@ and consumer groups per test.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import tempfile
 import uuid
@@ -197,3 +198,34 @@ class Telemetry:
 @pytest.fixture
 def telemetry() -> Telemetry:
     return Telemetry()
+
+
+def fast_services(**overrides):  # type: ignore[no-untyped-def]
+    """A ServiceConfig for tests: short consumer-group sessions (on the embedded broker a group's first
+    join waits about half the session timeout) and short idle intervals, so tests wait on work, not timers."""
+    from engine.attempts import AttemptProcessorConfig
+    from engine.commands import CommandConfig
+    from engine.overlap import OverlapGateConfig
+    from engine.reaper import ReaperConfig
+    from engine.service import ServiceConfig
+    from relay.dispatcher import RelayConfig
+
+    base = dict(attempts=AttemptProcessorConfig(session_timeout=2.0, heartbeat_interval=0.4),
+                commands=CommandConfig(session_timeout=2.0, heartbeat_interval=0.4),
+                reaper=ReaperConfig(interval=0.05), relay=RelayConfig(idle_interval=0.05),
+                overlap_gate=OverlapGateConfig(interval=0.05))
+    return ServiceConfig(**{**base, **overrides})
+
+
+@contextlib.asynccontextmanager
+async def services_running(engine_db: str, kafka_bootstrap: str, config, clock=None):  # type: ignore[no-untyped-def]
+    """The engine loops and the relay, running in this test's event loop until the block ends."""
+    from engine.service import run_services
+
+    stop = asyncio.Event()
+    services = asyncio.create_task(run_services(engine_db, kafka_bootstrap, stop, config, clock))
+    try:
+        yield stop
+    finally:
+        stop.set()
+        await services

@@ -159,3 +159,7 @@ SELECT tenant_id, outcome FROM processed_commands WHERE command_id = $1;
 -- name: record_command_outcome
 -- Stores the outcome of a command, in the transaction of its effect.
 UPDATE processed_commands SET outcome = $2 WHERE command_id = $1;
+
+-- name: current_database
+-- The engine database's name (consumer groups of the engine are named after it).
+SELECT current_database();

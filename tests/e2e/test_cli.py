@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from engine.service import run_services
+from tests.conftest import fast_services
 
 CHRONOQ = [sys.executable, "-m", "engine.cli"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,7 +76,7 @@ async def test_create_then_consume_prints_the_occurrence_once(engine_db, kafka_b
     assert schedule["version"] == 1 and schedule["next_run_at"] and schedule["state"] == "active"
 
     stop = asyncio.Event()
-    services = asyncio.create_task(run_services(engine_db, kafka_bootstrap, stop))
+    services = asyncio.create_task(run_services(engine_db, kafka_bootstrap, stop, fast_services()))
     try:
         consumed = await asyncio.to_thread(run, ["consume", "--target", target, "--group", "cli-test",
                                                  "--max", "1", "--json"], env, 60)

@@ -20,33 +20,23 @@ import asyncpg
 import pytest
 
 from consumers import ConsumerApp, ConsumerConfig, Occurrence
-from engine.attempts import AttemptProcessorConfig
 from engine.control_plane import ControlPlane
 from engine.materializer import MaterializerConfig
-from engine.overlap import OverlapGateConfig
-from engine.reaper import ReaperConfig
-from engine.service import ServiceConfig, run_services
-from relay.dispatcher import RelayConfig
+from engine.service import run_services
 from schemas.attempt_events import decode_attempt_event
 from schemas.topics import ATTEMPTS_TOPIC
-from tests.conftest import wait_for
+from tests.conftest import fast_services, services_running, wait_for
 from tests.integration.attempt_rows import attempt_rows, due_occurrence, occurrence_row
 from tests.kafka_reading import read_topic
 
 ROOT = Path(__file__).resolve().parents[2]
-FAST_ENGINE = ServiceConfig(run_materializer=False, attempts=AttemptProcessorConfig(session_timeout=2.0,
-                                                                                    heartbeat_interval=0.4),
-                            reaper=ReaperConfig(interval=0.05), relay=RelayConfig(idle_interval=0.05),
-                            overlap_gate=OverlapGateConfig(interval=0.05))
+FAST_ENGINE = fast_services(run_materializer=False)
 
 
 @pytest.fixture
 async def engine(engine_db, kafka_bootstrap, clock):
-    stop = asyncio.Event()
-    services = asyncio.create_task(run_services(engine_db, kafka_bootstrap, stop, FAST_ENGINE, clock))
-    yield
-    stop.set()
-    await services
+    async with services_running(engine_db, kafka_bootstrap, FAST_ENGINE, clock):
+        yield
 
 
 @pytest.fixture
@@ -299,9 +289,7 @@ async def aborted_stop(pool, clock, kafka_bootstrap, consumer_db, effects, tmp_p
 
 async def test_skip_if_running_skips_while_a_slow_handler_runs_and_never_runs_two(
         engine_db, pool, clock, kafka_bootstrap, consumer_db, target, acme):
-    config = ServiceConfig(materializer=MaterializerConfig(horizon=timedelta(seconds=1), idle_interval=0.05),
-                           attempts=FAST_ENGINE.attempts, relay=FAST_ENGINE.relay, reaper=FAST_ENGINE.reaper,
-                           overlap_gate=FAST_ENGINE.overlap_gate)
+    config = fast_services(materializer=MaterializerConfig(horizon=timedelta(seconds=1), idle_interval=0.05))
     schedule = await ControlPlane(pool, clock).create_schedule(
         "acme", {"kind": "rate", "expression": "1s", "target": target, "overlap_policy": "skip_if_running"})
     running, most, release = set(), [0], asyncio.Event()

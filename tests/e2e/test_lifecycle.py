@@ -11,10 +11,9 @@ import pytest
 
 from consumers import ConsumerApp, ConsumerConfig, Occurrence
 from engine.api.server import bind
-from engine.attempts import AttemptProcessorConfig
 from engine.client import ChronoqClient
-from engine.service import ServiceConfig, run_services
-from tests.conftest import wait_for
+from engine.service import run_services
+from tests.conftest import fast_services, wait_for
 
 
 @pytest.fixture
@@ -22,9 +21,8 @@ async def stack(engine_db, pool, consumer_db, kafka_bootstrap, clock, acme, targ
     """Engine, relay and API on the test clock, plus a consumer recording what it applies."""
     stop = asyncio.Event()
     sock = bind("127.0.0.1", 0)
-    config = ServiceConfig(api_socket=sock, attempts=AttemptProcessorConfig(session_timeout=2.0,
-                                                                            heartbeat_interval=0.4))
-    services = asyncio.create_task(run_services(engine_db, kafka_bootstrap, stop, config, clock))
+    services = asyncio.create_task(run_services(engine_db, kafka_bootstrap, stop, fast_services(api_socket=sock),
+                                                clock))
     applied: list[Occurrence] = []
     app = ConsumerApp(ConsumerConfig(f"life-{uuid.uuid4().hex[:8]}", kafka_bootstrap, consumer_db,
                                      session_timeout=2.0, heartbeat_interval=0.4))

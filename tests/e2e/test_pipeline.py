@@ -10,15 +10,14 @@ import asyncpg
 import pytest
 
 from consumers import ConsumerApp, ConsumerConfig, Occurrence
-from engine.attempts import AttemptProcessorConfig
 from engine.control_plane import ControlPlane
 from engine.materializer import Materializer, MaterializerConfig
-from engine.service import ServiceConfig, run_services
+from engine.service import run_services
 from relay.dispatcher import Relay, RelayConfig
 from relay.outbox import OutboxStore
 from relay.publisher import KafkaPublisher, PublisherConfig
 from schemas import observability as obs
-from tests.conftest import wait_for
+from tests.conftest import fast_services, wait_for
 
 OCCURRENCE_ROWS = "SELECT count(*) FROM outbox WHERE occurrence_id IS NOT NULL"
 
@@ -50,9 +49,7 @@ async def test_a_one_time_schedule_is_consumed_exactly_once(engine_db, pool, con
     schedule = await control.create_schedule("acme", {"kind": "once", "target": target,
                                                       "expression": "2026-11-29T10:00:05Z"})
     stop = asyncio.Event()
-    fast_join = AttemptProcessorConfig(session_timeout=2.0, heartbeat_interval=0.4)   # embedded broker
-    services = asyncio.create_task(run_services(engine_db, kafka_bootstrap, stop, ServiceConfig(attempts=fast_join),
-                                                clock))
+    services = asyncio.create_task(run_services(engine_db, kafka_bootstrap, stop, fast_services(), clock))
     app = recording_app(consumer_db, kafka_bootstrap, target)
     consumer = asyncio.create_task(app.run(stop))
     try:

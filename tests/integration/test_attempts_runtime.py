@@ -20,31 +20,22 @@ from aiokafka import TopicPartition
 from consumers import ConsumerApp, ConsumerConfig, ConsumerHooks, Occurrence, PermanentError
 from consumers.attempt_reports import AttemptReporter
 from consumers.errors import InfrastructureError
-from engine.attempts import AttemptProcessorConfig
-from engine.reaper import ReaperConfig
-from engine.service import ServiceConfig, run_services
-from relay.dispatcher import RelayConfig
 from schemas.dead_letter_messages import decode_dead_occurrence
 from schemas.messages import MalformedMessage, ScheduleStateMessage
 from schemas.topics import DEAD_LETTER_TOPIC, SCHEDULE_STATES_TOPIC, occurrence_topic
-from tests.conftest import wait_for
+from tests.conftest import fast_services, services_running, wait_for
 from tests.integration.attempt_rows import attempt_rows, due_occurrence, occurrence_row
 from tests.integration.test_consumer import attempt_events, message, produce
 from tests.kafka_reading import read_topic
 
 ROOT = Path(__file__).resolve().parents[2]
-ENGINE = ServiceConfig(run_materializer=False, run_overlap_gate=False,
-                       attempts=AttemptProcessorConfig(session_timeout=2.0, heartbeat_interval=0.4),
-                       reaper=ReaperConfig(interval=0.05), relay=RelayConfig(idle_interval=0.05))
+ENGINE = fast_services(run_materializer=False, run_overlap_gate=False)
 
 
 @pytest.fixture
 async def engine(engine_db, kafka_bootstrap, clock):
-    stop = asyncio.Event()
-    services = asyncio.create_task(run_services(engine_db, kafka_bootstrap, stop, ENGINE, clock))
-    yield
-    stop.set()
-    await services
+    async with services_running(engine_db, kafka_bootstrap, ENGINE, clock):
+        yield
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import uuid
 from datetime import timedelta
@@ -11,12 +10,12 @@ import pytest
 from aiokafka.structs import ConsumerRecord
 
 from engine.client import CommandProducer, CommandResults
-from engine.commands import CommandConfig, CommandProcessor
+from engine.commands import CommandProcessor
 from engine.control_plane import ControlPlane
-from engine.service import ServiceConfig, run_services
 from engine.tenants import create_tenant
 from schemas.commands import HEADER_SIGNATURE, Command, sign
 from schemas.topics import COMMAND_RESULTS_TOPIC
+from tests.conftest import fast_services, services_running
 
 DAILY = {"kind": "cron", "expression": "0 9 * * *", "time_zone": "Europe/Berlin", "target": "billing.invoice"}
 _offsets = itertools.count()
@@ -120,21 +119,13 @@ async def test_stale_commands_are_refused(processor, tenants, clock, pool):
 
 async def test_commands_over_kafka_with_results_on_the_results_topic(engine_db, pool, kafka_bootstrap, tenants):
     acme, _ = tenants
-    stop = asyncio.Event()
-    config = ServiceConfig(run_materializer=False, run_commands=True,
-                           commands=CommandConfig(group=f"commands-{uuid.uuid4().hex[:8]}", session_timeout=2.0,
-                                                  heartbeat_interval=0.4))
-    services = asyncio.create_task(run_services(engine_db, kafka_bootstrap, stop, config))
-    try:
-        async with CommandResults(kafka_bootstrap) as results, \
-                CommandProducer(kafka_bootstrap, "acme", acme.tenant.signing_key.hex()) as commands:
-            garbage_first = await commands.producer.send_and_wait("chronoq.commands", b"not json", key=b"acme")
-            assert garbage_first is not None
-            created = await results.wait_for(await commands.send("create", body=DAILY, idempotency_key="k"))
-            assert created.status == "applied"
-            paused = await results.wait_for(await commands.send("pause", schedule_id=created.schedule["schedule_id"]))
-            assert paused.schedule["state"] == "paused"
-    finally:
-        stop.set()
-        await services
+    config = fast_services(run_materializer=False, run_commands=True)
+    async with services_running(engine_db, kafka_bootstrap, config), CommandResults(kafka_bootstrap) as results, \
+            CommandProducer(kafka_bootstrap, "acme", acme.tenant.signing_key.hex()) as commands:
+        garbage_first = await commands.producer.send_and_wait("chronoq.commands", b"not json", key=b"acme")
+        assert garbage_first is not None
+        created = await results.wait_for(await commands.send("create", body=DAILY, idempotency_key="k"))
+        assert created.status == "applied"
+        paused = await results.wait_for(await commands.send("pause", schedule_id=created.schedule["schedule_id"]))
+        assert paused.schedule["state"] == "paused"
     assert await pool.fetchval("SELECT state FROM schedules") == "paused"
