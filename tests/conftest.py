@@ -229,3 +229,18 @@ async def services_running(engine_db: str, kafka_bootstrap: str, config, clock=N
     finally:
         stop.set()
         await services
+
+
+class Running:
+    """``async with Running(app):`` runs a consumer app in the background and stops it after the block."""
+
+    def __init__(self, app) -> None:  # type: ignore[no-untyped-def]
+        self.app, self.stop = app, asyncio.Event()
+
+    async def __aenter__(self):  # type: ignore[no-untyped-def]
+        self.task = asyncio.create_task(self.app.run(self.stop))
+        return self.app
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.stop.set()
+        await self.task

@@ -25,7 +25,7 @@ from engine.materializer import MaterializerConfig
 from engine.service import run_services
 from schemas.attempt_events import decode_attempt_event
 from schemas.topics import ATTEMPTS_TOPIC
-from tests.conftest import fast_services, services_running, wait_for
+from tests.conftest import Running, fast_services, services_running, wait_for
 from tests.integration.attempt_rows import attempt_rows, due_occurrence, occurrence_row
 from tests.kafka_reading import read_topic
 
@@ -151,18 +151,12 @@ async def killed_at(point, pool, clock, kafka_bootstrap, consumer_db, effects, t
     else:
         assert 1 <= committed <= 2, point        # killed after one (or both, in flight together) committed
 
-    app = recovering_app(kafka_bootstrap, consumer_db, group, target)
-    stop = asyncio.Event()
-    task = asyncio.create_task(app.run(stop))
-    try:
+    async with Running(recovering_app(kafka_bootstrap, consumer_db, group, target)) as app:
         # After a kill past the effect, the engine may already know both occurrences SUCCEEDED; the
         # redelivery (the offset was never committed) must still come and be recognised as a duplicate.
         await wait_for(lambda: all_succeeded(pool, ids), timeout=30)
         if point != "after_started":
             await wait_for(lambda: app.stats.duplicates >= 1, timeout=30)
-    finally:
-        stop.set()
-        await task
     rows = await effects.fetch("SELECT occurrence_id FROM effects WHERE occurrence_id = ANY($1)", list(ids))
     assert sorted(r["occurrence_id"] for r in rows) == sorted(ids), point     # every one, each exactly once
     killed_attempts = await attempt_rows(pool, uuid.UUID(first))
@@ -202,14 +196,8 @@ async def test_a_worker_paused_past_its_lease_is_fenced_when_it_wakes_and_the_ef
 
         # The retry elsewhere: blocked on the paused worker's dedupe row lock until PostgreSQL ends that
         # idle transaction (idle_in_transaction_session_timeout, tied to the lease), then it proceeds.
-        app = recovering_app(kafka_bootstrap, consumer_db, group, target)
-        stop = asyncio.Event()
-        task = asyncio.create_task(app.run(stop))
-        try:
+        async with Running(recovering_app(kafka_bootstrap, consumer_db, group, target)):
             await wait_for(lambda: all_succeeded(pool, {message.occurrence_id}), timeout=30)
-        finally:
-            stop.set()
-            await task
 
         paused.send(signal.SIGCONT)
         await paused.resume()                        # it commits late: its transaction is gone
@@ -275,14 +263,8 @@ async def aborted_stop(pool, clock, kafka_bootstrap, consumer_db, effects, tmp_p
     # Rolled back and not acknowledged: the occurrence is not lost, the next member applies it once.
     assert await effects.fetchval("SELECT count(*) FROM effects WHERE occurrence_id = $1",
                                   occurrence.occurrence_id) == 0
-    app = recovering_app(kafka_bootstrap, consumer_db, group, target)
-    stop = asyncio.Event()
-    task = asyncio.create_task(app.run(stop))
-    try:
+    async with Running(recovering_app(kafka_bootstrap, consumer_db, group, target)):
         await wait_for(lambda: all_succeeded(pool, {occurrence.occurrence_id}), timeout=30)
-    finally:
-        stop.set()
-        await task
     assert await effects.fetchval("SELECT count(*) FROM effects WHERE occurrence_id = $1",
                                   occurrence.occurrence_id) == 1
 

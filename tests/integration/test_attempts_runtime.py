@@ -23,7 +23,7 @@ from consumers.errors import InfrastructureError
 from schemas.dead_letter_messages import decode_dead_occurrence
 from schemas.messages import MalformedMessage, ScheduleStateMessage
 from schemas.topics import DEAD_LETTER_TOPIC, SCHEDULE_STATES_TOPIC, occurrence_topic
-from tests.conftest import fast_services, services_running, wait_for
+from tests.conftest import Running, fast_services, services_running, wait_for
 from tests.integration.attempt_rows import attempt_rows, due_occurrence, occurrence_row
 from tests.integration.test_consumer import attempt_events, message, produce
 from tests.kafka_reading import read_topic
@@ -51,21 +51,6 @@ def new_app(consumer_db, kafka_bootstrap, **config) -> ConsumerApp:
     return ConsumerApp(ConsumerConfig(f"rt-{uuid.uuid4().hex[:8]}", kafka_bootstrap, consumer_db,
                                       session_timeout=2.0, heartbeat_interval=0.4, redelivery_backoff=0.05,
                                       shutdown_grace=2.0, **config), hooks=hooks)
-
-
-class Running:
-    """``async with Running(app):`` runs the app in the background and stops it after the block."""
-
-    def __init__(self, app: ConsumerApp) -> None:
-        self.app, self.stop = app, asyncio.Event()
-
-    async def __aenter__(self) -> ConsumerApp:
-        self.task = asyncio.create_task(self.app.run(self.stop))
-        return self.app
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.stop.set()
-        await self.task
 
 
 async def state_is(pool, ident, expected: str, attempt_count: int | None = None) -> bool:
