@@ -31,8 +31,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from engine.materializer import Materializer, MaterializerConfig
-from engine.stack import EmbeddedKafka, EmbeddedPostgres
+from engine.loops.materializer import Materializer, MaterializerConfig
+from engine.cli.embedded.stack import EmbeddedKafka, EmbeddedPostgres
 from relay.dispatcher import Relay, RelayConfig
 from relay.outbox import OutboxStore
 from relay.publisher import KafkaPublisher, PublisherConfig

@@ -20,7 +20,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from engine import timing
+from engine.rules import timing
 
 UTC = timezone.utc
 ZONES = [

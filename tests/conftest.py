@@ -27,8 +27,8 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from engine import settings
-from engine.stack import EmbeddedKafka, EmbeddedPostgres
+from engine.cli.endpoints import external_endpoints
+from engine.cli.embedded.stack import EmbeddedKafka, EmbeddedPostgres
 from schemas.clock import ManualClock
 from schemas.connections import create_pool
 from schemas.migrations import apply_migrations
@@ -48,7 +48,7 @@ class Servers:
 
 @pytest.fixture(scope="session")
 def servers() -> Iterator[Servers]:
-    external = settings.external_endpoints()
+    external = external_endpoints()
     if external is not None:
         yield Servers(external.database_url, external.kafka_bootstrap)
         return
@@ -126,7 +126,7 @@ async def pool(engine_db: str) -> AsyncIterator[asyncpg.Pool]:
 @pytest.fixture
 async def acme(pool: asyncpg.Pool):
     """Tenant ``acme`` with default quotas (and its one-time secrets)."""
-    from engine.tenants import create_tenant
+    from engine.control.tenants import create_tenant
 
     return await create_tenant(pool, "acme")
 
@@ -203,11 +203,11 @@ def telemetry() -> Telemetry:
 def fast_services(**overrides):  # type: ignore[no-untyped-def]
     """A ServiceConfig for tests: short consumer-group sessions (on the embedded broker a group's first
     join waits about half the session timeout) and short idle intervals, so tests wait on work, not timers."""
-    from engine.attempts import AttemptProcessorConfig
-    from engine.commands import CommandConfig
-    from engine.overlap import OverlapGateConfig
-    from engine.reaper import ReaperConfig
-    from engine.service import ServiceConfig
+    from engine.loops.attempt_processor import AttemptProcessorConfig
+    from engine.control.command_processor import CommandConfig
+    from engine.loops.overlap_gate import OverlapGateConfig
+    from engine.loops.reaper import ReaperConfig
+    from engine.loops.service import ServiceConfig
     from relay.dispatcher import RelayConfig
 
     base = dict(attempts=AttemptProcessorConfig(session_timeout=2.0, heartbeat_interval=0.4),
@@ -220,7 +220,7 @@ def fast_services(**overrides):  # type: ignore[no-untyped-def]
 @contextlib.asynccontextmanager
 async def services_running(engine_db: str, kafka_bootstrap: str, config, clock=None):  # type: ignore[no-untyped-def]
     """The engine loops and the relay, running in this test's event loop until the block ends."""
-    from engine.service import run_services
+    from engine.loops.service import run_services
 
     stop = asyncio.Event()
     services = asyncio.create_task(run_services(engine_db, kafka_bootstrap, stop, config, clock))

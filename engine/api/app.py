@@ -20,10 +20,10 @@ from urllib.parse import parse_qs
 import asyncpg
 import orjson
 
-from engine import dead_letters
+from engine.control import dead_letters
 from engine.api.openapi import openapi_document
-from engine.control_plane import ControlPlane, preview_fires
-from engine.tenants import Tenant, authenticate
+from engine.control.schedules import ControlPlane, preview_fires
+from engine.control.tenants import Tenant, authenticate
 from schemas.errors import ChronoqError, Conflict, InvalidInput, NotFound, QuotaExceeded
 
 log = logging.getLogger("chronoq.api")

@@ -1,7 +1,7 @@
 """The ``chronoq`` command: the operator's edge and the composition root.
 
 This package is the only place that reads the environment (through
-``engine.settings``) and wires engine, relay and consumer components together;
+``engine.cli.endpoints``) and wires engine, relay and consumer components together;
 ``relay`` and ``consumers`` never import ``engine``. Each module registers one
 area's subcommands: ``stack_commands`` (up, migrate, engine, relay),
 ``schedule_commands`` (schedule ...), ``consume_command`` (consume).
@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import orjson
 
-from engine.log_format import configure_logging
+from engine.cli.log_format import configure_logging
 from schemas.errors import ChronoqError, InvalidInput
 
 

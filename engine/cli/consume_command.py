@@ -7,9 +7,9 @@ import asyncio
 
 from consumers.app import ConsumerConfig
 from consumers.printer import printing_consumer
-from engine import settings
+from engine.cli.endpoints import resolve_consumer_endpoints
 from engine.cli import stop_on_signals
-from engine.stack import Endpoints
+from engine.cli.embedded.stack import Endpoints
 from schemas.errors import InvalidInput
 from schemas.observability import configure_telemetry
 
@@ -31,7 +31,7 @@ def consumer_config(endpoints: Endpoints, group: str, report_attempts: bool = Tr
 
 def cmd_consume(args: argparse.Namespace) -> int:
     configure_telemetry("chronoq-consume")
-    endpoints = settings.resolve_consumer_endpoints()
+    endpoints = resolve_consumer_endpoints()
     if args.max is not None and args.max < 1:
         raise InvalidInput("max", "must be at least 1", "--max 10")
 

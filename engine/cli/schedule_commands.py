@@ -9,9 +9,9 @@ from typing import Any
 
 import orjson
 
-from engine import settings
+from engine.cli.endpoints import resolve_endpoints
 from engine.cli import print_json
-from engine.control_plane import ControlPlane, preview_fires
+from engine.control.schedules import ControlPlane, preview_fires
 from schemas.connections import create_pool
 from schemas.errors import InvalidInput
 
@@ -51,7 +51,7 @@ def fields_from_flags(args: argparse.Namespace, *, create: bool) -> dict[str, An
 
 async def control_plane_call(method: str, *call_args: Any, **call_kwargs: Any) -> Any:
     """Run one ControlPlane method against the configured engine database."""
-    endpoints = settings.resolve_endpoints()
+    endpoints = resolve_endpoints()
     pool = await create_pool(endpoints.database_url, min_size=1, max_size=2)
     try:
         return await getattr(ControlPlane(pool), method)(*call_args, **call_kwargs)

@@ -9,14 +9,23 @@ import os
 import socket
 from datetime import timedelta
 
-from engine import settings
+from engine.cli.endpoints import (
+    STATE_FILE,
+    StackState,
+    clear_state,
+    external_endpoints,
+    read_state,
+    resolve_endpoints,
+    write_state,
+)
+from engine.cli.endpoints import home as stack_home
 from engine.cli import stop_on_signals
 from engine.api.server import bind
 from engine.cli.consume_command import consumer_config
-from engine.control_plane import ControlPlane
-from engine.service import ServiceConfig, migrate, run_services
-from engine.stack import EmbeddedStack, Endpoints
-from engine.tenants import create_tenant
+from engine.control.schedules import ControlPlane
+from engine.loops.service import ServiceConfig, migrate, run_services
+from engine.cli.embedded.stack import EmbeddedStack, Endpoints
+from engine.control.tenants import create_tenant
 from consumers.printer import printing_consumer
 from schemas.connections import create_pool
 from schemas.errors import ChronoqError, Conflict
@@ -29,11 +38,11 @@ log = logging.getLogger("chronoq.cli")
 async def _up(demo: bool, api_host: str, api_port: int) -> int:
     stop = asyncio.Event()
     stop_on_signals(stop)
-    home = settings.home()
+    home = stack_home()
     stack: EmbeddedStack | None = None
-    endpoints = settings.external_endpoints()
+    endpoints = external_endpoints()
     if endpoints is None:
-        running = settings.read_state(home)
+        running = read_state(home)
         if running is not None:
             raise ChronoqError(f"chronoq is already running in {home} (pid {running.pid}); stop it first"
                                " or set CHRONOQ_HOME to another directory")
@@ -44,7 +53,7 @@ async def _up(demo: bool, api_host: str, api_port: int) -> int:
         api_socket = bind_api(api_host, api_port)
         api_url = "http://{}:{}".format(*api_socket.getsockname()[:2])
         if stack is not None:
-            settings.write_state(settings.StackState(
+            write_state(StackState(
                 pid=os.getpid(), database_url=endpoints.database_url, kafka_bootstrap=endpoints.kafka_bootstrap,
                 consumer_database_url=endpoints.consumer_database_url, api_url=api_url,
                 postgres_pid=stack.postgres.pid, kafka_pid=stack.kafka.pid), home)
@@ -53,7 +62,7 @@ async def _up(demo: bool, api_host: str, api_port: int) -> int:
         print(f"  kafka:     {endpoints.kafka_bootstrap}", flush=True)
         print(f"  api:       {api_url}  (OpenAPI at {api_url}/openapi.json)", flush=True)
         if stack is not None:
-            print(f"  state:     {home / settings.STATE_FILE}", flush=True)
+            print(f"  state:     {home / STATE_FILE}", flush=True)
         if applied:
             print(f"  migrated:  {', '.join(applied)}", flush=True)
         tasks = [asyncio.create_task(run_services(endpoints.database_url, endpoints.kafka_bootstrap, stop,
@@ -73,7 +82,7 @@ async def _up(demo: bool, api_host: str, api_port: int) -> int:
                                                          "component": task.get_name(), "error": repr(result)})
     finally:
         if stack is not None:
-            settings.clear_state(home)
+            clear_state(home)
             stack.stop()
         print("chronoq stopped", flush=True)
     return 0
@@ -123,7 +132,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def cmd_api(args: argparse.Namespace) -> int:
     configure_telemetry("chronoq-api")
-    endpoints = settings.resolve_endpoints()
+    endpoints = resolve_endpoints()
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -139,14 +148,14 @@ def cmd_api(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    applied = asyncio.run(migrate(settings.resolve_endpoints().database_url))
+    applied = asyncio.run(migrate(resolve_endpoints().database_url))
     print("applied: " + ", ".join(applied) if applied else "database is up to date")
     return 0
 
 
 def run_component(materializer: bool, relay: bool) -> int:
     configure_telemetry("chronoq-engine" if materializer else "chronoq-relay")
-    endpoints = settings.resolve_endpoints()
+    endpoints = resolve_endpoints()
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -6,9 +6,9 @@ import argparse
 import asyncio
 from dataclasses import fields
 
-from engine import settings
+from engine.cli.endpoints import resolve_endpoints
 from engine.cli import print_json
-from engine.tenants import TenantQuotas, create_tenant
+from engine.control.tenants import TenantQuotas, create_tenant
 from schemas.connections import create_pool
 
 
@@ -17,7 +17,7 @@ def cmd_create(args: argparse.Namespace) -> int:
                              if getattr(args, f.name) is not None})
 
     async def main() -> dict:
-        pool = await create_pool(settings.resolve_endpoints().database_url, min_size=1, max_size=1)
+        pool = await create_pool(resolve_endpoints().database_url, min_size=1, max_size=1)
         try:
             return (await create_tenant(pool, args.name, quotas)).to_json()
         finally:

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
 from engine.api.openapi import openapi_document
-from engine.tenants import create_tenant
+from engine.control.tenants import create_tenant
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = int(os.environ.get("CHRONOQ_FUZZ_EXAMPLES", "25"))

@@ -15,7 +15,7 @@ import orjson
 import psutil
 import pytest
 
-from engine.service import run_services
+from engine.loops.service import run_services
 from tests.conftest import fast_services
 
 CHRONOQ = [sys.executable, "-m", "engine.cli"]

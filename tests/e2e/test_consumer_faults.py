@@ -20,9 +20,9 @@ import asyncpg
 import pytest
 
 from consumers import ConsumerApp, ConsumerConfig, Occurrence
-from engine.control_plane import ControlPlane
-from engine.materializer import MaterializerConfig
-from engine.service import run_services
+from engine.control.schedules import ControlPlane
+from engine.loops.materializer import MaterializerConfig
+from engine.loops.service import run_services
 from schemas.attempt_events import decode_attempt_event
 from schemas.topics import ATTEMPTS_TOPIC
 from tests.conftest import Running, fast_services, services_running, wait_for

@@ -12,7 +12,7 @@ import pytest
 from consumers import ConsumerApp, ConsumerConfig, Occurrence
 from engine.api.server import bind
 from engine.client import ChronoqClient
-from engine.service import run_services
+from engine.loops.service import run_services
 from tests.conftest import fast_services, wait_for
 
 

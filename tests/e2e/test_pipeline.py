@@ -10,9 +10,9 @@ import asyncpg
 import pytest
 
 from consumers import ConsumerApp, ConsumerConfig, Occurrence
-from engine.control_plane import ControlPlane
-from engine.materializer import Materializer, MaterializerConfig
-from engine.service import run_services
+from engine.control.schedules import ControlPlane
+from engine.loops.materializer import Materializer, MaterializerConfig
+from engine.loops.service import run_services
 from relay.dispatcher import Relay, RelayConfig
 from relay.outbox import OutboxStore
 from relay.publisher import KafkaPublisher, PublisherConfig

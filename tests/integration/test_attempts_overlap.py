@@ -7,10 +7,10 @@ import random
 import uuid
 from datetime import timedelta
 
-from engine.attempts import AttemptProcessor
-from engine.control_plane import ControlPlane
-from engine.materializer import Materializer, MaterializerConfig
-from engine.overlap import OVERLAP_GATE_TOKEN, OverlapGate
+from engine.loops.attempt_processor import AttemptProcessor
+from engine.control.schedules import ControlPlane
+from engine.loops.materializer import Materializer, MaterializerConfig
+from engine.loops.overlap_gate import OVERLAP_GATE_TOKEN, OverlapGate
 from relay.outbox import OutboxStore
 from schemas import observability as obs
 from schemas.attempt_events import AttemptEvent as Ev

@@ -145,7 +145,7 @@ async def test_a_replayed_occurrence_whose_effect_exists_is_not_applied_again(
         engine, pool, clock, kafka_bootstrap, consumer_db, effects, target):
     """The effect committed, then the worker stalled past its last lease: DEAD, its late success fenced.
     Replay delivers the same occurrence_id; the dedupe row says it was applied; no second effect."""
-    from engine.dead_letters import replay_dead_letter
+    from engine.control.dead_letters import replay_dead_letter
 
     sent = await due_occurrence(pool, "acme", target, clock.now(), max_attempts=1)
     committed, resume = asyncio.Event(), asyncio.Event()

@@ -10,9 +10,9 @@ import pytest
 from aiokafka.structs import ConsumerRecord
 
 from engine.client import CommandProducer, CommandResults
-from engine.commands import CommandProcessor
-from engine.control_plane import ControlPlane
-from engine.tenants import create_tenant
+from engine.control.command_processor import CommandProcessor
+from engine.control.schedules import ControlPlane
+from engine.control.tenants import create_tenant
 from schemas.commands import HEADER_SIGNATURE, Command, sign
 from schemas.topics import COMMAND_RESULTS_TOPIC
 from tests.conftest import fast_services, services_running

@@ -6,9 +6,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from engine.control_plane import ControlPlane
-from engine.materializer import Materializer, MaterializerConfig
-from engine.tenants import TenantQuotas, authenticate, create_tenant
+from engine.control.schedules import ControlPlane
+from engine.loops.materializer import Materializer, MaterializerConfig
+from engine.control.tenants import TenantQuotas, authenticate, create_tenant
 from schemas.errors import Conflict, InvalidInput, NotFound, QuotaExceeded
 from schemas.messages import decode_schedule_state
 from schemas.topics import SCHEDULE_STATES_TOPIC

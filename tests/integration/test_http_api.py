@@ -11,8 +11,8 @@ import pytest
 from engine.api.app import Api
 from engine.api.server import bind, serve
 from engine.client import ApiError, ChronoqClient
-from engine.control_plane import ControlPlane
-from engine.tenants import create_tenant
+from engine.control.schedules import ControlPlane
+from engine.control.tenants import create_tenant
 
 DAILY = {"kind": "cron", "expression": "0 9 * * *", "time_zone": "Europe/Berlin", "target": "billing.invoice",
          "payload": {"plan": "pro"}}
@@ -124,7 +124,7 @@ async def test_dead_letters_are_listed_and_replayed_per_tenant(clients, pool, cl
     import random
     import uuid as uuid_module
 
-    from engine.attempts import AttemptProcessor
+    from engine.loops.attempt_processor import AttemptProcessor
     from schemas.attempt_events import AttemptEvent
     from tests.integration.attempt_rows import due_occurrence
 

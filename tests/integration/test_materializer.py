@@ -6,8 +6,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from engine.control_plane import ControlPlane
-from engine.materializer import Materializer, MaterializerConfig
+from engine.control.schedules import ControlPlane
+from engine.loops.materializer import Materializer, MaterializerConfig
 from schemas.errors import Conflict, InvalidInput
 from schemas.identity import occurrence_id
 from schemas.messages import decode_occurrence
@@ -17,7 +17,7 @@ UTC = timezone.utc
 
 @pytest.fixture(autouse=True)
 async def tenants(pool):
-    from engine.tenants import create_tenant
+    from engine.control.tenants import create_tenant
 
     for name in ("acme", "globex"):
         await create_tenant(pool, name)
@@ -134,5 +134,5 @@ async def test_flexible_schedules_get_deterministic_jitter_inside_the_window(poo
     row = await pool.fetchrow("SELECT * FROM occurrences")
     offset = row["available_at"] - row["scheduled_for"]
     assert timedelta(0) <= offset < timedelta(minutes=5)
-    from engine.timing import jitter_offset
+    from engine.rules.timing import jitter_offset
     assert offset == jitter_offset(row["occurrence_id"], timedelta(minutes=5))

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.occurrence_states import (
+from engine.rules.occurrence_states import (
     IN_FLIGHT,
     TERMINAL,
     TRANSITIONS,

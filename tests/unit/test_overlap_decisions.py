@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.overlap import OverlapDecision, decide_overlap
+from engine.loops.overlap_gate import OverlapDecision, decide_overlap
 
 
 @pytest.mark.parametrize("policy, in_flight, due, expected", [

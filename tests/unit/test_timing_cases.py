@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from engine.timing import (
+from engine.rules.timing import (
     TimeSpec,
     build_time_spec,
     fire_times,

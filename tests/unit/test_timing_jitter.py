@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from engine.timing import jitter_offset
+from engine.rules.timing import jitter_offset
 
 NAMESPACE = uuid.UUID("2f0f8a5e-8f0e-4a8e-9c1b-0f6d6f3f9a11")
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.timing import (
+from engine.rules.timing import (
     MisfirePolicy,
     TimeSpec,
     build_time_spec,

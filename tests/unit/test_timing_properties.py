@@ -1,4 +1,4 @@
-"""Property tests: engine.timing against the brute-force oracle in time_oracle.py.
+"""Property tests: engine.rules.timing against the brute-force oracle in time_oracle.py.
 
 Windows are a few days long and most straddle a real DST transition of the
 zone, so every example exercises the skip/shift and first/both rules where
@@ -16,8 +16,8 @@ import croniter
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from engine.cron_expression import parse_cron
-from engine.timing import (
+from engine.rules.cron_expression import parse_cron
+from engine.rules.timing import (
     build_time_spec,
     decide_misfire,
     fire_times,

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from engine.timing import (
+from engine.rules.timing import (
     MisfirePolicy,
     TimeSpec,
     build_time_spec,

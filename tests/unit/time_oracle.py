@@ -1,4 +1,4 @@
-"""A brute-force oracle for the time contract, independent of engine.timing.
+"""A brute-force oracle for the time contract, independent of engine.rules.timing.
 
 It walks UTC minute by minute, converts each minute to the local wall clock
 with zoneinfo, and applies the contract's rules by observation rather than by

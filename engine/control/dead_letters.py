@@ -22,10 +22,10 @@ from typing import Any, Mapping
 
 import asyncpg
 
-from engine.attempts import DEFAULT_RETRY_BUDGET, SQL
-from engine.control_plane import as_uuid
-from engine.occurrence_states import Event, State, transition
-from engine.pagination import decode_cursor, key_of, page_size, split_page
+from engine.loops.attempt_processor import DEFAULT_RETRY_BUDGET, SQL
+from engine.control.schedules import as_uuid
+from engine.rules.occurrence_states import Event, State, transition
+from engine.control.pagination import decode_cursor, key_of, page_size, split_page
 from schemas.clock import Clock, DatabaseClock
 from schemas.errors import Conflict, NotFound
 from schemas.messages import MalformedMessage, OccurrenceMessage, decode_occurrence, format_instant

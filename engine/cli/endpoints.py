@@ -27,7 +27,7 @@ from typing import Mapping
 import orjson
 import psutil
 
-from engine.stack import Endpoints
+from engine.cli.embedded.stack import Endpoints
 from schemas.errors import StackError
 
 STATE_FILE = "stack.json"

@@ -2,7 +2,7 @@
 
 This module only turns text into sets of field values and answers "which days
 of this month match?". When a matching day and wall-clock time become an
-instant (daylight saving, zones) is decided in :mod:`engine.timing`.
+instant (daylight saving, zones) is decided in :mod:`engine.rules.timing`.
 
 Accepted, as in Vixie cron: ``minute hour day-of-month month day-of-week``;
 ``*``, values, ``a-b`` ranges, ``/step`` on ``*`` or a range, comma lists,

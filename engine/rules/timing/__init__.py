@@ -43,7 +43,7 @@ from itertools import islice
 from typing import Iterator, Literal, Protocol
 from zoneinfo import ZoneInfo, available_timezones
 
-from engine.cron_expression import MAX_EXPRESSION_LENGTH, CronExpression, normalize_cron, parse_cron
+from engine.rules.cron_expression import MAX_EXPRESSION_LENGTH, CronExpression, normalize_cron, parse_cron
 from schemas.errors import InvalidInput
 
 __all__ = [

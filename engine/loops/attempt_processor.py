@@ -2,7 +2,7 @@
 
 Consumer runtimes report every delivery on ``chronoq.attempts`` (see
 ``schemas/attempt_events.py``); this processor applies each event to the
-occurrence under a row lock, following ``engine.occurrence_states``:
+occurrence under a row lock, following ``engine.rules.occurrence_states``:
 
 * ``started`` opens an attempt with the consumer's fresh lease token and makes
   it current (ENQUEUED → RUNNING). It is accepted for the next delivery
@@ -19,7 +19,7 @@ occurrence under a row lock, following ``engine.occurrence_states``:
   rejected, counted (``chronoq.fenced_attempt_events``) and logged with
   ``action=attempt.fenced``. An exact repeat of an outcome already recorded
   for that token (Kafka redelivered the event) is a harmless duplicate.
-* ``failed`` asks ``engine.retry_policy``: a retry becomes RETRY_WAIT plus a
+* ``failed`` asks ``engine.rules.retry_policy``: a retry becomes RETRY_WAIT plus a
   new outbox row (same occurrence_id, attempt + 1, due at now + backoff); no
   retry left becomes DEAD plus a dead-letter outbox row.
 * ``canceled`` without a token (a consumer skipped a delivery of an older
@@ -50,9 +50,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
 from opentelemetry import metrics, trace
 
-from engine.occurrence_states import Event, State, allowed, transition
-from engine.retry_policy import RetryDecision, RetryPolicy, decide_retry, spend_budget
-from engine.tenants import TenantQuotas
+from engine.rules.occurrence_states import Event, State, allowed, transition
+from engine.rules.retry_policy import RetryDecision, RetryPolicy, decide_retry, spend_budget
+from engine.control.tenants import TenantQuotas
 from schemas import observability as obs
 from schemas import attempt_events as events
 from schemas.attempt_events import AttemptEvent, decode_attempt_event

@@ -2,16 +2,16 @@ import os
 
 import pytest
 
-from engine import settings
+from engine.cli import endpoints as stack_endpoints
 from schemas.errors import StackError
 
 
 def test_no_env_means_embedded_stack():
-    assert settings.external_endpoints({}) is None
+    assert stack_endpoints.external_endpoints({}) is None
 
 
 def test_both_urls_select_the_external_stack_and_consumer_db_defaults_to_it():
-    endpoints = settings.external_endpoints({"CHRONOQ_DATABASE_URL": "postgresql://db/x",
+    endpoints = stack_endpoints.external_endpoints({"CHRONOQ_DATABASE_URL": "postgresql://db/x",
                                              "CHRONOQ_KAFKA_BOOTSTRAP": "k:9092"})
     assert endpoints.database_url == "postgresql://db/x"
     assert endpoints.kafka_bootstrap == "k:9092"
@@ -20,27 +20,27 @@ def test_both_urls_select_the_external_stack_and_consumer_db_defaults_to_it():
 
 def test_half_configured_external_stack_is_an_error_naming_the_missing_variable():
     with pytest.raises(StackError, match="CHRONOQ_KAFKA_BOOTSTRAP"):
-        settings.external_endpoints({"CHRONOQ_DATABASE_URL": "postgresql://db/x"})
+        stack_endpoints.external_endpoints({"CHRONOQ_DATABASE_URL": "postgresql://db/x"})
 
 
 def test_state_file_round_trip_and_liveness(tmp_path):
-    state = settings.StackState(pid=os.getpid(), database_url="postgresql://a", kafka_bootstrap="b:1",
+    state = stack_endpoints.StackState(pid=os.getpid(), database_url="postgresql://a", kafka_bootstrap="b:1",
                                 consumer_database_url="postgresql://c")
-    settings.write_state(state, tmp_path)
-    assert settings.read_state(tmp_path) == state
+    stack_endpoints.write_state(state, tmp_path)
+    assert stack_endpoints.read_state(tmp_path) == state
     env = {"CHRONOQ_HOME": str(tmp_path)}
-    assert settings.resolve_endpoints(env).kafka_bootstrap == "b:1"
+    assert stack_endpoints.resolve_endpoints(env).kafka_bootstrap == "b:1"
 
 
 def test_state_of_a_dead_process_is_ignored(tmp_path):
     dead_pid = 2 ** 22 + 12345  # above the default pid_max: never a live process
-    settings.write_state(settings.StackState(dead_pid, "postgresql://a", "b:1", "postgresql://c"), tmp_path)
-    assert settings.read_state(tmp_path) is None
+    stack_endpoints.write_state(stack_endpoints.StackState(dead_pid, "postgresql://a", "b:1", "postgresql://c"), tmp_path)
+    assert stack_endpoints.read_state(tmp_path) is None
     with pytest.raises(StackError, match="chronoq up"):
-        settings.resolve_endpoints({"CHRONOQ_HOME": str(tmp_path)})
+        stack_endpoints.resolve_endpoints({"CHRONOQ_HOME": str(tmp_path)})
 
 
 def test_a_consumer_needs_only_kafka_and_its_own_database():
-    endpoints = settings.resolve_consumer_endpoints({"CHRONOQ_KAFKA_BOOTSTRAP": "k:9092",
+    endpoints = stack_endpoints.resolve_consumer_endpoints({"CHRONOQ_KAFKA_BOOTSTRAP": "k:9092",
                                                      "CHRONOQ_CONSUMER_DATABASE_URL": "postgresql://app/db"})
     assert endpoints.consumer_database_url == "postgresql://app/db" and endpoints.database_url == ""

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import asyncpg
 from opentelemetry import metrics, trace
 
-from engine.attempts import (
+from engine.loops.attempt_processor import (
     DEFAULT_RETRY_BUDGET,
     LEASE_EXPIRED,
     SQL,

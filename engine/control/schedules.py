@@ -19,10 +19,10 @@ from typing import Any, AsyncIterator, Mapping
 import asyncpg
 import orjson
 
-from engine import timing
+from engine.rules import timing
 from schemas.clock import Clock, DatabaseClock
-from engine.pagination import decode_cursor, key_of, page_size, split_page
-from engine.tenants import Tenant
+from engine.control.pagination import decode_cursor, key_of, page_size, split_page
+from engine.control.tenants import Tenant
 from schemas.errors import Conflict, InvalidInput, NotFound, QuotaExceeded
 from schemas.messages import ScheduleStateMessage, format_instant
 from schemas.queries import load_queries

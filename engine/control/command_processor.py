@@ -34,7 +34,7 @@ from aiokafka.errors import CommitFailedError
 from aiokafka.structs import ConsumerRecord
 from opentelemetry import metrics
 
-from engine.control_plane import ControlPlane
+from engine.control.schedules import ControlPlane
 from schemas import observability as obs
 from schemas.clock import pause
 from schemas.commands import (

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 
 from engine.api.app import Api
 from engine.api.server import serve as serve_api
-from engine.attempts import AttemptProcessor, AttemptProcessorConfig
-from engine.commands import CommandConfig, CommandProcessor
-from engine.control_plane import ControlPlane
-from engine.materializer import Materializer, MaterializerConfig
-from engine.overlap import OverlapGate, OverlapGateConfig
-from engine.reaper import Reaper, ReaperConfig
+from engine.loops.attempt_processor import AttemptProcessor, AttemptProcessorConfig
+from engine.control.command_processor import CommandConfig, CommandProcessor
+from engine.control.schedules import ControlPlane
+from engine.loops.materializer import Materializer, MaterializerConfig
+from engine.loops.overlap_gate import OverlapGate, OverlapGateConfig
+from engine.loops.reaper import Reaper, ReaperConfig
 from relay.dispatcher import Relay, RelayConfig
 from relay.publisher import KafkaPublisher, PublisherConfig
 from schemas.clock import Clock, DatabaseClock

@@ -26,8 +26,8 @@ from typing import Any, Mapping
 import asyncpg
 from opentelemetry import metrics, trace
 
-from engine import timing
-from engine.overlap import OVERLAP_GATE_TOKEN
+from engine.rules import timing
+from engine.loops.overlap_gate import OVERLAP_GATE_TOKEN
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock, pause
 from schemas.identity import occurrence_id

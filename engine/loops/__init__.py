@@ -1,0 +1,1 @@
+"""The engine's background loops and the module that runs them."""

@@ -1,0 +1,1 @@
+"""Pure rules: decisions as values, no I/O (no database, broker, network or clock of their own)."""
