@@ -32,7 +32,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from engine.loops.materializer import Materializer, MaterializerConfig
-from engine.cli.embedded.stack import EmbeddedKafka, EmbeddedPostgres
+from engine.cli.embedded import EmbeddedKafka, EmbeddedPostgres
 from relay.dispatcher import Relay, RelayConfig
 from relay.outbox import OutboxStore
 from relay.publisher import KafkaPublisher, PublisherConfig

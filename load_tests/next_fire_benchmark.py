@@ -20,6 +20,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from engine.control.schedule_requests import build_time_spec
 from engine.rules import timing
 
 UTC = timezone.utc
@@ -53,7 +54,7 @@ def make_pairs(count: int, rng: random.Random) -> list[tuple[str, str, str, str]
 def build_schedules(schedules: int, pairs: int, afters: int, seed: int) -> tuple[list[timing.TimeSpec],
                                                                                  list[datetime]]:
     rng = random.Random(seed)
-    templates = [timing.build_time_spec("cron", e, z, dst_repeat=r, dst_gap=g)
+    templates = [build_time_spec("cron", e, z, dst_repeat=r, dst_gap=g)
                  for e, z, r, g in make_pairs(pairs, rng)]
     # A materializer at the top of the hour sees cursors on a few minute boundaries.
     top = datetime(2027, 3, 14, 6, 0, tzinfo=UTC)  # the US spring-forward night

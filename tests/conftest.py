@@ -28,7 +28,7 @@ import asyncpg
 import pytest
 
 from engine.cli.endpoints import external_endpoints
-from engine.cli.embedded.stack import EmbeddedKafka, EmbeddedPostgres
+from engine.cli.embedded import EmbeddedKafka, EmbeddedPostgres
 from schemas.clock import ManualClock
 from schemas.connections import create_pool
 from schemas.migrations import apply_migrations

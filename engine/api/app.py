@@ -22,7 +22,8 @@ import orjson
 
 from engine.control import dead_letters
 from engine.api.openapi import openapi_document
-from engine.control.schedules import ControlPlane, preview_fires
+from engine.control.schedule_requests import preview_fires
+from engine.control.schedules import ControlPlane
 from engine.control.tenants import Tenant, authenticate
 from schemas.errors import ChronoqError, Conflict, InvalidInput, NotFound, QuotaExceeded
 

@@ -27,10 +27,19 @@ from typing import Mapping
 import orjson
 import psutil
 
-from engine.cli.embedded.stack import Endpoints
 from schemas.errors import StackError
 
 STATE_FILE = "stack.json"
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where the services find their database and broker."""
+
+    database_url: str
+    kafka_bootstrap: str
+    consumer_database_url: str
+    embedded: bool = False
 
 
 @dataclass(frozen=True)

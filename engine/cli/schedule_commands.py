@@ -11,7 +11,8 @@ import orjson
 
 from engine.cli.endpoints import resolve_endpoints
 from engine.cli import print_json
-from engine.control.schedules import ControlPlane, preview_fires
+from engine.control.schedule_requests import preview_fires
+from engine.control.schedules import ControlPlane
 from schemas.connections import create_pool
 from schemas.errors import InvalidInput
 

@@ -8,7 +8,8 @@ from dataclasses import fields
 
 from engine.cli.endpoints import resolve_endpoints
 from engine.cli import print_json
-from engine.control.tenants import TenantQuotas, create_tenant
+from engine.control.quotas import TenantQuotas
+from engine.control.tenants import create_tenant
 from schemas.connections import create_pool
 
 

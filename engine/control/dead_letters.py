@@ -18,33 +18,23 @@ import dataclasses
 import logging
 import uuid
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any
 
 import asyncpg
 
-from engine.loops.attempt_processor import DEFAULT_RETRY_BUDGET, SQL
-from engine.control.schedules import as_uuid
+from engine.control.identifiers import as_uuid
 from engine.rules.occurrence_states import Event, State, transition
 from engine.control.pagination import decode_cursor, key_of, page_size, split_page
+from engine.control.quotas import DEFAULT_RETRY_BUDGET
+from engine.control.views import dead_letter_to_json
 from schemas.clock import Clock, DatabaseClock
 from schemas.errors import Conflict, NotFound
 from schemas.messages import MalformedMessage, OccurrenceMessage, decode_occurrence, format_instant
+from schemas.queries import load_queries
 from schemas.topics import occurrence_topic, partition_key
 
+SQL = load_queries("attempts")
 log = logging.getLogger("chronoq.dead_letters")
-
-def _instant(value: datetime | None) -> str | None:
-    return format_instant(value) if value else None
-
-
-def dead_letter_to_json(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "occurrence_id": str(row["occurrence_id"]), "schedule_id": str(row["schedule_id"]),
-        "schedule_version": row["schedule_version"], "tenant_id": row["tenant_id"], "target": row["target"],
-        "scheduled_for": _instant(row["scheduled_for"]), "attempts": row["attempt_count"],
-        "replays": row["replay_count"], "reason": row["dead_reason"], "error_class": row["last_error_class"],
-        "error_message": row["last_error_message"], "died_at": _instant(row["finished_at"]),
-    }
 
 
 async def list_dead_letters(pool: asyncpg.Pool, tenant_id: str | None, *, limit: int = 100,

@@ -1,4 +1,4 @@
-"""Tenants: identity, credentials and quotas.
+"""Tenants: identity and credentials (their quotas are in :mod:`engine.control.quotas`).
 
 A tenant is named by its ``tenant_id`` (a slug such as ``acme``). It owns two
 secrets, both returned once at creation:
@@ -20,47 +20,13 @@ from typing import Any, Mapping
 
 import asyncpg
 
+from engine.control.quotas import TenantQuotas
 from schemas.errors import Conflict, InvalidInput, NotFound
 from schemas.queries import load_queries
 
 SQL = load_queries("control_plane")
 _TENANT_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 TOKEN_PREFIX = "cq_"
-
-
-@dataclass(frozen=True)
-class TenantQuotas:
-    """Per-tenant limits (defaults suit a production tenant; raise them per tenant).
-
-    max_active_schedules: live (active or paused) schedules.
-    max_fires_per_minute: sum of the trigger rates the live schedules imply, so
-        a tenant cannot create a million every-second schedules.
-    max_payload_bytes: encoded JSON payload of one schedule (default 64 KiB).
-    max_running: occurrences of the tenant running at once.
-    catch_up_per_minute: occurrences a misfire catch-up may enqueue per minute.
-    retry_budget_per_hour: retries the tenant may spend per hour.
-    weight: the tenant's share in weighted fair dispatch.
-    """
-
-    max_active_schedules: int = 10000
-    max_fires_per_minute: float = 10000.0
-    max_payload_bytes: int = 64 * 1024
-    max_running: int = 100
-    catch_up_per_minute: int = 1000
-    retry_budget_per_hour: int = 1000
-    weight: int = 1
-
-    def validate(self) -> None:
-        for item in fields(self):
-            value = getattr(self, item.name)
-            minimum = 1 if item.name in ("max_payload_bytes", "max_running", "weight") else 0
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
-                raise InvalidInput(item.name, f"must be a number of at least {minimum}", str(getattr(
-                    TenantQuotas, item.name)))
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> "TenantQuotas":
-        return cls(**{item.name: row[item.name] for item in fields(cls)})
 
 
 @dataclass(frozen=True)
@@ -128,3 +94,15 @@ async def authenticate(pool: asyncpg.Pool, api_token: str) -> Tenant | None:
         return None
     row = await pool.fetchrow(SQL["tenant_by_token_hash"], token_hash(api_token))
     return Tenant.from_row(row) if row else None
+
+
+async def lock_tenant(conn: asyncpg.Connection, tenant_id: str) -> Tenant:
+    """Lock an active tenant's row for a schedule change: quota checks and the insert they guard are
+    serialized per tenant. NotFound for an unknown tenant, Conflict for a suspended one."""
+    row = await conn.fetchrow(SQL["lock_tenant"], tenant_id)
+    if row is None:
+        raise NotFound("tenant", f"{tenant_id} (create it with: chronoq tenant create {tenant_id})")
+    tenant = Tenant.from_row(row)
+    if tenant.state != "active":
+        raise Conflict(f"tenant {tenant_id} is {tenant.state}; an operator must reactivate it")
+    return tenant

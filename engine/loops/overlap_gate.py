@@ -1,18 +1,11 @@
-"""Overlap policies: may a schedule's next occurrence run while another one is in flight?
+"""The overlap gate: dispatch, hold or skip the held deliveries of overlap-policy schedules.
 
-* ``allow`` (default): every occurrence is dispatched on time; nothing here
-  touches it.
-* ``skip_if_running``: an occurrence that comes due while another occurrence
-  of the same schedule is in flight becomes SKIPPED_OVERLAP.
-* ``queue_one``: it waits (held) until the one in flight finishes, then runs;
-  at most one waits — a further one that comes due meanwhile is skipped (the
-  waiting one keeps its place, like Temporal's BufferOne).
-
-"In flight" is learned asynchronously (RUNNING arrives as an attempt event,
-later), so it means *dispatched and not finished*: SCHEDULED after the gate
-released it, ENQUEUED (in Kafka, perhaps not started yet), RUNNING,
-RETRY_WAIT. Counting ENQUEUED is what makes the decision safe: an occurrence
-dispatched a moment ago blocks the next even before any worker reports it.
+The policies are in :mod:`engine.rules.overlap_policy`. "In flight" is learned
+asynchronously (RUNNING arrives as an attempt event, later), so it means
+*dispatched and not finished*: SCHEDULED after the gate released it, ENQUEUED
+(in Kafka, perhaps not started yet), RUNNING, RETRY_WAIT. Counting ENQUEUED is
+what makes the decision safe: an occurrence dispatched a moment ago blocks the
+next even before any worker reports it.
 
 How it stays atomic with a generic relay: the materializer writes the outbox
 rows of such schedules already held — claimed with :data:`OVERLAP_GATE_TOKEN`
@@ -37,11 +30,11 @@ import asyncio
 import logging
 import uuid
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import asyncpg
 from opentelemetry import metrics
 
+from engine.rules.overlap_policy import decide_overlap
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock, pause
 from schemas.queries import load_queries
@@ -51,39 +44,6 @@ log = logging.getLogger("chronoq.overlap")
 
 #: The claim token of outbox rows held by the overlap gate (never a relay's: relays use uuid4).
 OVERLAP_GATE_TOKEN = uuid.UUID("6f1c2a0e-4d0b-5c8e-9a51-6f7665726c61")
-
-POLICIES = ("allow", "skip_if_running", "queue_one")
-
-
-@dataclass(frozen=True)
-class OverlapDecision:
-    dispatch: tuple[int, ...] = ()
-    hold: tuple[int, ...] = ()
-    skip: tuple[int, ...] = ()
-
-
-def decide_overlap(policy: str, in_flight: bool, due: Sequence[int]) -> OverlapDecision:
-    """Decide the held, due deliveries of one schedule (``due``: outbox ids, oldest occurrence first).
-
-    Pure. At most one delivery is dispatched per decision, and only when
-    nothing is in flight; ``queue_one`` keeps at most one waiting.
-    """
-    if policy not in POLICIES:
-        raise ValueError(f"unknown overlap policy {policy!r}")
-    due = tuple(due)
-    if not due:
-        return OverlapDecision()
-    if policy == "allow":
-        return OverlapDecision(dispatch=due)
-    if policy == "skip_if_running":
-        if in_flight:
-            return OverlapDecision(skip=due)
-        return OverlapDecision(dispatch=due[:1], skip=due[1:])
-    # queue_one
-    if in_flight:
-        return OverlapDecision(hold=due[:1], skip=due[1:])
-    return OverlapDecision(dispatch=due[:1], hold=due[1:2], skip=due[2:])
-
 
 @dataclass(frozen=True)
 class OverlapGateConfig:

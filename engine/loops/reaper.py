@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import asyncpg
 from opentelemetry import metrics, trace
 
-from engine.loops.attempt_processor import (
-    DEFAULT_RETRY_BUDGET,
+from engine.control.quotas import DEFAULT_RETRY_BUDGET
+from engine.loops.attempt_ledger import (
     LEASE_EXPIRED,
     SQL,
     AttemptLedger,

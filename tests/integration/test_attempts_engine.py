@@ -13,10 +13,12 @@ from datetime import timedelta
 
 import pytest
 
-from engine.loops.attempt_processor import AttemptProcessor, Verdict
+from engine.loops.attempt_ledger import Verdict
+from engine.loops.attempt_processor import AttemptProcessor
 from engine.control.dead_letters import list_dead_letters, replay_dead_letter
 from engine.loops.reaper import Reaper
-from engine.control.tenants import TenantQuotas, create_tenant
+from engine.control.quotas import TenantQuotas
+from engine.control.tenants import create_tenant
 from schemas import observability as obs
 from schemas.attempt_events import AttemptEvent as Ev
 from schemas.dead_letter_messages import decode_dead_occurrence

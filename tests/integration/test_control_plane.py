@@ -8,7 +8,8 @@ import pytest
 
 from engine.control.schedules import ControlPlane
 from engine.loops.materializer import Materializer, MaterializerConfig
-from engine.control.tenants import TenantQuotas, authenticate, create_tenant
+from engine.control.quotas import TenantQuotas
+from engine.control.tenants import authenticate, create_tenant
 from schemas.errors import Conflict, InvalidInput, NotFound, QuotaExceeded
 from schemas.messages import decode_schedule_state
 from schemas.topics import SCHEDULE_STATES_TOPIC

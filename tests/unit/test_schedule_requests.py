@@ -4,7 +4,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from engine.control.schedules import first_fire, parse_schedule_request
+from engine.control.schedule_requests import first_fire, parse_schedule_request
 from schemas.errors import InvalidInput
 
 NOW = datetime(2026, 11, 29, 10, 0, tzinfo=timezone.utc)
@@ -68,7 +68,7 @@ def test_once_in_the_past_beyond_lateness_is_rejected_but_just_late_fires_now():
 
 
 def test_preview_of_a_rate_is_anchored_like_a_schedule_created_at_that_instant():
-    from engine.control.schedules import preview_fires
+    from engine.control.schedule_requests import preview_fires
 
     fires = preview_fires({"kind": "rate", "expression": "90m"}, NOW.replace(microsecond=123), 2)
     assert [f["utc"] for f in fires] == ["2026-11-29T11:30:00Z", "2026-11-29T13:00:00Z"]
@@ -76,7 +76,7 @@ def test_preview_of_a_rate_is_anchored_like_a_schedule_created_at_that_instant()
 
 @pytest.mark.parametrize("count", [0, 1001, "3", True])
 def test_preview_count_is_bounded(count):
-    from engine.control.schedules import preview_fires
+    from engine.control.schedule_requests import preview_fires
 
     with pytest.raises(InvalidInput) as caught:
         preview_fires({"kind": "cron", "expression": "* * * * *"}, NOW, count)

@@ -6,9 +6,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from engine.control.schedule_requests import build_time_spec
 from engine.rules.timing import (
     TimeSpec,
-    build_time_spec,
     fire_times,
     fires_per_minute,
     next_fire_after,

@@ -23,7 +23,8 @@ from datetime import date, datetime, timedelta, timezone
 from importlib import metadata
 from pathlib import Path
 
-from engine.rules.timing import build_time_spec, fire_times
+from engine.control.schedule_requests import build_time_spec
+from engine.rules.timing import fire_times
 
 UTC = timezone.utc
 GOLDEN = Path(__file__).parent / "golden" / "fire_times.json"

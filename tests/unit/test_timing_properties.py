@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from engine.rules.cron_expression import parse_cron
+from engine.control.schedule_requests import build_time_spec
 from engine.rules.timing import (
-    build_time_spec,
     decide_misfire,
     fire_times,
     next_fire_after,

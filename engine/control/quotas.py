@@ -1,0 +1,74 @@
+"""Tenant quotas: the limits a tenant's schedules must fit in, and the check made on every change.
+
+Enforced today, when a schedule is created or updated (:func:`check_quotas`)
+or attempts are retried: ``max_active_schedules``, ``max_fires_per_minute``,
+``max_payload_bytes`` and ``retry_budget_per_hour``. ``max_running``,
+``catch_up_per_minute`` and ``weight`` are stored with the tenant and shown,
+but nothing enforces them yet.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+import asyncpg
+
+from schemas.errors import InvalidInput, QuotaExceeded
+from schemas.queries import load_queries
+
+SQL = load_queries("control_plane")
+
+
+@dataclass(frozen=True)
+class TenantQuotas:
+    """Per-tenant limits (defaults suit a production tenant; raise them per tenant).
+
+    max_active_schedules: live (active or paused) schedules.
+    max_fires_per_minute: sum of the trigger rates the live schedules imply, so
+        a tenant cannot create a million every-second schedules.
+    max_payload_bytes: encoded JSON payload of one schedule (default 64 KiB).
+    max_running: occurrences of the tenant running at once.
+    catch_up_per_minute: occurrences a misfire catch-up may enqueue per minute.
+    retry_budget_per_hour: retries the tenant may spend per hour.
+    weight: the tenant's share in weighted fair dispatch.
+    """
+
+    max_active_schedules: int = 10000
+    max_fires_per_minute: float = 10000.0
+    max_payload_bytes: int = 64 * 1024
+    max_running: int = 100
+    catch_up_per_minute: int = 1000
+    retry_budget_per_hour: int = 1000
+    weight: int = 1
+
+    def validate(self) -> None:
+        for item in fields(self):
+            value = getattr(self, item.name)
+            minimum = 1 if item.name in ("max_payload_bytes", "max_running", "weight") else 0
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
+                raise InvalidInput(item.name, f"must be a number of at least {minimum}", str(getattr(
+                    TenantQuotas, item.name)))
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> "TenantQuotas":
+        return cls(**{item.name: row[item.name] for item in fields(cls)})
+
+
+#: Retry budget of a tenant that has no row in ``tenants`` (the column default).
+DEFAULT_RETRY_BUDGET = TenantQuotas.retry_budget_per_hour
+
+
+async def check_quotas(conn: asyncpg.Connection, tenant_id: str, quotas: TenantQuotas, rate: float,
+                       exclude: uuid.UUID | None) -> None:
+    """Raise QuotaExceeded if one more live schedule with this trigger rate does not fit.
+
+    ``exclude``: the schedule being updated (its current rate is replaced, not added).
+    """
+    usage = await conn.fetchrow(SQL["tenant_usage"], tenant_id, exclude)
+    if usage["schedules"] + 1 > quotas.max_active_schedules:
+        raise QuotaExceeded("max_active_schedules", quotas.max_active_schedules, usage["schedules"] + 1)
+    wanted = usage["fires_per_minute"] + rate
+    if wanted > quotas.max_fires_per_minute:
+        raise QuotaExceeded("max_fires_per_minute", quotas.max_fires_per_minute, round(wanted, 3))

@@ -1,0 +1,339 @@
+"""Schedule requests: a raw create, update or preview request turned into a validated value.
+
+Every path that changes a schedule (the HTTP API, the CLI, the command topic,
+the Python API) hands its request to this module, and every field is checked
+here: unknown fields, the time fields (:func:`build_time_spec`), payload,
+priority and flexible window, misfire policy, overlap policy, retries,
+deadline. A rejected request raises :class:`InvalidInput` naming the field;
+nothing has been written at that point. The values themselves follow the
+time contract's text forms (:mod:`engine.rules.timing`: durations, instants,
+zones, misfire policies, cron).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Mapping
+
+import orjson
+
+from engine.rules import timing
+from engine.rules.cron_expression import MAX_EXPRESSION_LENGTH, normalize_cron, parse_cron
+from engine.rules.overlap_policy import POLICIES as OVERLAP_POLICIES
+from engine.rules.timing.instants import DAY, MICROSECOND, iso, parse_instant
+from engine.rules.timing.spec import DST_GAP_CHOICES, DST_REPEAT_CHOICES, KINDS, Kind, TimeSpec
+from engine.rules.timing.zones import validate_zone
+from schemas.errors import InvalidInput
+from schemas.messages import format_instant
+from schemas.topics import validate_target
+
+MAX_PAYLOAD_BYTES = 64 * 1024
+MAX_PREVIEW = 1000
+PRIORITIES = ("strict", "flexible")
+
+#: The fields of a schedule definition, as create and update accept them.
+SCHEDULE_FIELDS = frozenset({
+    "kind", "expression", "time_zone", "target", "payload", "priority", "flexible_window",
+    "misfire_policy", "max_lateness", "overlap_policy", "max_attempts", "retry_base", "retry_cap",
+    "deadline", "dst_repeat", "dst_gap", "start_at", "end_at", "anchor",
+})
+
+
+@dataclass(frozen=True)
+class ScheduleRequest:
+    """A validated request to create (or replace the definition of) a schedule."""
+
+    spec: TimeSpec
+    target: str
+    payload: Any = field(default_factory=dict)
+    priority: str = "strict"
+    flexible_window: timedelta = timedelta(0)
+    misfire: timing.MisfirePolicy = timing.MisfirePolicy("fire_once", 0, timedelta(minutes=1))
+    misfire_text: str = "fire_once"
+    overlap_policy: str = "allow"
+    max_attempts: int = 3
+    retry_base: timedelta = timedelta(seconds=1)
+    retry_cap: timedelta = timedelta(minutes=5)
+    deadline: timedelta | None = None
+
+
+def parse_schedule_request(raw: Mapping[str, Any], *, max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> ScheduleRequest:
+    """Validate a create request given as API field names; raise InvalidInput naming the field."""
+    if not isinstance(raw, Mapping):
+        raise InvalidInput("body", "must be a JSON object", '{"kind": "cron", "expression": "0 9 * * *"}')
+    _reject_unknown(raw)
+    kind = raw.get("kind")
+    expression = raw.get("expression")
+    if not isinstance(kind, str):
+        raise InvalidInput("kind", "is required: once, cron or rate", "cron")
+    if not isinstance(expression, str) or not expression.strip():
+        raise InvalidInput("expression", "is required: a cron expression, an ISO-8601 instant or a duration",
+                           "0 9 * * MON-FRI")
+    time_zone = raw.get("time_zone")
+    if time_zone is not None and not isinstance(time_zone, str):
+        raise InvalidInput("time_zone", "must be an IANA zone name", "Europe/Berlin")
+    spec = build_time_spec(
+        kind, expression, time_zone,
+        dst_repeat=raw.get("dst_repeat"), dst_gap=raw.get("dst_gap"),
+        anchor=raw.get("anchor"), start_at=raw.get("start_at"), end_at=raw.get("end_at"),
+    )
+    target = validate_target(raw.get("target"))
+    payload = validate_payload(raw.get("payload", {}), max_payload_bytes)
+    priority = _choice(raw, "priority", PRIORITIES, "strict")
+    window = _duration(raw, "flexible_window", timedelta(0))
+    assert window is not None
+    if priority == "flexible" and window <= timedelta(0):
+        window = timedelta(minutes=5)  # flexible jobs spread over a 5-minute window by default (docs/control-plane.md)
+    if priority == "strict" and window > timedelta(0):
+        raise InvalidInput("flexible_window", "applies only to priority=flexible", "5m")
+    if window > timedelta(hours=24):
+        raise InvalidInput("flexible_window", "must be at most 24h", "5m")
+    misfire_text = raw.get("misfire_policy") or "fire_once"
+    if not isinstance(misfire_text, str):
+        raise InvalidInput("misfire_policy", "must be skip, fire_once or catch_up:K", "catch_up:3")
+    max_lateness = raw.get("max_lateness")
+    if isinstance(max_lateness, (int, float)) and not isinstance(max_lateness, bool):
+        max_lateness = timedelta(seconds=max_lateness)
+    misfire = timing.parse_misfire_policy(misfire_text, max_lateness)
+    overlap = _choice(raw, "overlap_policy", OVERLAP_POLICIES, "allow")
+    max_attempts = raw.get("max_attempts", 3)
+    if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or not 1 <= max_attempts <= 100:
+        raise InvalidInput("max_attempts", "must be an integer from 1 to 100", "5")
+    retry_base = _duration(raw, "retry_base", timedelta(seconds=1))
+    retry_cap = _duration(raw, "retry_cap", timedelta(minutes=5))
+    assert retry_base is not None and retry_cap is not None
+    if retry_base <= timedelta(0):
+        raise InvalidInput("retry_base", "must be positive", "1s")
+    if retry_cap < retry_base:
+        raise InvalidInput("retry_cap", "must be at least retry_base", "5m")
+    deadline = _duration(raw, "deadline", None)
+    if deadline is not None and deadline <= timedelta(0):
+        raise InvalidInput("deadline", "must be positive", "1h")
+    return ScheduleRequest(
+        spec=spec, target=target, payload=payload, priority=priority, flexible_window=window,
+        misfire=misfire, misfire_text=misfire_text.strip(), overlap_policy=overlap, max_attempts=max_attempts,
+        retry_base=retry_base, retry_cap=retry_cap, deadline=deadline,
+    )
+
+
+def check_changes(changes: Mapping[str, Any]) -> None:
+    """An update names at least one known field (checked before anything is read or locked)."""
+    if not isinstance(changes, Mapping) or not changes:
+        raise InvalidInput("body", "give at least one field to change", '{"expression": "0 10 * * *"}')
+    _reject_unknown(changes)
+
+
+def parse_changed_request(definition: Mapping[str, Any], changes: Mapping[str, Any], *,
+                          max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> ScheduleRequest:
+    """The request a partial update makes of a stored definition (API field names).
+
+    A changed kind drops the old anchor unless a new one is given; DST options
+    apply only to cron, so a definition that stops being cron drops them.
+    """
+    check_changes(changes)
+    merged = {**definition, **changes}
+    if "kind" in changes and changes["kind"] != definition.get("kind") and "anchor" not in changes:
+        merged.pop("anchor", None)
+    for name in ("dst_repeat", "dst_gap"):
+        if merged.get("kind") != "cron" and name not in changes:
+            merged.pop(name, None)
+    return parse_schedule_request(merged, max_payload_bytes=max_payload_bytes)
+
+
+def anchored(request: ScheduleRequest, now: datetime) -> ScheduleRequest:
+    """A rate without an anchor is anchored at ``now``, on a whole second (so "every 10s" fires at
+    readable instants); other requests are returned as they are."""
+    if request.spec.kind != "rate" or request.spec.anchor is not None:
+        return request
+    return dataclasses.replace(request, spec=dataclasses.replace(request.spec, anchor=now.replace(microsecond=0)))
+
+
+def first_fire(request: ScheduleRequest, now: datetime) -> datetime | None:
+    """The first fire instant of a new schedule.
+
+    cron and rate fire strictly after ``now`` (a rate without an anchor is
+    anchored at ``now`` by :func:`anchored`, so it first fires one period
+    later); a one-time instant slightly in the past (within max_lateness) is
+    accepted and fires at once, further in the past it is rejected rather
+    than silently never firing.
+    """
+    spec = request.spec
+    if spec.kind == "once":
+        first = timing.next_fire_after(spec, now - request.misfire.max_lateness - timedelta(microseconds=1))
+        if first is None:
+            raise InvalidInput(
+                "expression",
+                f"the instant {spec.expression} is already past (now is {format_instant(now)});"
+                " choose a future instant",
+                format_instant(now + timedelta(minutes=5)),
+            )
+        return first
+    first = timing.next_fire_after(spec, now)
+    if first is None:
+        raise InvalidInput("end_at", "the schedule has no fire time before its end; move end_at later")
+    return first
+
+
+def validate_idempotency_key(key: object) -> str:
+    if not isinstance(key, str) or not 1 <= len(key) <= 200:
+        raise InvalidInput("Idempotency-Key", "must be 1-200 characters", "create-invoice-42")
+    return key
+
+
+def request_hash(raw: Mapping[str, Any]) -> str:
+    """A stable hash of a create request's body: the same key with another body is a conflict."""
+    try:
+        canonical = orjson.dumps(raw, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+    except TypeError as err:
+        raise InvalidInput("payload", f"must be JSON-serializable: {err}", '{"invoice": 42}') from err
+    return hashlib.sha256(canonical).hexdigest()
+
+
+def validate_payload(payload: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> Any:
+    """The payload must be JSON and at most ``max_bytes`` once encoded."""
+    try:
+        encoded = orjson.dumps(payload)
+    except TypeError as err:
+        raise InvalidInput("payload", f"must be JSON-serializable: {err}", '{"invoice": 42}') from err
+    if len(encoded) > max_bytes:
+        raise InvalidInput(
+            "payload",
+            f"is {len(encoded)} bytes encoded; the limit is {max_bytes} bytes."
+            " Store large data elsewhere and send a reference",
+            '{"blob_url": "s3://bucket/key"}',
+        )
+    return payload
+
+
+def preview_fires(raw: Mapping[str, Any], after: datetime, count: int) -> list[dict[str, str]]:
+    """The next ``count`` fires strictly after ``after`` of a schedule definition.
+
+    Uses the same rules as create: a rate without an anchor is anchored at
+    ``after`` (whole seconds), as a schedule created at that instant would be.
+    Each fire is ``{"utc": ..., "local": ...}`` in ISO 8601 (local with its
+    offset in the schedule's zone).
+    """
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_PREVIEW:
+        raise InvalidInput("count", f"must be an integer from 1 to {MAX_PREVIEW}", "10")
+    kind, expression = raw.get("kind"), raw.get("expression")
+    if not isinstance(kind, str):
+        raise InvalidInput("kind", "is required: once, cron or rate", "cron")
+    if not isinstance(expression, str):
+        raise InvalidInput("expression", "is required: a cron expression, an ISO-8601 instant or a duration",
+                           "0 9 * * MON-FRI")
+    anchor = raw.get("anchor")
+    if kind == "rate" and anchor is None:
+        anchor = after.replace(microsecond=0)
+    spec = build_time_spec(kind, expression, raw.get("time_zone"), dst_repeat=raw.get("dst_repeat"),
+                           dst_gap=raw.get("dst_gap"), anchor=anchor, start_at=raw.get("start_at"),
+                           end_at=raw.get("end_at"))
+    return [{"utc": format_instant(fire.utc), "local": fire.local.isoformat()}
+            for fire in timing.preview(spec, after, count)]
+
+
+def build_time_spec(kind: str, expression: str, time_zone: str | None = None, *,
+                    dst_repeat: str | None = None, dst_gap: str | None = None,
+                    anchor: datetime | str | None = None, start_at: datetime | str | None = None,
+                    end_at: datetime | str | None = None) -> TimeSpec:
+    """Validate and normalize a schedule's time fields, or raise :class:`InvalidInput`.
+
+    ``InvalidInput.field`` is the API field at fault. A ``once`` instant in the
+    past is accepted: whether it is too late is decided with the control
+    plane's clock, not here.
+    """
+    if not isinstance(kind, str) or kind.strip() not in KINDS:
+        shown = kind.strip()[:40] if isinstance(kind, str) else type(kind).__name__
+        raise InvalidInput("kind", f"must be once, cron or rate; got {shown!r}", "cron")
+    kind_value: Kind = kind.strip()  # type: ignore[assignment]
+    examples = {"cron": "0 9 * * MON-FRI", "rate": "15m", "once": "2027-03-01T09:00:00Z"}
+    if not isinstance(expression, str):
+        raise InvalidInput("expression", f"must be a string, got {type(expression).__name__}", examples[kind_value])
+    stripped = expression.strip()
+    if len(stripped) > MAX_EXPRESSION_LENGTH:
+        raise InvalidInput("expression", f"is {len(stripped)} characters long; the limit is"
+                           f" {MAX_EXPRESSION_LENGTH}", examples[kind_value])
+    if not stripped:
+        raise InvalidInput("expression", "is empty", examples[kind_value])
+    zone_key = validate_zone(time_zone if time_zone is not None else "UTC")
+    repeat = _time_choice("dst_repeat", dst_repeat, DST_REPEAT_CHOICES)
+    gap = _time_choice("dst_gap", dst_gap, DST_GAP_CHOICES)
+    if kind_value != "cron":
+        if repeat != "first":
+            raise InvalidInput("dst_repeat", f"applies only to kind cron ({kind_value} ignores wall-clock time);"
+                               " leave it out", "first")
+        if gap != "skip":
+            raise InvalidInput("dst_gap", f"applies only to kind cron ({kind_value} ignores wall-clock time);"
+                               " leave it out", "skip")
+    anchor_at = parse_instant(anchor, "anchor") if anchor is not None else None
+    if anchor_at is not None and kind_value != "rate":
+        raise InvalidInput("anchor", "applies only to kind rate; leave it out", "2027-01-01T00:00:00Z")
+    start = parse_instant(start_at, "start_at") if start_at is not None else None
+    end = parse_instant(end_at, "end_at") if end_at is not None else None
+    if start is not None and end is not None and end < start:
+        raise InvalidInput("end_at", f"{iso(end)} is before start_at {iso(start)}", iso(start + DAY))
+
+    if kind_value == "cron":
+        text = normalize_cron(stripped)
+        parse_cron(text)
+    elif kind_value == "rate":
+        text = stripped
+        period = timing.parse_duration(text, "expression")
+        if period <= timedelta(0):
+            raise InvalidInput("expression", "a rate period must be at least 1s", "15m")
+    else:
+        text = stripped
+        instant = parse_instant(text, "expression")
+        if start is not None and instant < start:
+            raise InvalidInput("start_at", f"is after the one-time instant {iso(instant)}; the schedule could"
+                               " never fire", iso(instant))
+        if end is not None and instant > end:
+            raise InvalidInput("end_at", f"is before the one-time instant {iso(instant)}; the schedule could"
+                               " never fire", iso(instant))
+    spec = TimeSpec(kind_value, text, zone_key, repeat, gap, anchor_at, start, end)  # type: ignore[arg-type]
+    if kind_value != "once" and start is not None and end is not None:
+        if timing.next_fire_after(spec, start - MICROSECOND) is None:
+            raise InvalidInput("end_at", f"there is no fire time between start_at {iso(start)} and end_at"
+                               f" {iso(end)}; move end_at later", iso(end + timedelta(days=30)))
+    return spec
+
+
+def _time_choice(field: str, value: object, choices: tuple[str, ...]) -> str:
+    if value is None:
+        return choices[0]
+    if not isinstance(value, str) or value.strip() not in choices:
+        shown = value[:40] if isinstance(value, str) else type(value).__name__
+        raise InvalidInput(field, f"must be {' or '.join(choices)}; got {shown!r}", choices[0])
+    return value.strip()
+
+
+def _reject_unknown(raw: Mapping[str, Any]) -> None:
+    unknown = sorted(set(raw) - SCHEDULE_FIELDS)
+    if unknown:
+        raise InvalidInput(unknown[0], f"is not a schedule field; known fields: {', '.join(sorted(SCHEDULE_FIELDS))}")
+
+
+def _duration(raw: Mapping[str, Any], name: str, default: timedelta | None) -> timedelta | None:
+    value = raw.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        raise InvalidInput(name, "must be a duration", "90s")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise InvalidInput(name, "must not be negative", "90s")
+        return timedelta(seconds=value)
+    if isinstance(value, str):
+        return timing.parse_duration(value, field=name)
+    raise InvalidInput(name, f"must be a duration string or a number of seconds, got {type(value).__name__}", "90s")
+
+
+def _choice(raw: Mapping[str, Any], name: str, choices: tuple[str, ...], default: str) -> str:
+    value = raw.get(name, default)
+    if value is None:
+        return default
+    if value not in choices:
+        raise InvalidInput(name, f"must be one of {', '.join(choices)}; got {str(value)[:60]!r}", choices[0])
+    return value

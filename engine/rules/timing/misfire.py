@@ -1,0 +1,133 @@
+"""Misfires: what happens to fire instants that are late (an outage, a pause, a slow materializer).
+
+Nothing is silently dropped: every instant from the durable cursor up to now +
+horizon is either enqueued or recorded MISSED, with bounded work however long
+the outage was.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from itertools import islice
+from typing import Literal
+
+from engine.rules.timing.durations import MAX_DURATION, parse_duration
+from engine.rules.timing.fires import next_fire_after
+from engine.rules.timing.instants import MICROSECOND, UTC, naive_utc
+from engine.rules.timing.sources import backward_fires, count_fires, forward_fires
+from engine.rules.timing.spec import TimeSpec
+from schemas.errors import InvalidInput
+
+MISFIRE_KINDS: tuple[str, ...] = ("skip", "fire_once", "catch_up")
+MAX_CATCH_UP = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class MisfirePolicy:
+    """What to do with fire instants that are more than ``max_lateness`` late."""
+
+    kind: Literal["skip", "fire_once", "catch_up"]
+    catch_up_limit: int = 0           # K for catch_up
+    max_lateness: timedelta = timedelta(minutes=1)
+
+
+@dataclass(frozen=True)
+class MisfireDecision:
+    """What a materializer does with the fire instants from the durable cursor up to now + horizon."""
+
+    enqueue: list[datetime]      # scheduled_for instants to materialize as occurrences (oldest first)
+    missed: list[datetime]       # instants to record as MISSED (at most record_limit of them, oldest first)
+    missed_unlisted: int | None  # how many further missed instants were not listed (None = more, count unknown)
+    next_run_at: datetime | None  # the durable cursor after this decision: first fire strictly after `until`
+
+
+def parse_misfire_policy(text: str, max_lateness: str | timedelta | None = None) -> MisfirePolicy:
+    """Parse ``"skip"``, ``"fire_once"`` or ``"catch_up:K"`` (K from 1 to 1000) and the lateness threshold.
+
+    ``max_lateness`` defaults to one minute; ``"0s"`` makes every instant that is
+    not exactly on time late.
+    """
+    example = "catch_up:3"
+    if not isinstance(text, str):
+        raise InvalidInput("misfire_policy", f"must be skip, fire_once or catch_up:K, got {type(text).__name__}",
+                           example)
+    raw = text.strip().lower()
+    if raw in ("skip", "fire_once"):
+        kind, limit = raw, 0
+    elif raw.startswith("catch_up"):
+        match = re.fullmatch(r"catch_up:(\d{1,7})", raw)
+        if match is None:
+            raise InvalidInput("misfire_policy", f"{text.strip()[:30]!r}: catch_up needs a bound K, written"
+                               f" catch_up:K with K from 1 to {MAX_CATCH_UP}", example)
+        kind, limit = "catch_up", int(match.group(1))
+        if not 1 <= limit <= MAX_CATCH_UP:
+            raise InvalidInput("misfire_policy", f"catch_up bound {limit} must be from 1 to {MAX_CATCH_UP}", example)
+    else:
+        raise InvalidInput("misfire_policy", f"{text.strip()[:30]!r} is not a policy; use skip, fire_once or"
+                           " catch_up:K", example)
+    if max_lateness is None:
+        lateness = timedelta(minutes=1)
+    elif isinstance(max_lateness, timedelta):
+        if max_lateness < timedelta(0):
+            raise InvalidInput("max_lateness", "must not be negative", "5m")
+        if max_lateness > MAX_DURATION:
+            raise InvalidInput("max_lateness", f"must be at most {MAX_DURATION.days}d", "5m")
+        lateness = max_lateness
+    else:
+        lateness = parse_duration(max_lateness, "max_lateness")  # type: ignore[arg-type]
+    return MisfirePolicy(kind, limit, lateness)  # type: ignore[arg-type]
+
+
+def decide_misfire(spec: TimeSpec, next_fire: datetime, now: datetime, policy: MisfirePolicy,
+                   horizon: timedelta = timedelta(0), record_limit: int = 1000) -> MisfireDecision:
+    """Decide every fire instant t with next_fire <= t <= now + horizon; nothing is silently dropped.
+
+    An instant is late when ``now - t > max_lateness`` (exactly at the
+    threshold is on time). On-time instants, including future ones within the
+    horizon, are enqueued. Late ones: ``skip`` records them all MISSED;
+    ``catch_up:K`` enqueues the K most recent and records the older ones
+    MISSED; ``fire_once`` enqueues the most recent late one, unless an on-time
+    instant at or before ``now`` exists (the schedule is already running on
+    time, so a catch-up run would be a second run for the same outage), and
+    records the rest MISSED.
+
+    ``missed`` lists the oldest missed instants, at most ``record_limit``;
+    ``missed_unlisted`` counts the others exactly (rate, once, and cron over
+    spans up to ten years; None beyond). Work is O(record_limit + K + on-time
+    instants + days of outage for cron), never O(missed instants).
+    """
+    if record_limit < 0:
+        raise ValueError("record_limit must not be negative")
+    if horizon < timedelta(0):
+        raise ValueError("horizon must not be negative")
+    cursor = naive_utc(next_fire, "next_fire")
+    current = naive_utc(now, "now")
+    until = current + horizon
+    late_before = current - policy.max_lateness  # t < late_before  <=>  t is late
+
+    on_time = list(forward_fires(spec, max(cursor, late_before) - MICROSECOND, until))
+    late_enqueue: list[datetime] = []
+    if cursor < late_before:
+        if policy.kind == "catch_up":
+            late_enqueue = list(islice(backward_fires(spec, late_before, cursor), policy.catch_up_limit))
+        elif policy.kind == "fire_once" and not (on_time and on_time[0] <= current):
+            late_enqueue = list(islice(backward_fires(spec, late_before, cursor), 1))
+        late_enqueue.reverse()
+    missed_before = late_enqueue[0] if late_enqueue else late_before
+    missed: list[datetime] = []
+    unlisted: int | None = 0
+    if cursor < missed_before:
+        for instant in forward_fires(spec, cursor - MICROSECOND, missed_before - MICROSECOND):
+            if len(missed) == record_limit:
+                unlisted = count_fires(spec, missed[-1] if missed else cursor - MICROSECOND, missed_before)
+                break
+            missed.append(instant)
+    following = next_fire_after(spec, max(until, cursor - MICROSECOND).replace(tzinfo=UTC))
+    return MisfireDecision(
+        enqueue=[instant.replace(tzinfo=UTC) for instant in late_enqueue + on_time],
+        missed=[instant.replace(tzinfo=UTC) for instant in missed],
+        missed_unlisted=unlisted,
+        next_run_at=following,
+    )
