@@ -29,17 +29,22 @@ class PermanentError(ChronoqError):
     and message in the dead-letter list.
     """
 
-    retriable: ClassVar[bool] = False
+    code: ClassVar[str] = "permanent"
+    transient: ClassVar[bool] = False
 
 
 class OccurrenceCanceled(ChronoqError):
     """The occurrence's schedule was canceled while its handler ran (``raise_if_canceled``)."""
 
+    code: ClassVar[str] = "canceled"
+
 
 class InfrastructureError(ChronoqError):
     """The app's database or the broker is unavailable; the delivery is retried in place, no attempt consumed."""
 
-    retriable: ClassVar[bool] = True
+    code: ClassVar[str] = "infrastructure"
+    http_status: ClassVar[int] = 503
+    transient: ClassVar[bool] = True
 
 
 #: Errors that mean "this database connection is gone", not "the handler's statement failed".

@@ -30,16 +30,24 @@ from schemas.topics import COMMAND_RESULTS_TOPIC, COMMANDS_TOPIC, create_missing
 
 
 class ApiError(ChronoqError):
-    """The API refused a request: ``status``, ``code`` and, for invalid input, ``field``."""
+    """The API refused a request: ``status``, ``code`` and, for invalid input or a quota, ``field``.
+
+    ``transient`` is true for 429 (a quota: retry once it has room) and 503
+    (the database is unavailable: retry shortly).
+    """
 
     def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
         self.status = status
-        self.code = code
+        self.code = code  # type: ignore[misc]  # the server's code, per instance
         self.field = field
         super().__init__(f"HTTP {status} {code}: {message}")
 
     @property
-    def retriable(self) -> bool:  # type: ignore[override]
+    def http_status(self) -> int:  # type: ignore[override]
+        return self.status
+
+    @property
+    def transient(self) -> bool:  # type: ignore[override]
         return self.status in (429, 503)
 
 

@@ -1,8 +1,18 @@
 """The one exception root of chronoq.
 
-Every error chronoq raises on purpose derives from :class:`ChronoqError`.
-Retry loops read the class-level ``retriable`` flag instead of listing types.
-Messages are written for a person: what was wrong and what to do about it.
+Every error chronoq raises on purpose derives from :class:`ChronoqError`, and
+each class says, as class attributes, how the edges treat it:
+
+* ``code``: the stable error code of the HTTP API and of command results
+  (``{"error": {"code", "message", "field"?}}``);
+* ``http_status``: the HTTP status the API answers with;
+* ``transient``: whether retrying the same operation later can succeed (an
+  outage), as opposed to a request or a bug that fails the same way again.
+
+``field`` names the request field at fault, when there is one. Whether any
+exception — ours or a driver's — is transient is decided in one place,
+:func:`schemas.error_classification.is_transient`. Messages are written for a
+person: what was wrong and what to do about it.
 """
 
 from __future__ import annotations
@@ -13,7 +23,10 @@ from typing import ClassVar
 class ChronoqError(Exception):
     """Root of every chronoq error."""
 
-    retriable: ClassVar[bool] = False
+    code: ClassVar[str] = "error"
+    http_status: ClassVar[int] = 400
+    transient: ClassVar[bool] = False
+    field: str | None = None
 
 
 class InvalidInput(ChronoqError):
@@ -23,6 +36,9 @@ class InvalidInput(ChronoqError):
     ``time_zone``, ``payload``...), ``problem`` says what is wrong and
     ``example`` shows a valid value when one helps.
     """
+
+    code = "invalid_input"
+    http_status = 422
 
     def __init__(self, field: str, problem: str, example: str | None = None) -> None:
         self.field = field
@@ -37,6 +53,9 @@ class InvalidInput(ChronoqError):
 class NotFound(ChronoqError):
     """The object does not exist for this tenant (or at all: we never say which)."""
 
+    code = "not_found"
+    http_status = 404
+
     def __init__(self, kind: str, ident: object) -> None:
         self.kind = kind
         self.ident = ident
@@ -46,12 +65,19 @@ class NotFound(ChronoqError):
 class Conflict(ChronoqError):
     """The request conflicts with stored state (idempotency key reuse, stale version)."""
 
+    code = "conflict"
+    http_status = 409
+
 
 class QuotaExceeded(ChronoqError):
-    """A tenant quota would be exceeded; raise the quota or remove schedules."""
+    """A tenant quota would be exceeded; raise the quota or remove schedules. ``field`` is the quota."""
+
+    code = "quota_exceeded"
+    http_status = 429
 
     def __init__(self, quota: str, limit: object, requested: object) -> None:
         self.quota = quota
+        self.field = quota
         self.limit = limit
         self.requested = requested
         super().__init__(
@@ -61,10 +87,7 @@ class QuotaExceeded(ChronoqError):
 
 
 class StackError(ChronoqError):
-    """The embedded PostgreSQL/Kafka stack could not be started or found."""
+    """The embedded PostgreSQL/Kafka stack could not be started or found (an operator must act)."""
 
-
-class TransientInfrastructureError(ChronoqError):
-    """Database or broker unavailable; the operation is safe to retry."""
-
-    retriable = True
+    code = "stack_unavailable"
+    http_status = 503

@@ -25,7 +25,8 @@ from engine.api.openapi import openapi_document
 from engine.control.schedule_requests import preview_fires
 from engine.control.schedules import ControlPlane
 from engine.control.tenants import Tenant, authenticate
-from schemas.errors import ChronoqError, Conflict, InvalidInput, NotFound, QuotaExceeded
+from schemas.error_classification import is_transient
+from schemas.errors import ChronoqError, InvalidInput
 
 log = logging.getLogger("chronoq.api")
 
@@ -85,15 +86,8 @@ def error_response(status: int, code: str, message: str, field_name: str | None 
 
 
 def _to_response(err: ChronoqError) -> Response:
-    if isinstance(err, InvalidInput):
-        return error_response(422, "invalid_input", str(err), err.field)
-    if isinstance(err, NotFound):
-        return error_response(404, "not_found", str(err))
-    if isinstance(err, QuotaExceeded):
-        return error_response(429, "quota_exceeded", str(err), err.quota)
-    if isinstance(err, Conflict):
-        return error_response(409, "conflict", str(err))
-    return error_response(503 if err.retriable else 400, "error", str(err))
+    """An error as the API answers it: status, code and field come from the error class."""
+    return error_response(err.http_status, err.code, str(err), err.field)
 
 
 class Api:
@@ -170,7 +164,9 @@ class Api:
                 return await handler(request)
             except ChronoqError as err:
                 return _to_response(err)
-            except (asyncpg.PostgresConnectionError, OSError) as err:
+            except Exception as err:
+                if not is_transient(err):
+                    raise   # a bug: uvicorn answers 500 and logs the traceback
                 log.error("database unavailable", extra={"action": "api.db_unavailable", "error": repr(err)})
                 return error_response(503, "unavailable", "the database is unavailable; retry shortly",
                                       headers=[(b"retry-after", b"1")])

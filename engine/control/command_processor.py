@@ -44,7 +44,7 @@ from schemas.commands import (
     decode_command,
     signature_valid,
 )
-from schemas.errors import ChronoqError, Conflict, InvalidInput, NotFound, QuotaExceeded
+from schemas.errors import ChronoqError
 from schemas.messages import MalformedMessage
 from schemas.queries import load_queries
 from schemas.topics import (
@@ -83,13 +83,8 @@ def _error(code: str, message: str, field: str | None = None) -> dict[str, Any]:
 
 
 def _error_of(err: ChronoqError) -> dict[str, Any]:
-    if isinstance(err, InvalidInput):
-        return _error("invalid_input", str(err), err.field)
-    if isinstance(err, NotFound):
-        return _error("not_found", str(err))
-    if isinstance(err, QuotaExceeded):
-        return _error("quota_exceeded", str(err), err.quota)
-    return _error("conflict" if isinstance(err, Conflict) else "error", str(err))
+    """A rejected command's error, with the same code and field the HTTP API would answer."""
+    return _error(err.code, str(err), err.field)
 
 
 class CommandProcessor:

@@ -29,6 +29,13 @@ def page_size(limit: object, maximum: int = MAX_PAGE) -> int:
     return limit
 
 
+def text_filter(name: str, value: str | None) -> str | None:
+    """A listing's text filter as given, or InvalidInput when the database could not compare it (NUL)."""
+    if value is not None and "\x00" in value:
+        raise InvalidInput(name, "must not contain a NUL character")
+    return value
+
+
 def encode_cursor(at: datetime, ident: uuid.UUID) -> str:
     return base64.urlsafe_b64encode(orjson.dumps([format_instant(at), str(ident)])).decode().rstrip("=")
 

@@ -178,8 +178,8 @@ def first_fire(request: ScheduleRequest, now: datetime) -> datetime | None:
 
 
 def validate_idempotency_key(key: object) -> str:
-    if not isinstance(key, str) or not 1 <= len(key) <= 200:
-        raise InvalidInput("Idempotency-Key", "must be 1-200 characters", "create-invoice-42")
+    if not isinstance(key, str) or not 1 <= len(key) <= 200 or "\x00" in key:
+        raise InvalidInput("Idempotency-Key", "must be 1-200 characters (no NUL)", "create-invoice-42")
     return key
 
 
@@ -193,11 +193,15 @@ def request_hash(raw: Mapping[str, Any]) -> str:
 
 
 def validate_payload(payload: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> Any:
-    """The payload must be JSON and at most ``max_bytes`` once encoded."""
+    """The payload must be JSON, storable as PostgreSQL jsonb (no NUL character), and at most
+    ``max_bytes`` once encoded."""
     try:
         encoded = orjson.dumps(payload)
     except TypeError as err:
         raise InvalidInput("payload", f"must be JSON-serializable: {err}", '{"invoice": 42}') from err
+    if _contains_nul(payload):
+        raise InvalidInput("payload", "contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store",
+                           '{"invoice": 42}')
     if len(encoded) > max_bytes:
         raise InvalidInput(
             "payload",
@@ -307,6 +311,16 @@ def _time_choice(field: str, value: object, choices: tuple[str, ...]) -> str:
         shown = value[:40] if isinstance(value, str) else type(value).__name__
         raise InvalidInput(field, f"must be {' or '.join(choices)}; got {shown!r}", choices[0])
     return value.strip()
+
+
+def _contains_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, Mapping):
+        return any(_contains_nul(key) or _contains_nul(item) for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(_contains_nul(item) for item in value)
+    return False
 
 
 def _reject_unknown(raw: Mapping[str, Any]) -> None:

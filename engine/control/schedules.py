@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, Mapping
 import asyncpg
 
 from engine.control.identifiers import as_uuid
-from engine.control.pagination import decode_cursor, key_of, page_size, split_page
+from engine.control.pagination import decode_cursor, key_of, page_size, split_page, text_filter
 from engine.control.quotas import check_quotas
 from engine.control.schedule_requests import (
     ScheduleRequest,
@@ -128,6 +128,7 @@ class ControlPlane:
         """A tenant's schedules in creation order, ``limit`` at a time."""
         if state is not None and state not in SCHEDULE_STATES:
             raise InvalidInput("state", f"must be one of {', '.join(SCHEDULE_STATES)}", "active")
+        target = text_filter("target", target)
         after_at, after_id = decode_cursor(cursor)
         limit = page_size(limit)
         rows = await self.pool.fetch(CP_SQL["list_schedules"], tenant_id, state, target, after_at, after_id,

@@ -70,6 +70,7 @@ async def test_the_lifecycle_over_http(clients):
     ({**DAILY, "payload": {"x": "y" * 70000}}, "payload"),
     ({**DAILY, "target": "no spaces please"}, "target"),
     ({**DAILY, "misfire_policy": "sometimes"}, "misfire_policy"),
+    ({**DAILY, "payload": {"note": "nul \x00 inside"}}, "payload"),
 ])
 async def test_invalid_input_is_a_422_naming_the_field_and_writes_nothing(clients, pool, body, field):
     acme, _ = clients
@@ -114,7 +115,8 @@ async def test_malformed_bodies_and_unknown_routes_are_client_errors(clients):
     acme, _ = clients
     for method, path, body in [("POST", "/v1/schedules", "not an object"), ("PATCH", "/v1/schedules/x", {}),
                                ("GET", "/v1/nothing", None), ("DELETE", "/v1/schedules", None),
-                               ("GET", "/v1/schedules?limit=ten", None), ("GET", "/v1/occurrences/nope", None)]:
+                               ("GET", "/v1/schedules?limit=ten", None), ("GET", "/v1/occurrences/nope", None),
+                               ("GET", "/v1/schedules?target=a%00b", None)]:
         with pytest.raises(ApiError) as caught:
             await acme.request(method, path, body)
         assert 400 <= caught.value.status < 500, (method, path, caught.value)

@@ -44,6 +44,9 @@ def test_flexible_priority_gets_the_five_minute_window_by_default():
     ({"retry_base": "0s"}, "retry_base"),
     ({"flexible_window": "5m"}, "flexible_window"),
     ({"colour": "blue"}, "colour"),
+    ({"payload": {"note": "a\x00b"}}, "payload"),        # jsonb cannot store NUL: a 422, not a 500
+    ({"payload": {"a\x00": [1]}}, "payload"),
+    ({"payload": [{"deep": ["\x00"]}]}, "payload"),
 ])
 def test_invalid_requests_name_the_field(overrides, field):
     with pytest.raises(InvalidInput) as caught:
