@@ -1,6 +1,7 @@
-"""The relay loop: due outbox rows → Kafka, at least once.
+"""The relay pass: due outbox rows → Kafka, at least once.
 
-Each pass claims a batch of due rows, publishes them in partition batches,
+Each pass (:meth:`Relay.run_once`; the engine's periodic skeleton runs the
+passes, backs off after failures and logs the summary) claims a batch of due rows, publishes them in partition batches,
 waits for the broker's acknowledgements, then marks exactly the acknowledged
 rows sent (under the claim token) and releases the others for a retry. It
 records ``schedule_lag`` (enqueued_at − scheduled_for) for every marked row
@@ -14,7 +15,6 @@ before the mark republishes them (a duplicate with the same occurrence_id).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
@@ -27,7 +27,7 @@ from opentelemetry import metrics, trace
 from relay.outbox import OutboxStore
 from relay.publisher import KafkaPublisher, OutgoingRecord
 from schemas import observability as obs
-from schemas.clock import Clock, DatabaseClock, pause
+from schemas.clock import Clock, DatabaseClock
 from schemas.messages import HEADER_OCCURRENCE_ID, HEADER_TENANT
 
 log = logging.getLogger("chronoq.relay")
@@ -142,21 +142,8 @@ class Relay:
                         extra={"action": "outbox.publish_failed", "count": len(failed), "error": first_error})
         return report
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Relay until ``stop`` is set; failures back off and retry, never drop a row."""
-        while not stop.is_set():
-            try:
-                report = await self.run_once()
-            except (asyncpg.PostgresError, OSError, KafkaError) as err:
-                log.error("relay pass failed; retrying", extra={"action": "relay.error", "error": repr(err)})
-                await pause(stop, self.config.error_backoff)
-                continue
-            if report.failed:
-                await pause(stop, self.config.error_backoff)
-            elif report.claimed < self.config.batch_size:
-                await pause(stop, self.config.idle_interval)
-
     async def record_backlog(self) -> int:
+        """Record (and return) how many due outbox rows are not yet sent."""
         count = await self.store.backlog()
         self._backlog.set(count)
         return count

@@ -7,7 +7,7 @@ import asyncio
 import sys
 from typing import Any, Awaitable, Callable
 
-from engine.cli.endpoints import resolve_endpoints
+from engine.cli.endpoints import resolve_database_url
 from engine.cli import print_json
 from engine.control.dead_letters import list_dead_letters, replay_dead_letter
 from schemas.connections import create_pool
@@ -15,8 +15,7 @@ from schemas.errors import InvalidInput
 
 
 async def _with_pool(call: Callable[[Any], Awaitable[Any]]) -> Any:
-    endpoints = resolve_endpoints()
-    pool = await create_pool(endpoints.database_url, min_size=1, max_size=2)
+    pool = await create_pool(resolve_database_url(), min_size=1, max_size=2)
     try:
         return await call(pool)
     finally:

@@ -12,8 +12,12 @@ The only module that reads environment variables (all under ``CHRONOQ_``):
 - ``CHRONOQ_HOME``: where the embedded stack keeps its data and its state
   file (default ``./.chronoq``).
 
-Without the external URLs, commands other than ``up`` read the state file
-that a running ``chronoq up`` wrote.
+Each command asks for what it uses: the engine and the relay need both the
+database and Kafka (:func:`resolve_endpoints`); the API, migrations, tenant,
+schedule and dead-letter commands only the database
+(:func:`resolve_database_url`); a consumer Kafka and its own database
+(:func:`resolve_consumer_endpoints`). Without the external URLs, commands
+other than ``up`` read the state file that a running ``chronoq up`` wrote.
 """
 
 from __future__ import annotations
@@ -120,6 +124,18 @@ def resolve_endpoints(env: Mapping[str, str] | None = None) -> Endpoints:
             " CHRONOQ_KAFKA_BOOTSTRAP to use an external PostgreSQL and Kafka"
         )
     return state.endpoints
+
+
+def resolve_database_url(env: Mapping[str, str] | None = None) -> str:
+    """The engine database, for a command that needs nothing else (api, migrate, tenant, schedule, dlq).
+
+    ``CHRONOQ_DATABASE_URL`` alone is enough; without it, a running ``chronoq up``'s.
+    """
+    env = os.environ if env is None else env
+    database_url = env.get("CHRONOQ_DATABASE_URL")
+    if database_url:
+        return database_url
+    return resolve_endpoints(env).database_url
 
 
 def resolve_consumer_endpoints(env: Mapping[str, str] | None = None) -> Endpoints:

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from engine.cli.endpoints import resolve_endpoints
+from engine.cli.endpoints import resolve_database_url
 from engine.cli import print_json
 from engine.control.schedule_requests import preview_fires
 from engine.control.schedules import ControlPlane
@@ -52,8 +52,7 @@ def fields_from_flags(args: argparse.Namespace, *, create: bool) -> dict[str, An
 
 async def control_plane_call(method: str, *call_args: Any, **call_kwargs: Any) -> Any:
     """Run one ControlPlane method against the configured engine database."""
-    endpoints = resolve_endpoints()
-    pool = await create_pool(endpoints.database_url, min_size=1, max_size=2)
+    pool = await create_pool(resolve_database_url(), min_size=1, max_size=2)
     try:
         return await getattr(ControlPlane(pool), method)(*call_args, **call_kwargs)
     finally:

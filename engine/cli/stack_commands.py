@@ -1,4 +1,4 @@
-"""``chronoq up | migrate | engine | relay``: running the stack and its services."""
+"""``chronoq up | api | migrate | engine | relay``: running the stack and its roles."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from engine.cli.endpoints import (
     clear_state,
     external_endpoints,
     read_state,
+    resolve_database_url,
     resolve_endpoints,
     write_state,
 )
@@ -23,7 +24,7 @@ from engine.cli import stop_on_signals
 from engine.api.server import bind
 from engine.cli.consume_command import consumer_config
 from engine.control.schedules import ControlPlane
-from engine.loops.service import ServiceConfig, migrate, run_services
+from engine.loops.service import ALL_ROLES, ENGINE_ROLES, Role, ServiceConfig, migrate, run_services
 from engine.cli.embedded.stack import EmbeddedStack, Endpoints
 from engine.control.tenants import create_tenant
 from consumers.printer import printing_consumer
@@ -66,7 +67,7 @@ async def _up(demo: bool, api_host: str, api_port: int) -> int:
         if applied:
             print(f"  migrated:  {', '.join(applied)}", flush=True)
         tasks = [asyncio.create_task(run_services(endpoints.database_url, endpoints.kafka_bootstrap, stop,
-                                                  ServiceConfig(api_socket=api_socket, run_commands=True)),
+                                                  ServiceConfig(roles=ALL_ROLES, api_socket=api_socket)),
                                      name="services")]
         if demo:
             tasks.append(asyncio.create_task(_run_demo(endpoints, stop), name="demo"))
@@ -132,38 +133,34 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def cmd_api(args: argparse.Namespace) -> int:
     configure_telemetry("chronoq-api")
-    endpoints = resolve_endpoints()
+    database_url = resolve_database_url()   # the API needs no Kafka
 
     async def main() -> None:
         stop = asyncio.Event()
         stop_on_signals(stop)
         sock = bind_api(args.api_host, args.api_port)
         print("chronoq api on http://{}:{}".format(*sock.getsockname()[:2]), flush=True)
-        await run_services(endpoints.database_url, endpoints.kafka_bootstrap, stop,
-                           ServiceConfig(run_materializer=False, run_relay=False, run_attempts=False,
-                                         run_reaper=False, run_overlap_gate=False, api_socket=sock))
+        await run_services(database_url, None, stop, ServiceConfig(roles=frozenset({Role.API}), api_socket=sock))
 
     asyncio.run(main())
     return 0
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    applied = asyncio.run(migrate(resolve_endpoints().database_url))
+    applied = asyncio.run(migrate(resolve_database_url()))
     print("applied: " + ", ".join(applied) if applied else "database is up to date")
     return 0
 
 
-def run_component(materializer: bool, relay: bool) -> int:
-    configure_telemetry("chronoq-engine" if materializer else "chronoq-relay")
+def run_roles(roles: frozenset[Role], service_name: str) -> int:
+    """Run ``roles`` against the configured stack until SIGINT/SIGTERM."""
+    configure_telemetry(service_name)
     endpoints = resolve_endpoints()
 
     async def main() -> None:
         stop = asyncio.Event()
         stop_on_signals(stop)
-        await run_services(endpoints.database_url, endpoints.kafka_bootstrap, stop,
-                           ServiceConfig(run_materializer=materializer, run_relay=relay,
-                                         run_commands=materializer, run_attempts=materializer,
-                                         run_reaper=materializer, run_overlap_gate=materializer))
+        await run_services(endpoints.database_url, endpoints.kafka_bootstrap, stop, ServiceConfig(roles=roles))
 
     asyncio.run(main())
     return 0
@@ -174,16 +171,38 @@ def _api_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-port", type=int, default=8080, help="port of the HTTP API (default 8080; 0 = any)")
 
 
+ENGINE_DESCRIPTION = """\
+Run the engine's loops against the configured stack (CHRONOQ_DATABASE_URL and
+CHRONOQ_KAFKA_BOOTSTRAP, or a running `chronoq up`) until SIGINT or SIGTERM:
+
+  materializer   due schedules -> occurrences and outbox rows
+  attempts       apply consumers' attempt events from chronoq.attempts
+  reaper         time out expired attempt leases: retry or dead-letter
+  overlap-gate   dispatch, hold or skip occurrences of skip_if_running/queue_one schedules
+  commands       apply signed scheduling commands from chronoq.commands
+
+The relay (outbox -> Kafka) and the HTTP API run as their own processes:
+`chronoq relay` and `chronoq api`. Several engine processes may run at once."""
+
+
 def register(commands: argparse._SubParsersAction) -> None:
-    up = commands.add_parser("up", help="start the embedded PostgreSQL + Kafka, the engine and the relay")
+    up = commands.add_parser("up", help="start the embedded PostgreSQL + Kafka and every role: engine loops,"
+                             " relay, HTTP API")
     up.add_argument("--demo", action="store_true", help="also create demo schedules and print what they fire")
     _api_flags(up)
     up.set_defaults(func=cmd_up)
-    api = commands.add_parser("api", help="serve the HTTP API against the configured stack")
+    api = commands.add_parser("api", help="serve the HTTP API (needs only the database)",
+                              description="Serve the HTTP API against the configured engine database"
+                              " (CHRONOQ_DATABASE_URL, or a running `chronoq up`); it needs no Kafka.")
     _api_flags(api)
     api.set_defaults(func=cmd_api)
     commands.add_parser("migrate", help="apply the engine's database migrations").set_defaults(func=cmd_migrate)
-    commands.add_parser("engine", help="run the materializer against the configured stack").set_defaults(
-        func=lambda args: run_component(materializer=True, relay=False))
-    commands.add_parser("relay", help="run the outbox relay against the configured stack").set_defaults(
-        func=lambda args: run_component(materializer=False, relay=True))
+    commands.add_parser(
+        "engine", help="run the engine loops: materializer, attempts, reaper, overlap gate, commands",
+        description=ENGINE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+    ).set_defaults(func=lambda args: run_roles(ENGINE_ROLES, "chronoq-engine"))
+    commands.add_parser(
+        "relay", help="run the outbox relay: due outbox rows -> Kafka",
+        description="Publish due outbox rows to Kafka, at least once, against the configured stack"
+        " (CHRONOQ_DATABASE_URL and CHRONOQ_KAFKA_BOOTSTRAP, or a running `chronoq up`).",
+    ).set_defaults(func=lambda args: run_roles(frozenset({Role.RELAY}), "chronoq-relay"))

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 from dataclasses import fields
 
-from engine.cli.endpoints import resolve_endpoints
+from engine.cli.endpoints import resolve_database_url
 from engine.cli import print_json
 from engine.control.quotas import TenantQuotas
 from engine.control.tenants import create_tenant
@@ -18,7 +18,7 @@ def cmd_create(args: argparse.Namespace) -> int:
                              if getattr(args, f.name) is not None})
 
     async def main() -> dict:
-        pool = await create_pool(resolve_endpoints().database_url, min_size=1, max_size=1)
+        pool = await create_pool(resolve_database_url(), min_size=1, max_size=1)
         try:
             return (await create_tenant(pool, args.name, quotas)).to_json()
         finally:

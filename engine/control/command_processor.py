@@ -16,7 +16,9 @@ Services produce signed commands to ``chronoq.commands`` (format in
    effect), stores the outcome and queues the result for
    ``chronoq.command-results`` in the outbox. A replayed or redelivered
    command finds its id recorded and is answered with the stored outcome;
-5. commits the Kafka offset only after that transaction committed.
+5. commits the Kafka offset only after that transaction committed (the Kafka
+   processor skeleton, :mod:`engine.loops.kafka_processor`, one record at a
+   time: a database error reads the same command again after a backoff).
 """
 
 from __future__ import annotations
@@ -24,19 +26,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Sequence
 
 import asyncpg
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import CommitFailedError
 from aiokafka.structs import ConsumerRecord
 from opentelemetry import metrics
 
 from engine.control.schedules import ControlPlane
+from engine.loops.kafka_processor import KafkaLoopSettings, KafkaProcessorLoop
+from engine.loops.reporting import SUMMARY_EVERY
 from schemas import observability as obs
-from schemas.clock import pause
 from schemas.commands import (
     HEADER_SIGNATURE,
     Command,
@@ -47,11 +49,7 @@ from schemas.commands import (
 from schemas.errors import ChronoqError
 from schemas.messages import MalformedMessage
 from schemas.queries import load_queries
-from schemas.topics import (
-    COMMAND_RESULTS_TOPIC,
-    COMMANDS_TOPIC,
-    create_missing_topics,
-)
+from schemas.topics import COMMAND_RESULTS_TOPIC, COMMANDS_TOPIC
 
 SQL = load_queries("control_plane")
 log = logging.getLogger("chronoq.commands")
@@ -96,7 +94,6 @@ class CommandProcessor:
         self.config = config or CommandConfig()
         meter = meter or obs.get_meter("engine")
         self._processed = meter.create_counter(obs.COMMANDS_PROCESSED, unit="1")
-        self._consumer: AIOKafkaConsumer | None = None
 
     async def process(self, record: ConsumerRecord) -> CommandResult:
         """Apply one command record at most once and queue its result; return the result."""
@@ -168,41 +165,18 @@ class CommandProcessor:
         await conn.execute(SQL["insert_topic_message"], result.tenant_id or "", COMMAND_RESULTS_TOPIC,
                            str(result.command_id).encode(), result.encode(), self.control.clock.now())
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Consume chronoq.commands until ``stop``; offsets follow the database commits."""
-        await create_missing_topics(self.kafka_bootstrap, [COMMANDS_TOPIC, COMMAND_RESULTS_TOPIC])
-        group = self.config.group or f"chronoq-engine-commands.{await self.pool.fetchval(SQL['current_database'])}"
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.kafka_bootstrap, group_id=group,
-            enable_auto_commit=False, auto_offset_reset="earliest",
-            session_timeout_ms=int(self.config.session_timeout * 1000),
-            heartbeat_interval_ms=int(self.config.heartbeat_interval * 1000))
-        await consumer.start()
-        consumer.subscribe([COMMANDS_TOPIC])   # after start: start() with topics waits for the first join
-        try:
-            while not stop.is_set():
-                batches = await consumer.getmany(timeout_ms=200)
-                for tp, records in batches.items():
-                    await self._process_partition(consumer, tp, records, stop)
-        finally:
-            await consumer.stop()
-
-    async def _process_partition(self, consumer: AIOKafkaConsumer, tp: TopicPartition,
-                                 records: list[ConsumerRecord], stop: asyncio.Event) -> None:
-        done: int | None = None
+    async def handle_records(self, records: Sequence[ConsumerRecord]) -> dict[str, int]:
+        """The Kafka skeleton's unit: one command record (a database error reads it again later)."""
+        counts: Counter[str] = Counter()
         for record in records:
-            try:
-                await self.process(record)
-            except (asyncpg.PostgresError, OSError) as err:
-                # Database trouble: not the command's fault. Re-read it after a pause.
-                log.error("command processing failed; retrying", extra={"action": "command.retry",
-                                                                         "error": repr(err)})
-                consumer.seek(tp, record.offset)
-                await pause(stop, 1.0)
-                break
-            done = record.offset + 1
-        if done is not None:
-            try:
-                await consumer.commit({tp: done})
-            except CommitFailedError:
-                pass  # rebalanced away: the next owner re-reads; commands dedupe by id
+            counts[(await self.process(record)).status] += 1
+        return dict(counts)
+
+    async def run(self, stop: asyncio.Event, summary_every: float = SUMMARY_EVERY) -> None:
+        """Consume chronoq.commands until ``stop``; offsets follow the database commits."""
+        cfg = self.config
+        group = cfg.group or f"chronoq-engine-commands.{await self.pool.fetchval(SQL['current_database'])}"
+        settings = KafkaLoopSettings(group, COMMANDS_TOPIC, (COMMANDS_TOPIC, COMMAND_RESULTS_TOPIC),
+                                     cfg.session_timeout, cfg.heartbeat_interval, summary_every=summary_every)
+        await KafkaProcessorLoop("commands", self.kafka_bootstrap, settings, self.handle_records, log,
+                                 unit="record").run(stop)

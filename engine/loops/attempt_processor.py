@@ -6,7 +6,8 @@ Everything an event changes is written in that transaction; the Kafka offset
 is committed after it, so a crash in between re-applies events, which are
 idempotent. An event that fails on a database constraint is logged and
 skipped, never blocking its partition; an undecodable record is counted as
-poison and skipped.
+poison and skipped. Joining, offsets, backoff and the summary line are the
+Kafka processor skeleton's (:mod:`engine.loops.kafka_processor`).
 """
 
 from __future__ import annotations
@@ -14,21 +15,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Sequence
+from typing import Sequence
 
 import asyncpg
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import CommitFailedError, KafkaError
+from aiokafka.structs import ConsumerRecord
 from opentelemetry import metrics, trace
 
 from engine.loops.attempt_ledger import SQL, AttemptLedger, AttemptMetrics, AttemptStats, Verdict
+from engine.loops.kafka_processor import KafkaLoopSettings, KafkaProcessorLoop
+from engine.loops.reporting import SUMMARY_EVERY
 from schemas import observability as obs
 from schemas.attempt_events import AttemptEvent, decode_attempt_event
-from schemas.clock import Clock, DatabaseClock, pause
+from schemas.clock import Clock, DatabaseClock
+from schemas.error_classification import is_transient
 from schemas.messages import MalformedMessage
-from schemas.topics import ATTEMPTS_TOPIC, DEFAULT_PARTITIONS, create_missing_topics
+from schemas.topics import ATTEMPTS_TOPIC, DEFAULT_PARTITIONS
 
 log = logging.getLogger("chronoq.attempts")
 
@@ -77,7 +81,12 @@ class AttemptProcessor:
         self.ledger = AttemptLedger(self.clock, rng or random.Random(), self.meters, self.stats)
 
     async def apply_events(self, batch: Sequence[AttemptEvent]) -> list[Verdict]:
-        """Apply events in order, in one transaction; each event is all-or-nothing (a savepoint)."""
+        """Apply events in order, in one transaction; each event is all-or-nothing (a savepoint).
+
+        A transient error (the database is away, a deadlock) fails the whole batch, which is read
+        again; any other database error fails only its event, which is logged and skipped so it
+        never blocks the partition.
+        """
         verdicts: list[Verdict] = []
         with self.tracer.start_as_current_span(obs.SPAN_ATTEMPT_EVENTS) as span:
             span.set_attribute("chronoq.events", len(batch))
@@ -87,9 +96,9 @@ class AttemptProcessor:
                     try:
                         async with conn.transaction():
                             verdict = await self.ledger.apply(conn, event, now)
-                    except (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError):
-                        raise
                     except asyncpg.PostgresError as err:
+                        if is_transient(err):
+                            raise
                         # A bug or a constraint this event violates: do not let it block the partition.
                         log.error("attempt event could not be applied; skipped",
                                   extra={"action": "attempt.apply_failed", "occurrence_id": str(event.occurrence_id),
@@ -101,62 +110,30 @@ class AttemptProcessor:
             self.ledger.fenced(event, verdict)
         return verdicts
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Consume attempt events until ``stop`` is set; the offset is committed after the database."""
-        if self.kafka_bootstrap is None:
-            raise ValueError("AttemptProcessor.run needs kafka_bootstrap")
-        cfg = self.config
-        await create_missing_topics(self.kafka_bootstrap, [ATTEMPTS_TOPIC], cfg.partitions)
-        group = cfg.group or f"chronoq-engine-attempts.{await self.pool.fetchval(SQL['current_database'])}"
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.kafka_bootstrap, group_id=group,
-            enable_auto_commit=False, auto_offset_reset="earliest", max_poll_records=cfg.max_poll_records,
-            session_timeout_ms=int(cfg.session_timeout * 1000),
-            heartbeat_interval_ms=int(cfg.heartbeat_interval * 1000),
-        )
-        await consumer.start()
-        consumer.subscribe([ATTEMPTS_TOPIC])   # after start: start() with topics waits for the first join
-        stopped = asyncio.create_task(stop.wait())
-        try:
-            while not stop.is_set():
-                # A group's first join can take seconds: never make shutdown wait for it.
-                fetch = asyncio.create_task(consumer.getmany(timeout_ms=200))
-                await asyncio.wait({fetch, stopped}, return_when=asyncio.FIRST_COMPLETED)
-                if not fetch.done():
-                    fetch.cancel()
-                    await asyncio.gather(fetch, return_exceptions=True)
-                    break
-                for tp, records in fetch.result().items():
-                    if not await self._apply_records(consumer, tp, records, stop):
-                        break
-        finally:
-            stopped.cancel()
-            await consumer.stop()
-
-    async def _apply_records(self, consumer: AIOKafkaConsumer, tp: TopicPartition, records: list[Any],
-                             stop: asyncio.Event) -> bool:
+    async def handle_records(self, records: Sequence[ConsumerRecord]) -> dict[str, int]:
+        """Decode a partition's records (undecodable ones are counted as poison and skipped) and apply them."""
         batch: list[AttemptEvent] = []
+        poison = 0
         for record in records:
             try:
                 batch.append(decode_attempt_event(record.value))
             except MalformedMessage as err:
+                poison += 1
                 self.stats.poison += 1
                 self.meters.poison.add(1, {"topic": ATTEMPTS_TOPIC})
                 log.error("undecodable attempt event skipped",
-                          extra={"action": "attempt.poison", "partition": tp.partition, "offset": record.offset,
+                          extra={"action": "attempt.poison", "partition": record.partition, "offset": record.offset,
                                  "error": str(err)})
-        try:
-            if batch:
-                await self.apply_events(batch)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
-            log.error("applying attempt events failed; will read them again",
-                      extra={"action": "attempt.batch_failed", "error": repr(err)})
-            consumer.seek(tp, records[0].offset)
-            await pause(stop, self.config.error_backoff)
-            return False
-        try:
-            await consumer.commit({tp: records[-1].offset + 1})
-        except (CommitFailedError, KafkaError) as err:
-            log.warning("attempt offset commit refused (rebalance); events will be re-applied, idempotently",
-                        extra={"action": "attempt.commit_failed", "error": repr(err)})
-        return True
+        verdicts = await self.apply_events(batch) if batch else []
+        return {**Counter(verdict.value for verdict in verdicts), **({"poison": poison} if poison else {})}
+
+    async def run(self, stop: asyncio.Event, summary_every: float = SUMMARY_EVERY) -> None:
+        """Consume attempt events until ``stop`` is set; the offset is committed after the database."""
+        if self.kafka_bootstrap is None:
+            raise ValueError("AttemptProcessor.run needs kafka_bootstrap")
+        cfg = self.config
+        group = cfg.group or f"chronoq-engine-attempts.{await self.pool.fetchval(SQL['current_database'])}"
+        settings = KafkaLoopSettings(group, ATTEMPTS_TOPIC, (ATTEMPTS_TOPIC,), cfg.session_timeout,
+                                     cfg.heartbeat_interval, cfg.max_poll_records, cfg.partitions, cfg.error_backoff,
+                                     summary_every)
+        await KafkaProcessorLoop("attempts", self.kafka_bootstrap, settings, self.handle_records, log).run(stop)

@@ -26,10 +26,12 @@ from typing import Any, Mapping
 import asyncpg
 from opentelemetry import metrics, trace
 
+from engine.loops.periodic import LoopTiming, PassOutcome, PeriodicLoop
+from engine.loops.reporting import SUMMARY_EVERY
 from engine.rules import timing
 from engine.loops.overlap_gate import OVERLAP_GATE_TOKEN
 from schemas import observability as obs
-from schemas.clock import Clock, DatabaseClock, pause
+from schemas.clock import Clock, DatabaseClock
 from schemas.identity import occurrence_id
 from schemas.messages import OccurrenceMessage
 from schemas.queries import load_queries
@@ -201,19 +203,21 @@ class Materializer:
         return decision.next_run_at
 
     async def record_backlog(self) -> int:
+        """Record (and return) how many active schedules are already due: work not caught up with."""
         count = await self.pool.fetchval(SQL["due_backlog"], self.clock.now())
         self._backlog.set(count)
         return count
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Materialize until ``stop`` is set; database errors are logged and retried."""
-        while not stop.is_set():
-            try:
-                report = await self.run_once()
-            except (asyncpg.PostgresError, OSError) as err:
-                log.error("materializer pass failed; retrying", extra={"action": "materializer.error",
-                                                                        "error": repr(err)})
-                await pause(stop, 1.0)
-                continue
-            if report.schedules < self.config.batch_size:
-                await pause(stop, self.config.idle_interval)
+    async def run_pass(self) -> PassOutcome:
+        report = await self.run_once()
+        return PassOutcome({"schedules": report.schedules, "occurrences": report.occurrences,
+                            "missed": report.missed + report.missed_unlisted, "conflicts": report.conflicts},
+                           more=report.schedules >= self.config.batch_size)
+
+    async def run(self, stop: asyncio.Event, summary_every: float = SUMMARY_EVERY) -> None:
+        """Materialize until ``stop`` is set (the periodic skeleton: errors are logged and retried)."""
+        timing = LoopTiming(self.config.idle_interval, summary_every=summary_every)
+        await PeriodicLoop("materializer", self.run_pass, timing, log, gauges=self._gauges).run(stop)
+
+    async def _gauges(self) -> dict[str, int]:
+        return {"backlog": await self.record_backlog()}

@@ -34,9 +34,11 @@ from dataclasses import dataclass, field
 import asyncpg
 from opentelemetry import metrics
 
+from engine.loops.periodic import LoopTiming, PassOutcome, PeriodicLoop
+from engine.loops.reporting import SUMMARY_EVERY
 from engine.rules.overlap_policy import decide_overlap
 from schemas import observability as obs
-from schemas.clock import Clock, DatabaseClock, pause
+from schemas.clock import Clock, DatabaseClock
 from schemas.queries import load_queries
 
 SQL = load_queries("attempts")
@@ -110,15 +112,12 @@ class OverlapGate:
             self._skips.add(len(report.skipped))
         return report
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Decide held deliveries until ``stop`` is set; database errors are logged and retried."""
-        while not stop.is_set():
-            try:
-                report = await self.run_once()
-            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
-                log.error("overlap gate pass failed; retrying", extra={"action": "overlap.error",
-                                                                        "error": repr(err)})
-                await pause(stop, 1.0)
-                continue
-            if report.schedules < self.config.batch_size:
-                await pause(stop, self.config.interval)
+    async def run_pass(self) -> PassOutcome:
+        report = await self.run_once()
+        return PassOutcome({"dispatched": len(report.dispatched), "skipped": len(report.skipped),
+                            "held": report.held}, more=report.schedules >= self.config.batch_size)
+
+    async def run(self, stop: asyncio.Event, summary_every: float = SUMMARY_EVERY) -> None:
+        """Decide held deliveries until ``stop`` is set (the periodic skeleton: errors are logged and retried)."""
+        timing = LoopTiming(self.config.interval, summary_every=summary_every)
+        await PeriodicLoop("overlap-gate", self.run_pass, timing, log).run(stop)

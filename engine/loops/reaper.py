@@ -35,8 +35,10 @@ from engine.loops.attempt_ledger import (
     AttemptStats,
     Failure,
 )
+from engine.loops.periodic import LoopTiming, PassOutcome, PeriodicLoop
+from engine.loops.reporting import SUMMARY_EVERY
 from schemas import observability as obs
-from schemas.clock import Clock, DatabaseClock, pause
+from schemas.clock import Clock, DatabaseClock
 
 log = logging.getLogger("chronoq.reaper")
 
@@ -67,6 +69,7 @@ class Reaper:
         self._dlq_size = meter.create_gauge(obs.DLQ_SIZE, unit="1")
         self.ledger = AttemptLedger(self.clock, rng or random.Random(), self.meters, self.stats)
         self._passes = 0
+        self.dead_letters = 0
 
     async def run_once(self) -> int:
         """Time out one batch of expired leases; return how many."""
@@ -97,17 +100,18 @@ class Reaper:
         await self.pool.execute(SQL["prune_retry_usage"], self.clock.now())
         return size
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Reap until ``stop`` is set; database errors are logged and retried."""
-        while not stop.is_set():
-            try:
-                if self._passes % self.config.housekeeping_every == 0:
-                    await self.housekeeping()
-                self._passes += 1
-                reaped = await self.run_once()
-            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
-                log.error("reaper pass failed; retrying", extra={"action": "reaper.error", "error": repr(err)})
-                await pause(stop, self.config.interval)
-                continue
-            if reaped < self.config.batch_size:
-                await pause(stop, self.config.interval)
+    async def run_pass(self) -> PassOutcome:
+        """Housekeeping every ``housekeeping_every`` passes, then one batch of expired leases."""
+        if self._passes % self.config.housekeeping_every == 0:
+            self.dead_letters = await self.housekeeping()
+        self._passes += 1
+        reaped = await self.run_once()
+        return PassOutcome({"timed_out": reaped}, more=reaped >= self.config.batch_size)
+
+    async def run(self, stop: asyncio.Event, summary_every: float = SUMMARY_EVERY) -> None:
+        """Reap until ``stop`` is set (the periodic skeleton: errors are logged and retried)."""
+        timing = LoopTiming(self.config.interval, error_backoff=self.config.interval, summary_every=summary_every)
+        await PeriodicLoop("reaper", self.run_pass, timing, log, gauges=self._gauges).run(stop)
+
+    async def _gauges(self) -> dict[str, int]:
+        return {"dead_letters": self.dead_letters}   # measured by the last housekeeping

@@ -1,9 +1,14 @@
-"""Running the engine's loops (materializer, HTTP API) and the relay in one process.
+"""Running a process's roles: the engine's loops, the relay and the HTTP API, until stopped.
 
-``chronoq up`` runs them all beside the embedded stack; ``chronoq engine``,
-``chronoq relay`` and ``chronoq api`` run one each against external endpoints
-(the production shape in compose.yaml). Each loop stops when the shared stop
-event is set.
+A process runs a set of :class:`Role` values. ``chronoq up`` runs every role
+beside the embedded stack; in the production shape (compose.yaml) ``chronoq
+engine`` runs :data:`ENGINE_ROLES`, ``chronoq relay`` the relay and ``chronoq
+api`` the API, each against external endpoints. A process opens only what
+its roles use: the API alone needs the database and no Kafka bootstrap.
+
+Every role runs as one task; they share one connection pool and one stop
+event. When any of them ends (or fails to start), the others are stopped and
+everything opened is closed.
 """
 
 from __future__ import annotations
@@ -13,15 +18,19 @@ import logging
 import socket
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from enum import Enum
+from typing import Awaitable, Callable
 
 from engine.api.app import Api
 from engine.api.server import serve as serve_api
-from engine.loops.attempt_processor import AttemptProcessor, AttemptProcessorConfig
 from engine.control.command_processor import CommandConfig, CommandProcessor
 from engine.control.schedules import ControlPlane
+from engine.loops.attempt_processor import AttemptProcessor, AttemptProcessorConfig
 from engine.loops.materializer import Materializer, MaterializerConfig
 from engine.loops.overlap_gate import OverlapGate, OverlapGateConfig
+from engine.loops.periodic import LoopTiming, PassOutcome, PeriodicLoop
 from engine.loops.reaper import Reaper, ReaperConfig
+from engine.loops.reporting import SUMMARY_EVERY
 from relay.dispatcher import Relay, RelayConfig
 from relay.publisher import KafkaPublisher, PublisherConfig
 from schemas.clock import Clock, DatabaseClock
@@ -31,21 +40,56 @@ from schemas.migrations import apply_migrations
 log = logging.getLogger("chronoq.service")
 
 
+class Role(Enum):
+    """One thing a chronoq process can run."""
+
+    MATERIALIZER = "materializer"   # due schedules -> occurrences + outbox rows
+    ATTEMPTS = "attempts"           # apply attempt events from consumers (chronoq.attempts)
+    REAPER = "reaper"               # time out expired attempt leases: retry or dead-letter
+    OVERLAP_GATE = "overlap-gate"   # dispatch, hold or skip deliveries of skip_if_running/queue_one schedules
+    COMMANDS = "commands"           # apply signed scheduling commands (chronoq.commands)
+    RELAY = "relay"                 # due outbox rows -> Kafka
+    API = "api"                     # the HTTP API on ServiceConfig.api_socket
+
+    @property
+    def needs_kafka(self) -> bool:
+        return self in (Role.ATTEMPTS, Role.COMMANDS, Role.RELAY)
+
+
+#: What ``chronoq engine`` runs: everything between a stored schedule and a consumer's report, except the relay.
+ENGINE_ROLES = frozenset({Role.MATERIALIZER, Role.ATTEMPTS, Role.REAPER, Role.OVERLAP_GATE, Role.COMMANDS})
+#: The occurrence pipeline without commands and API: the default of :class:`ServiceConfig`.
+PIPELINE_ROLES = frozenset({Role.MATERIALIZER, Role.ATTEMPTS, Role.REAPER, Role.OVERLAP_GATE, Role.RELAY})
+#: What ``chronoq up`` runs.
+ALL_ROLES = frozenset(Role)
+
+
 @dataclass(frozen=True)
 class ServiceConfig:
-    run_materializer: bool = True
-    run_relay: bool = True
-    api_socket: socket.socket | None = None   # serve the HTTP API on this bound socket
-    run_commands: bool = False                 # consume chronoq.commands
-    commands: CommandConfig = field(default_factory=CommandConfig)
+    """roles: what this process runs (default :data:`PIPELINE_ROLES`).
+    api_socket: the bound socket the API serves on; required with :attr:`Role.API`.
+    summary_every: seconds between each loop's one-line summary log (0: none).
+    The other fields configure one role each.
+    """
+
+    roles: frozenset[Role] = PIPELINE_ROLES
+    api_socket: socket.socket | None = None
+    summary_every: float = SUMMARY_EVERY
     materializer: MaterializerConfig = field(default_factory=MaterializerConfig)
-    relay: RelayConfig = field(default_factory=RelayConfig)
-    run_attempts: bool = True                  # consume chronoq.attempts (attempt events from consumers)
     attempts: AttemptProcessorConfig = field(default_factory=AttemptProcessorConfig)
-    run_reaper: bool = True                    # time out expired attempt leases, retry or dead-letter them
     reaper: ReaperConfig = field(default_factory=ReaperConfig)
-    run_overlap_gate: bool = True              # dispatch or skip occurrences of skip_if_running/queue_one schedules
     overlap_gate: OverlapGateConfig = field(default_factory=OverlapGateConfig)
+    commands: CommandConfig = field(default_factory=CommandConfig)
+    relay: RelayConfig = field(default_factory=RelayConfig)
+
+    def validate(self, kafka_bootstrap: str | None) -> None:
+        if not self.roles:
+            raise ValueError("give at least one role to run")
+        if (Role.API in self.roles) != (self.api_socket is not None):
+            raise ValueError("the api role and api_socket go together")
+        needing = sorted(role.value for role in self.roles if role.needs_kafka)
+        if needing and not kafka_bootstrap:
+            raise ValueError(f"{', '.join(needing)} need a Kafka bootstrap")
 
 
 async def migrate(database_url: str) -> list[str]:
@@ -58,38 +102,46 @@ async def migrate(database_url: str) -> list[str]:
         await pool.close()
 
 
-async def run_services(database_url: str, kafka_bootstrap: str, stop: asyncio.Event,
+async def run_services(database_url: str, kafka_bootstrap: str | None, stop: asyncio.Event,
                        config: ServiceConfig | None = None, clock: Clock | None = None) -> None:
-    """Run the selected loops until ``stop`` is set, then close everything they opened."""
+    """Run the configured roles until ``stop`` is set (or one of them ends), then close what they opened."""
     config = config or ServiceConfig()
+    config.validate(kafka_bootstrap)
     clock = clock or DatabaseClock()
     async with AsyncExitStack() as resources:
         pool = await create_pool(database_url, min_size=2, max_size=8)
         resources.push_async_callback(pool.close)
-        tasks: list[asyncio.Task[None]] = []
-        if config.run_materializer:
+        runs: dict[Role, Callable[[], Awaitable[None]]] = {}
+        roles, every = config.roles, config.summary_every
+        if Role.MATERIALIZER in roles:
             materializer = Materializer(pool, config.materializer, clock)
-            tasks.append(asyncio.create_task(materializer.run(stop), name="materializer"))
-        if config.run_relay:
+            runs[Role.MATERIALIZER] = lambda: materializer.run(stop, every)
+        if Role.ATTEMPTS in roles:
+            attempts = AttemptProcessor(pool, kafka_bootstrap, config.attempts, clock)
+            runs[Role.ATTEMPTS] = lambda: attempts.run(stop, every)
+        if Role.REAPER in roles:
+            reaper = Reaper(pool, config.reaper, clock)
+            runs[Role.REAPER] = lambda: reaper.run(stop, every)
+        if Role.OVERLAP_GATE in roles:
+            gate = OverlapGate(pool, config.overlap_gate, clock)
+            runs[Role.OVERLAP_GATE] = lambda: gate.run(stop, every)
+        if Role.COMMANDS in roles:
+            assert kafka_bootstrap is not None
+            commands = CommandProcessor(pool, kafka_bootstrap, ControlPlane(pool, clock), config.commands)
+            runs[Role.COMMANDS] = lambda: commands.run(stop, every)
+        if Role.RELAY in roles:
+            assert kafka_bootstrap is not None
             publisher = KafkaPublisher(PublisherConfig(kafka_bootstrap))
             await publisher.start()
             resources.push_async_callback(publisher.stop)
-            relay = Relay.create(pool, publisher, config.relay, clock)
-            tasks.append(asyncio.create_task(relay.run(stop), name="relay"))
-        if config.run_commands:
-            processor = CommandProcessor(pool, kafka_bootstrap, ControlPlane(pool, clock), config.commands)
-            tasks.append(asyncio.create_task(processor.run(stop), name="commands"))
-        if config.run_attempts:
-            attempts = AttemptProcessor(pool, kafka_bootstrap, config.attempts, clock)
-            tasks.append(asyncio.create_task(attempts.run(stop), name="attempts"))
-        if config.run_reaper:
-            tasks.append(asyncio.create_task(Reaper(pool, config.reaper, clock).run(stop), name="reaper"))
-        if config.run_overlap_gate:
-            gate = OverlapGate(pool, config.overlap_gate, clock)
-            tasks.append(asyncio.create_task(gate.run(stop), name="overlap-gate"))
-        if config.api_socket is not None:
-            api = Api(pool, ControlPlane(pool, clock))
-            tasks.append(asyncio.create_task(serve_api(api, config.api_socket, stop), name="api"))
+            relay_loop = relay_periodic_loop(Relay.create(pool, publisher, config.relay, clock), config.relay, every)
+            runs[Role.RELAY] = lambda: relay_loop.run(stop)
+        if Role.API in roles:
+            assert config.api_socket is not None
+            api, api_socket = Api(pool, ControlPlane(pool, clock)), config.api_socket
+            runs[Role.API] = lambda: serve_api(api, api_socket, stop)
+        tasks = [asyncio.create_task(run(), name=role.value) for role, run in runs.items()]
+        log.info("running %s", ", ".join(sorted(role.value for role in runs)), extra={"action": "service.start"})
         try:
             await asyncio.gather(*tasks)
         finally:
@@ -97,3 +149,17 @@ async def run_services(database_url: str, kafka_bootstrap: str, stop: asyncio.Ev
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def relay_periodic_loop(relay: Relay, config: RelayConfig, summary_every: float = SUMMARY_EVERY) -> PeriodicLoop:
+    """The relay's passes under the periodic skeleton (the relay package has no loop of its own)."""
+    async def run_pass() -> PassOutcome:
+        report = await relay.run_once()
+        return PassOutcome({"published": report.published, "failed": report.failed, "fenced": report.fenced},
+                           more=report.claimed >= config.batch_size, retry_later=report.failed > 0)
+
+    async def gauges() -> dict[str, int]:
+        return {"backlog": await relay.record_backlog()}
+
+    timing = LoopTiming(config.idle_interval, config.error_backoff, summary_every)
+    return PeriodicLoop("relay", run_pass, timing, logging.getLogger("chronoq.relay"), gauges=gauges)

@@ -53,6 +53,14 @@ async def test_bad_input_exits_non_zero_with_one_line_naming_the_field_and_write
     assert await pool.fetchval("SELECT count(*) FROM schedules") == 0
 
 
+def test_engine_help_says_what_runs_and_what_runs_elsewhere():
+    result = run(["engine", "--help"], cli_env())
+    assert result.returncode == 0
+    for role in ("materializer", "attempts", "reaper", "overlap-gate", "commands"):
+        assert f"  {role} " in result.stdout, result.stdout
+    assert "chronoq relay" in result.stdout and "chronoq api" in result.stdout
+
+
 async def test_missing_target_is_named(engine_db, kafka_bootstrap, acme):
     result = await asyncio.to_thread(run, ["schedule", "create", "--tenant", "acme", "--cron", "0 9 * * *"],
                  cli_env(engine_db, kafka_bootstrap))

@@ -22,7 +22,7 @@ import pytest
 from consumers import ConsumerApp, ConsumerConfig, Occurrence
 from engine.control.schedules import ControlPlane
 from engine.loops.materializer import MaterializerConfig
-from engine.loops.service import run_services
+from engine.loops.service import PIPELINE_ROLES, Role, run_services
 from schemas.attempt_events import decode_attempt_event
 from schemas.topics import ATTEMPTS_TOPIC
 from tests.conftest import Running, fast_services, services_running, wait_for
@@ -30,7 +30,7 @@ from tests.integration.attempt_rows import attempt_rows, due_occurrence, occurre
 from tests.kafka_reading import read_topic
 
 ROOT = Path(__file__).resolve().parents[2]
-FAST_ENGINE = fast_services(run_materializer=False)
+FAST_ENGINE = fast_services(roles=PIPELINE_ROLES - {Role.MATERIALIZER})
 
 
 @pytest.fixture

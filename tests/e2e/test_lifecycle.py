@@ -12,7 +12,7 @@ import pytest
 from consumers import ConsumerApp, ConsumerConfig, Occurrence
 from engine.api.server import bind
 from engine.client import ChronoqClient
-from engine.loops.service import run_services
+from engine.loops.service import PIPELINE_ROLES, Role, run_services
 from tests.conftest import fast_services, wait_for
 
 
@@ -21,7 +21,7 @@ async def stack(engine_db, pool, consumer_db, kafka_bootstrap, clock, acme, targ
     """Engine, relay and API on the test clock, plus a consumer recording what it applies."""
     stop = asyncio.Event()
     sock = bind("127.0.0.1", 0)
-    services = asyncio.create_task(run_services(engine_db, kafka_bootstrap, stop, fast_services(api_socket=sock),
+    services = asyncio.create_task(run_services(engine_db, kafka_bootstrap, stop, fast_services(roles=PIPELINE_ROLES | {Role.API}, api_socket=sock),
                                                 clock))
     applied: list[Occurrence] = []
     app = ConsumerApp(ConsumerConfig(f"life-{uuid.uuid4().hex[:8]}", kafka_bootstrap, consumer_db,

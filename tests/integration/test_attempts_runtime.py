@@ -20,6 +20,7 @@ from aiokafka import TopicPartition
 from consumers import ConsumerApp, ConsumerConfig, ConsumerHooks, Occurrence, PermanentError
 from consumers.attempt_reports import AttemptReporter
 from consumers.errors import InfrastructureError
+from engine.loops.service import PIPELINE_ROLES, Role
 from schemas.dead_letter_messages import decode_dead_occurrence
 from schemas.messages import MalformedMessage, ScheduleStateMessage
 from schemas.topics import DEAD_LETTER_TOPIC, SCHEDULE_STATES_TOPIC, occurrence_topic
@@ -29,7 +30,7 @@ from tests.integration.test_consumer import attempt_events, message, produce
 from tests.kafka_reading import read_topic
 
 ROOT = Path(__file__).resolve().parents[2]
-ENGINE = fast_services(run_materializer=False, run_overlap_gate=False)
+ENGINE = fast_services(roles=PIPELINE_ROLES - {Role.MATERIALIZER, Role.OVERLAP_GATE})
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from engine.client import CommandProducer, CommandResults
 from engine.control.command_processor import CommandProcessor
 from engine.control.schedules import ControlPlane
 from engine.control.tenants import create_tenant
+from engine.loops.service import PIPELINE_ROLES, Role
 from schemas.commands import HEADER_SIGNATURE, Command, sign
 from schemas.topics import COMMAND_RESULTS_TOPIC
 from tests.conftest import fast_services, services_running
@@ -119,7 +120,7 @@ async def test_stale_commands_are_refused(processor, tenants, clock, pool):
 
 async def test_commands_over_kafka_with_results_on_the_results_topic(engine_db, pool, kafka_bootstrap, tenants):
     acme, _ = tenants
-    config = fast_services(run_materializer=False, run_commands=True)
+    config = fast_services(roles=PIPELINE_ROLES - {Role.MATERIALIZER} | {Role.COMMANDS})
     async with services_running(engine_db, kafka_bootstrap, config), CommandResults(kafka_bootstrap) as results, \
             CommandProducer(kafka_bootstrap, "acme", acme.tenant.signing_key.hex()) as commands:
         garbage_first = await commands.producer.send_and_wait("chronoq.commands", b"not json", key=b"acme")

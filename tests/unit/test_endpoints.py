@@ -44,3 +44,14 @@ def test_a_consumer_needs_only_kafka_and_its_own_database():
     endpoints = stack_endpoints.resolve_consumer_endpoints({"CHRONOQ_KAFKA_BOOTSTRAP": "k:9092",
                                                      "CHRONOQ_CONSUMER_DATABASE_URL": "postgresql://app/db"})
     assert endpoints.consumer_database_url == "postgresql://app/db" and endpoints.database_url == ""
+
+
+def test_database_only_commands_need_only_the_database_url(tmp_path):
+    # chronoq api, migrate, tenant, schedule and dlq never contact Kafka: a database URL alone is enough.
+    assert stack_endpoints.resolve_database_url({"CHRONOQ_DATABASE_URL": "postgresql://db/x"}) == "postgresql://db/x"
+    state = stack_endpoints.StackState(pid=os.getpid(), database_url="postgresql://a", kafka_bootstrap="b:1",
+                                       consumer_database_url="postgresql://c")
+    stack_endpoints.write_state(state, tmp_path)
+    assert stack_endpoints.resolve_database_url({"CHRONOQ_HOME": str(tmp_path)}) == "postgresql://a"
+    with pytest.raises(StackError, match="CHRONOQ_DATABASE_URL"):
+        stack_endpoints.resolve_database_url({"CHRONOQ_KAFKA_BOOTSTRAP": "k:9092"})

@@ -1,0 +1,142 @@
+"""The skeleton of every Kafka-consuming processor of the engine: attempt events and commands.
+
+A processor supplies ``handle(records)``: apply some records of one partition
+in the engine database and return counts for the summary.
+:class:`KafkaProcessorLoop` supplies the rest, written once:
+
+* **joining**: topics are created if missing, the group is joined with
+  auto-commit off, and the subscription is made after ``start()`` (``start()``
+  with topics waits for the first join, which can take seconds);
+* **stop**: every fetch is raced against the stop event, so shutdown never
+  waits for a group join or a long poll;
+* **units**: ``unit="batch"`` hands a partition's fetched records to
+  ``handle`` at once (the attempt processor applies them in one
+  transaction); ``unit="record"`` hands them one by one (the command
+  processor applies each command in its own transaction);
+* **offsets after the database**: a partition's offset is committed only
+  past the units ``handle`` returned from, so a crash in between re-applies
+  them (handlers are idempotent). A refused commit (a rebalance) is logged;
+  the next owner re-reads and re-applies, idempotently;
+* **errors**: a unit that raises is logged
+  (:func:`engine.loops.reporting.log_failure`: a warning when transient, an
+  error with its traceback otherwise), its partition is rewound to it and the
+  loop waits ``error_backoff`` before reading it again: nothing fetched is
+  skipped. Other partitions of the same fetch are still processed;
+* **a one-line summary** every ``summary_every`` seconds
+  (:class:`engine.loops.reporting.LoopSummary`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Literal, Mapping, Sequence
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import CommitFailedError, KafkaError
+from aiokafka.structs import ConsumerRecord
+
+from engine.loops.reporting import SUMMARY_EVERY, LoopSummary, log_failure
+from schemas.clock import pause
+from schemas.topics import DEFAULT_PARTITIONS, create_missing_topics
+
+Handle = Callable[[Sequence[ConsumerRecord]], Awaitable[Mapping[str, int]]]
+
+
+@dataclass(frozen=True)
+class KafkaLoopSettings:
+    """group: the consumer group. topic: the topic consumed; create: topics created if missing (with
+    ``partitions``). session_timeout / heartbeat_interval: group membership timing (s).
+    max_poll_records: records fetched at most per partition and poll (None: aiokafka's default).
+    error_backoff: seconds before a failed unit is read again. summary_every: seconds between summary lines.
+    """
+
+    group: str
+    topic: str
+    create: tuple[str, ...]
+    session_timeout: float
+    heartbeat_interval: float
+    max_poll_records: int | None = None
+    partitions: int = DEFAULT_PARTITIONS
+    error_backoff: float = 1.0
+    summary_every: float = SUMMARY_EVERY
+
+
+class KafkaProcessorLoop:
+    """Consumes ``settings.topic`` and hands records to ``handle`` (see the module docstring)."""
+
+    def __init__(self, name: str, bootstrap: str, settings: KafkaLoopSettings, handle: Handle,
+                 log: logging.Logger, unit: Literal["batch", "record"] = "batch",
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.name = name
+        self.bootstrap = bootstrap
+        self.settings = settings
+        self.handle = handle
+        self.log = log
+        self.unit = unit
+        self.summary = LoopSummary(name, log, settings.summary_every, monotonic=monotonic)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        cfg = self.settings
+        await create_missing_topics(self.bootstrap, list(cfg.create), cfg.partitions)
+        options = {"max_poll_records": cfg.max_poll_records} if cfg.max_poll_records is not None else {}
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap, group_id=cfg.group, enable_auto_commit=False,
+            auto_offset_reset="earliest", session_timeout_ms=int(cfg.session_timeout * 1000),
+            heartbeat_interval_ms=int(cfg.heartbeat_interval * 1000), **options,
+        )
+        await consumer.start()
+        consumer.subscribe([cfg.topic])   # after start: start() with topics waits for the first join
+        stopped = asyncio.create_task(stop.wait())
+        try:
+            while not stop.is_set():
+                fetched = await self._fetch(consumer, stopped, stop)
+                for tp, records in (fetched or {}).items():
+                    await self.process(consumer, tp, records, stop)
+                await self.summary.maybe_log()
+        finally:
+            stopped.cancel()
+            await consumer.stop()
+
+    async def _fetch(self, consumer: AIOKafkaConsumer, stopped: asyncio.Task[bool],
+                     stop: asyncio.Event) -> dict[TopicPartition, list[ConsumerRecord]] | None:
+        """One poll, or None when stop came first or the poll failed (then after error_backoff)."""
+        fetch = asyncio.create_task(consumer.getmany(timeout_ms=200))
+        await asyncio.wait({fetch, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not fetch.done():
+            fetch.cancel()
+            await asyncio.gather(fetch, return_exceptions=True)
+            return None
+        try:
+            return fetch.result()
+        except Exception as err:  # noqa: BLE001 - a failed poll must not end the loop
+            self.summary.add({"errors": 1})
+            log_failure(self.log, self.name, err, self.settings.error_backoff)
+            await pause(stop, self.settings.error_backoff)
+            return None
+
+    async def process(self, consumer: AIOKafkaConsumer, tp: TopicPartition, records: Sequence[ConsumerRecord],
+                      stop: asyncio.Event) -> None:
+        """Handle one partition's records unit by unit; commit past what was handled."""
+        units = [records] if self.unit == "batch" else [[record] for record in records]
+        done: int | None = None
+        for unit in units:
+            try:
+                counts = await self.handle(unit)
+            except Exception as err:  # noqa: BLE001 - the unit is read again after the backoff
+                self.summary.add({"errors": 1})
+                log_failure(self.log, self.name, err, self.settings.error_backoff)
+                consumer.seek(tp, unit[0].offset)
+                await pause(stop, self.settings.error_backoff)
+                break
+            self.summary.add({"records": len(unit), **counts})
+            done = unit[-1].offset + 1
+        if done is None:
+            return
+        try:
+            await consumer.commit({tp: done})
+        except (CommitFailedError, KafkaError) as err:
+            self.log.warning("%s offset commit refused (rebalance); the records will be re-applied, idempotently",
+                             self.name, extra={"action": f"{self.name}.commit_failed", "error": repr(err)})

@@ -1,0 +1,196 @@
+"""The loop skeletons without I/O: pacing, errors and summaries of PeriodicLoop, unit handling of the
+Kafka skeleton, and which roles a process runs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+import asyncpg
+import pytest
+from aiokafka import TopicPartition
+from aiokafka.errors import CommitFailedError
+
+from engine.loops.kafka_processor import KafkaLoopSettings, KafkaProcessorLoop
+from engine.loops.periodic import LoopTiming, PassOutcome, PeriodicLoop
+from engine.loops.reporting import LoopSummary, summary_line
+from engine.loops.service import ALL_ROLES, ENGINE_ROLES, PIPELINE_ROLES, Role, ServiceConfig
+
+TIMING = LoopTiming(idle_interval=0.25, error_backoff=2.0, summary_every=30.0)
+
+
+class FakeTime:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def scripted(*results):  # type: ignore[no-untyped-def]
+    """A pass that returns (or raises) the given results in order."""
+    queue = list(results)
+
+    async def run_pass() -> PassOutcome:
+        result = queue.pop(0)
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    return run_pass
+
+
+@pytest.mark.parametrize("result, wait", [
+    (PassOutcome({"published": 5}), 0.25),                        # less than a full batch: idle
+    (PassOutcome({"published": 5000}, more=True), 0.0),           # a full batch: at once
+    (PassOutcome({"failed": 3}, retry_later=True), 2.0),          # work left for later: back off
+    (asyncpg.exceptions.ConnectionDoesNotExistError("gone"), 2.0),  # transient: back off, keep going
+    (KeyError("a bug"), 2.0),                                     # a bug: back off, keep going
+])
+async def test_a_pass_decides_the_wait_and_no_error_ends_the_loop(result, wait) -> None:
+    loop = PeriodicLoop("relay", scripted(result), TIMING, logging.getLogger("test.loop"), monotonic=FakeTime())
+    assert await loop.step() == wait
+
+
+async def test_transient_failures_are_warnings_and_others_errors_with_traceback(caplog) -> None:
+    loop = PeriodicLoop("reaper", scripted(asyncpg.exceptions.AdminShutdownError("terminating"), ValueError("bug")),
+                        TIMING, logging.getLogger("test.loop"), monotonic=FakeTime())
+    with caplog.at_level(logging.INFO, logger="test.loop"):
+        await loop.step()
+        await loop.step()
+    transient, bug = caplog.records
+    assert (transient.levelno, transient.action, transient.transient, transient.exc_info) == (
+        logging.WARNING, "reaper.error", True, None)
+    assert (bug.levelno, bug.transient) == (logging.ERROR, False) and bug.exc_info is not None
+
+
+async def test_the_summary_line_counts_passes_since_the_last_line_with_gauges_and_errors(caplog) -> None:
+    clock = FakeTime()
+
+    async def gauges() -> dict[str, int]:
+        return {"backlog": 12}
+
+    loop = PeriodicLoop("relay", scripted(PassOutcome({"published": 3, "failed": 0}), OSError("refused"),
+                                          PassOutcome({"published": 4, "failed": 1}, retry_later=True),
+                                          PassOutcome({"published": 1, "failed": 0})),
+                        TIMING, logging.getLogger("test.loop"), gauges=gauges, monotonic=clock)
+    with caplog.at_level(logging.INFO, logger="test.loop"):
+        for _ in range(3):
+            await loop.step()
+            assert await loop.summary.maybe_log() is None      # not due yet
+        clock.now += 30
+        assert await loop.summary.maybe_log() == "relay: passes=3 published=7 failed=1 backlog=12 errors=1"
+        await loop.step()
+        clock.now += 30
+        assert await loop.summary.maybe_log() == "relay: passes=1 published=1 failed=0 backlog=12 errors=0"
+    assert [r.action for r in caplog.records if r.levelno == logging.INFO] == ["relay.summary", "relay.summary"]
+
+
+async def test_a_summary_survives_an_unreadable_gauge_and_can_be_switched_off() -> None:
+    clock = FakeTime()
+
+    async def broken() -> dict[str, int]:
+        raise OSError("database away")
+
+    summary = LoopSummary("materializer", logging.getLogger("test.loop"), 30.0, broken, clock)
+    summary.add({"passes": 2})
+    clock.now += 31
+    assert await summary.maybe_log() == "materializer: passes=2 errors=0"
+    silent = LoopSummary("materializer", logging.getLogger("test.loop"), 0, None, clock)
+    clock.now += 1000
+    assert await silent.maybe_log() is None
+
+
+def test_summary_lines_put_passes_or_records_first_and_errors_last() -> None:
+    assert summary_line("attempts", {"accepted": 2, "errors": 1, "records": 3}) == \
+        "attempts: records=3 accepted=2 errors=1"
+
+
+async def test_the_loop_stops_when_stop_is_set_even_while_waiting() -> None:
+    stop = asyncio.Event()
+    passes = 0
+
+    async def run_pass() -> PassOutcome:
+        nonlocal passes
+        passes += 1
+        stop.set()
+        return PassOutcome()
+
+    loop = PeriodicLoop("gate", run_pass, LoopTiming(idle_interval=3600), logging.getLogger("test.loop"))
+    await asyncio.wait_for(loop.run(stop), timeout=5)
+    assert passes == 1
+
+
+@dataclass
+class FakeConsumer:
+    seeks: list[tuple[TopicPartition, int]] = field(default_factory=list)
+    commits: list[dict[TopicPartition, int]] = field(default_factory=list)
+    refuse_commit: bool = False
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.seeks.append((tp, offset))
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        if self.refuse_commit:
+            raise CommitFailedError("rebalanced")
+        self.commits.append(offsets)
+
+
+@dataclass
+class Record:
+    offset: int
+    value: bytes = b""
+
+
+TP = TopicPartition("chronoq.commands", 0)
+SETTINGS = KafkaLoopSettings("group", "chronoq.commands", ("chronoq.commands",), 10.0, 3.0, error_backoff=0.0)
+
+
+def kafka_loop(handled: list[int], fail_at: int | None, unit: str) -> KafkaProcessorLoop:
+    async def handle(records) -> dict[str, int]:  # type: ignore[no-untyped-def]
+        if fail_at is not None and any(r.offset == fail_at for r in records):
+            raise asyncpg.exceptions.ConnectionDoesNotExistError("gone")
+        handled.extend(r.offset for r in records)
+        return {"applied": len(records)}
+
+    return KafkaProcessorLoop("commands", "unused:9092", SETTINGS, handle, logging.getLogger("test.loop"),
+                              unit=unit, monotonic=FakeTime())  # type: ignore[arg-type]
+
+
+async def test_record_units_commit_past_what_was_handled_and_rewind_to_the_failed_record() -> None:
+    handled: list[int] = []
+    consumer = FakeConsumer()
+    loop = kafka_loop(handled, fail_at=12, unit="record")
+    await loop.process(consumer, TP, [Record(10), Record(11), Record(12), Record(13)], asyncio.Event())  # type: ignore[arg-type]
+    assert handled == [10, 11]
+    assert consumer.seeks == [(TP, 12)] and consumer.commits == [{TP: 12}]
+    assert loop.summary.counts == {"records": 2, "applied": 2, "errors": 1}
+
+
+async def test_a_failed_batch_unit_is_read_again_from_its_first_record_and_commits_nothing() -> None:
+    handled: list[int] = []
+    consumer = FakeConsumer()
+    await kafka_loop(handled, fail_at=12, unit="batch").process(
+        consumer, TP, [Record(10), Record(11), Record(12)], asyncio.Event())  # type: ignore[arg-type]
+    assert handled == [] and consumer.seeks == [(TP, 10)] and consumer.commits == []
+
+
+async def test_a_refused_commit_is_logged_and_processing_goes_on() -> None:
+    handled: list[int] = []
+    consumer = FakeConsumer(refuse_commit=True)
+    await kafka_loop(handled, None, "batch").process(consumer, TP, [Record(1), Record(2)], asyncio.Event())  # type: ignore[arg-type]
+    assert handled == [1, 2] and consumer.seeks == []
+
+
+def test_roles_say_what_each_process_runs() -> None:
+    assert Role.RELAY not in ENGINE_ROLES and Role.API not in ENGINE_ROLES
+    assert ALL_ROLES == ENGINE_ROLES | {Role.RELAY, Role.API}
+    assert {Role.COMMANDS, Role.API}.isdisjoint(PIPELINE_ROLES)
+    ServiceConfig(roles=frozenset({Role.API}), api_socket=object()).validate(None)   # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="attempts, commands, relay need a Kafka bootstrap"):
+        ServiceConfig(roles=frozenset({Role.RELAY, Role.ATTEMPTS, Role.COMMANDS})).validate(None)
+    with pytest.raises(ValueError, match="api role and api_socket"):
+        ServiceConfig(roles=frozenset({Role.API})).validate(None)
+    with pytest.raises(ValueError, match="at least one role"):
+        ServiceConfig(roles=frozenset()).validate("k:9092")
