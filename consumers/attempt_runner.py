@@ -53,9 +53,8 @@ from schemas import observability as obs
 from schemas.attempt_events import AttemptEvent
 from schemas.clock import pause
 from schemas.messages import OccurrenceMessage
-from schemas.queries import load_queries
+from schemas.queries import CONSUMER_QUERIES
 
-SQL = load_queries("consumer")
 log = logging.getLogger("chronoq.consumer")
 
 Handler = Callable[[Occurrence, asyncpg.Connection], Awaitable[None]]
@@ -215,10 +214,12 @@ class AttemptRunner:
         transaction = conn.transaction()
         try:
             await transaction.start()
-            await conn.fetchval(SQL["limit_transaction"], _ms(cfg.lock_timeout), _ms(cfg.idle_timeout))
-            applied_at = await conn.fetchval(
-                SQL["insert_dedupe"], cfg.group, message.occurrence_id, message.schedule_id,
-                message.schedule_version, message.tenant_id, message.scheduled_for, message.attempt, token)
+            await conn.fetchval(*CONSUMER_QUERIES.limit_transaction(lock_timeout_ms=_ms(cfg.lock_timeout),
+                                                                     idle_timeout_ms=_ms(cfg.idle_timeout)))
+            applied_at = await conn.fetchval(*CONSUMER_QUERIES.insert_dedupe(
+                consumer_group=cfg.group, occurrence_id=message.occurrence_id, schedule_id=message.schedule_id,
+                schedule_version=message.schedule_version, tenant_id=message.tenant_id,
+                scheduled_for=message.scheduled_for, attempt=message.attempt, lease_token=token))
         except asyncpg.exceptions.LockNotAvailableError as err:
             await _rollback(transaction)
             raise InfrastructureError("another attempt of this occurrence holds its uncommitted dedupe row;"
@@ -338,7 +339,8 @@ class AttemptRunner:
 
     async def _duplicate(self, conn: asyncpg.Connection, message: OccurrenceMessage) -> Outcome:
         try:
-            row = await conn.fetchrow(SQL["dedupe_row"], self.config.group, message.occurrence_id)
+            row = await conn.fetchrow(*CONSUMER_QUERIES.dedupe_row(consumer_group=self.config.group,
+                                                                   occurrence_id=message.occurrence_id))
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
             raise InfrastructureError(f"app database error reading the dedupe row: {err!r}") from err
         self.stats.duplicates += 1
@@ -382,7 +384,7 @@ class AttemptRunner:
     async def _database_reachable(self) -> bool:
         try:
             async with asyncio.timeout(5):
-                await self.pool.fetchval(SQL["ping"])
+                await self.pool.fetchval(*CONSUMER_QUERIES.ping())
         except Exception:  # noqa: BLE001 - any failure means "not reachable now"
             return False
         return True

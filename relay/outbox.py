@@ -17,9 +17,7 @@ from typing import Sequence
 import asyncpg
 
 from schemas.clock import Clock
-from schemas.queries import load_queries
-
-SQL = load_queries("relay")
+from schemas.queries import QUERIES
 
 
 @dataclass(frozen=True)
@@ -54,18 +52,18 @@ class OutboxStore:
     async def claim(self, limit: int, claim_ttl: timedelta) -> Claim:
         """Claim up to ``limit`` due rows for ``claim_ttl``."""
         token = uuid.uuid4()
-        records = await self.pool.fetch(SQL["claim_due_outbox"], self.clock.now(), limit, token,
-                                         claim_ttl.total_seconds())
+        records = await self.pool.fetch(*QUERIES.claim_due_outbox(
+            now=self.clock.now(), limit=limit, token=token, claim_ttl_s=claim_ttl.total_seconds()))
         return Claim(token, [OutboxRow(**dict(r)) for r in records])
 
     async def mark_sent(self, token: uuid.UUID, ids: Sequence[int]) -> MarkResult:
         """Mark acknowledged rows sent, if this claim still holds them."""
-        row = await self.pool.fetchrow(SQL["mark_outbox_sent"], self.clock.now(), list(ids), token)
+        row = await self.pool.fetchrow(*QUERIES.mark_outbox_sent(now=self.clock.now(), ids=list(ids), token=token))
         return MarkResult(row["marked"], row["marked_at"])
 
     async def release(self, token: uuid.UUID, ids: Sequence[int], error: str) -> None:
         """Give unpublished rows back for an immediate retry."""
-        await self.pool.execute(SQL["release_outbox_claims"], list(ids), token, error[:1000])
+        await self.pool.execute(*QUERIES.release_outbox_claims(ids=list(ids), token=token, error=error[:1000]))
 
     async def backlog(self) -> int:
-        return await self.pool.fetchval(SQL["outbox_backlog"], self.clock.now())
+        return await self.pool.fetchval(*QUERIES.outbox_backlog(now=self.clock.now()))

@@ -1,35 +1,176 @@
-"""Named SQL queries, loaded once from ``schemas/queries/<room>.sql``.
+"""Named SQL queries with named parameters, loaded once from ``schemas/queries/*.sql``.
 
-Each query in a file starts with a header::
+Each query in a file starts with a header and a one-line description::
 
     -- name: claim_due_outbox
-    -- One line saying what the query does and what it guarantees.
+    -- Claims up to :limit due, unsent rows ... under claim token :token.
 
-and runs until the next header. Runtime code refers to queries by name
-(``ENGINE_SQL["claim_due_outbox"]``); no SQL is assembled at run time.
+and runs until the next header. Parameters are written ``:name``; at load
+time each distinct name becomes ``$1``, ``$2``... in order of first
+appearance (PostgreSQL casts ``::type``, string literals, quoted identifiers
+and comments are left alone). Code calls a query by name with keyword
+arguments and passes the result to asyncpg::
+
+    await conn.fetch(*QUERIES.claim_due_outbox(now=now, limit=500, token=token, claim_ttl_s=60.0))
+
+A missing or unknown parameter raises :class:`TypeError` at the call, before
+anything reaches the database. No SQL is assembled at run time.
+
+Two registries, one per database: :data:`QUERIES` (the engine database: the
+engine and the relay; every file except ``consumer.sql``) and
+:data:`CONSUMER_QUERIES` (a consumer app's own database). A name is unique
+within its registry.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from importlib import resources
 from types import MappingProxyType
-from typing import Mapping
+from typing import Any, Iterator, Mapping
 
 _HEADER = re.compile(r"^--\s*name:\s*([a-z0-9_]+)\s*$", re.MULTILINE)
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+CONSUMER_FILE = "consumer"
 
 
-def load_queries(room: str) -> Mapping[str, str]:
-    """Parse ``schemas/queries/<room>.sql`` into an immutable name → SQL mapping."""
-    text = resources.files("schemas").joinpath("queries", f"{room}.sql").read_text()
+@dataclass(frozen=True)
+class Query:
+    """One named query: ``sql`` uses ``$n``; ``params`` are the names of ``$1``, ``$2``... in order."""
+
+    name: str
+    file: str
+    sql: str
+    params: tuple[str, ...]
+
+    def __call__(self, **values: Any) -> tuple[Any, ...]:
+        """``(sql, *arguments)`` for asyncpg; TypeError naming any missing or unknown parameter."""
+        if values.keys() != set(self.params):
+            missing = [p for p in self.params if p not in values]
+            unknown = sorted(set(values) - set(self.params))
+            raise TypeError(f"query {self.name} ({self.file}.sql): "
+                            + "; ".join(part for part in (f"missing {', '.join(missing)}" if missing else "",
+                                                          f"unknown {', '.join(unknown)}" if unknown else "") if part)
+                            + f" (takes {', '.join(self.params) or 'no parameters'})")
+        return (self.sql, *(values[name] for name in self.params))
+
+
+class QuerySet(Mapping[str, Query]):
+    """Queries by name: ``queries["name"]`` or ``queries.name``."""
+
+    def __init__(self, queries: Mapping[str, Query]) -> None:
+        self._queries = MappingProxyType(dict(queries))
+
+    def __getitem__(self, name: str) -> Query:
+        return self._queries[name]
+
+    def __getattr__(self, name: str) -> Query:
+        try:
+            return self._queries[name]
+        except KeyError:
+            raise AttributeError(f"no query named {name!r}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._queries)
+
+    def __len__(self) -> int:
+        return len(self._queries)
+
+
+def bind_parameters(text: str) -> tuple[str, tuple[str, ...]]:
+    """Rewrite ``:name`` parameters to ``$n``; return the SQL and the names in ``$n`` order.
+
+    Skips string literals ('...', E'...' with '' escapes), quoted identifiers
+    ("..."), dollar-quoted strings ($tag$...$tag$), comments (-- and /* */)
+    and ``::type`` casts.
+    """
+    out: list[str] = []
+    names: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        char = text[i]
+        if char in ("'", '"'):
+            end = _quoted_end(text, i, char)
+        elif text.startswith("--", i):
+            end = text.find("\n", i)
+            end = n if end < 0 else end
+        elif text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            end = n if end < 0 else end + 2
+        elif char == "$" and (tag := re.match(r"\$[A-Za-z_]*\$", text[i:])):
+            close = text.find(tag.group(0), i + len(tag.group(0)))
+            end = n if close < 0 else close + len(tag.group(0))
+        elif text.startswith("::", i):
+            end = i + 2
+        elif char == ":" and (match := _IDENTIFIER.match(text, i + 1)):
+            name = match.group(0)
+            if name not in names:
+                names.append(name)
+            out.append(f"${names.index(name) + 1}")
+            i = match.end()
+            continue
+        else:
+            end = i + 1
+        out.append(text[i:end])
+        i = end
+    return "".join(out), tuple(names)
+
+
+def _quoted_end(text: str, start: int, quote: str) -> int:
+    i = start + 1
+    while i < len(text):
+        if text[i] == quote:
+            if text.startswith(quote * 2, i):   # '' or "" escapes the quote
+                i += 2
+                continue
+            return i + 1
+        i += 1
+    raise ValueError(f"unterminated {quote} at character {start}")
+
+
+def parse_queries(text: str, file: str) -> dict[str, Query]:
+    """The queries of one file's text."""
     parts = _HEADER.split(text)
-    queries: dict[str, str] = {}
+    queries: dict[str, Query] = {}
     # parts = [preamble, name1, body1, name2, body2, ...]
     for name, body in zip(parts[1::2], parts[2::2]):
         if name in queries:
-            raise ValueError(f"query {name!r} defined twice in {room}.sql")
-        sql = body.strip()
-        if not sql:
-            raise ValueError(f"query {name!r} in {room}.sql is empty")
-        queries[name] = sql
-    return MappingProxyType(queries)
+            raise ValueError(f"query {name!r} defined twice in {file}.sql")
+        source = body.strip()
+        if not source:
+            raise ValueError(f"query {name!r} in {file}.sql is empty")
+        if re.search(r"(?<![$\w])\$\d", _code_only(source)):
+            raise ValueError(f"query {name!r} in {file}.sql uses a positional $n parameter; name it :like_this")
+        sql, params = bind_parameters(source)
+        queries[name] = Query(name, file, sql, params)
+    return queries
+
+
+def _code_only(sql: str) -> str:
+    """The SQL without comments and literals (for the positional-parameter check)."""
+    return re.sub(r"--[^\n]*|'(?:[^']|'')*'", "", sql)
+
+
+def load_registry(files: list[str]) -> QuerySet:
+    """Every query of ``files`` (names without ``.sql``) in one registry; a name may appear once."""
+    found: dict[str, Query] = {}
+    for file in files:
+        text = resources.files("schemas").joinpath("queries", f"{file}.sql").read_text()
+        for name, query in parse_queries(text, file).items():
+            if name in found:
+                raise ValueError(f"query {name!r} is defined in both {found[name].file}.sql and {file}.sql")
+            found[name] = query
+    return QuerySet(found)
+
+
+def query_files() -> list[str]:
+    """The names of every ``schemas/queries/*.sql`` file, sorted."""
+    return sorted(entry.name[:-4] for entry in resources.files("schemas").joinpath("queries").iterdir()
+                  if entry.name.endswith(".sql"))
+
+
+#: The engine database's queries (engine and relay).
+QUERIES = load_registry([file for file in query_files() if file != CONSUMER_FILE])
+#: A consumer app's own database's queries.
+CONSUMER_QUERIES = load_registry([CONSUMER_FILE])

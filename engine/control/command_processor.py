@@ -48,10 +48,9 @@ from schemas.commands import (
 )
 from schemas.errors import ChronoqError
 from schemas.messages import MalformedMessage
-from schemas.queries import load_queries
+from schemas.queries import QUERIES
 from schemas.topics import COMMAND_RESULTS_TOPIC, COMMANDS_TOPIC
 
-SQL = load_queries("control_plane")
 log = logging.getLogger("chronoq.commands")
 
 # Ids for records too broken to carry one: stable per (topic, partition, offset).
@@ -104,7 +103,7 @@ class CommandProcessor:
             return await self._answer(CommandResult(command_id, None, "rejected",
                                                     error=_error("malformed", str(err))))
         signature = dict(record.headers or ()).get(HEADER_SIGNATURE, b"")
-        tenant = await self.pool.fetchrow(SQL["get_tenant"], command.tenant_id)
+        tenant = await self.pool.fetchrow(*QUERIES.get_tenant(tenant_id=command.tenant_id))
         if tenant is None or tenant["state"] != "active" or not signature_valid(
                 bytes(tenant["signing_key"]), record.value, signature.decode("latin-1")):
             # Same answer whether the tenant exists or not: nothing to probe.
@@ -120,10 +119,11 @@ class CommandProcessor:
     async def _apply_once(self, command: Command) -> CommandResult:
         clock_now = self.control.clock.now()
         async with self.pool.acquire() as conn, conn.transaction():
-            fresh = await conn.fetchval(SQL["claim_command"], command.command_id, command.tenant_id, command.action,
-                                        clock_now)
+            fresh = await conn.fetchval(*QUERIES.claim_command(command_id=command.command_id,
+                                                               tenant_id=command.tenant_id, action=command.action,
+                                                               now=clock_now))
             if fresh is None:
-                stored = await conn.fetchrow(SQL["command_outcome"], command.command_id)
+                stored = await conn.fetchrow(*QUERIES.command_outcome(command_id=command.command_id))
                 outcome = stored["outcome"]
                 result = CommandResult(command.command_id, stored["tenant_id"], outcome.get("status", "rejected"),
                                        outcome.get("schedule"), outcome.get("error"))
@@ -133,7 +133,8 @@ class CommandProcessor:
                     result = CommandResult(command.command_id, command.tenant_id, "applied", schedule)
                 except ChronoqError as err:
                     result = CommandResult(command.command_id, command.tenant_id, "rejected", error=_error_of(err))
-                await conn.execute(SQL["record_command_outcome"], command.command_id, result.to_json())
+                await conn.execute(*QUERIES.record_command_outcome(command_id=command.command_id,
+                                                                   outcome=result.to_json()))
             await self._queue_result(conn, result)
         self._processed.add(1, {"status": result.status, "action": command.action})
         log.info("command processed", extra={"action": "command." + result.status, "command_id": str(
@@ -162,8 +163,9 @@ class CommandProcessor:
         return result
 
     async def _queue_result(self, conn: asyncpg.Connection, result: CommandResult) -> None:
-        await conn.execute(SQL["insert_topic_message"], result.tenant_id or "", COMMAND_RESULTS_TOPIC,
-                           str(result.command_id).encode(), result.encode(), self.control.clock.now())
+        await conn.execute(*QUERIES.insert_topic_message(
+            tenant_id=result.tenant_id or "", topic=COMMAND_RESULTS_TOPIC, message_key=str(result.command_id).encode(),
+            message=result.encode(), now=self.control.clock.now()))
 
     async def handle_records(self, records: Sequence[ConsumerRecord]) -> dict[str, int]:
         """The Kafka skeleton's unit: one command record (a database error reads it again later)."""
@@ -175,7 +177,7 @@ class CommandProcessor:
     async def run(self, stop: asyncio.Event, summary_every: float = SUMMARY_EVERY) -> None:
         """Consume chronoq.commands until ``stop``; offsets follow the database commits."""
         cfg = self.config
-        group = cfg.group or f"chronoq-engine-commands.{await self.pool.fetchval(SQL['current_database'])}"
+        group = cfg.group or f"chronoq-engine-commands.{await self.pool.fetchval(*QUERIES.current_database())}"
         settings = KafkaLoopSettings(group, COMMANDS_TOPIC, (COMMANDS_TOPIC, COMMAND_RESULTS_TOPIC),
                                      cfg.session_timeout, cfg.heartbeat_interval, summary_every=summary_every)
         await KafkaProcessorLoop("commands", self.kafka_bootstrap, settings, self.handle_records, log,

@@ -30,10 +30,9 @@ from engine.control.views import dead_letter_to_json
 from schemas.clock import Clock, DatabaseClock
 from schemas.errors import Conflict, NotFound
 from schemas.messages import MalformedMessage, OccurrenceMessage, decode_occurrence, format_instant
-from schemas.queries import load_queries
+from schemas.queries import QUERIES
 from schemas.topics import occurrence_topic, partition_key
 
-SQL = load_queries("attempts")
 log = logging.getLogger("chronoq.dead_letters")
 
 
@@ -46,7 +45,8 @@ async def list_dead_letters(pool: asyncpg.Pool, tenant_id: str | None, *, limit:
     """
     limit = page_size(limit)
     after, after_id = decode_cursor(cursor)
-    rows = await pool.fetch(SQL["list_dead_letters"], tenant_id, after, after_id, limit + 1)
+    rows = await pool.fetch(*QUERIES.list_dead_letters(tenant_id=tenant_id, after_at=after, after_id=after_id,
+                                                       limit=limit + 1))
     page, next_cursor = split_page(rows, limit, key_of("finished_at", "occurrence_id"))
     return {"items": [dead_letter_to_json(r) for r in page], "next_cursor": next_cursor}
 
@@ -64,8 +64,8 @@ async def replay_dead_letter(pool: asyncpg.Pool, tenant_id: str, occurrence_id: 
     clock = clock or DatabaseClock()
     ident = as_uuid(occurrence_id, "occurrence")
     async with pool.acquire() as conn, conn.transaction():
-        now: datetime = await conn.fetchval(SQL["current_instant"], clock.now())
-        occ = await conn.fetchrow(SQL["lock_occurrence"], ident, DEFAULT_RETRY_BUDGET)
+        now: datetime = await conn.fetchval(*QUERIES.current_instant(now=clock.now()))
+        occ = await conn.fetchrow(*QUERIES.lock_occurrence(occurrence_id=ident, default_retry_budget=DEFAULT_RETRY_BUDGET))
         if occ is None or occ["tenant_id"] != tenant_id:
             raise NotFound("occurrence", occurrence_id)
         if occ["state"] != State.DEAD.value:
@@ -77,16 +77,18 @@ async def replay_dead_letter(pool: asyncpg.Pool, tenant_id: str, occurrence_id: 
                 " obsolete; fire the current version instead"
             )
         transition(State.DEAD, Event.REPLAY)
-        raw = await conn.fetchval(SQL["latest_occurrence_message"], ident, occurrence_topic(occ["target"]))
+        raw = await conn.fetchval(*QUERIES.latest_occurrence_message(occurrence_id=ident,
+                                                                     topic=occurrence_topic(occ["target"])))
         try:
             original = decode_occurrence(raw)
         except MalformedMessage as err:
             raise Conflict(f"occurrence {ident} has no stored message to replay ({err})") from err
         message: OccurrenceMessage = dataclasses.replace(original, attempt=occ["attempt_count"] + 1,
                                                          available_at=now)
-        await conn.execute(SQL["insert_outbox_row"], ident, tenant_id, occurrence_topic(occ["target"]),
-                           partition_key(tenant_id), message.encode(), now, now)
-        row = await conn.fetchrow(SQL["replay_occurrence"], ident, now)
+        await conn.execute(*QUERIES.insert_outbox_row(
+            occurrence_id=ident, tenant_id=tenant_id, topic=occurrence_topic(occ["target"]),
+            message_key=partition_key(tenant_id), message=message.encode(), due=now, now=now))
+        row = await conn.fetchrow(*QUERIES.replay_occurrence(occurrence_id=ident, now=now))
     log.info("dead letter replayed", extra={"action": "occurrence.replayed", "occurrence_id": str(ident),
                                             "schedule_id": str(row["schedule_id"]), "tenant_id": tenant_id,
                                             "attempt": message.attempt})

@@ -16,9 +16,8 @@ from typing import Any, Mapping
 import asyncpg
 
 from schemas.errors import InvalidInput, QuotaExceeded
-from schemas.queries import load_queries
+from schemas.queries import QUERIES
 
-SQL = load_queries("control_plane")
 
 
 @dataclass(frozen=True)
@@ -66,7 +65,7 @@ async def check_quotas(conn: asyncpg.Connection, tenant_id: str, quotas: TenantQ
 
     ``exclude``: the schedule being updated (its current rate is replaced, not added).
     """
-    usage = await conn.fetchrow(SQL["tenant_usage"], tenant_id, exclude)
+    usage = await conn.fetchrow(*QUERIES.tenant_usage(tenant_id=tenant_id, exclude_schedule_id=exclude))
     if usage["schedules"] + 1 > quotas.max_active_schedules:
         raise QuotaExceeded("max_active_schedules", quotas.max_active_schedules, usage["schedules"] + 1)
     wanted = usage["fires_per_minute"] + rate

@@ -45,11 +45,9 @@ from engine.rules.shards import shard_of
 from schemas.clock import Clock, DatabaseClock
 from schemas.errors import Conflict, InvalidInput, NotFound
 from schemas.messages import ScheduleStateMessage
-from schemas.queries import load_queries
+from schemas.queries import QUERIES
 from schemas.topics import SCHEDULE_STATES_TOPIC
 
-SQL = load_queries("engine")
-CP_SQL = load_queries("control_plane")
 
 
 class ControlPlane:
@@ -66,7 +64,7 @@ class ControlPlane:
         self.clock = clock or DatabaseClock()
 
     async def now(self, conn: asyncpg.Connection | None = None) -> datetime:
-        return await (conn or self.pool).fetchval(SQL["current_instant"], self.clock.now())
+        return await (conn or self.pool).fetchval(*QUERIES.current_instant(now=self.clock.now()))
 
     # ------------------------------------------------------------------ create
 
@@ -91,8 +89,8 @@ class ControlPlane:
         body_hash = request_hash(raw)
         if idempotency_key is not None:
             validate_idempotency_key(idempotency_key)
-            existing = await (conn or self.pool).fetchrow(CP_SQL["get_schedule_by_key"], tenant_id,
-                                                          idempotency_key)
+            existing = await (conn or self.pool).fetchrow(*QUERIES.get_schedule_by_key(
+                tenant_id=tenant_id, created_by_key=idempotency_key))
             if existing is not None:
                 return _replayed(existing, body_hash, idempotency_key)
         async with self._transaction(conn) as conn:
@@ -104,13 +102,13 @@ class ControlPlane:
             rate = timing.fires_per_minute(request.spec, now)
             await check_quotas(conn, tenant_id, tenant.quotas, rate, exclude=None)
             schedule_id = uuid.uuid4()
-            row = await conn.fetchrow(
-                CP_SQL["insert_schedule"], schedule_id, tenant_id, *_definition_columns(request), next_run_at,
-                "active", *_policy_columns(request), shard_of(schedule_id), idempotency_key, rate, body_hash,
-                self.clock.now(),
-            )
+            row = await conn.fetchrow(*QUERIES.insert_schedule(
+                schedule_id=schedule_id, tenant_id=tenant_id, **_definition_columns(request),
+                next_run_at=next_run_at, state="active", shard=shard_of(schedule_id), created_by_key=idempotency_key,
+                fires_per_minute=rate, request_hash=body_hash, now=self.clock.now()))
             if row is None:  # a concurrent create with the same key won the insert
-                existing = await conn.fetchrow(CP_SQL["get_schedule_by_key"], tenant_id, idempotency_key)
+                existing = await conn.fetchrow(*QUERIES.get_schedule_by_key(tenant_id=tenant_id,
+                                                                            created_by_key=idempotency_key))
                 return _replayed(existing, body_hash, idempotency_key)
             await self._record(conn, row, "create")
         return schedule_to_json(row)
@@ -118,7 +116,8 @@ class ControlPlane:
     # ------------------------------------------------------------------ reads
 
     async def get_schedule(self, tenant_id: str, schedule_id: uuid.UUID | str) -> dict[str, Any]:
-        row = await self.pool.fetchrow(CP_SQL["get_schedule"], as_uuid(schedule_id, "schedule"), tenant_id)
+        row = await self.pool.fetchrow(*QUERIES.get_schedule(schedule_id=as_uuid(schedule_id, "schedule"),
+                                                             tenant_id=tenant_id))
         if row is None:
             raise NotFound("schedule", schedule_id)
         return schedule_to_json(row)
@@ -131,8 +130,8 @@ class ControlPlane:
         target = text_filter("target", target)
         after_at, after_id = decode_cursor(cursor)
         limit = page_size(limit)
-        rows = await self.pool.fetch(CP_SQL["list_schedules"], tenant_id, state, target, after_at, after_id,
-                                     limit + 1)
+        rows = await self.pool.fetch(*QUERIES.list_schedules(tenant_id=tenant_id, state=state, target=target,
+                                                             after_at=after_at, after_id=after_id, limit=limit + 1))
         page, next_cursor = split_page(rows, limit, key_of("created_at", "schedule_id"))
         return Page([schedule_to_json(r) for r in page], next_cursor)
 
@@ -140,27 +139,27 @@ class ControlPlane:
                                limit: int = 50) -> Page:
         """One schedule's occurrences, oldest first (NotFound for another tenant's schedule)."""
         sid = as_uuid(schedule_id, "schedule")
-        if await self.pool.fetchrow(CP_SQL["get_schedule"], sid, tenant_id) is None:
+        if await self.pool.fetchrow(*QUERIES.get_schedule(schedule_id=sid, tenant_id=tenant_id)) is None:
             raise NotFound("schedule", schedule_id)
         after_at, after_id = decode_cursor(cursor)
         limit = page_size(limit)
-        rows = await self.pool.fetch(CP_SQL["list_schedule_occurrences"], sid, tenant_id, after_at, after_id,
-                                     limit + 1)
+        rows = await self.pool.fetch(*QUERIES.list_schedule_occurrences(
+            schedule_id=sid, tenant_id=tenant_id, after_at=after_at, after_id=after_id, limit=limit + 1))
         page, next_cursor = split_page(rows, limit, key_of("scheduled_for", "occurrence_id"))
         return Page([occurrence_to_json(r) for r in page], next_cursor)
 
     async def get_occurrence(self, tenant_id: str, occurrence_id: uuid.UUID | str) -> dict[str, Any]:
         """An occurrence with its attempts."""
         oid = as_uuid(occurrence_id, "occurrence")
-        row = await self.pool.fetchrow(CP_SQL["get_occurrence"], oid, tenant_id)
+        row = await self.pool.fetchrow(*QUERIES.get_occurrence(occurrence_id=oid, tenant_id=tenant_id))
         if row is None:
             raise NotFound("occurrence", occurrence_id)
-        attempts = await self.pool.fetch(CP_SQL["list_attempts"], oid)
+        attempts = await self.pool.fetch(*QUERIES.list_attempts(occurrence_id=oid))
         return {**occurrence_to_json(row), "attempts": [attempt_to_json(a) for a in attempts]}
 
     async def schedule_history(self, tenant_id: str, schedule_id: uuid.UUID | str) -> list[dict[str, Any]]:
-        rows = await self.pool.fetch(CP_SQL["list_schedule_versions"], as_uuid(schedule_id, "schedule"),
-                                     tenant_id)
+        rows = await self.pool.fetch(*QUERIES.list_schedule_versions(schedule_id=as_uuid(schedule_id, "schedule"),
+                                                                     tenant_id=tenant_id))
         if not rows:
             raise NotFound("schedule", schedule_id)
         return [version_to_json(r) for r in rows]
@@ -186,10 +185,9 @@ class ControlPlane:
             next_run_at = first_fire(request, now)
             rate = timing.fires_per_minute(request.spec, now)
             await check_quotas(conn, tenant_id, tenant.quotas, rate, exclude=row["schedule_id"])
-            updated = await conn.fetchrow(
-                CP_SQL["replace_schedule"], row["schedule_id"], tenant_id, *_definition_columns(request),
-                next_run_at, state, *_policy_columns(request), rate, self.clock.now(),
-            )
+            updated = await conn.fetchrow(*QUERIES.replace_schedule(
+                schedule_id=row["schedule_id"], tenant_id=tenant_id, **_definition_columns(request),
+                next_run_at=next_run_at, state=state, fires_per_minute=rate, now=self.clock.now()))
             canceled = await self._invalidate_older_versions(conn, updated["schedule_id"], updated["version"])
             await self._record(conn, updated, "update")
         return {**schedule_to_json(updated), "canceled_occurrences": canceled["canceled"]}
@@ -223,13 +221,15 @@ class ControlPlane:
                 # resume judges those slots with the misfire policy. Published ones
                 # may already have run; they are canceled, never re-materialized.
                 cursor = min(cursor, canceled["earliest_unpublished"])
-            updated = await conn.fetchrow(CP_SQL["change_schedule_state"], row["schedule_id"], tenant_id, state,
-                                          cursor, self.clock.now())
+            updated = await conn.fetchrow(*QUERIES.change_schedule_state(
+                schedule_id=row["schedule_id"], tenant_id=tenant_id, state=state, next_run_at=cursor,
+                now=self.clock.now()))
             await self._record(conn, updated, action)
         return {**schedule_to_json(updated), "canceled_occurrences": canceled["canceled"]}
 
     async def _lock(self, conn: asyncpg.Connection, tenant_id: str, schedule_id: uuid.UUID | str) -> asyncpg.Record:
-        row = await conn.fetchrow(CP_SQL["lock_schedule"], as_uuid(schedule_id, "schedule"), tenant_id)
+        row = await conn.fetchrow(*QUERIES.lock_schedule(schedule_id=as_uuid(schedule_id, "schedule"),
+                                                         tenant_id=tenant_id))
         if row is None:
             raise NotFound("schedule", schedule_id)
         return row
@@ -237,33 +237,36 @@ class ControlPlane:
     async def _invalidate_older_versions(self, conn: asyncpg.Connection, schedule_id: uuid.UUID,
                                          new_version: int) -> asyncpg.Record:
         """Cancel unclaimed occurrences of versions before ``new_version``; count them."""
-        return await conn.fetchrow(CP_SQL["cancel_unclaimed_occurrences"], schedule_id, new_version,
-                                   self.clock.now())
+        return await conn.fetchrow(*QUERIES.cancel_unclaimed_occurrences(
+            schedule_id=schedule_id, new_version=new_version, now=self.clock.now()))
 
     async def _record(self, conn: asyncpg.Connection, row: asyncpg.Record, change: str) -> None:
         """Version history row + schedule state message, in the change's transaction."""
         now = self.clock.now()
-        await conn.execute(CP_SQL["insert_schedule_version"], row["schedule_id"], row["version"], row["tenant_id"],
-                           change, row["state"], definition_of(row), row["next_run_at"], now)
+        await conn.execute(*QUERIES.insert_schedule_version(
+            schedule_id=row["schedule_id"], version=row["version"], tenant_id=row["tenant_id"], change=change,
+            state=row["state"], definition=definition_of(row), next_run_at=row["next_run_at"], now=now))
         message = ScheduleStateMessage(row["schedule_id"], row["tenant_id"], row["version"], row["state"],
                                        row["updated_at"])
-        await conn.execute(CP_SQL["insert_topic_message"], row["tenant_id"], SCHEDULE_STATES_TOPIC, message.key,
-                           message.encode(), now)
+        await conn.execute(*QUERIES.insert_topic_message(
+            tenant_id=row["tenant_id"], topic=SCHEDULE_STATES_TOPIC, message_key=message.key,
+            message=message.encode(), now=now))
 
 
-def _definition_columns(request: ScheduleRequest) -> tuple[Any, ...]:
+def _definition_columns(request: ScheduleRequest) -> dict[str, Any]:
+    """The schedules columns a request defines (insert_schedule and replace_schedule take them by name)."""
     spec = request.spec
-    return (spec.kind, spec.expression, spec.time_zone, spec.dst_repeat, spec.dst_gap, spec.anchor,
-            spec.start_at, spec.end_at)
-
-
-def _policy_columns(request: ScheduleRequest) -> tuple[Any, ...]:
-    return (
-        request.target, request.payload, request.priority, int(request.flexible_window.total_seconds()),
-        request.misfire_text, int(request.misfire.max_lateness.total_seconds()), request.overlap_policy,
-        request.max_attempts, request.retry_base.total_seconds(), request.retry_cap.total_seconds(),
-        int(request.deadline.total_seconds()) if request.deadline else None,
-    )
+    return {
+        "kind": spec.kind, "expression": spec.expression, "time_zone": spec.time_zone,
+        "dst_repeat": spec.dst_repeat, "dst_gap": spec.dst_gap, "anchor": spec.anchor,
+        "start_at": spec.start_at, "end_at": spec.end_at,
+        "target": request.target, "payload": request.payload, "priority": request.priority,
+        "flexible_window_s": int(request.flexible_window.total_seconds()), "misfire_policy": request.misfire_text,
+        "max_lateness_s": int(request.misfire.max_lateness.total_seconds()), "overlap_policy": request.overlap_policy,
+        "retry_max_attempts": request.max_attempts, "retry_base_s": request.retry_base.total_seconds(),
+        "retry_cap_s": request.retry_cap.total_seconds(),
+        "deadline_s": int(request.deadline.total_seconds()) if request.deadline else None,
+    }
 
 
 def _replayed(row: Mapping[str, Any], request_hash: str, key: str) -> dict[str, Any]:

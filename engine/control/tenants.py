@@ -15,16 +15,15 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 import asyncpg
 
 from engine.control.quotas import TenantQuotas
 from schemas.errors import Conflict, InvalidInput, NotFound
-from schemas.queries import load_queries
+from schemas.queries import QUERIES
 
-SQL = load_queries("control_plane")
 _TENANT_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 TOKEN_PREFIX = "cq_"
 
@@ -74,15 +73,15 @@ async def create_tenant(pool: asyncpg.Pool, tenant_id: str, quotas: TenantQuotas
     quotas.validate()
     api_token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     signing_key = secrets.token_bytes(32)
-    row = await pool.fetchrow(SQL["insert_tenant"], tenant_id, token_hash(api_token), signing_key,
-                              *(getattr(quotas, item.name) for item in fields(TenantQuotas)))
+    row = await pool.fetchrow(*QUERIES.insert_tenant(tenant_id=tenant_id, api_token_hash=token_hash(api_token),
+                                                     signing_key=signing_key, **asdict(quotas)))
     if row is None:
         raise Conflict(f"tenant {tenant_id!r} already exists; choose another name")
     return NewTenant(Tenant.from_row(row), api_token)
 
 
 async def get_tenant(conn: asyncpg.Connection | asyncpg.Pool, tenant_id: str) -> Tenant:
-    row = await conn.fetchrow(SQL["get_tenant"], tenant_id)
+    row = await conn.fetchrow(*QUERIES.get_tenant(tenant_id=tenant_id))
     if row is None:
         raise NotFound("tenant", f"{tenant_id} (create it with: chronoq tenant create {tenant_id})")
     return Tenant.from_row(row)
@@ -92,14 +91,14 @@ async def authenticate(pool: asyncpg.Pool, api_token: str) -> Tenant | None:
     """The active tenant owning ``api_token``, or None."""
     if not api_token.startswith(TOKEN_PREFIX) or len(api_token) > 200:
         return None
-    row = await pool.fetchrow(SQL["tenant_by_token_hash"], token_hash(api_token))
+    row = await pool.fetchrow(*QUERIES.tenant_by_token_hash(api_token_hash=token_hash(api_token)))
     return Tenant.from_row(row) if row else None
 
 
 async def lock_tenant(conn: asyncpg.Connection, tenant_id: str) -> Tenant:
     """Lock an active tenant's row for a schedule change: quota checks and the insert they guard are
     serialized per tenant. NotFound for an unknown tenant, Conflict for a suspended one."""
-    row = await conn.fetchrow(SQL["lock_tenant"], tenant_id)
+    row = await conn.fetchrow(*QUERIES.lock_tenant(tenant_id=tenant_id))
     if row is None:
         raise NotFound("tenant", f"{tenant_id} (create it with: chronoq tenant create {tenant_id})")
     tenant = Tenant.from_row(row)

@@ -56,10 +56,9 @@ from schemas.attempt_events import AttemptEvent
 from schemas.clock import Clock
 from schemas.dead_letter_messages import DeadOccurrenceMessage
 from schemas.messages import MalformedMessage, OccurrenceMessage, decode_occurrence
-from schemas.queries import load_queries
+from schemas.queries import QUERIES
 from schemas.topics import DEAD_LETTER_TOPIC, occurrence_topic, partition_key
 
-SQL = load_queries("attempts")
 log = logging.getLogger("chronoq.attempts")
 
 LEASE_EXPIRED = "LeaseExpired"
@@ -124,10 +123,11 @@ class AttemptLedger:
     # -- events ---------------------------------------------------------------------------------
 
     async def apply(self, conn: asyncpg.Connection, event: AttemptEvent, now: datetime) -> Verdict:
-        occ = await conn.fetchrow(SQL["lock_occurrence"], event.occurrence_id, DEFAULT_RETRY_BUDGET)
+        occ = await conn.fetchrow(*QUERIES.lock_occurrence(occurrence_id=event.occurrence_id,
+                                                           default_retry_budget=DEFAULT_RETRY_BUDGET))
         if occ is None:
             return Verdict.UNKNOWN
-        known = (await conn.fetchrow(SQL["find_attempt"], event.lease_token)
+        known = (await conn.fetchrow(*QUERIES.find_attempt(lease_token=event.lease_token))
                  if event.lease_token is not None else None)
         if known is not None and known["occurrence_id"] != occ["occurrence_id"]:
             return Verdict.FENCED   # a token of another occurrence: never ours
@@ -155,8 +155,10 @@ class AttemptLedger:
             await self.finish_attempt(conn, occ["lease_token"], "fenced", now,
                                        Failure("Superseded", f"lease taken over by {event.lease_token}"))
         transition(state, Event.STARTED)
-        await conn.fetchval(SQL["start_attempt"], occ["occurrence_id"], uuid.uuid4(), event.attempt,
-                            event.lease_token, event.consumer_group, event.worker, event.lease_ttl, now)
+        await conn.fetchval(*QUERIES.start_attempt(
+            occurrence_id=occ["occurrence_id"], attempt_id=uuid.uuid4(), attempt_number=event.attempt,
+            lease_token=event.lease_token, consumer_group=event.consumer_group, worker=event.worker,
+            lease_ttl_s=event.lease_ttl, now=now))
         log.info("attempt started", extra=_ids(occ, action="attempt.started", attempt=event.attempt,
                                                lease_token=str(event.lease_token), takeover=takeover))
         return Verdict.ACCEPTED
@@ -165,7 +167,8 @@ class AttemptLedger:
                          now: datetime) -> Verdict:
         if not self._current(occ, event):
             return Verdict.FENCED
-        await conn.fetchval(SQL["renew_lease"], event.lease_token, event.lease_ttl, now, occ["occurrence_id"])
+        await conn.fetchval(*QUERIES.renew_lease(lease_token=event.lease_token, lease_ttl_s=event.lease_ttl, now=now,
+                                                 occurrence_id=occ["occurrence_id"]))
         return Verdict.ACCEPTED
 
     async def _succeeded(self, conn: asyncpg.Connection, occ: Mapping[str, Any], known: Any, event: AttemptEvent,
@@ -241,8 +244,8 @@ class AttemptLedger:
         counted = occ["attempt_count"] - occ["attempt_floor"]
         decision = decide_retry(policy, counted, failure.permanent, now, original.deadline, self.rng.random)
         if decision.retry:
-            granted = await conn.fetchval(SQL["spend_retry_budget"], occ["tenant_id"],
-                                          occ["retry_budget_per_hour"], now)
+            granted = await conn.fetchval(*QUERIES.spend_retry_budget(
+                tenant_id=occ["tenant_id"], per_hour=occ["retry_budget_per_hour"], now=now))
             decision = spend_budget(decision, granted is not None)
         if decision.retry:
             await self._schedule_retry(conn, occ, original, decision, failure, now)
@@ -255,11 +258,11 @@ class AttemptLedger:
         transition(occ["state"], Event.RETRY)
         due = now + decision.delay
         message = dataclasses.replace(original, attempt=occ["attempt_count"] + 1, available_at=due)
-        await conn.execute(SQL["insert_outbox_row"], occ["occurrence_id"], occ["tenant_id"],
-                           occurrence_topic(occ["target"]), partition_key(occ["tenant_id"]), message.encode(),
-                           due, now)
-        await conn.execute(SQL["wait_for_retry"], occ["occurrence_id"], failure.error_class,
-                           failure.error_message, now)
+        await conn.execute(*QUERIES.insert_outbox_row(
+            occurrence_id=occ["occurrence_id"], tenant_id=occ["tenant_id"], topic=occurrence_topic(occ["target"]),
+            message_key=partition_key(occ["tenant_id"]), message=message.encode(), due=due, now=now))
+        await conn.execute(*QUERIES.wait_for_retry(occurrence_id=occ["occurrence_id"], error_class=failure.error_class,
+                                                   error_message=failure.error_message, now=now))
         self.stats.retries += 1
         self.meters.retries.add(1)
         log.info("retry scheduled", extra=_ids(occ, action="occurrence.retry", attempt=message.attempt,
@@ -270,8 +273,9 @@ class AttemptLedger:
                            decision: RetryDecision, failure: Failure, now: datetime) -> None:
         record = DeadOccurrenceMessage(original, occ["attempt_count"], decision.dead_reason or "max_attempts",
                                        failure.error_class, failure.error_message, now)
-        await conn.execute(SQL["insert_outbox_row"], occ["occurrence_id"], occ["tenant_id"], DEAD_LETTER_TOPIC,
-                           record.key, record.encode(), now, now)
+        await conn.execute(*QUERIES.insert_outbox_row(
+            occurrence_id=occ["occurrence_id"], tenant_id=occ["tenant_id"], topic=DEAD_LETTER_TOPIC,
+            message_key=record.key, message=record.encode(), due=now, now=now))
         await self._finish(conn, occ, Event.DIE, now, failure, decision.dead_reason)
         self.stats.dead += 1
         self.meters.dead.add(1, {"reason": record.reason})
@@ -282,11 +286,12 @@ class AttemptLedger:
     async def _finish(self, conn: asyncpg.Connection, occ: Mapping[str, Any], event: Event, now: datetime,
                       failure: Failure | None = None, dead_reason: str | None = None) -> None:
         final = transition(occ["state"], event)
-        await conn.execute(SQL["finish_occurrence"], occ["occurrence_id"], final.value,
-                           failure.error_class if failure else None, failure.error_message if failure else None,
-                           dead_reason, now)
-        await conn.execute(SQL["discard_pending_deliveries"], occ["occurrence_id"],
-                           occurrence_topic(occ["target"]), now)
+        await conn.execute(*QUERIES.finish_occurrence(
+            occurrence_id=occ["occurrence_id"], state=final.value,
+            error_class=failure.error_class if failure else None,
+            error_message=failure.error_message if failure else None, dead_reason=dead_reason, now=now))
+        await conn.execute(*QUERIES.discard_pending_deliveries(
+            occurrence_id=occ["occurrence_id"], topic=occurrence_topic(occ["target"]), now=now))
         if final is not State.DEAD:   # DEAD is logged with its reason by _dead_letter
             log.info("occurrence finished", extra=_ids(occ, action=f"occurrence.{final.value.lower()}",
                                                        event=event.value))
@@ -295,17 +300,17 @@ class AttemptLedger:
                               failure: Failure | None = None) -> None:
         if token is None:
             return
-        closed = await conn.fetchrow(SQL["finish_attempt"], token, result,
-                                     failure.error_class if failure else None,
-                                     failure.error_message if failure else None,
-                                     failure.permanent if failure else None, now)
+        closed = await conn.fetchrow(*QUERIES.finish_attempt(
+            lease_token=token, result=result, error_class=failure.error_class if failure else None,
+            error_message=failure.error_message if failure else None,
+            permanent=failure.permanent if failure else None, now=now))
         if closed is not None:
             self.meters.attempts.add(1, {"result": result})
 
     async def _original_message(self, conn: asyncpg.Connection, occ: Mapping[str, Any]) -> OccurrenceMessage:
         """The occurrence message as published (retries resend it), rebuilt from the rows if none is left."""
-        raw = await conn.fetchval(SQL["latest_occurrence_message"], occ["occurrence_id"],
-                                  occurrence_topic(occ["target"]))
+        raw = await conn.fetchval(*QUERIES.latest_occurrence_message(occurrence_id=occ["occurrence_id"],
+                                                                     topic=occurrence_topic(occ["target"])))
         if raw:
             try:
                 return decode_occurrence(raw)

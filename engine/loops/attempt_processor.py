@@ -24,7 +24,7 @@ import asyncpg
 from aiokafka.structs import ConsumerRecord
 from opentelemetry import metrics, trace
 
-from engine.loops.attempt_ledger import SQL, AttemptLedger, AttemptMetrics, AttemptStats, Verdict
+from engine.loops.attempt_ledger import AttemptLedger, AttemptMetrics, AttemptStats, Verdict
 from engine.loops.kafka_processor import KafkaLoopSettings, KafkaProcessorLoop
 from engine.loops.reporting import SUMMARY_EVERY
 from schemas import observability as obs
@@ -32,6 +32,7 @@ from schemas.attempt_events import AttemptEvent, decode_attempt_event
 from schemas.clock import Clock, DatabaseClock
 from schemas.error_classification import is_transient
 from schemas.messages import MalformedMessage
+from schemas.queries import QUERIES
 from schemas.topics import ATTEMPTS_TOPIC, DEFAULT_PARTITIONS
 
 log = logging.getLogger("chronoq.attempts")
@@ -91,7 +92,7 @@ class AttemptProcessor:
         with self.tracer.start_as_current_span(obs.SPAN_ATTEMPT_EVENTS) as span:
             span.set_attribute("chronoq.events", len(batch))
             async with self.pool.acquire() as conn, conn.transaction():
-                now: datetime = await conn.fetchval(SQL["current_instant"], self.clock.now())
+                now: datetime = await conn.fetchval(*QUERIES.current_instant(now=self.clock.now()))
                 for event in batch:
                     try:
                         async with conn.transaction():
@@ -132,7 +133,7 @@ class AttemptProcessor:
         if self.kafka_bootstrap is None:
             raise ValueError("AttemptProcessor.run needs kafka_bootstrap")
         cfg = self.config
-        group = cfg.group or f"chronoq-engine-attempts.{await self.pool.fetchval(SQL['current_database'])}"
+        group = cfg.group or f"chronoq-engine-attempts.{await self.pool.fetchval(*QUERIES.current_database())}"
         settings = KafkaLoopSettings(group, ATTEMPTS_TOPIC, (ATTEMPTS_TOPIC,), cfg.session_timeout,
                                      cfg.heartbeat_interval, cfg.max_poll_records, cfg.partitions, cfg.error_backoff,
                                      summary_every)

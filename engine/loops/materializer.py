@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Mapping
@@ -34,10 +33,9 @@ from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock
 from schemas.identity import occurrence_id
 from schemas.messages import OccurrenceMessage
-from schemas.queries import load_queries
+from schemas.queries import QUERIES
 from schemas.topics import occurrence_topic, partition_key
 
-SQL = load_queries("engine")
 log = logging.getLogger("chronoq.materializer")
 
 
@@ -94,24 +92,29 @@ def spec_of(row: Mapping[str, Any]) -> timing.TimeSpec:
 
 
 class _Batch:
-    """Column arrays for one insert_occurrences call."""
+    """The column arrays of one insert_occurrences call, by parameter name."""
+
+    COLUMNS = ("occurrence_ids", "schedule_ids", "schedule_versions", "tenant_ids", "targets", "scheduled_fors",
+               "available_ats", "states", "topics", "message_keys", "messages", "held")
 
     def __init__(self) -> None:
-        self.columns: list[list[Any]] = [[] for _ in range(12)]
+        self.columns: dict[str, list[Any]] = {name: [] for name in self.COLUMNS}
 
     def add(self, row: Mapping[str, Any], scheduled_for: datetime, available_at: datetime, state: str,
             message: OccurrenceMessage | None) -> None:
-        values = (
-            message.occurrence_id if message else occurrence_id(row["schedule_id"], row["version"], scheduled_for),
-            row["schedule_id"], row["version"], row["tenant_id"], row["target"], scheduled_for, available_at,
-            state, occurrence_topic(row["target"]), partition_key(row["tenant_id"]),
-            message.encode() if message else b"", row["overlap_policy"] != "allow",
-        )
-        for column, value in zip(self.columns, values):
-            column.append(value)
+        values = {
+            "occurrence_ids": message.occurrence_id if message else occurrence_id(
+                row["schedule_id"], row["version"], scheduled_for),
+            "schedule_ids": row["schedule_id"], "schedule_versions": row["version"], "tenant_ids": row["tenant_id"],
+            "targets": row["target"], "scheduled_fors": scheduled_for, "available_ats": available_at,
+            "states": state, "topics": occurrence_topic(row["target"]), "message_keys": partition_key(row["tenant_id"]),
+            "messages": message.encode() if message else b"", "held": row["overlap_policy"] != "allow",
+        }
+        for name, value in values.items():
+            self.columns[name].append(value)
 
     def __len__(self) -> int:
-        return len(self.columns[0])
+        return len(self.columns["occurrence_ids"])
 
 
 class Materializer:
@@ -135,24 +138,22 @@ class Materializer:
         cfg = self.config
         with self.tracer.start_as_current_span(obs.SPAN_MATERIALIZE) as span:
             async with self.pool.acquire() as conn, conn.transaction():
-                now: datetime = await conn.fetchval(SQL["current_instant"], self.clock.now())
-                rows = await conn.fetch(
-                    SQL["claim_due_schedules"], now, cfg.horizon.total_seconds(), cfg.batch_size,
-                    list(cfg.shards) if cfg.shards is not None else None,
-                )
+                now: datetime = await conn.fetchval(*QUERIES.current_instant(now=self.clock.now()))
+                rows = await conn.fetch(*QUERIES.claim_due_schedules(
+                    now=now, horizon_s=cfg.horizon.total_seconds(), limit=cfg.batch_size,
+                    shards=list(cfg.shards) if cfg.shards is not None else None))
                 if not rows:
                     return report
                 batch = _Batch()
-                cursors: tuple[list[uuid.UUID], list[int], list[datetime | None]] = ([], [], [])
+                cursors: list[datetime | None] = []
                 for row in rows:
-                    next_run_at = self._plan(row, now, batch, report)
-                    cursors[0].append(row["schedule_id"])
-                    cursors[1].append(row["version"])
-                    cursors[2].append(next_run_at)
-                    report.completed += next_run_at is None
-                written = await conn.fetchrow(SQL["insert_occurrences"], *batch.columns, OVERLAP_GATE_TOKEN,
-                                              self.clock.now())
-                await conn.execute(SQL["advance_schedules"], *cursors, self.clock.now())
+                    cursors.append(self._plan(row, now, batch, report))
+                    report.completed += cursors[-1] is None
+                written = await conn.fetchrow(*QUERIES.insert_occurrences(
+                    **batch.columns, gate_token=OVERLAP_GATE_TOKEN, now=self.clock.now()))
+                await conn.execute(*QUERIES.advance_schedules(
+                    schedule_ids=[row["schedule_id"] for row in rows], versions=[row["version"] for row in rows],
+                    next_run_ats=cursors, now=self.clock.now()))
             report.schedules = len(rows)
             report.occurrences = written["outbox_rows"]
             report.conflicts = len(batch) - written["occurrences"]
@@ -204,7 +205,7 @@ class Materializer:
 
     async def record_backlog(self) -> int:
         """Record (and return) how many active schedules are already due: work not caught up with."""
-        count = await self.pool.fetchval(SQL["due_backlog"], self.clock.now())
+        count = await self.pool.fetchval(*QUERIES.due_backlog(now=self.clock.now()))
         self._backlog.set(count)
         return count
 

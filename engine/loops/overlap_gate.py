@@ -39,9 +39,8 @@ from engine.loops.reporting import SUMMARY_EVERY
 from engine.rules.overlap_policy import decide_overlap
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock
-from schemas.queries import load_queries
+from schemas.queries import QUERIES
 
-SQL = load_queries("attempts")
 log = logging.getLogger("chronoq.overlap")
 
 #: The claim token of outbox rows held by the overlap gate (never a relay's: relays use uuid4).
@@ -76,14 +75,18 @@ class OverlapGate:
     async def run_once(self) -> GateReport:
         report = GateReport()
         async with self.pool.acquire() as conn, conn.transaction():
-            now = await conn.fetchval(SQL["current_instant"], self.clock.now())
-            candidates = await conn.fetch(SQL["gated_due_schedules"], now, OVERLAP_GATE_TOKEN, self.config.batch_size)
+            now = await conn.fetchval(*QUERIES.current_instant(now=self.clock.now()))
+            candidates = await conn.fetch(*QUERIES.gated_due_schedules(now=now, gate_token=OVERLAP_GATE_TOKEN,
+                                                                       limit=self.config.batch_size))
             if not candidates:
                 return report
-            locked = await conn.fetch(SQL["lock_schedules_in_order"], [r["schedule_id"] for r in candidates])
+            locked = await conn.fetch(*QUERIES.lock_schedules_in_order(
+                schedule_ids=[r["schedule_id"] for r in candidates]))
             policies = {r["schedule_id"]: r["overlap_policy"] for r in locked}
-            rows = await conn.fetch(SQL["gated_due_rows"], now, list(policies), OVERLAP_GATE_TOKEN)
-            busy = {r["schedule_id"] for r in await conn.fetch(SQL["schedules_in_flight"], list(policies))}
+            rows = await conn.fetch(*QUERIES.gated_due_rows(now=now, schedule_ids=list(policies),
+                                                            gate_token=OVERLAP_GATE_TOKEN))
+            busy = {r["schedule_id"] for r in await conn.fetch(*QUERIES.schedules_in_flight(
+                schedule_ids=list(policies)))}
             due: dict[uuid.UUID, list[int]] = {}
             occurrence_of: dict[int, asyncpg.Record] = {}
             for row in rows:
@@ -98,10 +101,12 @@ class OverlapGate:
                 report.held += len(decision.hold)
             if dispatch:
                 report.dispatched = [r["occurrence_id"] for r in
-                                     await conn.fetch(SQL["dispatch_held_rows"], dispatch, OVERLAP_GATE_TOKEN, now)]
+                                     await conn.fetch(*QUERIES.dispatch_held_rows(
+                                         outbox_ids=dispatch, gate_token=OVERLAP_GATE_TOKEN, now=now))]
             if skip:
                 report.skipped = [r["occurrence_id"] for r in
-                                  await conn.fetch(SQL["skip_held_rows"], skip, OVERLAP_GATE_TOKEN, now)]
+                                  await conn.fetch(*QUERIES.skip_held_rows(
+                                      outbox_ids=skip, gate_token=OVERLAP_GATE_TOKEN, now=now))]
             report.schedules = len(due)
         for outbox_id in skip:
             row = occurrence_of[outbox_id]

@@ -29,7 +29,6 @@ from opentelemetry import metrics, trace
 from engine.control.quotas import DEFAULT_RETRY_BUDGET
 from engine.loops.attempt_ledger import (
     LEASE_EXPIRED,
-    SQL,
     AttemptLedger,
     AttemptMetrics,
     AttemptStats,
@@ -39,6 +38,7 @@ from engine.loops.periodic import LoopTiming, PassOutcome, PeriodicLoop
 from engine.loops.reporting import SUMMARY_EVERY
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock
+from schemas.queries import QUERIES
 
 log = logging.getLogger("chronoq.reaper")
 
@@ -75,10 +75,11 @@ class Reaper:
         """Time out one batch of expired leases; return how many."""
         with self.tracer.start_as_current_span(obs.SPAN_REAP) as span:
             async with self.pool.acquire() as conn, conn.transaction():
-                now = await conn.fetchval(SQL["current_instant"], self.clock.now())
-                expired = await conn.fetch(SQL["expired_leases"], now, self.config.batch_size)
+                now = await conn.fetchval(*QUERIES.current_instant(now=self.clock.now()))
+                expired = await conn.fetch(*QUERIES.expired_leases(now=now, limit=self.config.batch_size))
                 for row in expired:
-                    occ = await conn.fetchrow(SQL["lock_occurrence"], row["occurrence_id"], DEFAULT_RETRY_BUDGET)
+                    occ = await conn.fetchrow(*QUERIES.lock_occurrence(occurrence_id=row["occurrence_id"],
+                                                                       default_retry_budget=DEFAULT_RETRY_BUDGET))
                     failure = Failure(LEASE_EXPIRED, f"no heartbeat since the lease expired at"
                                                      f" {occ['lease_expires_at'].isoformat()}")
                     await self.ledger.finish_attempt(conn, occ["lease_token"], "timed_out", now, failure)
@@ -95,9 +96,9 @@ class Reaper:
 
     async def housekeeping(self) -> int:
         """Record the DLQ size gauge and prune old retry-budget windows; return the DLQ size."""
-        size = await self.pool.fetchval(SQL["dead_letter_count"])
+        size = await self.pool.fetchval(*QUERIES.dead_letter_count())
         self._dlq_size.set(size)
-        await self.pool.execute(SQL["prune_retry_usage"], self.clock.now())
+        await self.pool.execute(*QUERIES.prune_retry_usage(now=self.clock.now()))
         return size
 
     async def run_pass(self) -> PassOutcome:

@@ -1,10 +1,12 @@
 -- Runtime queries of the consumer runtime, run against the consumer app's OWN database.
 
 -- name: limit_transaction
--- Bounds the attempt's transaction by its lease: a transaction left idle longer than $2 ms (a worker
--- paused or stalled past its lease) is ended by the server, releasing its dedupe row lock, and a wait for
--- another worker's dedupe row lock gives up after $1 ms. Both settings last until the transaction ends.
-SELECT set_config('lock_timeout', $1::text, true), set_config('idle_in_transaction_session_timeout', $2::text, true);
+-- Bounds the attempt's transaction by its lease: a transaction left idle longer than :idle_timeout_ms
+-- (a worker paused or stalled past its lease) is ended by the server, releasing its dedupe row lock, and a
+-- wait for another worker's dedupe row lock gives up after :lock_timeout_ms. Both settings last until the
+-- transaction ends.
+SELECT set_config('lock_timeout', :lock_timeout_ms::text, true),
+       set_config('idle_in_transaction_session_timeout', :idle_timeout_ms::text, true);
 
 -- name: insert_dedupe
 -- Records that this consumer group applies an occurrence, in the transaction of the effect, with the
@@ -13,17 +15,15 @@ SELECT set_config('lock_timeout', $1::text, true), set_config('idle_in_transacti
 -- back and must not apply the effect.
 INSERT INTO chronoq_consumer_dedupe (consumer_group, occurrence_id, schedule_id, schedule_version, tenant_id,
                                      scheduled_for, attempt, lease_token)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+VALUES (:consumer_group, :occurrence_id, :schedule_id, :schedule_version, :tenant_id, :scheduled_for, :attempt,
+        :lease_token)
 ON CONFLICT DO NOTHING
 RETURNING applied_at;
 
 -- name: dedupe_row
 -- Which attempt applied the occurrence for this group (nothing if it was not applied).
-SELECT applied_at, attempt, lease_token FROM chronoq_consumer_dedupe WHERE consumer_group = $1 AND occurrence_id = $2;
-
--- name: dedupe_exists
--- Whether this group already applied the occurrence.
-SELECT EXISTS (SELECT 1 FROM chronoq_consumer_dedupe WHERE consumer_group = $1 AND occurrence_id = $2);
+SELECT applied_at, attempt, lease_token FROM chronoq_consumer_dedupe
+WHERE consumer_group = :consumer_group AND occurrence_id = :occurrence_id;
 
 -- name: ping
 -- Whether the app database answers (tells an outage from a session that ended on its own).

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from schemas.migrations import MIGRATION_SETS, load_migrations
-from schemas.queries import load_queries
+from schemas.queries import CONSUMER_QUERIES, QUERIES, Query, bind_parameters, parse_queries
 from schemas.topics import occurrence_topic, validate_target
 from schemas.errors import InvalidInput
 
@@ -99,12 +99,47 @@ def test_engine_top_level_holds_its_rooms_and_few_modules():
     assert len(modules) <= 3, modules
 
 
-@pytest.mark.parametrize("room", ["engine", "relay", "consumer"])
-def test_named_queries_parse(room):
-    queries = load_queries(room)
-    assert queries
-    for name, sql in queries.items():
-        assert sql.rstrip().endswith(";"), f"{room}.{name} should end with ';'"
+@pytest.mark.parametrize("registry", [QUERIES, CONSUMER_QUERIES], ids=["engine", "consumer"])
+def test_named_queries_parse(registry):
+    assert registry
+    for name, query in registry.items():
+        assert query.sql.rstrip().endswith(";"), f"{query.file}.{name} should end with ';'"
+        assert f"${len(query.params)}" in query.sql if query.params else "$1" not in query.sql
+
+
+@pytest.mark.parametrize("registry, variable", [(QUERIES, "QUERIES"), (CONSUMER_QUERIES, "CONSUMER_QUERIES")],
+                         ids=["engine", "consumer"])
+def test_every_query_is_used_by_the_code(registry, variable):
+    source = "\n".join(path.read_text() for package in ("engine", "relay", "consumers")
+                       for path in (ROOT / package).rglob("*.py"))
+    unused = sorted(name for name in registry if f"{variable}.{name}(" not in source)
+    assert not unused, f"queries nobody calls: {unused}"
+
+
+def test_named_parameters_become_positional_once_each_and_leave_casts_literals_and_comments_alone():
+    sql, names = bind_parameters(
+        "-- :not_me\nSELECT ':nor_me', \"col:umn\", $$ :nor $$, :a::int, :b, :a /* :c */ FROM t WHERE x::text = :b;")
+    assert names == ("a", "b")
+    assert sql == ("-- :not_me\nSELECT ':nor_me', \"col:umn\", $$ :nor $$, $1::int, $2, $1 /* :c */ "
+                   "FROM t WHERE x::text = $2;")
+
+
+def test_a_query_is_called_with_exactly_its_parameters():
+    query = Query("q", "f", "SELECT $1, $2;", ("tenant_id", "now"))
+    assert query(now=1, tenant_id="acme") == ("SELECT $1, $2;", "acme", 1)
+    with pytest.raises(TypeError, match="missing now"):
+        query(tenant_id="acme")
+    with pytest.raises(TypeError, match="unknown tenant"):
+        query(tenant="acme", tenant_id="acme", now=1)
+    with pytest.raises(AttributeError, match="no query named"):
+        QUERIES.no_such_query  # noqa: B018
+
+
+def test_positional_parameters_and_duplicate_names_are_rejected_at_load():
+    with pytest.raises(ValueError, match="positional"):
+        parse_queries("-- name: q\nSELECT $1;", "f")
+    with pytest.raises(ValueError, match="defined twice"):
+        parse_queries("-- name: q\nSELECT 1;\n-- name: q\nSELECT 2;", "f")
 
 
 @pytest.mark.parametrize("migration_set", MIGRATION_SETS)

@@ -1,42 +1,40 @@
--- Runtime queries of the engine's materializer (the control plane's are in control_plane.sql).
--- Every time-sensitive query takes $now: NULL in production (the database's
--- clock rules), a fixed instant in tests.
-
--- name: current_instant
--- The one clock: the injected instant if given, else the database's now().
-SELECT coalesce($1::timestamptz, now());
+-- The materializer: due schedules become occurrences and outbox rows, and their cursors advance.
+-- Every time-sensitive query takes :now: NULL in production (the database's clock rules), a fixed
+-- instant in tests.
 
 -- name: claim_due_schedules
--- Locks up to $3 active schedules whose cursor falls within the horizon ($2 seconds ahead of now).
--- SKIP LOCKED lets several materializers share the table; uniqueness of occurrences stays the final guard.
+-- Locks up to :limit active schedules whose cursor falls within the horizon (:horizon_s seconds ahead of
+-- now), of the given :shards (NULL: all). SKIP LOCKED lets several materializers share the table;
+-- uniqueness of occurrences stays the final guard.
 SELECT schedule_id, tenant_id, kind, expression, time_zone, dst_repeat, dst_gap, anchor, start_at, end_at,
        version, next_run_at, target, payload, priority, flexible_window_s, misfire_policy, max_lateness_s,
        deadline_s, overlap_policy
 FROM schedules
 WHERE state = 'active'
-  AND next_run_at <= coalesce($1::timestamptz, now()) + make_interval(secs => $2)
-  AND ($4::int[] IS NULL OR shard = ANY ($4::int[]))
+  AND next_run_at <= coalesce(:now::timestamptz, now()) + make_interval(secs => :horizon_s)
+  AND (:shards::int[] IS NULL OR shard = ANY (:shards::int[]))
 ORDER BY next_run_at
-LIMIT $3
+LIMIT :limit
 FOR UPDATE SKIP LOCKED;
 
 -- name: insert_occurrences
 -- Inserts occurrences (SCHEDULED or MISSED) and, for each SCHEDULED one actually inserted, its outbox row.
 -- An occurrence that already exists (overlapping materializers, replays) is left alone and gets no second
--- outbox row. Rows flagged in $12 (schedules with an overlap policy) are written already held by the overlap
--- gate: claimed with token $13 that never expires, so no relay publishes them before the gate decided.
--- Returns how many occurrences and outbox rows were written.
+-- outbox row. Rows flagged in :held (schedules with an overlap policy) are written already held by the
+-- overlap gate: claimed with :gate_token, a claim that never expires, so no relay publishes them before
+-- the gate decided. Returns how many occurrences and outbox rows were written.
 WITH input AS (
     SELECT *
-    FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::text[], $5::text[], $6::timestamptz[],
-                $7::timestamptz[], $8::text[], $9::text[], $10::bytea[], $11::bytea[], $12::bool[])
+    FROM unnest(:occurrence_ids::uuid[], :schedule_ids::uuid[], :schedule_versions::int[], :tenant_ids::text[],
+                :targets::text[], :scheduled_fors::timestamptz[], :available_ats::timestamptz[], :states::text[],
+                :topics::text[], :message_keys::bytea[], :messages::bytea[], :held::bool[])
          AS t(occurrence_id, schedule_id, schedule_version, tenant_id, target, scheduled_for,
               available_at, state, topic, message_key, message, held)
 ), inserted AS (
     INSERT INTO occurrences (occurrence_id, schedule_id, schedule_version, tenant_id, target,
                              scheduled_for, available_at, state, created_at, updated_at)
     SELECT occurrence_id, schedule_id, schedule_version, tenant_id, target, scheduled_for, available_at,
-           state, coalesce($14::timestamptz, now()), coalesce($14::timestamptz, now())
+           state, coalesce(:now::timestamptz, now()), coalesce(:now::timestamptz, now())
     FROM input
     ON CONFLICT DO NOTHING
     RETURNING occurrence_id, state
@@ -44,8 +42,8 @@ WITH input AS (
     INSERT INTO outbox (occurrence_id, tenant_id, topic, message_key, message, scheduled_for, available_at,
                         claim_token, claim_expires_at, created_at)
     SELECT i.occurrence_id, i.tenant_id, i.topic, i.message_key, i.message, i.scheduled_for,
-           i.available_at, CASE WHEN i.held THEN $13::uuid END,
-           CASE WHEN i.held THEN 'infinity'::timestamptz END, coalesce($14::timestamptz, now())
+           i.available_at, CASE WHEN i.held THEN :gate_token::uuid END,
+           CASE WHEN i.held THEN 'infinity'::timestamptz END, coalesce(:now::timestamptz, now())
     FROM input i JOIN inserted USING (occurrence_id)
     WHERE inserted.state = 'SCHEDULED'
     RETURNING 1
@@ -58,10 +56,10 @@ SELECT (SELECT count(*) FROM inserted) AS occurrences, (SELECT count(*) FROM out
 UPDATE schedules s
 SET next_run_at = u.next_run_at,
     state = CASE WHEN u.next_run_at IS NULL THEN 'completed' ELSE s.state END,
-    updated_at = coalesce($4::timestamptz, now())
-FROM unnest($1::uuid[], $2::int[], $3::timestamptz[]) AS u(schedule_id, version, next_run_at)
+    updated_at = coalesce(:now::timestamptz, now())
+FROM unnest(:schedule_ids::uuid[], :versions::int[], :next_run_ats::timestamptz[]) AS u(schedule_id, version, next_run_at)
 WHERE s.schedule_id = u.schedule_id AND s.version = u.version AND s.state = 'active';
 
 -- name: due_backlog
 -- Active schedules whose cursor is already in the past (work the materializer has not caught up with).
-SELECT count(*) FROM schedules WHERE state = 'active' AND next_run_at <= coalesce($1::timestamptz, now());
+SELECT count(*) FROM schedules WHERE state = 'active' AND next_run_at <= coalesce(:now::timestamptz, now());

@@ -1,0 +1,84 @@
+-- The outbox: messages queued in the transaction of the change they report, published by the relay.
+-- :now is NULL in production (the database's clock rules), a fixed instant in tests.
+
+-- name: claim_due_outbox
+-- Claims up to :limit due, unsent rows whose previous claim (if any) has expired, under claim token :token
+-- for :claim_ttl_s seconds. Rows are chosen by state, never by "id > last seen": ids commit out of order.
+WITH due AS (
+    SELECT id
+    FROM outbox
+    WHERE sent_at IS NULL AND discarded_at IS NULL
+      AND available_at <= coalesce(:now::timestamptz, now())
+      AND (claim_expires_at IS NULL OR claim_expires_at <= coalesce(:now::timestamptz, now()))
+    ORDER BY available_at
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox o
+SET claim_token = :token,
+    claim_expires_at = coalesce(:now::timestamptz, now()) + make_interval(secs => :claim_ttl_s),
+    publish_attempts = o.publish_attempts + 1
+FROM due
+WHERE o.id = due.id
+RETURNING o.id, o.occurrence_id, o.tenant_id, o.topic, o.message_key, o.message, o.scheduled_for,
+          o.available_at;
+
+-- name: mark_outbox_sent
+-- Marks rows sent after the broker acknowledged them, only while claim token :token still holds them
+-- (a relay that lost its claim changes nothing), and records the first enqueue on each occurrence.
+-- Returns how many rows this claim marked and the instant used.
+WITH sent AS (
+    UPDATE outbox
+    SET sent_at = coalesce(:now::timestamptz, now()), claim_token = NULL, claim_expires_at = NULL,
+        last_error = NULL
+    WHERE id = ANY (:ids::bigint[]) AND claim_token = :token AND sent_at IS NULL
+    RETURNING occurrence_id
+), enqueued AS (
+    UPDATE occurrences o
+    SET state = 'ENQUEUED',
+        enqueued_at = coalesce(o.enqueued_at, coalesce(:now::timestamptz, now())),
+        updated_at = coalesce(:now::timestamptz, now())
+    FROM sent
+    WHERE o.occurrence_id = sent.occurrence_id AND o.state IN ('SCHEDULED', 'RETRY_WAIT')
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM sent) AS marked, coalesce(:now::timestamptz, now()) AS marked_at;
+
+-- name: release_outbox_claims
+-- Gives rows back after a failed or unknown publish so the next pass retries them at once.
+UPDATE outbox
+SET claim_token = NULL, claim_expires_at = NULL, last_error = :error
+WHERE id = ANY (:ids::bigint[]) AND claim_token = :token AND sent_at IS NULL;
+
+-- name: outbox_backlog
+-- Due rows not yet sent.
+SELECT count(*)
+FROM outbox
+WHERE sent_at IS NULL AND discarded_at IS NULL AND available_at <= coalesce(:now::timestamptz, now());
+
+-- name: insert_outbox_row
+-- Queues one message of an occurrence for the relay in the caller's transaction (a retry, a replay or a
+-- dead letter), due at :due. scheduled_for is the row's own due instant, so the relay's schedule_lag
+-- measures its publication delay.
+INSERT INTO outbox (occurrence_id, tenant_id, topic, message_key, message, scheduled_for, available_at,
+                    created_at)
+VALUES (:occurrence_id, :tenant_id, :topic, :message_key, :message, :due, :due, coalesce(:now::timestamptz, now()));
+
+-- name: insert_topic_message
+-- Queues a message that belongs to no occurrence (a schedule state, a command result) for the relay,
+-- in the transaction of the change it reports.
+INSERT INTO outbox (occurrence_id, tenant_id, topic, message_key, message, scheduled_for, available_at,
+                    created_at)
+VALUES (NULL, :tenant_id, :topic, :message_key, :message, coalesce(:now::timestamptz, now()),
+        coalesce(:now::timestamptz, now()), coalesce(:now::timestamptz, now()));
+
+-- name: latest_occurrence_message
+-- The last occurrence message written for an occurrence on its topic (retries re-send it with a new
+-- attempt number).
+SELECT message FROM outbox WHERE occurrence_id = :occurrence_id AND topic = :topic ORDER BY id DESC LIMIT 1;
+
+-- name: discard_pending_deliveries
+-- An occurrence that finished needs no further delivery: drop its unsent rows on its occurrence topic.
+UPDATE outbox
+SET discarded_at = coalesce(:now::timestamptz, now())
+WHERE occurrence_id = :occurrence_id AND topic = :topic AND sent_at IS NULL AND discarded_at IS NULL;

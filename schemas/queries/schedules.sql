@@ -1,0 +1,117 @@
+-- The control plane's schedule lifecycle and what it reads about schedules: versions, occurrences, attempts.
+-- :now is NULL in production (the database's clock rules), a fixed instant in tests.
+-- Every query that reads or changes a schedule is scoped by tenant_id: another
+-- tenant's schedule is simply not found.
+
+-- name: insert_schedule
+-- Creates a schedule; with a created_by_key, a second create with the same key is a no-op (returns nothing).
+INSERT INTO schedules (
+    schedule_id, tenant_id, kind, expression, time_zone, dst_repeat, dst_gap, anchor, start_at, end_at,
+    next_run_at, state, target, payload, priority, flexible_window_s, misfire_policy, max_lateness_s,
+    overlap_policy, retry_max_attempts, retry_base_s, retry_cap_s, deadline_s, shard, created_by_key,
+    fires_per_minute, request_hash, created_at, updated_at)
+VALUES (:schedule_id, :tenant_id, :kind, :expression, :time_zone, :dst_repeat, :dst_gap, :anchor, :start_at,
+        :end_at, :next_run_at, :state, :target, :payload, :priority, :flexible_window_s, :misfire_policy,
+        :max_lateness_s, :overlap_policy, :retry_max_attempts, :retry_base_s, :retry_cap_s, :deadline_s, :shard,
+        :created_by_key, :fires_per_minute, :request_hash, coalesce(:now::timestamptz, now()),
+        coalesce(:now::timestamptz, now()))
+ON CONFLICT (tenant_id, created_by_key) DO NOTHING
+RETURNING *;
+
+-- name: get_schedule
+-- One schedule of one tenant.
+SELECT * FROM schedules WHERE schedule_id = :schedule_id AND tenant_id = :tenant_id;
+
+-- name: lock_schedule
+-- One schedule of one tenant, locked for a lifecycle change (the materializer skips it meanwhile).
+SELECT * FROM schedules WHERE schedule_id = :schedule_id AND tenant_id = :tenant_id FOR UPDATE;
+
+-- name: get_schedule_by_key
+-- The schedule a tenant created with an idempotency key.
+SELECT * FROM schedules WHERE tenant_id = :tenant_id AND created_by_key = :created_by_key;
+
+-- name: replace_schedule
+-- Writes a new version of a locked schedule: definition, state and cursor.
+UPDATE schedules
+SET version = version + 1, kind = :kind, expression = :expression, time_zone = :time_zone,
+    dst_repeat = :dst_repeat, dst_gap = :dst_gap, anchor = :anchor, start_at = :start_at, end_at = :end_at,
+    next_run_at = :next_run_at, state = :state, target = :target, payload = :payload, priority = :priority,
+    flexible_window_s = :flexible_window_s, misfire_policy = :misfire_policy, max_lateness_s = :max_lateness_s,
+    overlap_policy = :overlap_policy, retry_max_attempts = :retry_max_attempts, retry_base_s = :retry_base_s,
+    retry_cap_s = :retry_cap_s, deadline_s = :deadline_s, fires_per_minute = :fires_per_minute,
+    updated_at = coalesce(:now::timestamptz, now())
+WHERE schedule_id = :schedule_id AND tenant_id = :tenant_id
+RETURNING *;
+
+-- name: change_schedule_state
+-- A new version of a locked schedule that changes only its state and cursor (pause, resume, cancel).
+UPDATE schedules
+SET version = version + 1, state = :state, next_run_at = :next_run_at, updated_at = coalesce(:now::timestamptz, now())
+WHERE schedule_id = :schedule_id AND tenant_id = :tenant_id
+RETURNING *;
+
+-- name: cancel_unclaimed_occurrences
+-- Invalidates occurrences of versions older than :new_version that no worker has started (SCHEDULED,
+-- ENQUEUED, RETRY_WAIT): they become CANCELED and their unsent outbox rows are discarded. An ENQUEUED one
+-- already in Kafka is skipped by consumers, which check the schedule's version before the effect.
+-- Returns how many were canceled and the earliest instant among those never published (SCHEDULED):
+-- only those may be re-materialized later without risking a second run of the same slot.
+WITH targets AS (
+    SELECT occurrence_id, scheduled_for, state
+    FROM occurrences
+    WHERE schedule_id = :schedule_id AND schedule_version < :new_version
+      AND state IN ('SCHEDULED', 'ENQUEUED', 'RETRY_WAIT')
+    FOR UPDATE
+), canceled AS (
+    UPDATE occurrences o
+    SET state = 'CANCELED', updated_at = coalesce(:now::timestamptz, now())
+    FROM targets t
+    WHERE o.occurrence_id = t.occurrence_id
+    RETURNING t.occurrence_id, t.scheduled_for, t.state AS was
+), discarded AS (
+    UPDATE outbox
+    SET discarded_at = coalesce(:now::timestamptz, now())
+    WHERE occurrence_id IN (SELECT occurrence_id FROM canceled) AND sent_at IS NULL AND discarded_at IS NULL
+    RETURNING 1
+)
+SELECT count(*) AS canceled, min(scheduled_for) FILTER (WHERE was = 'SCHEDULED') AS earliest_unpublished
+FROM canceled;
+
+-- name: insert_schedule_version
+-- Records one version of a schedule in its history.
+INSERT INTO schedule_versions (schedule_id, version, tenant_id, change, state, definition, next_run_at,
+                               changed_at)
+VALUES (:schedule_id, :version, :tenant_id, :change, :state, :definition, :next_run_at,
+        coalesce(:now::timestamptz, now()));
+
+-- name: list_schedules
+-- A page of a tenant's schedules in creation order, after the cursor (created_at, schedule_id).
+SELECT *
+FROM schedules
+WHERE tenant_id = :tenant_id
+  AND (:state::text IS NULL OR state = :state)
+  AND (:target::text IS NULL OR target = :target)
+  AND (:after_at::timestamptz IS NULL OR (created_at, schedule_id) > (:after_at, :after_id::uuid))
+ORDER BY created_at, schedule_id
+LIMIT :limit;
+
+-- name: list_schedule_occurrences
+-- A page of one schedule's occurrences, oldest first, after the cursor (scheduled_for, occurrence_id).
+SELECT *
+FROM occurrences
+WHERE schedule_id = :schedule_id AND tenant_id = :tenant_id
+  AND (:after_at::timestamptz IS NULL OR (scheduled_for, occurrence_id) > (:after_at, :after_id::uuid))
+ORDER BY scheduled_for, occurrence_id
+LIMIT :limit;
+
+-- name: get_occurrence
+-- One occurrence of one tenant.
+SELECT * FROM occurrences WHERE occurrence_id = :occurrence_id AND tenant_id = :tenant_id;
+
+-- name: list_attempts
+-- The attempts of one occurrence, in order.
+SELECT * FROM attempts WHERE occurrence_id = :occurrence_id ORDER BY attempt_number, started_at;
+
+-- name: list_schedule_versions
+-- The version history of one schedule.
+SELECT * FROM schedule_versions WHERE schedule_id = :schedule_id AND tenant_id = :tenant_id ORDER BY version;
