@@ -36,6 +36,7 @@ from aiokafka.structs import ConsumerRecord
 from opentelemetry import metrics
 
 from engine.control.schedules import ControlPlane
+from engine.control.tenants import find_tenant
 from engine.loops.kafka_processor import KafkaLoopSettings, KafkaProcessorLoop
 from engine.loops.reporting import SUMMARY_EVERY
 from schemas import observability as obs
@@ -103,9 +104,9 @@ class CommandProcessor:
             return await self._answer(CommandResult(command_id, None, "rejected",
                                                     error=_error("malformed", str(err))))
         signature = dict(record.headers or ()).get(HEADER_SIGNATURE, b"")
-        tenant = await self.pool.fetchrow(*QUERIES.get_tenant(tenant_id=command.tenant_id))
-        if tenant is None or tenant["state"] != "active" or not signature_valid(
-                bytes(tenant["signing_key"]), record.value, signature.decode("latin-1")):
+        tenant = await find_tenant(self.pool, command.tenant_id)
+        if tenant is None or tenant.state != "active" or not signature_valid(
+                tenant.signing_key, record.value, signature.decode("latin-1")):
             # Same answer whether the tenant exists or not: nothing to probe.
             return await self._answer(CommandResult(command.command_id, command.tenant_id, "rejected", error=_error(
                 "unauthorized", "the signature is missing or does not verify with the tenant's signing key")))

@@ -25,8 +25,9 @@ import asyncpg
 from engine.control.identifiers import as_uuid
 from engine.rules.occurrence_states import Event, State, transition
 from engine.control.pagination import decode_cursor, key_of, page_size, split_page
-from engine.control.quotas import DEFAULT_RETRY_BUDGET
 from engine.control.views import dead_letter_to_json
+from engine.loops.attempt_ledger import lock_occurrence
+from engine.records import DeadLetter, Occurrence
 from schemas.clock import Clock, DatabaseClock
 from schemas.errors import Conflict, NotFound
 from schemas.messages import MalformedMessage, OccurrenceMessage, decode_occurrence, format_instant
@@ -47,8 +48,8 @@ async def list_dead_letters(pool: asyncpg.Pool, tenant_id: str | None, *, limit:
     after, after_id = decode_cursor(cursor)
     rows = await pool.fetch(*QUERIES.list_dead_letters(tenant_id=tenant_id, after_at=after, after_id=after_id,
                                                        limit=limit + 1))
-    page, next_cursor = split_page(rows, limit, key_of("finished_at", "occurrence_id"))
-    return {"items": [dead_letter_to_json(r) for r in page], "next_cursor": next_cursor}
+    page, next_cursor = split_page([DeadLetter.from_row(r) for r in rows], limit, key_of("finished_at", "occurrence_id"))
+    return {"items": [dead_letter_to_json(dead) for dead in page], "next_cursor": next_cursor}
 
 
 async def replay_dead_letter(pool: asyncpg.Pool, tenant_id: str, occurrence_id: uuid.UUID | str,
@@ -65,33 +66,33 @@ async def replay_dead_letter(pool: asyncpg.Pool, tenant_id: str, occurrence_id: 
     ident = as_uuid(occurrence_id, "occurrence")
     async with pool.acquire() as conn, conn.transaction():
         now: datetime = await conn.fetchval(*QUERIES.current_instant(now=clock.now()))
-        occ = await conn.fetchrow(*QUERIES.lock_occurrence(occurrence_id=ident, default_retry_budget=DEFAULT_RETRY_BUDGET))
-        if occ is None or occ["tenant_id"] != tenant_id:
+        occ = await lock_occurrence(conn, ident)
+        if occ is None or occ.tenant_id != tenant_id:
             raise NotFound("occurrence", occurrence_id)
-        if occ["state"] != State.DEAD.value:
-            raise Conflict(f"occurrence {ident} is {occ['state']}, not DEAD: only dead letters can be replayed")
-        if occ["schedule_state"] == "canceled" or occ["current_version"] != occ["schedule_version"]:
+        if occ.state != State.DEAD.value:
+            raise Conflict(f"occurrence {ident} is {occ.state}, not DEAD: only dead letters can be replayed")
+        if occ.schedule_state == "canceled" or occ.current_version != occ.schedule_version:
             raise Conflict(
-                f"occurrence {ident} belongs to version {occ['schedule_version']} of its schedule, which is now"
-                f" {occ['schedule_state']} at version {occ['current_version']}: consumers would skip it as"
+                f"occurrence {ident} belongs to version {occ.schedule_version} of its schedule, which is now"
+                f" {occ.schedule_state} at version {occ.current_version}: consumers would skip it as"
                 " obsolete; fire the current version instead"
             )
         transition(State.DEAD, Event.REPLAY)
         raw = await conn.fetchval(*QUERIES.latest_occurrence_message(occurrence_id=ident,
-                                                                     topic=occurrence_topic(occ["target"])))
+                                                                     topic=occurrence_topic(occ.target)))
         try:
             original = decode_occurrence(raw)
         except MalformedMessage as err:
             raise Conflict(f"occurrence {ident} has no stored message to replay ({err})") from err
-        message: OccurrenceMessage = dataclasses.replace(original, attempt=occ["attempt_count"] + 1,
+        message: OccurrenceMessage = dataclasses.replace(original, attempt=occ.attempt_count + 1,
                                                          available_at=now)
         await conn.execute(*QUERIES.insert_outbox_row(
-            occurrence_id=ident, tenant_id=tenant_id, topic=occurrence_topic(occ["target"]),
+            occurrence_id=ident, tenant_id=tenant_id, topic=occurrence_topic(occ.target),
             message_key=partition_key(tenant_id), message=message.encode(), due=now, now=now))
-        row = await conn.fetchrow(*QUERIES.replay_occurrence(occurrence_id=ident, now=now))
+        replayed = Occurrence.from_row(await conn.fetchrow(*QUERIES.replay_occurrence(occurrence_id=ident, now=now)))
     log.info("dead letter replayed", extra={"action": "occurrence.replayed", "occurrence_id": str(ident),
-                                            "schedule_id": str(row["schedule_id"]), "tenant_id": tenant_id,
+                                            "schedule_id": str(replayed.schedule_id), "tenant_id": tenant_id,
                                             "attempt": message.attempt})
-    return {"occurrence_id": str(ident), "schedule_id": str(row["schedule_id"]), "tenant_id": tenant_id,
-            "state": row["state"], "attempt": message.attempt, "replays": row["replay_count"],
+    return {"occurrence_id": str(ident), "schedule_id": str(replayed.schedule_id), "tenant_id": tenant_id,
+            "state": replayed.state, "attempt": message.attempt, "replays": replayed.replay_count,
             "available_at": format_instant(now)}

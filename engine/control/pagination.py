@@ -59,5 +59,6 @@ def split_page(rows: Sequence[Row], limit: int,
     return rows[:limit], encode_cursor(*key(rows[limit - 1]))
 
 
-def key_of(at_column: str, id_column: str) -> Callable[[Any], tuple[datetime, uuid.UUID]]:
-    return lambda row: (row[at_column], row[id_column])
+def key_of(at_field: str, id_field: str) -> Callable[[Any], tuple[datetime, uuid.UUID]]:
+    """The sort key of a listing's records: (instant, id) attributes."""
+    return lambda record: (getattr(record, at_field), getattr(record, id_field))

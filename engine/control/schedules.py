@@ -39,6 +39,7 @@ from engine.control.views import (
     schedule_to_json,
     version_to_json,
 )
+from engine.records import Attempt, Occurrence, Schedule, ScheduleVersion
 from engine.rules import timing
 from engine.rules.schedule_lifecycle import SCHEDULE_STATES, lifecycle_transition
 from engine.rules.shards import shard_of
@@ -89,8 +90,8 @@ class ControlPlane:
         body_hash = request_hash(raw)
         if idempotency_key is not None:
             validate_idempotency_key(idempotency_key)
-            existing = await (conn or self.pool).fetchrow(*QUERIES.get_schedule_by_key(
-                tenant_id=tenant_id, created_by_key=idempotency_key))
+            existing = _schedule(await (conn or self.pool).fetchrow(*QUERIES.get_schedule_by_key(
+                tenant_id=tenant_id, created_by_key=idempotency_key)))
             if existing is not None:
                 return _replayed(existing, body_hash, idempotency_key)
         async with self._transaction(conn) as conn:
@@ -102,25 +103,26 @@ class ControlPlane:
             rate = timing.fires_per_minute(request.spec, now)
             await check_quotas(conn, tenant_id, tenant.quotas, rate, exclude=None)
             schedule_id = uuid.uuid4()
-            row = await conn.fetchrow(*QUERIES.insert_schedule(
+            created = _schedule(await conn.fetchrow(*QUERIES.insert_schedule(
                 schedule_id=schedule_id, tenant_id=tenant_id, **_definition_columns(request),
                 next_run_at=next_run_at, state="active", shard=shard_of(schedule_id), created_by_key=idempotency_key,
-                fires_per_minute=rate, request_hash=body_hash, now=self.clock.now()))
-            if row is None:  # a concurrent create with the same key won the insert
-                existing = await conn.fetchrow(*QUERIES.get_schedule_by_key(tenant_id=tenant_id,
-                                                                            created_by_key=idempotency_key))
+                fires_per_minute=rate, request_hash=body_hash, now=self.clock.now())))
+            if created is None:  # a concurrent create with the same key won the insert
+                existing = _schedule(await conn.fetchrow(*QUERIES.get_schedule_by_key(
+                    tenant_id=tenant_id, created_by_key=idempotency_key)))
+                assert existing is not None
                 return _replayed(existing, body_hash, idempotency_key)
-            await self._record(conn, row, "create")
-        return schedule_to_json(row)
+            await self._record(conn, created, "create")
+        return schedule_to_json(created)
 
     # ------------------------------------------------------------------ reads
 
     async def get_schedule(self, tenant_id: str, schedule_id: uuid.UUID | str) -> dict[str, Any]:
-        row = await self.pool.fetchrow(*QUERIES.get_schedule(schedule_id=as_uuid(schedule_id, "schedule"),
-                                                             tenant_id=tenant_id))
-        if row is None:
+        schedule = _schedule(await self.pool.fetchrow(*QUERIES.get_schedule(
+            schedule_id=as_uuid(schedule_id, "schedule"), tenant_id=tenant_id)))
+        if schedule is None:
             raise NotFound("schedule", schedule_id)
-        return schedule_to_json(row)
+        return schedule_to_json(schedule)
 
     async def list_schedules(self, tenant_id: str, *, state: str | None = None, target: str | None = None,
                              cursor: str | None = None, limit: int = 50) -> Page:
@@ -132,8 +134,9 @@ class ControlPlane:
         limit = page_size(limit)
         rows = await self.pool.fetch(*QUERIES.list_schedules(tenant_id=tenant_id, state=state, target=target,
                                                              after_at=after_at, after_id=after_id, limit=limit + 1))
-        page, next_cursor = split_page(rows, limit, key_of("created_at", "schedule_id"))
-        return Page([schedule_to_json(r) for r in page], next_cursor)
+        page, next_cursor = split_page([Schedule.from_row(r) for r in rows], limit,
+                                       key_of("created_at", "schedule_id"))
+        return Page([schedule_to_json(s) for s in page], next_cursor)
 
     async def list_occurrences(self, tenant_id: str, schedule_id: uuid.UUID | str, *, cursor: str | None = None,
                                limit: int = 50) -> Page:
@@ -145,8 +148,9 @@ class ControlPlane:
         limit = page_size(limit)
         rows = await self.pool.fetch(*QUERIES.list_schedule_occurrences(
             schedule_id=sid, tenant_id=tenant_id, after_at=after_at, after_id=after_id, limit=limit + 1))
-        page, next_cursor = split_page(rows, limit, key_of("scheduled_for", "occurrence_id"))
-        return Page([occurrence_to_json(r) for r in page], next_cursor)
+        page, next_cursor = split_page([Occurrence.from_row(r) for r in rows], limit,
+                                       key_of("scheduled_for", "occurrence_id"))
+        return Page([occurrence_to_json(o) for o in page], next_cursor)
 
     async def get_occurrence(self, tenant_id: str, occurrence_id: uuid.UUID | str) -> dict[str, Any]:
         """An occurrence with its attempts."""
@@ -155,14 +159,15 @@ class ControlPlane:
         if row is None:
             raise NotFound("occurrence", occurrence_id)
         attempts = await self.pool.fetch(*QUERIES.list_attempts(occurrence_id=oid))
-        return {**occurrence_to_json(row), "attempts": [attempt_to_json(a) for a in attempts]}
+        return {**occurrence_to_json(Occurrence.from_row(row)),
+                "attempts": [attempt_to_json(Attempt.from_row(a)) for a in attempts]}
 
     async def schedule_history(self, tenant_id: str, schedule_id: uuid.UUID | str) -> list[dict[str, Any]]:
         rows = await self.pool.fetch(*QUERIES.list_schedule_versions(schedule_id=as_uuid(schedule_id, "schedule"),
                                                                      tenant_id=tenant_id))
         if not rows:
             raise NotFound("schedule", schedule_id)
-        return [version_to_json(r) for r in rows]
+        return [version_to_json(ScheduleVersion.from_row(r)) for r in rows]
 
     # ------------------------------------------------------------------ changes
 
@@ -176,7 +181,7 @@ class ControlPlane:
         check_changes(changes)
         async with self._transaction(conn) as conn:
             row = await self._lock(conn, tenant_id, schedule_id)
-            state = lifecycle_transition(row["state"], "update")
+            state = lifecycle_transition(row.state, "update")
             tenant = await lock_tenant(conn, tenant_id)
             request = parse_changed_request(definition_of(row), changes,
                                             max_payload_bytes=tenant.quotas.max_payload_bytes)
@@ -184,11 +189,11 @@ class ControlPlane:
             request = anchored(request, now)
             next_run_at = first_fire(request, now)
             rate = timing.fires_per_minute(request.spec, now)
-            await check_quotas(conn, tenant_id, tenant.quotas, rate, exclude=row["schedule_id"])
-            updated = await conn.fetchrow(*QUERIES.replace_schedule(
-                schedule_id=row["schedule_id"], tenant_id=tenant_id, **_definition_columns(request),
-                next_run_at=next_run_at, state=state, fires_per_minute=rate, now=self.clock.now()))
-            canceled = await self._invalidate_older_versions(conn, updated["schedule_id"], updated["version"])
+            await check_quotas(conn, tenant_id, tenant.quotas, rate, exclude=row.schedule_id)
+            updated = Schedule.from_row(await conn.fetchrow(*QUERIES.replace_schedule(
+                schedule_id=row.schedule_id, tenant_id=tenant_id, **_definition_columns(request),
+                next_run_at=next_run_at, state=state, fires_per_minute=rate, now=self.clock.now())))
+            canceled = await self._invalidate_older_versions(conn, updated.schedule_id, updated.version)
             await self._record(conn, updated, "update")
         return {**schedule_to_json(updated), "canceled_occurrences": canceled["canceled"]}
 
@@ -211,28 +216,28 @@ class ControlPlane:
                             conn: asyncpg.Connection | None) -> dict[str, Any]:
         async with self._transaction(conn) as conn:
             row = await self._lock(conn, tenant_id, schedule_id)
-            state = lifecycle_transition(row["state"], action)
-            if state == row["state"]:
+            state = lifecycle_transition(row.state, action)
+            if state == row.state:
                 return {**schedule_to_json(row), "canceled_occurrences": 0}
-            canceled = await self._invalidate_older_versions(conn, row["schedule_id"], row["version"] + 1)
-            cursor = None if state == "canceled" else row["next_run_at"]
+            canceled = await self._invalidate_older_versions(conn, row.schedule_id, row.version + 1)
+            cursor = None if state == "canceled" else row.next_run_at
             if action == "pause" and canceled["earliest_unpublished"] is not None and cursor is not None:
                 # Materialized ahead but never published: rewind the cursor so that
                 # resume judges those slots with the misfire policy. Published ones
                 # may already have run; they are canceled, never re-materialized.
                 cursor = min(cursor, canceled["earliest_unpublished"])
-            updated = await conn.fetchrow(*QUERIES.change_schedule_state(
-                schedule_id=row["schedule_id"], tenant_id=tenant_id, state=state, next_run_at=cursor,
-                now=self.clock.now()))
+            updated = Schedule.from_row(await conn.fetchrow(*QUERIES.change_schedule_state(
+                schedule_id=row.schedule_id, tenant_id=tenant_id, state=state, next_run_at=cursor,
+                now=self.clock.now())))
             await self._record(conn, updated, action)
         return {**schedule_to_json(updated), "canceled_occurrences": canceled["canceled"]}
 
-    async def _lock(self, conn: asyncpg.Connection, tenant_id: str, schedule_id: uuid.UUID | str) -> asyncpg.Record:
-        row = await conn.fetchrow(*QUERIES.lock_schedule(schedule_id=as_uuid(schedule_id, "schedule"),
-                                                         tenant_id=tenant_id))
-        if row is None:
+    async def _lock(self, conn: asyncpg.Connection, tenant_id: str, schedule_id: uuid.UUID | str) -> Schedule:
+        schedule = _schedule(await conn.fetchrow(*QUERIES.lock_schedule(schedule_id=as_uuid(schedule_id, "schedule"),
+                                                                        tenant_id=tenant_id)))
+        if schedule is None:
             raise NotFound("schedule", schedule_id)
-        return row
+        return schedule
 
     async def _invalidate_older_versions(self, conn: asyncpg.Connection, schedule_id: uuid.UUID,
                                          new_version: int) -> asyncpg.Record:
@@ -240,16 +245,16 @@ class ControlPlane:
         return await conn.fetchrow(*QUERIES.cancel_unclaimed_occurrences(
             schedule_id=schedule_id, new_version=new_version, now=self.clock.now()))
 
-    async def _record(self, conn: asyncpg.Connection, row: asyncpg.Record, change: str) -> None:
+    async def _record(self, conn: asyncpg.Connection, row: Schedule, change: str) -> None:
         """Version history row + schedule state message, in the change's transaction."""
         now = self.clock.now()
         await conn.execute(*QUERIES.insert_schedule_version(
-            schedule_id=row["schedule_id"], version=row["version"], tenant_id=row["tenant_id"], change=change,
-            state=row["state"], definition=definition_of(row), next_run_at=row["next_run_at"], now=now))
-        message = ScheduleStateMessage(row["schedule_id"], row["tenant_id"], row["version"], row["state"],
-                                       row["updated_at"])
+            schedule_id=row.schedule_id, version=row.version, tenant_id=row.tenant_id, change=change,
+            state=row.state, definition=definition_of(row), next_run_at=row.next_run_at, now=now))
+        message = ScheduleStateMessage(row.schedule_id, row.tenant_id, row.version, row.state,
+                                       row.updated_at)
         await conn.execute(*QUERIES.insert_topic_message(
-            tenant_id=row["tenant_id"], topic=SCHEDULE_STATES_TOPIC, message_key=message.key,
+            tenant_id=row.tenant_id, topic=SCHEDULE_STATES_TOPIC, message_key=message.key,
             message=message.encode(), now=now))
 
 
@@ -269,8 +274,12 @@ def _definition_columns(request: ScheduleRequest) -> dict[str, Any]:
     }
 
 
-def _replayed(row: Mapping[str, Any], request_hash: str, key: str) -> dict[str, Any]:
-    if row["request_hash"] != request_hash:
+def _schedule(row: asyncpg.Record | None) -> Schedule | None:
+    return Schedule.from_row(row) if row is not None else None
+
+
+def _replayed(existing: Schedule, request_hash: str, key: str) -> dict[str, Any]:
+    if existing.request_hash != request_hash:
         raise Conflict(f"Idempotency-Key {key!r} was already used with a different request body (schedule"
-                       f" {row['schedule_id']}); use a new key for a new schedule")
-    return schedule_to_json(row)
+                       f" {existing.schedule_id}); use a new key for a new schedule")
+    return schedule_to_json(existing)

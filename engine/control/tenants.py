@@ -80,11 +80,10 @@ async def create_tenant(pool: asyncpg.Pool, tenant_id: str, quotas: TenantQuotas
     return NewTenant(Tenant.from_row(row), api_token)
 
 
-async def get_tenant(conn: asyncpg.Connection | asyncpg.Pool, tenant_id: str) -> Tenant:
+async def find_tenant(conn: asyncpg.Connection | asyncpg.Pool, tenant_id: str) -> Tenant | None:
+    """The tenant named ``tenant_id``, in any state, or None."""
     row = await conn.fetchrow(*QUERIES.get_tenant(tenant_id=tenant_id))
-    if row is None:
-        raise NotFound("tenant", f"{tenant_id} (create it with: chronoq tenant create {tenant_id})")
-    return Tenant.from_row(row)
+    return Tenant.from_row(row) if row is not None else None
 
 
 async def authenticate(pool: asyncpg.Pool, api_token: str) -> Tenant | None:

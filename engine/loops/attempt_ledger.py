@@ -40,16 +40,17 @@ import logging
 import random
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import Enum
-from typing import Any, Mapping
+from typing import Any
 
 import asyncpg
 from opentelemetry import metrics
 
 from engine.control.quotas import DEFAULT_RETRY_BUDGET
 from engine.rules.occurrence_states import Event, State, allowed, transition
-from engine.rules.retry_policy import RetryDecision, RetryPolicy, decide_retry, spend_budget
+from engine.records import Attempt, LockedOccurrence
+from engine.rules.retry_policy import RetryDecision, decide_retry, spend_budget
 from schemas import attempt_events as events
 from schemas import observability as obs
 from schemas.attempt_events import AttemptEvent
@@ -108,6 +109,13 @@ class Failure:
     permanent: bool = False
 
 
+async def lock_occurrence(conn: asyncpg.Connection, occurrence_id: uuid.UUID) -> LockedOccurrence | None:
+    """Lock an occurrence for an attempt decision (None if there is no such occurrence)."""
+    row = await conn.fetchrow(*QUERIES.lock_occurrence(occurrence_id=occurrence_id,
+                                                       default_retry_budget=DEFAULT_RETRY_BUDGET))
+    return LockedOccurrence.from_row(row) if row is not None else None
+
+
 class AttemptLedger:
     """The decisions about one occurrence's attempts, inside a caller's transaction.
 
@@ -123,13 +131,13 @@ class AttemptLedger:
     # -- events ---------------------------------------------------------------------------------
 
     async def apply(self, conn: asyncpg.Connection, event: AttemptEvent, now: datetime) -> Verdict:
-        occ = await conn.fetchrow(*QUERIES.lock_occurrence(occurrence_id=event.occurrence_id,
-                                                           default_retry_budget=DEFAULT_RETRY_BUDGET))
+        occ = await lock_occurrence(conn, event.occurrence_id)
         if occ is None:
             return Verdict.UNKNOWN
-        known = (await conn.fetchrow(*QUERIES.find_attempt(lease_token=event.lease_token))
+        found = (await conn.fetchrow(*QUERIES.find_attempt(lease_token=event.lease_token))
                  if event.lease_token is not None else None)
-        if known is not None and known["occurrence_id"] != occ["occurrence_id"]:
+        known = Attempt.from_row(found) if found is not None else None
+        if known is not None and known.occurrence_id != occ.occurrence_id:
             return Verdict.FENCED   # a token of another occurrence: never ours
         handler = {
             events.STARTED: self._started, events.HEARTBEAT: self._heartbeat, events.SUCCEEDED: self._succeeded,
@@ -138,40 +146,40 @@ class AttemptLedger:
         }[event.event]
         return await handler(conn, occ, known, event, now)
 
-    def _current(self, occ: Mapping[str, Any], event: AttemptEvent) -> bool:
-        return occ["state"] == State.RUNNING.value and occ["lease_token"] == event.lease_token
+    def _current(self, occ: LockedOccurrence, event: AttemptEvent) -> bool:
+        return occ.state == State.RUNNING.value and occ.lease_token == event.lease_token
 
-    async def _started(self, conn: asyncpg.Connection, occ: Mapping[str, Any], known: Any, event: AttemptEvent,
+    async def _started(self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent,
                        now: datetime) -> Verdict:
         if known is not None:
             return Verdict.DUPLICATE
-        state = State(occ["state"])
+        state = State(occ.state)
         fresh = state in (State.SCHEDULED, State.ENQUEUED, State.RETRY_WAIT) and \
-            event.attempt == occ["attempt_count"] + 1
-        takeover = state is State.RUNNING and event.attempt == occ["attempt_count"]
+            event.attempt == occ.attempt_count + 1
+        takeover = state is State.RUNNING and event.attempt == occ.attempt_count
         if not (fresh or takeover):
             return Verdict.FENCED
         if takeover:
-            await self.finish_attempt(conn, occ["lease_token"], "fenced", now,
+            await self.finish_attempt(conn, occ.lease_token, "fenced", now,
                                        Failure("Superseded", f"lease taken over by {event.lease_token}"))
         transition(state, Event.STARTED)
         await conn.fetchval(*QUERIES.start_attempt(
-            occurrence_id=occ["occurrence_id"], attempt_id=uuid.uuid4(), attempt_number=event.attempt,
+            occurrence_id=occ.occurrence_id, attempt_id=uuid.uuid4(), attempt_number=event.attempt,
             lease_token=event.lease_token, consumer_group=event.consumer_group, worker=event.worker,
             lease_ttl_s=event.lease_ttl, now=now))
         log.info("attempt started", extra=_ids(occ, action="attempt.started", attempt=event.attempt,
                                                lease_token=str(event.lease_token), takeover=takeover))
         return Verdict.ACCEPTED
 
-    async def _heartbeat(self, conn: asyncpg.Connection, occ: Mapping[str, Any], known: Any, event: AttemptEvent,
+    async def _heartbeat(self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent,
                          now: datetime) -> Verdict:
         if not self._current(occ, event):
             return Verdict.FENCED
         await conn.fetchval(*QUERIES.renew_lease(lease_token=event.lease_token, lease_ttl_s=event.lease_ttl, now=now,
-                                                 occurrence_id=occ["occurrence_id"]))
+                                                 occurrence_id=occ.occurrence_id))
         return Verdict.ACCEPTED
 
-    async def _succeeded(self, conn: asyncpg.Connection, occ: Mapping[str, Any], known: Any, event: AttemptEvent,
+    async def _succeeded(self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent,
                          now: datetime) -> Verdict:
         if not self._current(occ, event):
             return _repeat_or_fenced(known, "succeeded")
@@ -179,7 +187,7 @@ class AttemptLedger:
         await self._finish(conn, occ, Event.SUCCEEDED, now)
         return Verdict.ACCEPTED
 
-    async def _failed(self, conn: asyncpg.Connection, occ: Mapping[str, Any], known: Any, event: AttemptEvent,
+    async def _failed(self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent,
                       now: datetime) -> Verdict:
         if not self._current(occ, event):
             return _repeat_or_fenced(known, "failed")
@@ -188,9 +196,9 @@ class AttemptLedger:
         await self.conclude_failure(conn, occ, failure, now)
         return Verdict.ACCEPTED
 
-    async def _canceled(self, conn: asyncpg.Connection, occ: Mapping[str, Any], known: Any, event: AttemptEvent,
+    async def _canceled(self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent,
                         now: datetime) -> Verdict:
-        state = State(occ["state"])
+        state = State(occ.state)
         if event.lease_token is not None:
             if self._current(occ, event):
                 await self.finish_attempt(conn, event.lease_token, "canceled", now)
@@ -201,7 +209,7 @@ class AttemptLedger:
             return _repeat_or_fenced(known, "canceled")
         if state is State.CANCELED:
             return Verdict.IGNORED
-        obsolete = occ["current_version"] > occ["schedule_version"] or occ["schedule_state"] == "canceled"
+        obsolete = occ.obsolete
         if state in (State.SCHEDULED, State.ENQUEUED, State.RETRY_WAIT) and obsolete:
             await self._finish(conn, occ, Event.CANCEL, now)
             return Verdict.ACCEPTED
@@ -211,9 +219,9 @@ class AttemptLedger:
                                    consumer_group=event.consumer_group))
         return Verdict.IGNORED
 
-    async def _already_applied(self, conn: asyncpg.Connection, occ: Mapping[str, Any], known: Any,
+    async def _already_applied(self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None,
                                event: AttemptEvent, now: datetime) -> Verdict:
-        state = State(occ["state"])
+        state = State(occ.state)
         if state is State.SUCCEEDED:
             return Verdict.DUPLICATE
         if not allowed(state, Event.ALREADY_APPLIED):
@@ -222,8 +230,8 @@ class AttemptLedger:
                                    applied_by=str(event.applied_by)))
             return Verdict.IGNORED
         if state is State.RUNNING:
-            mine = occ["lease_token"] == event.applied_by
-            await self.finish_attempt(conn, occ["lease_token"], "succeeded" if mine else "fenced", now,
+            mine = occ.lease_token == event.applied_by
+            await self.finish_attempt(conn, occ.lease_token, "succeeded" if mine else "fenced", now,
                                        None if mine else Failure("AppliedElsewhere",
                                                                  f"effect applied by {event.applied_by}"))
         await self._finish(conn, occ, Event.ALREADY_APPLIED, now)
@@ -231,21 +239,19 @@ class AttemptLedger:
 
     # -- outcomes -------------------------------------------------------------------------------
 
-    async def conclude_failure(self, conn: asyncpg.Connection, occ: Mapping[str, Any], failure: Failure,
+    async def conclude_failure(self, conn: asyncpg.Connection, occ: LockedOccurrence, failure: Failure,
                                now: datetime) -> State:
         """After a failed or timed-out attempt: retry (RETRY_WAIT + outbox row), DEAD, or CANCELED."""
-        if occ["current_version"] > occ["schedule_version"] or occ["schedule_state"] == "canceled":
+        if occ.obsolete:
             # Its schedule changed meanwhile: consumers would skip the retry anyway.
             await self._finish(conn, occ, Event.CANCEL, now, failure)
             return State.CANCELED
         original = await self._original_message(conn, occ)
-        policy = RetryPolicy(occ["retry_max_attempts"], timedelta(seconds=occ["retry_base_s"]),
-                             timedelta(seconds=occ["retry_cap_s"]))
-        counted = occ["attempt_count"] - occ["attempt_floor"]
-        decision = decide_retry(policy, counted, failure.permanent, now, original.deadline, self.rng.random)
+        decision = decide_retry(occ.retry_policy, occ.counted_attempts, failure.permanent, now, original.deadline,
+                                self.rng.random)
         if decision.retry:
             granted = await conn.fetchval(*QUERIES.spend_retry_budget(
-                tenant_id=occ["tenant_id"], per_hour=occ["retry_budget_per_hour"], now=now))
+                tenant_id=occ.tenant_id, per_hour=occ.retry_budget_per_hour, now=now))
             decision = spend_budget(decision, granted is not None)
         if decision.retry:
             await self._schedule_retry(conn, occ, original, decision, failure, now)
@@ -253,15 +259,15 @@ class AttemptLedger:
         await self._dead_letter(conn, occ, original, decision, failure, now)
         return State.DEAD
 
-    async def _schedule_retry(self, conn: asyncpg.Connection, occ: Mapping[str, Any], original: OccurrenceMessage,
+    async def _schedule_retry(self, conn: asyncpg.Connection, occ: LockedOccurrence, original: OccurrenceMessage,
                               decision: RetryDecision, failure: Failure, now: datetime) -> None:
-        transition(occ["state"], Event.RETRY)
+        transition(occ.state, Event.RETRY)
         due = now + decision.delay
-        message = dataclasses.replace(original, attempt=occ["attempt_count"] + 1, available_at=due)
+        message = dataclasses.replace(original, attempt=occ.attempt_count + 1, available_at=due)
         await conn.execute(*QUERIES.insert_outbox_row(
-            occurrence_id=occ["occurrence_id"], tenant_id=occ["tenant_id"], topic=occurrence_topic(occ["target"]),
-            message_key=partition_key(occ["tenant_id"]), message=message.encode(), due=due, now=now))
-        await conn.execute(*QUERIES.wait_for_retry(occurrence_id=occ["occurrence_id"], error_class=failure.error_class,
+            occurrence_id=occ.occurrence_id, tenant_id=occ.tenant_id, topic=occurrence_topic(occ.target),
+            message_key=partition_key(occ.tenant_id), message=message.encode(), due=due, now=now))
+        await conn.execute(*QUERIES.wait_for_retry(occurrence_id=occ.occurrence_id, error_class=failure.error_class,
                                                    error_message=failure.error_message, now=now))
         self.stats.retries += 1
         self.meters.retries.add(1)
@@ -269,29 +275,29 @@ class AttemptLedger:
                                                delay_s=round(decision.delay.total_seconds(), 3),
                                                error_class=failure.error_class))
 
-    async def _dead_letter(self, conn: asyncpg.Connection, occ: Mapping[str, Any], original: OccurrenceMessage,
+    async def _dead_letter(self, conn: asyncpg.Connection, occ: LockedOccurrence, original: OccurrenceMessage,
                            decision: RetryDecision, failure: Failure, now: datetime) -> None:
-        record = DeadOccurrenceMessage(original, occ["attempt_count"], decision.dead_reason or "max_attempts",
+        record = DeadOccurrenceMessage(original, occ.attempt_count, decision.dead_reason or "max_attempts",
                                        failure.error_class, failure.error_message, now)
         await conn.execute(*QUERIES.insert_outbox_row(
-            occurrence_id=occ["occurrence_id"], tenant_id=occ["tenant_id"], topic=DEAD_LETTER_TOPIC,
+            occurrence_id=occ.occurrence_id, tenant_id=occ.tenant_id, topic=DEAD_LETTER_TOPIC,
             message_key=record.key, message=record.encode(), due=now, now=now))
         await self._finish(conn, occ, Event.DIE, now, failure, decision.dead_reason)
         self.stats.dead += 1
         self.meters.dead.add(1, {"reason": record.reason})
         log.warning("occurrence is dead", extra=_ids(occ, action="occurrence.dead", reason=record.reason,
-                                                     attempts=occ["attempt_count"],
+                                                     attempts=occ.attempt_count,
                                                      error_class=failure.error_class))
 
-    async def _finish(self, conn: asyncpg.Connection, occ: Mapping[str, Any], event: Event, now: datetime,
+    async def _finish(self, conn: asyncpg.Connection, occ: LockedOccurrence, event: Event, now: datetime,
                       failure: Failure | None = None, dead_reason: str | None = None) -> None:
-        final = transition(occ["state"], event)
+        final = transition(occ.state, event)
         await conn.execute(*QUERIES.finish_occurrence(
-            occurrence_id=occ["occurrence_id"], state=final.value,
+            occurrence_id=occ.occurrence_id, state=final.value,
             error_class=failure.error_class if failure else None,
             error_message=failure.error_message if failure else None, dead_reason=dead_reason, now=now))
         await conn.execute(*QUERIES.discard_pending_deliveries(
-            occurrence_id=occ["occurrence_id"], topic=occurrence_topic(occ["target"]), now=now))
+            occurrence_id=occ.occurrence_id, topic=occurrence_topic(occ.target), now=now))
         if final is not State.DEAD:   # DEAD is logged with its reason by _dead_letter
             log.info("occurrence finished", extra=_ids(occ, action=f"occurrence.{final.value.lower()}",
                                                        event=event.value))
@@ -307,23 +313,23 @@ class AttemptLedger:
         if closed is not None:
             self.meters.attempts.add(1, {"result": result})
 
-    async def _original_message(self, conn: asyncpg.Connection, occ: Mapping[str, Any]) -> OccurrenceMessage:
+    async def _original_message(self, conn: asyncpg.Connection, occ: LockedOccurrence) -> OccurrenceMessage:
         """The occurrence message as published (retries resend it), rebuilt from the rows if none is left."""
-        raw = await conn.fetchval(*QUERIES.latest_occurrence_message(occurrence_id=occ["occurrence_id"],
-                                                                     topic=occurrence_topic(occ["target"])))
+        raw = await conn.fetchval(*QUERIES.latest_occurrence_message(occurrence_id=occ.occurrence_id,
+                                                                     topic=occurrence_topic(occ.target)))
         if raw:
             try:
                 return decode_occurrence(raw)
             except MalformedMessage:
                 log.error("stored occurrence message is undecodable; rebuilding it",
                           extra=_ids(occ, action="attempt.message_rebuilt"))
-        deadline = timedelta(seconds=occ["deadline_s"]) if occ["deadline_s"] else None
+        deadline = occ.deadline
         return OccurrenceMessage(
-            occurrence_id=occ["occurrence_id"], schedule_id=occ["schedule_id"],
-            schedule_version=occ["schedule_version"], tenant_id=occ["tenant_id"], target=occ["target"],
-            scheduled_for=occ["scheduled_for"], available_at=occ["scheduled_for"], attempt=occ["attempt_count"],
-            priority=occ["priority"], deadline=occ["scheduled_for"] + deadline if deadline else None,
-            payload=occ["payload"],
+            occurrence_id=occ.occurrence_id, schedule_id=occ.schedule_id,
+            schedule_version=occ.schedule_version, tenant_id=occ.tenant_id, target=occ.target,
+            scheduled_for=occ.scheduled_for, available_at=occ.scheduled_for, attempt=occ.attempt_count,
+            priority=occ.priority, deadline=occ.scheduled_for + deadline if deadline else None,
+            payload=occ.payload,
         )
 
     def fenced(self, event: AttemptEvent, verdict: Verdict) -> None:
@@ -338,12 +344,12 @@ class AttemptLedger:
                            "consumer_group": event.consumer_group})
 
 
-def _repeat_or_fenced(known: Any, result: str) -> Verdict:
-    if known is not None and known["result"] == result:
+def _repeat_or_fenced(known: Attempt | None, result: str) -> Verdict:
+    if known is not None and known.result == result:
         return Verdict.DUPLICATE
     return Verdict.FENCED
 
 
-def _ids(occ: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
-    return {"occurrence_id": str(occ["occurrence_id"]), "schedule_id": str(occ["schedule_id"]),
-            "tenant_id": occ["tenant_id"], **extra}
+def _ids(occ: LockedOccurrence, **extra: Any) -> dict[str, Any]:
+    return {"occurrence_id": str(occ.occurrence_id), "schedule_id": str(occ.schedule_id),
+            "tenant_id": occ.tenant_id, **extra}

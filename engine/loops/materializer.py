@@ -16,17 +16,17 @@ after an outage resumes from the durable cursor with the misfire decision
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Mapping
+from typing import Any
 
 import asyncpg
 from opentelemetry import metrics, trace
 
 from engine.loops.periodic import LoopTiming, PassOutcome, PeriodicLoop
 from engine.loops.reporting import SUMMARY_EVERY
+from engine.records import DueSchedule
 from engine.rules import timing
 from engine.loops.overlap_gate import OVERLAP_GATE_TOKEN
 from schemas import observability as obs
@@ -77,20 +77,6 @@ class MaterializeReport:
     notes: list[str] = field(default_factory=list)
 
 
-@functools.lru_cache(maxsize=4096)
-def _policy(text: str, max_lateness_s: int) -> timing.MisfirePolicy:
-    return timing.parse_misfire_policy(text, timedelta(seconds=max_lateness_s))
-
-
-def spec_of(row: Mapping[str, Any]) -> timing.TimeSpec:
-    """The time spec of a stored schedule row (validated when it was stored)."""
-    return timing.TimeSpec(
-        kind=row["kind"], expression=row["expression"], time_zone=row["time_zone"],
-        dst_repeat=row["dst_repeat"], dst_gap=row["dst_gap"], anchor=row["anchor"],
-        start_at=row["start_at"], end_at=row["end_at"],
-    )
-
-
 class _Batch:
     """The column arrays of one insert_occurrences call, by parameter name."""
 
@@ -100,15 +86,15 @@ class _Batch:
     def __init__(self) -> None:
         self.columns: dict[str, list[Any]] = {name: [] for name in self.COLUMNS}
 
-    def add(self, row: Mapping[str, Any], scheduled_for: datetime, available_at: datetime, state: str,
+    def add(self, schedule: DueSchedule, scheduled_for: datetime, available_at: datetime, state: str,
             message: OccurrenceMessage | None) -> None:
         values = {
             "occurrence_ids": message.occurrence_id if message else occurrence_id(
-                row["schedule_id"], row["version"], scheduled_for),
-            "schedule_ids": row["schedule_id"], "schedule_versions": row["version"], "tenant_ids": row["tenant_id"],
-            "targets": row["target"], "scheduled_fors": scheduled_for, "available_ats": available_at,
-            "states": state, "topics": occurrence_topic(row["target"]), "message_keys": partition_key(row["tenant_id"]),
-            "messages": message.encode() if message else b"", "held": row["overlap_policy"] != "allow",
+                schedule.schedule_id, schedule.version, scheduled_for),
+            "schedule_ids": schedule.schedule_id, "schedule_versions": schedule.version, "tenant_ids": schedule.tenant_id,
+            "targets": schedule.target, "scheduled_fors": scheduled_for, "available_ats": available_at,
+            "states": state, "topics": occurrence_topic(schedule.target), "message_keys": partition_key(schedule.tenant_id),
+            "messages": message.encode() if message else b"", "held": schedule.gated,
         }
         for name, value in values.items():
             self.columns[name].append(value)
@@ -139,20 +125,20 @@ class Materializer:
         with self.tracer.start_as_current_span(obs.SPAN_MATERIALIZE) as span:
             async with self.pool.acquire() as conn, conn.transaction():
                 now: datetime = await conn.fetchval(*QUERIES.current_instant(now=self.clock.now()))
-                rows = await conn.fetch(*QUERIES.claim_due_schedules(
+                rows = [DueSchedule.from_row(row) for row in await conn.fetch(*QUERIES.claim_due_schedules(
                     now=now, horizon_s=cfg.horizon.total_seconds(), limit=cfg.batch_size,
-                    shards=list(cfg.shards) if cfg.shards is not None else None))
+                    shards=list(cfg.shards) if cfg.shards is not None else None))]
                 if not rows:
                     return report
                 batch = _Batch()
                 cursors: list[datetime | None] = []
-                for row in rows:
-                    cursors.append(self._plan(row, now, batch, report))
+                for schedule in rows:
+                    cursors.append(self._plan(schedule, now, batch, report))
                     report.completed += cursors[-1] is None
                 written = await conn.fetchrow(*QUERIES.insert_occurrences(
                     **batch.columns, gate_token=OVERLAP_GATE_TOKEN, now=self.clock.now()))
                 await conn.execute(*QUERIES.advance_schedules(
-                    schedule_ids=[row["schedule_id"] for row in rows], versions=[row["version"] for row in rows],
+                    schedule_ids=[s.schedule_id for s in rows], versions=[s.version for s in rows],
                     next_run_ats=cursors, now=self.clock.now()))
             report.schedules = len(rows)
             report.occurrences = written["outbox_rows"]
@@ -168,36 +154,34 @@ class Materializer:
             self._missed.add(report.missed + report.missed_unlisted)
         return report
 
-    def _plan(self, row: Mapping[str, Any], now: datetime, batch: _Batch, report: MaterializeReport) -> datetime | None:
+    def _plan(self, schedule: DueSchedule, now: datetime, batch: _Batch,
+              report: MaterializeReport) -> datetime | None:
         """Add this schedule's occurrences to the batch; return its new cursor."""
-        spec = spec_of(row)
-        policy = _policy(row["misfire_policy"], row["max_lateness_s"])
-        decision = timing.decide_misfire(spec, row["next_run_at"], now, policy, self.config.horizon,
+        decision = timing.decide_misfire(schedule.spec, schedule.next_run_at, now, schedule.misfire, self.config.horizon,
                                          self.config.missed_record_limit)
-        window = timedelta(seconds=row["flexible_window_s"])
-        deadline = timedelta(seconds=row["deadline_s"]) if row["deadline_s"] else None
+        window, deadline = schedule.flexible_window, schedule.deadline
         for scheduled_for in decision.enqueue:
-            occ_id = occurrence_id(row["schedule_id"], row["version"], scheduled_for)
+            occ_id = occurrence_id(schedule.schedule_id, schedule.version, scheduled_for)
             available_at = scheduled_for
-            if row["priority"] == "flexible":
+            if schedule.priority == "flexible":
                 available_at += timing.jitter_offset(occ_id, window)
             message = OccurrenceMessage(
-                occurrence_id=occ_id, schedule_id=row["schedule_id"], schedule_version=row["version"],
-                tenant_id=row["tenant_id"], target=row["target"], scheduled_for=scheduled_for,
-                available_at=available_at, attempt=1, priority=row["priority"],
-                deadline=scheduled_for + deadline if deadline else None, payload=row["payload"],
+                occurrence_id=occ_id, schedule_id=schedule.schedule_id, schedule_version=schedule.version,
+                tenant_id=schedule.tenant_id, target=schedule.target, scheduled_for=scheduled_for,
+                available_at=available_at, attempt=1, priority=schedule.priority,
+                deadline=scheduled_for + deadline if deadline else None, payload=schedule.payload,
             )
-            batch.add(row, scheduled_for, available_at, "SCHEDULED", message)
+            batch.add(schedule, scheduled_for, available_at, "SCHEDULED", message)
             lag = (now - (scheduled_for - self.config.horizon)).total_seconds()
             self._lag.record(max(lag, 0.0))
         for scheduled_for in decision.missed:
-            batch.add(row, scheduled_for, scheduled_for, "MISSED", None)
+            batch.add(schedule, scheduled_for, scheduled_for, "MISSED", None)
         report.missed += len(decision.missed)
         if decision.missed or decision.missed_unlisted:
             log.warning(
                 "missed occurrences recorded",
-                extra={"action": "occurrence.missed", "schedule_id": str(row["schedule_id"]),
-                       "tenant_id": row["tenant_id"], "listed": len(decision.missed),
+                extra={"action": "occurrence.missed", "schedule_id": str(schedule.schedule_id),
+                       "tenant_id": schedule.tenant_id, "listed": len(decision.missed),
                        "unlisted": decision.missed_unlisted},
             )
             report.missed_unlisted += decision.missed_unlisted or 0

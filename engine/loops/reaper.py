@@ -26,13 +26,13 @@ from dataclasses import dataclass
 import asyncpg
 from opentelemetry import metrics, trace
 
-from engine.control.quotas import DEFAULT_RETRY_BUDGET
 from engine.loops.attempt_ledger import (
     LEASE_EXPIRED,
     AttemptLedger,
     AttemptMetrics,
     AttemptStats,
     Failure,
+    lock_occurrence,
 )
 from engine.loops.periodic import LoopTiming, PassOutcome, PeriodicLoop
 from engine.loops.reporting import SUMMARY_EVERY
@@ -78,16 +78,16 @@ class Reaper:
                 now = await conn.fetchval(*QUERIES.current_instant(now=self.clock.now()))
                 expired = await conn.fetch(*QUERIES.expired_leases(now=now, limit=self.config.batch_size))
                 for row in expired:
-                    occ = await conn.fetchrow(*QUERIES.lock_occurrence(occurrence_id=row["occurrence_id"],
-                                                                       default_retry_budget=DEFAULT_RETRY_BUDGET))
+                    occ = await lock_occurrence(conn, row["occurrence_id"])
+                    assert occ is not None   # expired_leases locked it
                     failure = Failure(LEASE_EXPIRED, f"no heartbeat since the lease expired at"
-                                                     f" {occ['lease_expires_at'].isoformat()}")
-                    await self.ledger.finish_attempt(conn, occ["lease_token"], "timed_out", now, failure)
+                                                     f" {occ.lease_expires_at.isoformat()}")
+                    await self.ledger.finish_attempt(conn, occ.lease_token, "timed_out", now, failure)
                     outcome = await self.ledger.conclude_failure(conn, occ, failure, now)
                     log.warning("attempt lease expired", extra={
-                        "action": "attempt.timed_out", "occurrence_id": str(occ["occurrence_id"]),
-                        "schedule_id": str(occ["schedule_id"]), "tenant_id": occ["tenant_id"],
-                        "attempt": occ["attempt_count"], "lease_token": str(occ["lease_token"]),
+                        "action": "attempt.timed_out", "occurrence_id": str(occ.occurrence_id),
+                        "schedule_id": str(occ.schedule_id), "tenant_id": occ.tenant_id,
+                        "attempt": occ.attempt_count, "lease_token": str(occ.lease_token),
                         "outcome": outcome.value})
             span.set_attribute("chronoq.timed_out", len(expired))
         if expired:

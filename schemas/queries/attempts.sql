@@ -18,7 +18,7 @@ FOR UPDATE OF o;
 
 -- name: find_attempt
 -- The attempt a lease token belongs to (tokens are unique across all attempts).
-SELECT occurrence_id, attempt_number, result, finished_at FROM attempts WHERE lease_token = :lease_token;
+SELECT * FROM attempts WHERE lease_token = :lease_token;
 
 -- name: start_attempt
 -- Records a started attempt and makes its lease the occurrence's current one (RUNNING, lease until

@@ -1,0 +1,282 @@
+"""Typed rows at the engine database's boundary.
+
+A row becomes one of these right after its fetch (``Schedule.from_row(row)``),
+so what travels through the engine has named, typed fields instead of
+``row["retry_base_s"]`` lookups, as the relay does with
+:class:`relay.outbox.OutboxRow`. Each record takes the columns of its query
+by name; a column the record does not declare is ignored, so ``RETURNING *``
+keeps working when a migration adds one.
+
+* :class:`DueSchedule` — a schedule as the materializer claims it;
+* :class:`Schedule` — a whole ``schedules`` row (the control plane's reads and changes);
+* :class:`ScheduleVersion` — one entry of a schedule's history;
+* :class:`Occurrence` — a whole ``occurrences`` row;
+* :class:`LockedOccurrence` — an occurrence locked for an attempt decision, with its schedule's
+  retry policy and its tenant's retry budget;
+* :class:`Attempt` — a whole ``attempts`` row;
+* :class:`DeadLetter` — a DEAD occurrence as the dead-letter list shows it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, fields
+from datetime import datetime, timedelta
+from functools import lru_cache
+from typing import Any, Mapping, TypeVar
+
+from engine.rules import timing
+from engine.rules.retry_policy import RetryPolicy
+
+R = TypeVar("R")
+
+
+@lru_cache(maxsize=64)
+def _columns(cls: type) -> tuple[str, ...]:
+    return tuple(item.name for item in fields(cls))
+
+
+class _Record:
+    """A row type: its dataclass fields are the columns it reads."""
+
+    __slots__ = ()
+
+    @classmethod
+    def from_row(cls: type[R], row: Mapping[str, Any]) -> R:
+        return cls(**{name: row[name] for name in _columns(cls)})
+
+
+@lru_cache(maxsize=4096)
+def _misfire_policy(text: str, max_lateness_s: int) -> timing.MisfirePolicy:
+    # Validated when the schedule was stored; memoized because every due schedule asks.
+    return timing.parse_misfire_policy(text, timedelta(seconds=max_lateness_s))
+
+
+class _TimedSchedule(_Record):
+    """What a schedule record knows about when it fires and how it is delivered (fields of the subclasses)."""
+
+    __slots__ = ()
+    kind: str
+    expression: str
+    time_zone: str
+    dst_repeat: str
+    dst_gap: str
+    anchor: datetime | None
+    start_at: datetime | None
+    end_at: datetime | None
+    misfire_policy: str
+    max_lateness_s: int
+    flexible_window_s: int
+    deadline_s: int | None
+    overlap_policy: str
+
+    @property
+    def spec(self) -> timing.TimeSpec:
+        """The stored time spec (validated when it was stored)."""
+        return timing.TimeSpec(self.kind, self.expression, self.time_zone, self.dst_repeat,  # type: ignore[arg-type]
+                               self.dst_gap, self.anchor, self.start_at, self.end_at)  # type: ignore[arg-type]
+
+    @property
+    def misfire(self) -> timing.MisfirePolicy:
+        return _misfire_policy(self.misfire_policy, self.max_lateness_s)
+
+    @property
+    def flexible_window(self) -> timedelta:
+        return timedelta(seconds=self.flexible_window_s)
+
+    @property
+    def deadline(self) -> timedelta | None:
+        """How long after its scheduled instant an occurrence may still start (None: no deadline)."""
+        return timedelta(seconds=self.deadline_s) if self.deadline_s else None
+
+    @property
+    def gated(self) -> bool:
+        """Whether its deliveries wait for the overlap gate (any policy but ``allow``)."""
+        return self.overlap_policy != "allow"
+
+
+@dataclass(frozen=True, slots=True)
+class DueSchedule(_TimedSchedule):
+    """A schedule as the materializer claims it (``claim_due_schedules``)."""
+
+    schedule_id: uuid.UUID
+    tenant_id: str
+    kind: str
+    expression: str
+    time_zone: str
+    dst_repeat: str
+    dst_gap: str
+    anchor: datetime | None
+    start_at: datetime | None
+    end_at: datetime | None
+    version: int
+    next_run_at: datetime
+    target: str
+    payload: Any
+    priority: str
+    flexible_window_s: int
+    misfire_policy: str
+    max_lateness_s: int
+    deadline_s: int | None
+    overlap_policy: str
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule(_TimedSchedule):
+    """A whole ``schedules`` row."""
+
+    schedule_id: uuid.UUID
+    tenant_id: str
+    kind: str
+    expression: str
+    time_zone: str
+    dst_repeat: str
+    dst_gap: str
+    anchor: datetime | None
+    start_at: datetime | None
+    end_at: datetime | None
+    version: int
+    state: str
+    next_run_at: datetime | None
+    target: str
+    payload: Any
+    priority: str
+    flexible_window_s: int
+    misfire_policy: str
+    max_lateness_s: int
+    overlap_policy: str
+    retry_max_attempts: int
+    retry_base_s: float
+    retry_cap_s: float
+    deadline_s: int | None
+    shard: int
+    created_by_key: str | None
+    created_at: datetime
+    updated_at: datetime
+    fires_per_minute: float
+    request_hash: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleVersion(_Record):
+    """One version of a schedule, as its history records it."""
+
+    schedule_id: uuid.UUID
+    version: int
+    tenant_id: str
+    change: str
+    state: str
+    definition: dict[str, Any]
+    next_run_at: datetime | None
+    changed_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Occurrence(_Record):
+    """A whole ``occurrences`` row."""
+
+    occurrence_id: uuid.UUID
+    schedule_id: uuid.UUID
+    schedule_version: int
+    tenant_id: str
+    target: str
+    scheduled_for: datetime
+    available_at: datetime
+    state: str
+    attempt_count: int
+    enqueued_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    lease_token: uuid.UUID | None
+    lease_expires_at: datetime | None
+    attempt_floor: int
+    replay_count: int
+    dispatched_at: datetime | None
+    finished_at: datetime | None
+    last_error_class: str | None
+    last_error_message: str | None
+    dead_reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class LockedOccurrence(_Record):
+    """An occurrence locked for an attempt decision (``lock_occurrence``), with what the decision needs:
+    its schedule's current version, state and retry policy, and its tenant's retry budget."""
+
+    occurrence_id: uuid.UUID
+    schedule_id: uuid.UUID
+    schedule_version: int
+    tenant_id: str
+    target: str
+    scheduled_for: datetime
+    state: str
+    attempt_count: int
+    attempt_floor: int
+    lease_token: uuid.UUID | None
+    lease_expires_at: datetime | None
+    current_version: int
+    schedule_state: str
+    retry_max_attempts: int
+    retry_base_s: float
+    retry_cap_s: float
+    deadline_s: int | None
+    priority: str
+    payload: Any
+    retry_budget_per_hour: int
+
+    @property
+    def obsolete(self) -> bool:
+        """Its schedule changed since it was materialized (a newer version, or canceled)."""
+        return self.current_version > self.schedule_version or self.schedule_state == "canceled"
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(self.retry_max_attempts, timedelta(seconds=self.retry_base_s),
+                           timedelta(seconds=self.retry_cap_s))
+
+    @property
+    def counted_attempts(self) -> int:
+        """Attempts that count against max_attempts: those since the last replay."""
+        return self.attempt_count - self.attempt_floor
+
+    @property
+    def deadline(self) -> timedelta | None:
+        return timedelta(seconds=self.deadline_s) if self.deadline_s else None
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt(_Record):
+    """A whole ``attempts`` row."""
+
+    attempt_id: uuid.UUID
+    occurrence_id: uuid.UUID
+    attempt_number: int
+    lease_token: uuid.UUID
+    consumer_group: str | None
+    started_at: datetime
+    heartbeat_at: datetime | None
+    lease_expires_at: datetime | None
+    finished_at: datetime | None
+    result: str | None
+    error_class: str | None
+    error_message: str | None
+    worker: str | None
+    permanent: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter(_Record):
+    """A DEAD occurrence as the dead-letter list shows it (``list_dead_letters``)."""
+
+    occurrence_id: uuid.UUID
+    schedule_id: uuid.UUID
+    schedule_version: int
+    tenant_id: str
+    target: str
+    scheduled_for: datetime
+    attempt_count: int
+    replay_count: int
+    dead_reason: str | None
+    last_error_class: str | None
+    last_error_message: str | None
+    finished_at: datetime
