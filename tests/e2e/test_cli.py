@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from engine.loops.service import run_services
-from tests.conftest import fast_services
+from tests.support.services import fast_services
 
 CHRONOQ = [sys.executable, "-m", "engine.cli"]
 ROOT = Path(__file__).resolve().parents[2]

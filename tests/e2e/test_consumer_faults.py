@@ -22,30 +22,16 @@ import pytest
 from consumers import ConsumerApp, ConsumerConfig, Occurrence
 from engine.control.schedules import ControlPlane
 from engine.loops.materializer import MaterializerConfig
-from engine.loops.service import PIPELINE_ROLES, Role, run_services
+from engine.loops.service import run_services
 from schemas.attempt_events import decode_attempt_event
 from schemas.topics import ATTEMPTS_TOPIC
-from tests.conftest import Running, fast_services, services_running, wait_for
-from tests.integration.attempt_rows import attempt_rows, due_occurrence, occurrence_row
-from tests.kafka_reading import read_topic
+from tests.support.kafka import read_topic
+from tests.support.rows import attempt_rows, due_occurrence, occurrence_row
+from tests.support.services import Running, fast_services
+from tests.support.waiting import wait_for
 
+pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-FAST_ENGINE = fast_services(roles=PIPELINE_ROLES - {Role.MATERIALIZER})
-
-
-@pytest.fixture
-async def engine(engine_db, kafka_bootstrap, clock):
-    async with services_running(engine_db, kafka_bootstrap, FAST_ENGINE, clock):
-        yield
-
-
-@pytest.fixture
-async def effects(consumer_db):
-    """A pool on the consumer database, with the effects table (no unique key: doubles would show)."""
-    pool = await asyncpg.create_pool(consumer_db, min_size=1, max_size=4)
-    await pool.execute("CREATE TABLE effects (occurrence_id uuid, attempt int, lease_token uuid)")
-    yield pool
-    await pool.close()
 
 
 class ConsumerProcess:
@@ -109,7 +95,7 @@ def recovering_app(kafka_bootstrap: str, consumer_db: str, group: str, target: s
 
     @app.handler(target)
     async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
-        await conn.execute("INSERT INTO effects VALUES ($1, $2, $3)", occurrence.occurrence_id, occurrence.attempt,
+        await conn.execute("INSERT INTO effects (occurrence_id, attempt, lease_token) VALUES ($1, $2, $3)", occurrence.occurrence_id, occurrence.attempt,
                            occurrence.lease_token)
 
     return app

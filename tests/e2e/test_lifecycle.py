@@ -13,7 +13,8 @@ from consumers import ConsumerApp, ConsumerConfig, Occurrence
 from engine.api.server import bind
 from engine.client import ChronoqClient
 from engine.loops.service import PIPELINE_ROLES, Role, run_services
-from tests.conftest import fast_services, wait_for
+from tests.support.services import fast_services
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import uuid
 from datetime import timedelta
 
 import asyncpg
-import pytest
 
 from consumers import ConsumerApp, ConsumerConfig, Occurrence
 from engine.control.schedules import ControlPlane
@@ -17,17 +16,10 @@ from relay.dispatcher import Relay, RelayConfig
 from relay.outbox import OutboxStore
 from relay.publisher import KafkaPublisher, PublisherConfig
 from schemas import observability as obs
-from tests.conftest import fast_services, wait_for
+from tests.support.services import fast_services
+from tests.support.waiting import wait_for
 
 OCCURRENCE_ROWS = "SELECT count(*) FROM outbox WHERE occurrence_id IS NOT NULL"
-
-
-@pytest.fixture
-async def effects(consumer_db):
-    conn = await asyncpg.connect(consumer_db)
-    await conn.execute("CREATE TABLE effects (occurrence_id uuid PRIMARY KEY, scheduled_for timestamptz)")
-    yield conn
-    await conn.close()
 
 
 def recording_app(consumer_db, kafka_bootstrap, target, **instruments) -> ConsumerApp:
@@ -36,8 +28,8 @@ def recording_app(consumer_db, kafka_bootstrap, target, **instruments) -> Consum
 
     @app.handler(target)
     async def record(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
-        # No ON CONFLICT here: a second application would fail the test loudly.
-        await conn.execute("INSERT INTO effects VALUES ($1, $2)", occurrence.occurrence_id,
+        # No unique key on effects: a second application would show as a second row.
+        await conn.execute("INSERT INTO effects (occurrence_id, scheduled_for) VALUES ($1, $2)", occurrence.occurrence_id,
                            occurrence.scheduled_for)
 
     return app

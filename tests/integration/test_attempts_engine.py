@@ -13,19 +13,19 @@ from datetime import timedelta
 
 import pytest
 
-from engine.loops.attempt_ledger import Verdict
-from engine.loops.attempt_processor import AttemptProcessor
 from engine.control.dead_letters import list_dead_letters, replay_dead_letter
-from engine.loops.reaper import Reaper
 from engine.control.quotas import TenantQuotas
 from engine.control.tenants import create_tenant
+from engine.loops.attempt_ledger import Verdict
+from engine.loops.attempt_processor import AttemptProcessor
+from engine.loops.reaper import Reaper
 from schemas import observability as obs
 from schemas.attempt_events import AttemptEvent as Ev
 from schemas.dead_letter_messages import decode_dead_occurrence
 from schemas.errors import Conflict, NotFound
 from schemas.messages import decode_occurrence
 from schemas.topics import DEAD_LETTER_TOPIC, occurrence_topic
-from tests.integration.attempt_rows import attempt_rows, due_occurrence, occurrence_row, outbox_rows
+from tests.support.rows import attempt_rows, due_occurrence, occurrence_row, outbox_rows
 
 TTL = 30.0
 

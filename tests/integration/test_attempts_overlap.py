@@ -7,14 +7,14 @@ import random
 import uuid
 from datetime import timedelta
 
-from engine.loops.attempt_processor import AttemptProcessor
 from engine.control.schedules import ControlPlane
+from engine.loops.attempt_processor import AttemptProcessor
 from engine.loops.materializer import Materializer, MaterializerConfig
 from engine.loops.overlap_gate import OVERLAP_GATE_TOKEN, OverlapGate
 from relay.outbox import OutboxStore
 from schemas import observability as obs
 from schemas.attempt_events import AttemptEvent as Ev
-from tests.integration.attempt_rows import insert_occurrence, insert_schedule, occurrence_row
+from tests.support.rows import insert_occurrence, insert_schedule, occurrence_row
 
 
 async def held_occurrences(pool, target, at, overlap, count, schedule_id=None):

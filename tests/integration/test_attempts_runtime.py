@@ -17,34 +17,24 @@ import orjson
 import pytest
 from aiokafka import TopicPartition
 
-from consumers import ConsumerApp, ConsumerConfig, ConsumerHooks, Occurrence, PermanentError
+from consumers import (
+    ConsumerApp,
+    ConsumerConfig,
+    ConsumerHooks,
+    Occurrence,
+    PermanentError,
+)
 from consumers.attempt_reports import AttemptReporter
 from consumers.errors import InfrastructureError
-from engine.loops.service import PIPELINE_ROLES, Role
 from schemas.dead_letter_messages import decode_dead_occurrence
 from schemas.messages import MalformedMessage, ScheduleStateMessage
 from schemas.topics import DEAD_LETTER_TOPIC, SCHEDULE_STATES_TOPIC, occurrence_topic
-from tests.conftest import Running, fast_services, services_running, wait_for
-from tests.integration.attempt_rows import attempt_rows, due_occurrence, occurrence_row
-from tests.integration.test_consumer import attempt_events, message, produce
-from tests.kafka_reading import read_topic
+from tests.support.kafka import attempt_events, occurrence_message, produce, read_topic
+from tests.support.rows import attempt_rows, due_occurrence, occurrence_row
+from tests.support.services import Running
+from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-ENGINE = fast_services(roles=PIPELINE_ROLES - {Role.MATERIALIZER, Role.OVERLAP_GATE})
-
-
-@pytest.fixture
-async def engine(engine_db, kafka_bootstrap, clock):
-    async with services_running(engine_db, kafka_bootstrap, ENGINE, clock):
-        yield
-
-
-@pytest.fixture
-async def effects(consumer_db):
-    pool = await asyncpg.create_pool(consumer_db, min_size=1, max_size=2)
-    await pool.execute("CREATE TABLE effects (occurrence_id uuid, attempt int)")
-    yield pool
-    await pool.close()
 
 
 def new_app(consumer_db, kafka_bootstrap, **config) -> ConsumerApp:
@@ -68,7 +58,7 @@ async def test_a_handler_failing_transiently_twice_succeeds_on_attempt_three_wit
     @app.handler(target)
     async def flaky(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
         calls.append(occurrence.attempt)
-        await conn.execute("INSERT INTO effects VALUES ($1, $2)", occurrence.occurrence_id, occurrence.attempt)
+        await conn.execute("INSERT INTO effects (occurrence_id, attempt) VALUES ($1, $2)", occurrence.occurrence_id, occurrence.attempt)
         if len(calls) <= 2:
             raise ConnectionRefusedError("downstream unavailable")   # the handler's own dependency: transient
 
@@ -98,7 +88,7 @@ async def test_a_permanent_error_is_dead_after_one_attempt_listed_and_replayed_w
     @app.handler(target, permanent_errors=(InvoiceRejected,))
     async def invoice(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
         seen.append((occurrence.occurrence_id, occurrence.attempt))
-        await conn.execute("INSERT INTO effects VALUES ($1, $2)", occurrence.occurrence_id, occurrence.attempt)
+        await conn.execute("INSERT INTO effects (occurrence_id, attempt) VALUES ($1, $2)", occurrence.occurrence_id, occurrence.attempt)
         if len(seen) == 1:
             raise InvoiceRejected("customer 42 does not exist")        # the app's own type, mapped to permanent
 
@@ -162,7 +152,7 @@ async def test_a_replayed_occurrence_whose_effect_exists_is_not_applied_again(
     @app.handler(target)
     async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
         calls.append(occurrence.attempt)
-        await conn.execute("INSERT INTO effects VALUES ($1, $2)", occurrence.occurrence_id, occurrence.attempt)
+        await conn.execute("INSERT INTO effects (occurrence_id, attempt) VALUES ($1, $2)", occurrence.occurrence_id, occurrence.attempt)
 
     async with Running(app):
         await committed.wait()
@@ -194,7 +184,7 @@ async def test_an_unreachable_app_database_does_not_consume_an_attempt(
         if not entered.is_set():
             entered.set()
             await outage.wait()                  # the database goes away under the running handler
-        await conn.execute("INSERT INTO effects VALUES ($1, $2)", occurrence.occurrence_id, occurrence.attempt)
+        await conn.execute("INSERT INTO effects (occurrence_id, attempt) VALUES ($1, $2)", occurrence.occurrence_id, occurrence.attempt)
 
     try:
         async with Running(app):
@@ -235,7 +225,7 @@ async def test_an_unavailable_broker_for_reports_does_not_consume_an_attempt(
     @app.handler(target)
     async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
         calls.append(occurrence.attempt)
-        await conn.execute("INSERT INTO effects VALUES ($1, $2)", occurrence.occurrence_id, occurrence.attempt)
+        await conn.execute("INSERT INTO effects (occurrence_id, attempt) VALUES ($1, $2)", occurrence.occurrence_id, occurrence.attempt)
 
     async with Running(app):
         await wait_for(lambda: state_is(pool, sent.occurrence_id, "SUCCEEDED", 1))
@@ -246,7 +236,7 @@ async def test_an_unavailable_broker_for_reports_does_not_consume_an_attempt(
 
 async def test_concurrent_handlers_are_bounded_and_offsets_never_pass_an_unfinished_message(
         kafka_bootstrap, consumer_db, target):
-    sent = [message(target, when=datetime(2026, 11, 29, 10, i, tzinfo=timezone.utc)) for i in range(6)]
+    sent = [occurrence_message(target, when=datetime(2026, 11, 29, 10, i, tzinfo=timezone.utc)) for i in range(6)]
     await produce(kafka_bootstrap, occurrence_topic(target), [m.encode() for m in sent])   # one partition
     app = new_app(consumer_db, kafka_bootstrap)
     running: set[uuid.UUID] = set()
@@ -286,7 +276,7 @@ async def committed_is(committed, expected: int) -> bool:
 
 
 async def test_timeouts_and_mapped_permanent_errors_are_reported_as_failures(kafka_bootstrap, consumer_db, target):
-    slow, bad = message(target), message(target, when=datetime(2026, 11, 29, 11, tzinfo=timezone.utc))
+    slow, bad = occurrence_message(target), occurrence_message(target, when=datetime(2026, 11, 29, 11, tzinfo=timezone.utc))
     await produce(kafka_bootstrap, occurrence_topic(target), [slow.encode(), bad.encode()])
     app = new_app(consumer_db, kafka_bootstrap)
 
@@ -309,7 +299,7 @@ async def test_timeouts_and_mapped_permanent_errors_are_reported_as_failures(kaf
 async def test_obsolete_versions_are_skipped_and_a_canceled_schedule_interrupts_its_running_handler(
         kafka_bootstrap, consumer_db, effects, target):
     at = datetime(2026, 11, 29, 10, tzinfo=timezone.utc)
-    stale, doomed = message(target), message(target, when=datetime(2026, 11, 29, 11, tzinfo=timezone.utc))
+    stale, doomed = occurrence_message(target), occurrence_message(target, when=datetime(2026, 11, 29, 11, tzinfo=timezone.utc))
     updated = ScheduleStateMessage(stale.schedule_id, "acme", 2, "active", at)
     await produce(kafka_bootstrap, SCHEDULE_STATES_TOPIC, [updated.encode()], key=updated.key)
     app = new_app(consumer_db, kafka_bootstrap)
@@ -319,7 +309,7 @@ async def test_obsolete_versions_are_skipped_and_a_canceled_schedule_interrupts_
     @app.handler(target)
     async def handle(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
         calls.append(occurrence.occurrence_id)
-        await conn.execute("INSERT INTO effects VALUES ($1, $2)", occurrence.occurrence_id, occurrence.attempt)
+        await conn.execute("INSERT INTO effects (occurrence_id, attempt) VALUES ($1, $2)", occurrence.occurrence_id, occurrence.attempt)
         started.set()
         await occurrence.cancellation.wait()         # a long job that checks its signal
         occurrence.cancellation.raise_if_canceled()

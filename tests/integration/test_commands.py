@@ -16,7 +16,7 @@ from engine.control.tenants import create_tenant
 from engine.loops.service import PIPELINE_ROLES, Role
 from schemas.commands import HEADER_SIGNATURE, Command, sign
 from schemas.topics import COMMAND_RESULTS_TOPIC
-from tests.conftest import fast_services, services_running
+from tests.support.services import fast_services, services_running
 
 DAILY = {"kind": "cron", "expression": "0 9 * * *", "time_zone": "Europe/Berlin", "target": "billing.invoice"}
 _offsets = itertools.count()

@@ -4,57 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import datetime, timezone
 
 import asyncpg
-import pytest
-from aiokafka import AIOKafkaProducer
 
 from consumers import ConsumerApp, ConsumerConfig, Occurrence
 from consumers.dead_letters import HEADER_REASON
-from schemas.attempt_events import decode_attempt_event
-from schemas.identity import occurrence_id
 from schemas.messages import OccurrenceMessage
-from schemas.topics import ATTEMPTS_TOPIC, DEAD_LETTER_TOPIC, occurrence_topic
-from tests.conftest import wait_for
-from tests.kafka_reading import read_topic
-
-SCHEDULED = datetime(2026, 11, 29, 10, 0, tzinfo=timezone.utc)
-
-
-def message(target: str, tenant: str = "acme", when: datetime = SCHEDULED, attempt: int = 1) -> OccurrenceMessage:
-    schedule_id = uuid.uuid4()
-    return OccurrenceMessage(occurrence_id=occurrence_id(schedule_id, 1, when), schedule_id=schedule_id,
-                             schedule_version=1, tenant_id=tenant, target=target, scheduled_for=when,
-                             available_at=when, attempt=attempt, payload={"amount": 7})
-
-
-async def produce(bootstrap: str, topic: str, values: list[bytes], key: bytes = b"acme") -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
-    await producer.start()
-    try:
-        for value in values:
-            await producer.send_and_wait(topic, value, key=key)
-    finally:
-        await producer.stop()
-
-
-async def attempt_events(bootstrap: str, ident: uuid.UUID, expected: int, timeout: float = 15.0) -> list:
-    """The attempt events reported for one occurrence, once at least ``expected`` arrived."""
-    async def found():
-        records = await read_topic(bootstrap, ATTEMPTS_TOPIC, expected=0, settle=0.1)
-        events = [decode_attempt_event(r.value) for r in records]
-        matching = [e for e in events if e.occurrence_id == ident]
-        return matching if len(matching) >= expected else None
-    return await wait_for(found, timeout, interval=0.2)
-
-
-@pytest.fixture
-async def effects(consumer_db):
-    conn = await asyncpg.connect(consumer_db)
-    await conn.execute("CREATE TABLE effects (occurrence_id uuid, amount int)")
-    yield conn
-    await conn.close()
+from schemas.topics import DEAD_LETTER_TOPIC, occurrence_topic
+from tests.support.kafka import (
+    attempt_events,
+    occurrence_message,
+    produce,
+    read_topic,
+)
+from tests.support.waiting import wait_for
 
 
 def effect_app(consumer_db, kafka_bootstrap, target, fail_times: int = 0, group: str | None = None,
@@ -67,7 +30,7 @@ def effect_app(consumer_db, kafka_bootstrap, target, fail_times: int = 0, group:
     @app.handler(target)
     async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
         calls["n"] += 1
-        await conn.execute("INSERT INTO effects VALUES ($1, $2)", occurrence.occurrence_id,
+        await conn.execute("INSERT INTO effects (occurrence_id, amount) VALUES ($1, $2)", occurrence.occurrence_id,
                            occurrence.payload["amount"])
         if calls["n"] <= fail_times:
             raise RuntimeError("downstream unavailable")
@@ -90,7 +53,7 @@ async def run_until(app: ConsumerApp, condition, timeout: float = 20.0) -> None:
 
 
 async def test_the_same_message_delivered_twice_applies_the_effect_once(consumer_db, kafka_bootstrap, target, effects):
-    sent = message(target)
+    sent = occurrence_message(target)
     value = sent.encode()
     await produce(kafka_bootstrap, occurrence_topic(target), [value, value])
     app = effect_app(consumer_db, kafka_bootstrap, target)
@@ -110,7 +73,7 @@ async def test_the_same_message_delivered_twice_applies_the_effect_once(consumer
 async def test_a_failed_handler_leaves_no_effect_and_the_occurrence_comes_again(
         consumer_db, kafka_bootstrap, target, effects):
     """The runtime reports the failure; the engine's retry (attempt 2, same occurrence) is applied once."""
-    first = message(target)
+    first = occurrence_message(target)
     await produce(kafka_bootstrap, occurrence_topic(target), [first.encode()])
     app = effect_app(consumer_db, kafka_bootstrap, target, fail_times=1)
     stop = asyncio.Event()
@@ -141,7 +104,7 @@ async def test_a_failed_handler_leaves_no_effect_and_the_occurrence_comes_again(
 
 async def test_a_restarted_group_member_resumes_after_the_committed_offset(
         consumer_db, kafka_bootstrap, target, effects):
-    first, second = message(target), message(target)
+    first, second = occurrence_message(target), occurrence_message(target)
     await produce(kafka_bootstrap, occurrence_topic(target), [first.encode()])
     app = effect_app(consumer_db, kafka_bootstrap, target)
     await run_until(app, lambda: app.stats.applied == 1)
@@ -158,7 +121,7 @@ async def test_a_restarted_group_member_resumes_after_the_committed_offset(
 
 async def test_poison_messages_go_to_the_dead_letter_topic_and_do_not_block(
         consumer_db, kafka_bootstrap, target, effects):
-    good = message(target)
+    good = occurrence_message(target)
     await produce(kafka_bootstrap, occurrence_topic(target), [b"\x00garbage", good.encode()])
     app = effect_app(consumer_db, kafka_bootstrap, target)
 
@@ -177,7 +140,7 @@ async def test_concurrent_twins_of_one_occurrence_apply_once(consumer_db, kafka_
     app = effect_app(consumer_db, kafka_bootstrap, target)
     await app.start()
     try:
-        record = type("Record", (), {"value": message(target).encode(), "headers": [], "topic": "t",
+        record = type("Record", (), {"value": occurrence_message(target).encode(), "headers": [], "topic": "t",
                                      "partition": 0, "offset": 0, "key": b"acme"})()
         outcomes = await asyncio.gather(*(app.handle_record(record) for _ in range(32)))
     finally:

@@ -6,10 +6,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from engine.control.schedules import ControlPlane
-from engine.loops.materializer import Materializer, MaterializerConfig
 from engine.control.quotas import TenantQuotas
+from engine.control.schedules import ControlPlane
 from engine.control.tenants import authenticate, create_tenant
+from engine.loops.materializer import Materializer, MaterializerConfig
 from schemas.errors import Conflict, InvalidInput, NotFound, QuotaExceeded
 from schemas.messages import decode_schedule_state
 from schemas.topics import SCHEDULE_STATES_TOPIC

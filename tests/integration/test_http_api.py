@@ -128,7 +128,7 @@ async def test_dead_letters_are_listed_and_replayed_per_tenant(clients, pool, cl
 
     from engine.loops.attempt_processor import AttemptProcessor
     from schemas.attempt_events import AttemptEvent
-    from tests.integration.attempt_rows import due_occurrence
+    from tests.support.rows import due_occurrence
 
     acme, globex = clients
     dead = await due_occurrence(pool, "acme", "billing.invoice", clock.now())

@@ -6,7 +6,15 @@ from dataclasses import fields
 
 import pytest
 
-from engine.records import Attempt, DeadLetter, DueSchedule, LockedOccurrence, Occurrence, Schedule, ScheduleVersion
+from engine.records import (
+    Attempt,
+    DeadLetter,
+    DueSchedule,
+    LockedOccurrence,
+    Occurrence,
+    Schedule,
+    ScheduleVersion,
+)
 from schemas.connections import connect
 from schemas.queries import QUERIES
 

@@ -13,8 +13,8 @@ from relay.publisher import KafkaPublisher, PublisherConfig
 from schemas import observability as obs
 from schemas.messages import HEADER_OCCURRENCE_ID, decode_occurrence
 from schemas.topics import occurrence_topic
-from tests.integration.rows import insert_due_occurrence
-from tests.kafka_reading import read_topic
+from tests.support.kafka import read_topic
+from tests.support.rows import due_occurrence
 
 
 @pytest.fixture
@@ -33,8 +33,8 @@ def make_relay(pool, publisher, clock, telemetry=None, **config):
 async def test_publishes_due_rows_marks_them_sent_and_records_schedule_lag(
         pool, publisher, clock, target, kafka_bootstrap, telemetry):
     now = clock.now()
-    due = [await insert_due_occurrence(pool, "acme", target, now - timedelta(seconds=i)) for i in range(3)]
-    later = await insert_due_occurrence(pool, "acme", target, now + timedelta(minutes=5))
+    due = [await due_occurrence(pool, "acme", target, now - timedelta(seconds=i)) for i in range(3)]
+    later = await due_occurrence(pool, "acme", target, now + timedelta(minutes=5))
     relay = make_relay(pool, publisher, clock, telemetry)
 
     report = await relay.run_once()
@@ -65,8 +65,8 @@ async def test_a_row_committed_after_a_later_id_is_still_published(pool, publish
     async with pool.acquire() as slow:
         transaction = slow.transaction()
         await transaction.start()
-        first = await insert_due_occurrence(slow, "acme", target, clock.now())      # takes the lower id
-        second = await insert_due_occurrence(pool, "acme", target, clock.now())     # commits first
+        first = await due_occurrence(slow, "acme", target, clock.now())      # takes the lower id
+        second = await due_occurrence(pool, "acme", target, clock.now())     # commits first
         assert (await relay.run_once()).published == 1
         await transaction.commit()
     assert (await relay.run_once()).published == 1
@@ -75,7 +75,7 @@ async def test_a_row_committed_after_a_later_id_is_still_published(pool, publish
 
 
 async def test_a_relay_that_lost_its_claim_cannot_mark_rows(pool, publisher, clock, target, telemetry):
-    message = await insert_due_occurrence(pool, "acme", target, clock.now())
+    message = await due_occurrence(pool, "acme", target, clock.now())
     paused = OutboxStore(pool, clock)
     claim = await paused.claim(10, timedelta(seconds=60))       # relay A claims, then stalls
     assert len(claim.rows) == 1
@@ -93,7 +93,7 @@ async def test_a_relay_that_lost_its_claim_cannot_mark_rows(pool, publisher, clo
 
 
 async def test_unexpired_claims_are_not_published_twice(pool, publisher, clock, target):
-    await insert_due_occurrence(pool, "acme", target, clock.now())
+    await due_occurrence(pool, "acme", target, clock.now())
     held = await OutboxStore(pool, clock).claim(10, timedelta(seconds=60))
     assert len(held.rows) == 1
     relay = make_relay(pool, publisher, clock)
@@ -101,7 +101,7 @@ async def test_unexpired_claims_are_not_published_twice(pool, publisher, clock, 
 
 
 async def test_concurrent_relays_publish_every_row_once(pool, kafka_bootstrap, clock, target):
-    messages = [await insert_due_occurrence(pool, f"tenant-{i % 5}", target, clock.now()) for i in range(200)]
+    messages = [await due_occurrence(pool, f"tenant-{i % 5}", target, clock.now()) for i in range(200)]
     publishers = [KafkaPublisher(PublisherConfig(kafka_bootstrap, partitions=4)) for _ in range(3)]
     for p in publishers:
         await p.start()

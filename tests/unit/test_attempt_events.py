@@ -11,7 +11,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas.attempt_events import CANCEL_REASONS, AttemptEvent, decode_attempt_event
-from schemas.dead_letter_messages import DeadOccurrenceMessage, decode_dead_occurrence, occurrence_id_of
+from schemas.dead_letter_messages import (
+    DeadOccurrenceMessage,
+    decode_dead_occurrence,
+    occurrence_id_of,
+)
 from schemas.messages import MalformedMessage, OccurrenceMessage
 
 OCC = uuid.uuid4()

@@ -8,10 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from schemas.migrations import MIGRATION_SETS, load_migrations
-from schemas.queries import CONSUMER_QUERIES, QUERIES, Query, bind_parameters, parse_queries
-from schemas.topics import occurrence_topic, validate_target
 from schemas.errors import InvalidInput
+from schemas.migrations import MIGRATION_SETS, load_migrations
+from schemas.queries import (
+    CONSUMER_QUERIES,
+    QUERIES,
+    Query,
+    bind_parameters,
+    parse_queries,
+)
+from schemas.topics import occurrence_topic, validate_target
 
 ROOT = Path(__file__).resolve().parents[2]
 OURS = {"engine", "relay", "consumers", "schemas"}

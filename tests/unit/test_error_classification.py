@@ -14,7 +14,14 @@ from engine.client import ApiError
 from engine.control.command_processor import _error_of
 from engine.rules.occurrence_states import Event, IllegalTransition, State
 from schemas.error_classification import is_transient
-from schemas.errors import ChronoqError, Conflict, InvalidInput, NotFound, QuotaExceeded, StackError
+from schemas.errors import (
+    ChronoqError,
+    Conflict,
+    InvalidInput,
+    NotFound,
+    QuotaExceeded,
+    StackError,
+)
 from schemas.messages import MalformedMessage
 
 pg = asyncpg.exceptions

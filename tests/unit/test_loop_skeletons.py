@@ -15,7 +15,13 @@ from aiokafka.errors import CommitFailedError
 from engine.loops.kafka_processor import KafkaLoopSettings, KafkaProcessorLoop
 from engine.loops.periodic import LoopTiming, PassOutcome, PeriodicLoop
 from engine.loops.reporting import LoopSummary, summary_line
-from engine.loops.service import ALL_ROLES, ENGINE_ROLES, PIPELINE_ROLES, Role, ServiceConfig
+from engine.loops.service import (
+    ALL_ROLES,
+    ENGINE_ROLES,
+    PIPELINE_ROLES,
+    Role,
+    ServiceConfig,
+)
 
 TIMING = LoopTiming(idle_interval=0.25, error_backoff=2.0, summary_every=30.0)
 

@@ -7,7 +7,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas.identity import occurrence_id
-from schemas.messages import MalformedMessage, OccurrenceMessage, decode_occurrence, format_instant
+from schemas.messages import (
+    MalformedMessage,
+    OccurrenceMessage,
+    decode_occurrence,
+    format_instant,
+)
 
 UTC = timezone.utc
 

@@ -8,7 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.rules.retry_policy import RetryDecision, RetryPolicy, backoff_ceiling, decide_retry, spend_budget
+from engine.rules.retry_policy import (
+    RetryDecision,
+    RetryPolicy,
+    backoff_ceiling,
+    decide_retry,
+    spend_budget,
+)
 
 NOW = datetime(2026, 11, 29, 10, 0, tzinfo=timezone.utc)
 POLICY = RetryPolicy(max_attempts=5, base=timedelta(seconds=2), cap=timedelta(seconds=30))

@@ -8,7 +8,11 @@ from datetime import datetime, timezone
 import pytest
 
 from consumers import Cancellation, ConsumerConfig, OccurrenceCanceled
-from consumers.schedule_states import SCHEDULE_CANCELED, STALE_VERSION, ScheduleStateView
+from consumers.schedule_states import (
+    SCHEDULE_CANCELED,
+    STALE_VERSION,
+    ScheduleStateView,
+)
 from schemas.messages import ScheduleStateMessage
 
 AT = datetime(2026, 11, 29, 10, 0, tzinfo=timezone.utc)

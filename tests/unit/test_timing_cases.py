@@ -322,7 +322,10 @@ def test_zone_data_meets_the_modules_assumptions() -> None:
     Checked on the installed tzdata through the pure-Python zoneinfo's transition list, so a tzdata
     upgrade that breaks an assumption fails here rather than as a wrong fire time.
     """
-    from zoneinfo import _zoneinfo, available_timezones  # the pure-Python implementation exposes transitions
+    from zoneinfo import (  # the pure-Python implementation exposes transitions
+        _zoneinfo,
+        available_timezones,
+    )
 
     floor = datetime(1900, 1, 1, tzinfo=UTC).timestamp()
     checked = 0

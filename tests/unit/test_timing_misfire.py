@@ -10,7 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.control.schedule_requests import build_time_spec
-from engine.rules.timing import MisfirePolicy, TimeSpec, decide_misfire, fire_times, parse_misfire_policy
+from engine.rules.timing import (
+    MisfirePolicy,
+    TimeSpec,
+    decide_misfire,
+    fire_times,
+    parse_misfire_policy,
+)
 
 UTC = timezone.utc
 US = timedelta(microseconds=1)

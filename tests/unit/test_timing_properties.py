@@ -16,8 +16,8 @@ import croniter
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from engine.rules.cron_expression import parse_cron
 from engine.control.schedule_requests import build_time_spec
+from engine.rules.cron_expression import parse_cron
 from engine.rules.timing import (
     decide_misfire,
     fire_times,

@@ -9,7 +9,12 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from engine.control.schedule_requests import build_time_spec
-from engine.rules.timing import MisfirePolicy, TimeSpec, parse_duration, parse_misfire_policy
+from engine.rules.timing import (
+    MisfirePolicy,
+    TimeSpec,
+    parse_duration,
+    parse_misfire_policy,
+)
 from schemas.errors import InvalidInput
 
 UTC = timezone.utc

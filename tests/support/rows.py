@@ -1,7 +1,8 @@
-"""Test data for attempt tests: schedules with a retry/overlap policy and due occurrences.
+"""The one row factory of the tests: schedules, due occurrences and their outbox rows, inserted directly.
 
 Direct inserts (test data only; runtime code goes through named queries), so
-the attempt side can be tested without the materializer or the control plane.
+the relay, the consumer runtime and the attempt side can be tested without the
+materializer or the control plane. Schedules take a retry/overlap policy.
 """
 
 from __future__ import annotations

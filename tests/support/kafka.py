@@ -1,0 +1,84 @@
+"""Kafka in tests: occurrence messages, producing them, reading a topic, collecting attempt events."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import datetime, timezone
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.structs import ConsumerRecord
+
+from schemas.attempt_events import AttemptEvent, decode_attempt_event
+from schemas.identity import occurrence_id
+from schemas.messages import OccurrenceMessage
+from schemas.topics import ATTEMPTS_TOPIC
+from tests.support.waiting import wait_for
+
+SCHEDULED = datetime(2026, 11, 29, 10, 0, tzinfo=timezone.utc)
+
+
+def occurrence_message(target: str, tenant: str = "acme", when: datetime = SCHEDULED,
+                       attempt: int = 1) -> OccurrenceMessage:
+    """An occurrence message of a schedule that exists nowhere (consumer tests produce it directly)."""
+    schedule_id = uuid.uuid4()
+    return OccurrenceMessage(occurrence_id=occurrence_id(schedule_id, 1, when), schedule_id=schedule_id,
+                             schedule_version=1, tenant_id=tenant, target=target, scheduled_for=when,
+                             available_at=when, attempt=attempt, payload={"amount": 7})
+
+
+async def produce(bootstrap: str, topic: str, values: list[bytes], key: bytes = b"acme") -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
+    await producer.start()
+    try:
+        for value in values:
+            await producer.send_and_wait(topic, value, key=key)
+    finally:
+        await producer.stop()
+
+
+async def attempt_events(bootstrap: str, ident: uuid.UUID, expected: int, timeout: float = 15.0) -> list[AttemptEvent]:
+    """The attempt events reported for one occurrence, once at least ``expected`` arrived."""
+    async def found() -> list[AttemptEvent] | None:
+        records = await read_topic(bootstrap, ATTEMPTS_TOPIC, expected=0, settle=0.1)
+        events = [decode_attempt_event(r.value) for r in records]
+        matching = [e for e in events if e.occurrence_id == ident]
+        return matching if len(matching) >= expected else None
+    result: list[AttemptEvent] = await wait_for(found, timeout, interval=0.2)
+    return result
+
+
+async def read_topic(bootstrap: str, topic: str, expected: int, timeout: float = 15.0,
+                     settle: float = 0.5) -> list[ConsumerRecord]:
+    """All records of ``topic`` once at least ``expected`` arrived (then ``settle`` s more for extras)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                auto_offset_reset="earliest")
+    await consumer.start()
+    records: list[ConsumerRecord] = []
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        partitions = None
+        while partitions is None:
+            partitions = consumer.partitions_for_topic(topic)
+            if partitions is None:
+                await consumer.topics()  # refresh metadata
+                if loop.time() > deadline:
+                    raise AssertionError(f"topic {topic} does not exist")
+                await asyncio.sleep(0.05)
+        consumer.assign([TopicPartition(topic, p) for p in sorted(partitions)])
+        await consumer.seek_to_beginning()
+        settle_until = None
+        while True:
+            batch = await consumer.getmany(timeout_ms=100)
+            for part in batch.values():
+                records.extend(part)
+            now = loop.time()
+            if len(records) >= expected and settle_until is None:
+                settle_until = now + settle
+            if settle_until is not None and now >= settle_until:
+                return records
+            if now > deadline:
+                raise AssertionError(f"read {len(records)} of {expected} expected records from {topic}")
+    finally:
+        await consumer.stop()
