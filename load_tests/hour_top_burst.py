@@ -2,7 +2,7 @@
 
     python -m load_tests.hour_top_burst [--schedules 100000] [--relays 2] [--json PATH]
 
-The target from DESIGN.md: 500,000 strict triggers at the top of an hour reach
+The target (docs/benchmarks.md): 500,000 strict triggers at the top of an hour reach
 Kafka within 5 s (p99 of enqueued_at - scheduled_for), about 100,000
 dispatches/s. This run measures the two halves separately, on the embedded
 stack (or CHRONOQ_DATABASE_URL / CHRONOQ_KAFKA_BOOTSTRAP):

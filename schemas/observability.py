@@ -1,6 +1,6 @@
 """Telemetry names and per-process OpenTelemetry set-up.
 
-Metric and span names follow DESIGN.md's observability list; every component
+Metric and span names are listed in docs/operations.md ("Metrics and spans"); every component
 creates its instruments from the names here so dashboards and tests agree.
 Components take an optional ``meter``/``tracer`` (tests inject in-memory
 providers); by default they use the process-wide providers that
@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.context import Context
 
-# Metric names (DESIGN.md "Observability").
+# Metric names (docs/operations.md, "Metrics and spans": keep the two lists equal).
 SCHEDULE_LAG = "chronoq.schedule_lag"                      # histogram, s: enqueued_at - scheduled_for
 MATERIALIZATION_LAG = "chronoq.materialization_lag"        # histogram, s: materialized - (scheduled_for - horizon)
 OCCURRENCES_MATERIALIZED = "chronoq.occurrences_materialized"  # counter

@@ -4,8 +4,11 @@ Every ``/v1`` route needs ``Authorization: Bearer <api_token>``; the token
 names the tenant, and every operation is scoped to it: another tenant's
 schedule is a 404, never a 403 that would leak its existence. Errors are JSON
 ``{"error": {"code", "message", "field"?}}``; validation errors name the field.
-The routes are thin: they parse HTTP and call :class:`ControlPlane`, where
-validation, quotas and versioning live.
+The routes are thin: they parse HTTP and call the control plane
+(:mod:`engine.control`: requests are validated in ``schedule_requests``,
+stored and versioned by :class:`ControlPlane`); an error's status, code and
+field come from its class (:mod:`schemas.errors`), and a transient database
+error is a 503 with ``Retry-After``.
 """
 
 from __future__ import annotations

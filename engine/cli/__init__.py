@@ -1,10 +1,16 @@
-"""The ``chronoq`` command: the operator's edge and the composition root.
+"""The ``chronoq`` command: the operator's edge.
 
-This package is the only place that reads the environment (through
-``engine.cli.endpoints``) and wires engine, relay and consumer components together;
-``relay`` and ``consumers`` never import ``engine``. Each module registers one
-area's subcommands: ``stack_commands`` (up, migrate, engine, relay),
-``schedule_commands`` (schedule ...), ``consume_command`` (consume).
+The CLI is the only code that reads the environment (``engine.cli.endpoints``:
+``CHRONOQ_*`` variables and the state file of a running ``chronoq up``) and,
+with ``engine.loops.service`` (which runs a process's roles), the only code
+that wires engine, relay and consumer components together; ``relay`` and
+``consumers`` never import ``engine``. Only the CLI and the tests start the
+embedded PostgreSQL and broker (``engine.cli.embedded``).
+
+Each module registers one area's subcommands: ``stack_commands`` (up, api,
+migrate, engine, relay), ``tenant_commands`` (tenant create),
+``schedule_commands`` (schedule ...), ``dlq_commands`` (dlq list, replay) and
+``consume_command`` (consume).
 
 Exit status: 0 on success, 2 for invalid input (one line naming the field,
 nothing written), 1 for any other chronoq error.

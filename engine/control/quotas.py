@@ -28,10 +28,10 @@ class TenantQuotas:
     max_fires_per_minute: sum of the trigger rates the live schedules imply, so
         a tenant cannot create a million every-second schedules.
     max_payload_bytes: encoded JSON payload of one schedule (default 64 KiB).
-    max_running: occurrences of the tenant running at once.
-    catch_up_per_minute: occurrences a misfire catch-up may enqueue per minute.
-    retry_budget_per_hour: retries the tenant may spend per hour.
-    weight: the tenant's share in weighted fair dispatch.
+    retry_budget_per_hour: retries the tenant may spend per UTC hour (the attempt ledger spends them).
+    max_running: occurrences of the tenant running at once — stored, NOT enforced yet.
+    catch_up_per_minute: occurrences a misfire catch-up may enqueue per minute — stored, NOT enforced yet.
+    weight: the tenant's share in weighted fair dispatch — stored, NOT enforced yet.
     """
 
     max_active_schedules: int = 10000

@@ -86,7 +86,7 @@ def parse_schedule_request(raw: Mapping[str, Any], *, max_payload_bytes: int = M
     window = _duration(raw, "flexible_window", timedelta(0))
     assert window is not None
     if priority == "flexible" and window <= timedelta(0):
-        window = timedelta(minutes=5)  # flexible jobs spread over a 5-minute window by default (docs/control-plane.md)
+        window = timedelta(minutes=5)  # flexible jobs spread over 5 minutes by default (docs/time-contract.md)
     if priority == "strict" and window > timedelta(0):
         raise InvalidInput("flexible_window", "applies only to priority=flexible", "5m")
     if window > timedelta(hours=24):

@@ -1,6 +1,7 @@
 """Structural contracts: dependency direction, pure rules, named queries, migrations."""
 
 import ast
+import re
 import json
 import subprocess
 import sys
@@ -168,3 +169,12 @@ def test_invalid_targets_are_rejected_with_the_field_named(bad):
 
 def test_targets_become_topics():
     assert occurrence_topic("billing.invoice") == "chronoq.occurrences.billing.invoice"
+
+
+def test_the_operations_guide_lists_every_metric_and_span_name():
+    from schemas import observability
+
+    names = {value for key, value in vars(observability).items()
+             if key.isupper() and isinstance(value, str) and value.startswith("chronoq.")}
+    listed = set(re.findall(r"^\| `(chronoq\.[a-z_.]+)` \|", (ROOT / "docs" / "operations.md").read_text(), re.M))
+    assert listed == names
