@@ -30,6 +30,7 @@ class KafkaProxy:
         self.dropped: list[int] = []            # correlation ids of produce responses swallowed
         self._drops_armed = 0
         self._connections: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
 
     @property
     def bootstrap(self) -> str:
@@ -40,12 +41,18 @@ class KafkaProxy:
         self.port = self.server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
+        """Stop listening and cut every open connection; returns when all are closed."""
         if self.server is not None:
             self.server.close()
+        # Cutting the sockets ends each connection's pumps; cancelling its
+        # task instead would leave asyncio's server callback to log the
+        # CancelledError and could leak a writer not yet wired up.
+        for writer in list(self._writers):
+            _cut(writer)
+        if self._connections:
+            await asyncio.wait(list(self._connections), timeout=10)
+        if self.server is not None:
             await self.server.wait_closed()
-        for task in list(self._connections):
-            task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
 
     def drop_next_produce_response(self, count: int = 1) -> None:
         self._drops_armed += count
@@ -54,13 +61,20 @@ class KafkaProxy:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
+        self._writers.add(client_writer)
         try:
             host, port = self.upstream()
             broker_reader, broker_writer = await asyncio.open_connection(host, port)
-        except OSError:
-            client_writer.transport.abort()
+        except BaseException as err:
+            # The broker is down (the connection simply ends, as it would
+            # without the proxy) or the loop is going away.
+            _cut(client_writer)
+            self._writers.discard(client_writer)
             self._connections.discard(task)
-            return
+            if isinstance(err, OSError):
+                return
+            raise
+        self._writers.add(broker_writer)
         doomed: set[int] = set()
 
         async def requests() -> None:
@@ -90,11 +104,18 @@ class KafkaProxy:
             for pump in pumps:
                 pump.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
-            # abort(): a reset, not a polite FIN, so the client fails its
-            # in-flight requests at once instead of waiting for a timeout.
-            client_writer.transport.abort()
-            broker_writer.transport.abort()
+            _cut(client_writer)
+            _cut(broker_writer)
+            self._writers.difference_update((client_writer, broker_writer))
             self._connections.discard(task)
+
+
+def _cut(writer: asyncio.StreamWriter) -> None:
+    # abort(): a reset, not a polite FIN, so the client fails its in-flight
+    # requests at once instead of waiting for a timeout; close() marks the
+    # writer closed so it is not reported as leaked.
+    writer.transport.abort()
+    writer.close()
 
 
 async def _read_frame(reader: asyncio.StreamReader) -> bytes:

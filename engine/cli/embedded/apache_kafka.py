@@ -282,6 +282,9 @@ class ApacheKafka:
                 last_error = str(err)
                 if restart:
                     break
+            except BaseException:
+                self.kill()  # a half-started JVM (Ctrl-C, a timeout) is not left behind
+                raise
         raise StackError(f"could not start Apache Kafka in {self.data_dir}: {last_error}")
 
     def stop(self, timeout: float = 30.0) -> None:
