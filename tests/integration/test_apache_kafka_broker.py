@@ -31,8 +31,8 @@ from engine.cli.embedded.apache_kafka import ApacheKafka, fetched, jars_director
 from relay.publisher import KafkaPublisher, OutgoingRecord, PublisherConfig
 from schemas.errors import StackError
 from schemas.topics import DEFAULT_PARTITIONS, ensure_topics
-from tests.conftest import wait_for
-from tests.kafka_proxy import KafkaProxy
+from tests.support.waiting import wait_for
+from tests.support.kafka_proxy import KafkaProxy
 
 #: Timers that differ from production so the tests wait seconds, not tens of
 #: seconds; none of them changes what the broker guarantees.
