@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from engine.cli.embedded.processes import die_with_parent, free_loopback_port, wait_for_exit
+from engine.cli.endpoints import java_home_setting, kafka_jars_setting
 from schemas.errors import StackError
 
 KAFKA_VERSION = "4.4.0"
@@ -76,24 +77,19 @@ _LOG_TAIL = 3000
 
 def jars_directory(env: Mapping[str, str] | None = None) -> Path:
     """Where Apache Kafka's jars are cached: ``CHRONOQ_KAFKA_JARS`` or ``~/.cache/chronoq/kafka-4.4.0``."""
-    env = os.environ if env is None else env
-    configured = env.get("CHRONOQ_KAFKA_JARS")
-    if configured:
-        return Path(configured).expanduser().resolve()
-    return Path.home() / ".cache" / "chronoq" / f"kafka-{KAFKA_VERSION}"
+    return kafka_jars_setting(env) or Path.home() / ".cache" / "chronoq" / f"kafka-{KAFKA_VERSION}"
 
 
 def java_binary(env: Mapping[str, str] | None = None) -> str:
     """``$JAVA_HOME/bin/java`` when JAVA_HOME is set, else ``java`` on PATH; a clear error when neither exists."""
-    env = os.environ if env is None else env
-    java_home = env.get("JAVA_HOME")
-    if java_home:
-        candidate = Path(java_home) / "bin" / "java"
+    java_home = java_home_setting(env)
+    if java_home is not None:
+        candidate = java_home / "bin" / "java"
         if not os.access(candidate, os.X_OK):
             raise StackError(f"JAVA_HOME is {java_home}, but {candidate} is not an executable java;"
                              " point JAVA_HOME at a JDK or JRE 17 or newer, or unset it to use java on PATH")
         return str(candidate)
-    found = shutil.which("java", path=env.get("PATH"))
+    found = shutil.which("java", path=None if env is None else env.get("PATH"))
     if found is None:
         raise StackError("no java on PATH and JAVA_HOME is not set: Apache Kafka 4.4 needs Java 17 or newer"
                          " (e.g. apt-get install openjdk-17-jre-headless)")
