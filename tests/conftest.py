@@ -31,6 +31,7 @@ import asyncpg
 import pytest
 
 from engine.cli.embedded import EmbeddedPostgres
+from engine.cli.embedded.apache_kafka import ApacheKafka
 from engine.cli.embedded.brokers import BROKER_KINDS, start_broker
 from engine.cli.endpoints import external_endpoints
 from engine.control.tenants import NewTenant, create_tenant
@@ -101,6 +102,22 @@ def broker(request: pytest.FixtureRequest) -> Iterator[BrokerUnderTest]:
         # them; finalize them now, not inside a later test's ast.parse (which
         # trips CPython 3.11's "AST constructor recursion depth mismatch").
         gc.collect()
+
+
+@pytest.fixture(scope="module")
+def own_apache_kafka() -> Iterator[ApacheKafka]:
+    """An Apache Kafka broker for this module alone, which its tests may SIGKILL or stop and start again
+    (same log directory, same ports); started in the main thread like ``broker``."""
+    require_apache_kafka()
+    base = Path(tempfile.mkdtemp(prefix="chronoq-test-own-apache-kafka-"))
+    running = ApacheKafka(base, overrides=BROKER_TEST_OVERRIDES)
+    try:
+        running.start()
+        yield running
+    finally:
+        running.stop()
+        shutil.rmtree(base, ignore_errors=True)
+        gc.collect()  # see ``broker``
 
 
 @pytest.fixture(scope="session")

@@ -27,25 +27,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import ConsumerRecord
 
-from engine.cli.embedded.apache_kafka import ApacheKafka, fetched, jars_directory, java_binary, missing_jars_message
+from engine.cli.embedded.apache_kafka import ApacheKafka
 from relay.publisher import KafkaPublisher, OutgoingRecord, PublisherConfig
-from schemas.errors import StackError
-from schemas.topics import DEFAULT_PARTITIONS, ensure_topics
+from schemas.topics import DEFAULT_PARTITIONS, ensure_topics, topic_partitions
 from tests.support.waiting import wait_for
+from tests.support.brokers import BROKER_TEST_OVERRIDES, require_apache_kafka
 from tests.support.kafka_proxy import KafkaProxy
-
-#: Timers that differ from production so the tests wait seconds, not tens of
-#: seconds; none of them changes what the broker guarantees.
-BROKER_TEST_OVERRIDES = {
-    # After a SIGKILL the node's previous registration lives until its broker
-    # session expires (9 s by default): the restarted broker cannot register,
-    # and so cannot serve, before then.
-    "broker.session.timeout.ms": "2000",
-    "broker.heartbeat.interval.ms": "500",
-    # The log cleaner sleeps 15 s whenever it found nothing to clean, so the
-    # first compaction of a new topic took ~15 s (measured); 100 ms: ~0.7 s.
-    "log.cleaner.backoff.ms": "100",
-}
 
 #: A topic that compacts as soon as the cleaner looks: segments roll after
 #: 100 ms (on the next append), any dirty fraction is worth cleaning, and
@@ -54,34 +41,6 @@ AGGRESSIVE_COMPACTION = {
     "cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.01",
     "min.compaction.lag.ms": "0", "delete.retention.ms": "100",
 }
-
-
-def require_apache_kafka() -> None:
-    try:
-        java_binary()
-        jars = jars_directory()
-        if not fetched(jars):
-            raise StackError(missing_jars_message(jars))
-    except StackError as err:
-        if os.environ.get("CHRONOQ_REQUIRE_APACHE_KAFKA"):
-            pytest.fail(f"CHRONOQ_REQUIRE_APACHE_KAFKA is set but Apache Kafka cannot run: {err}")
-        pytest.skip(f"Apache Kafka cannot run here: {err}")
-
-
-@pytest.fixture(scope="module")
-def apache_kafka() -> Iterator[ApacheKafka]:
-    """One broker for the module; tests that kill or stop it start it again on the same log directory."""
-    require_apache_kafka()
-    # Not under pytest's basetemp (a concurrent pytest run prunes it).
-    base = Path(tempfile.mkdtemp(prefix="chronoq-test-apache-kafka-"))
-    broker = ApacheKafka(base, overrides=BROKER_TEST_OVERRIDES)
-    try:
-        broker.start()
-        yield broker
-    finally:
-        broker.stop()
-        shutil.rmtree(base, ignore_errors=True)
-        gc.collect()  # see the SIGKILL test: leave no aiokafka garbage to later tests
 
 
 @pytest.fixture(scope="module")
@@ -117,14 +76,9 @@ async def create_topic(bootstrap: str, topic: str, partitions: int, configs: dic
 
 
 async def partitions_of(bootstrap: str, topic: str) -> list[TopicPartition]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        (description,) = await admin.describe_topics([topic])
-    finally:
-        await admin.close()
-    assert description["error_code"] == 0, f"topic {topic}: {description}"
-    return sorted(TopicPartition(topic, p["partition"]) for p in description["partitions"])
+    partitions = await topic_partitions(bootstrap, topic)
+    assert partitions, f"topic {topic} does not exist"
+    return [TopicPartition(topic, p) for p in partitions]
 
 
 async def read_to_end(bootstrap: str, topic: str, timeout: float = 30.0) -> list[ConsumerRecord]:
@@ -149,12 +103,12 @@ async def read_to_end(bootstrap: str, topic: str, timeout: float = 30.0) -> list
         await consumer.stop()
 
 
-async def test_keyed_records_round_trip_and_a_group_commits_its_offsets(apache_kafka: ApacheKafka) -> None:
+async def test_keyed_records_round_trip_and_a_group_commits_its_offsets(own_apache_kafka: ApacheKafka) -> None:
     # The basics chronoq relies on, on the production broker: explicit topic
     # creation with 8 partitions, keyed acks=all produce with headers, a
     # tenant's key on one partition, a consumer group committing offsets into
     # __consumer_offsets (replication factor 1 on one node).
-    bootstrap = apache_kafka.bootstrap
+    bootstrap = own_apache_kafka.bootstrap
     assert bootstrap is not None
     topic = new_topic()
     await create_topic(bootstrap, topic, DEFAULT_PARTITIONS)
@@ -226,14 +180,14 @@ async def test_a_retry_after_a_lost_produce_response_duplicates_only_without_ide
     assert retried.offset == first.offset + copies
 
 
-async def test_every_acknowledged_record_survives_a_sigkill_of_the_broker(apache_kafka: ApacheKafka) -> None:
+async def test_every_acknowledged_record_survives_a_sigkill_of_the_broker(own_apache_kafka: ApacheKafka) -> None:
     # Jepsen's "lost acknowledged write" check at the broker: the relay's own
     # publisher (acks=all) publishes a burst in batches; the broker is
     # SIGKILLed while batches are in flight (no shutdown hook, no final
     # flush) and restarted on the same log directory. Every record the
     # broker acknowledged must be in the topic afterwards; the ones in
     # flight may or may not be.
-    bootstrap = apache_kafka.bootstrap
+    bootstrap = own_apache_kafka.bootstrap
     assert bootstrap is not None
     topic = new_topic()
     await create_topic(bootstrap, topic, DEFAULT_PARTITIONS)
@@ -257,7 +211,7 @@ async def test_every_acknowledged_record_survives_a_sigkill_of_the_broker(apache
     try:
         await wait_for(lambda: len(acknowledged) >= 3_000 or publishing.done(), timeout=60)
         assert not publishing.done(), "the burst ended before the broker was killed"
-        apache_kafka.kill()
+        own_apache_kafka.kill()
         killed = True
         await asyncio.wait_for(publishing, 60)
         await publisher.stop()
@@ -267,12 +221,12 @@ async def test_every_acknowledged_record_survives_a_sigkill_of_the_broker(apache
         # that runs inside ast.parse trips CPython 3.11's "AST constructor
         # recursion depth mismatch" in whatever test parses next.
         gc.collect()
-        assert not (apache_kafka.log_dir / ".kafka_cleanshutdown").exists(), "the broker shut down cleanly"
+        assert not (own_apache_kafka.log_dir / ".kafka_cleanshutdown").exists(), "the broker shut down cleanly"
     finally:
         if not publishing.done():
             publishing.cancel()
         if killed:
-            apache_kafka.start()
+            own_apache_kafka.start()
     assert not_acknowledged, "no publish was cut short: the kill did not land mid-burst"
 
     present = {int(record.value.removeprefix(b"record-")) for record in await read_to_end(bootstrap, topic)}
@@ -280,10 +234,10 @@ async def test_every_acknowledged_record_survives_a_sigkill_of_the_broker(apache
     assert not lost, f"{len(lost)} of {len(acknowledged)} acknowledged records lost, e.g. {sorted(lost)[:5]}"
 
 
-async def test_sigterm_is_a_clean_shutdown_and_a_restart_keeps_the_log(apache_kafka: ApacheKafka) -> None:
+async def test_sigterm_is_a_clean_shutdown_and_a_restart_keeps_the_log(own_apache_kafka: ApacheKafka) -> None:
     # stop() is a controlled shutdown (the JVM exits, Kafka marks the log
     # directory clean); start() again serves the same log on the same address.
-    bootstrap = apache_kafka.bootstrap
+    bootstrap = own_apache_kafka.bootstrap
     topic = new_topic()
     await create_topic(bootstrap, topic, 2)  # type: ignore[arg-type]
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
@@ -293,25 +247,25 @@ async def test_sigterm_is_a_clean_shutdown_and_a_restart_keeps_the_log(apache_ka
             await producer.send_and_wait(topic, f"kept-{i}".encode(), key=b"tenant")
     finally:
         await producer.stop()
-    pid = apache_kafka.pid
+    pid = own_apache_kafka.pid
     assert pid is not None
-    apache_kafka.stop()
+    own_apache_kafka.stop()
     try:
         assert not psutil.pid_exists(pid), "the JVM outlived stop()"
-        assert (apache_kafka.log_dir / ".kafka_cleanshutdown").exists()
+        assert (own_apache_kafka.log_dir / ".kafka_cleanshutdown").exists()
     finally:
-        assert apache_kafka.start() == bootstrap
+        assert own_apache_kafka.start() == bootstrap
     values = sorted(record.value for record in await read_to_end(bootstrap, topic))  # type: ignore[arg-type]
     assert values == sorted(f"kept-{i}".encode() for i in range(20))
 
 
-async def test_a_compacted_topic_keeps_only_the_latest_value_of_each_key(apache_kafka: ApacheKafka) -> None:
+async def test_a_compacted_topic_keeps_only_the_latest_value_of_each_key(own_apache_kafka: ApacheKafka) -> None:
     # What the schedule-states topic relies on: the cleaner removes older
     # values of a key (and, after delete.retention.ms, a key's tombstone),
     # keeping the latest one. Only a closed segment is cleaned; segment.ms
     # closes the active one on the first append after 100 ms, so the wait
     # appends a filler record each round and polls.
-    bootstrap = apache_kafka.bootstrap
+    bootstrap = own_apache_kafka.bootstrap
     assert bootstrap is not None
     topic = new_topic()
     await create_topic(bootstrap, topic, 1, configs=AGGRESSIVE_COMPACTION)
