@@ -186,11 +186,12 @@ def telemetry() -> Telemetry:
 
 
 @pytest.fixture
-async def engine(engine_db: str, kafka_bootstrap: str, clock: ManualClock) -> AsyncIterator[None]:
+async def engine(engine_db: str, broker: BrokerUnderTest, clock: ManualClock) -> AsyncIterator[None]:
     """The engine's loops and the relay on this test's database and clock, without the materializer
-    (tests insert due occurrences themselves, with tests/support/rows.py)."""
-    async with services_running(engine_db, kafka_bootstrap, fast_services(roles=PIPELINE_ROLES - {Role.MATERIALIZER}),
-                                clock):
+    (tests insert due occurrences themselves, with tests/support/rows.py). The relay is idempotent where
+    the broker supports it, as in production."""
+    config = fast_services(roles=PIPELINE_ROLES - {Role.MATERIALIZER}, idempotent_publisher=broker.idempotent_producer)
+    async with services_running(engine_db, broker.bootstrap, config, clock):
         yield
 
 

@@ -9,8 +9,8 @@ embedded PostgreSQL and broker (``engine.cli.embedded``).
 
 Each module registers one area's subcommands: ``stack_commands`` (up, api,
 migrate, engine, relay), ``tenant_commands`` (tenant create),
-``schedule_commands`` (schedule ...), ``dlq_commands`` (dlq list, replay) and
-``consume_command`` (consume).
+``schedule_commands`` (schedule ...), ``dlq_commands`` (dlq list, replay),
+``consume_command`` (consume) and ``kafka_command`` (kafka fetch).
 
 Exit status: 0 on success, 2 for invalid input (one line naming the field,
 nothing written), 1 for any other chronoq error.
@@ -46,12 +46,13 @@ def stop_on_signals(stop: asyncio.Event) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from engine.cli import consume_command, dlq_commands, schedule_commands, stack_commands, tenant_commands
+    from engine.cli import (consume_command, dlq_commands, kafka_command, schedule_commands, stack_commands,
+                            tenant_commands)
 
     parser = argparse.ArgumentParser(prog="chronoq", description="Multi-tenant distributed job scheduler.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for area in (stack_commands, tenant_commands, schedule_commands, consume_command, dlq_commands):
+    for area in (stack_commands, tenant_commands, schedule_commands, consume_command, dlq_commands, kafka_command):
         area.register(commands)
     return parser
 

@@ -53,6 +53,8 @@ class Endpoints:
     embedded: bool = False
     #: The broker has the idempotent producer (Apache Kafka; tansu lacks InitProducerId).
     idempotent_producer: bool = False
+    #: The embedded broker's kind (``tansu`` or ``apache``), ``external`` for a broker chronoq did not start.
+    kafka_kind: str = "external"
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ class StackState:
     @property
     def endpoints(self) -> Endpoints:
         return Endpoints(self.database_url, self.kafka_bootstrap, self.consumer_database_url, embedded=True,
-                         idempotent_producer=self.kafka_kind == "apache")
+                         idempotent_producer=self.kafka_kind == "apache", kafka_kind=self.kafka_kind)
 
 
 def home(env: Mapping[str, str] | None = None) -> Path:

@@ -180,6 +180,35 @@ async def test_a_retry_after_a_lost_produce_response_duplicates_only_without_ide
     assert retried.offset == first.offset + copies
 
 
+@pytest.mark.parametrize("idempotent, copies", [(True, 1), (False, 2)], ids=["idempotent", "not-idempotent"])
+async def test_the_relays_publisher_keeps_one_copy_of_a_retried_batch_only_when_idempotent(
+        proxied_kafka: tuple[ApacheKafka, KafkaProxy], idempotent: bool, copies: int) -> None:
+    # The same lost response, through the relay's own publisher (explicit
+    # partition batches, PublisherConfig.idempotent as the relay sets it on
+    # Apache Kafka): the retried batch of 50 records is one copy with
+    # idempotence, two without; either way every record is acknowledged.
+    _broker, proxy = proxied_kafka
+    topic = new_topic()
+    publisher = KafkaPublisher(PublisherConfig(bootstrap=proxy.bootstrap, partitions=1, ack_timeout=10.0,
+                                               idempotent=idempotent))
+    await publisher.start()
+    try:
+        warm = await publisher.publish([OutgoingRecord("warm", topic, b"tenant", b"warm")])
+        assert warm == {"warm": None}
+        dropped_before = len(proxy.dropped)
+        proxy.drop_next_produce_response()
+        records = [OutgoingRecord(i, topic, b"tenant", f"record-{i}".encode()) for i in range(50)]
+        outcome = await publisher.publish(records)
+    finally:
+        await publisher.stop()
+    assert len(proxy.dropped) == dropped_before + 1, "the broker's answer was not intercepted: nothing was retried"
+    assert outcome == {i: None for i in range(50)}
+
+    values = [record.value for record in await read_to_end(proxy.bootstrap, topic)]
+    assert all(values.count(f"record-{i}".encode()) == copies for i in range(50))
+    assert len(values) == 1 + 50 * copies
+
+
 async def test_every_acknowledged_record_survives_a_sigkill_of_the_broker(own_apache_kafka: ApacheKafka) -> None:
     # Jepsen's "lost acknowledged write" check at the broker: the relay's own
     # publisher (acks=all) publishes a burst in batches; the broker is

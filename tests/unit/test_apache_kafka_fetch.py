@@ -117,7 +117,7 @@ def test_java_comes_from_java_home_first_then_path(tmp_path: Path) -> None:
 
 def test_starting_without_the_jars_says_how_to_fetch_them(tmp_path: Path) -> None:
     broker = ApacheKafka(tmp_path / "data", jars=tmp_path / "no-jars", java="/bin/false")
-    with pytest.raises(StackError, match=r"python -m engine\.cli\.embedded\.apache_kafka fetch"):
+    with pytest.raises(StackError, match=r"`chronoq kafka fetch`"):
         broker.start()
     assert broker.pid is None
 

@@ -11,8 +11,7 @@ Two steps, both from this repository:
   ``CHRONOQ_KAFKA_JARS``) with ``mvn dependency:copy-dependencies`` on the
   small Maven project beside this module (``apache_kafka/pom.xml``). A fetch
   is complete only once its marker file is written, so an interrupted fetch is
-  redone; a complete one is reused. ``python -m
-  engine.cli.embedded.apache_kafka fetch`` runs it.
+  redone; a complete one is reused. ``chronoq kafka fetch`` runs it.
 - :class:`ApacheKafka` formats KRaft storage in its data directory and runs
   one combined broker+controller on free loopback ports with the broker
   settings every chronoq Kafka uses (``apache_kafka/server.properties``, the
@@ -28,7 +27,6 @@ down).
 
 from __future__ import annotations
 
-import argparse
 import base64
 import hashlib
 import os
@@ -37,7 +35,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -112,8 +109,8 @@ def fetched(directory: Path) -> bool:
 
 def missing_jars_message(directory: Path) -> str:
     return (f"Apache Kafka {KAFKA_VERSION}'s jars are not in {directory}: fetch them once with"
-            " `python -m engine.cli.embedded.apache_kafka fetch` (needs Maven and Maven Central;"
-            " CHRONOQ_KAFKA_JARS chooses another directory)")
+            " `chronoq kafka fetch` (needs Maven and Maven Central; CHRONOQ_KAFKA_JARS chooses another"
+            " directory)")
 
 
 def fetch(destination: Path | None = None, *, maven_repo: Path | None = None,
@@ -382,31 +379,3 @@ class ApacheKafka:
 
 class _PortTaken(StackError):
     """A listener port chosen free was bound by someone else before the broker took it."""
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.cli.embedded.apache_kafka",
-                                     description=f"Apache Kafka {KAFKA_VERSION} for chronoq's embedded stack.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    fetch_parser = commands.add_parser("fetch", help="copy the jars from Maven Central into the cache (once)")
-    fetch_parser.add_argument("--jars", type=Path, help="the cache directory (default: CHRONOQ_KAFKA_JARS"
-                              f" or ~/.cache/chronoq/kafka-{KAFKA_VERSION})")
-    fetch_parser.add_argument("--maven-repo", type=Path, help="Maven's local repository (default ~/.m2/repository)")
-    args = parser.parse_args(argv)
-    destination = (args.jars or jars_directory()).resolve()
-    if fetched(destination):
-        print(f"Apache Kafka {KAFKA_VERSION} jars already in {destination}", flush=True)
-        return 0
-    began = time.monotonic()
-    try:
-        fetch(destination, maven_repo=args.maven_repo)
-    except StackError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    print(f"Apache Kafka {KAFKA_VERSION} jars fetched into {destination} in {time.monotonic() - began:.1f} s",
-          flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

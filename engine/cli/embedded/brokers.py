@@ -21,6 +21,7 @@ from schemas.errors import StackError
 
 BrokerKind = Literal["tansu", "apache"]
 BROKER_KINDS: tuple[BrokerKind, ...] = get_args(BrokerKind)
+BROKER_NAMES: dict[str, str] = {"tansu": "tansu, memory only", "apache": "Apache Kafka 4.4, log on disk"}
 
 
 class Broker(Protocol):
