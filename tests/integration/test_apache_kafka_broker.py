@@ -12,24 +12,24 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import uuid
 from pathlib import Path
-from typing import AsyncIterator, Iterator
+from typing import AsyncIterator
 
 import psutil
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import ConsumerRecord
 
 from engine.cli.embedded.apache_kafka import ApacheKafka
 from relay.publisher import KafkaPublisher, OutgoingRecord, PublisherConfig
-from schemas.topics import DEFAULT_PARTITIONS, ensure_topics, topic_partitions
+from schemas.topics import DEFAULT_PARTITIONS, ensure_topics
+from tests.support.kafka import read_to_end
 from tests.support.waiting import wait_for
 from tests.support.brokers import BROKER_TEST_OVERRIDES, require_apache_kafka
 from tests.support.kafka_proxy import KafkaProxy
@@ -73,34 +73,6 @@ async def create_topic(bootstrap: str, topic: str, partitions: int, configs: dic
         await ensure_topics(admin, [topic], partitions, configs=configs)
     finally:
         await admin.close()
-
-
-async def partitions_of(bootstrap: str, topic: str) -> list[TopicPartition]:
-    partitions = await topic_partitions(bootstrap, topic)
-    assert partitions, f"topic {topic} does not exist"
-    return [TopicPartition(topic, p) for p in partitions]
-
-
-async def read_to_end(bootstrap: str, topic: str, timeout: float = 30.0) -> list[ConsumerRecord]:
-    """Every record of ``topic`` from the log start to the end offsets as of the call (no group)."""
-    partitions = await partitions_of(bootstrap, topic)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        ends = await consumer.end_offsets(partitions)
-        records: list[ConsumerRecord] = []
-        while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
-            if loop.time() > deadline:
-                raise AssertionError(f"read {len(records)} records of {topic} but not to its end offsets {ends}")
-            for batch in (await consumer.getmany(timeout_ms=200)).values():
-                records.extend(batch)
-        return records
-    finally:
-        await consumer.stop()
 
 
 async def test_keyed_records_round_trip_and_a_group_commits_its_offsets(own_apache_kafka: ApacheKafka) -> None:

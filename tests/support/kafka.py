@@ -85,3 +85,26 @@ async def read_topic(bootstrap: str, topic: str, expected: int, timeout: float =
                 raise AssertionError(f"read {len(records)} of {expected} expected records from {topic}")
     finally:
         await consumer.stop()
+
+
+async def read_to_end(bootstrap: str, topic: str, timeout: float = 30.0) -> list[ConsumerRecord]:
+    """Every record of ``topic`` from the log start to the end offsets as of the call (no group)."""
+    partitions = [TopicPartition(topic, p) for p in await topic_partitions(bootstrap, topic)]
+    assert partitions, f"topic {topic} does not exist"
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        records: list[ConsumerRecord] = []
+        while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
+            if loop.time() > deadline:
+                raise AssertionError(f"read {len(records)} records of {topic} but not to its end offsets {ends}")
+            for batch in (await consumer.getmany(timeout_ms=200)).values():
+                records.extend(batch)
+        return records
+    finally:
+        await consumer.stop()

@@ -31,7 +31,6 @@ import base64
 import hashlib
 import os
 import shutil
-import signal
 import socket
 import struct
 import subprocess
