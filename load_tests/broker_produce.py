@@ -1,6 +1,6 @@
 """Benchmark: produce rate with acks=all on Apache Kafka (flush per append or not) and on tansu.
 
-    python -m load_tests.broker_produce [--messages 200000] [--batch 5000] [--json PATH]
+    python -m load_tests.broker_produce [--broker tansu|apache] [--messages 200000] [--batch 5000] [--json PATH]
 
 What it answers: what does ``log.flush.interval.messages=1`` (fsync of a
 partition's log before every produce response, the durability choice in
@@ -18,7 +18,8 @@ broker variant starts fresh in a temporary directory and gets:
 
 Variants: Apache Kafka as configured (flush per append), Apache Kafka with
 flushing left to the OS, Apache Kafka with the C2 compiler too (the launcher
-stops at C1 to start faster), and tansu.
+stops at C1 to start faster), and tansu; ``--broker`` runs one kind's only
+(default: both).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from pathlib import Path
 from aiokafka import AIOKafkaProducer
 
 from engine.cli.embedded.apache_kafka import JVM_OPTIONS, ApacheKafka
-from engine.stack import EmbeddedKafka
+from engine.cli.embedded.brokers import BROKER_KINDS
+from engine.cli.embedded.tansu import EmbeddedKafka
 from relay.publisher import KafkaPublisher, OutgoingRecord, PublisherConfig
 
 NO_FLUSH = {"log.flush.interval.messages": str(2**63 - 1)}
@@ -90,7 +92,7 @@ async def measure(bootstrap: str, args: argparse.Namespace, idempotence: bool) -
 
 async def run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     results: dict[str, dict[str, float]] = {}
-    variants = [("apache kafka, flush per append (configured)", {}, JVM_OPTIONS),
+    variants = [] if args.broker == "tansu" else [("apache kafka, flush per append (configured)", {}, JVM_OPTIONS),
                 ("apache kafka, flush left to the OS", NO_FLUSH, JVM_OPTIONS),
                 ("apache kafka, flush per append, C2 compiler too", {}, FULL_JIT)]
     for name, overrides, jvm in variants:
@@ -103,6 +105,8 @@ async def run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
             broker.stop()
             shutil.rmtree(base, ignore_errors=True)
         print(name, {k: round(v) for k, v in results[name].items()}, flush=True)
+    if args.broker == "apache":
+        return results
     tansu = EmbeddedKafka()
     try:
         results["tansu (memory)"] = await measure(tansu.start(), args, idempotence=False)
@@ -114,6 +118,7 @@ async def run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--broker", choices=BROKER_KINDS, help="run only this broker's variants (default: both)")
     parser.add_argument("--messages", type=int, default=200_000, help="records in the relay-batch run")
     parser.add_argument("--batch", type=int, default=5_000, help="records per publish call (the relay's batch)")
     parser.add_argument("--single", type=int, default=2_000, help="messages in the awaited-send runs")
