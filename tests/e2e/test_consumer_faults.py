@@ -73,7 +73,10 @@ class ConsumerProcess:
         await self.process.stdin.drain()
 
     def send(self, sig: int) -> None:
-        self.process.send_signal(sig)
+        try:
+            self.process.send_signal(sig)
+        except ProcessLookupError:
+            pass  # exited already; a cleanup SIGCONT must not hide why the test failed
 
     async def exit_code(self, timeout: float = 20.0) -> int:
         """Wait for the exit; the rest of stdout joins ``lines``."""

@@ -138,3 +138,8 @@ def test_compose_runs_the_tested_kafka_version_with_the_tested_properties() -> N
     compose = (Path(__file__).resolve().parents[2] / "compose.yaml").read_text()
     assert f"image: apache/kafka:{KAFKA_VERSION}\n" in compose
     assert "- ./engine/cli/embedded/apache_kafka/server.properties:/mnt/shared/config/server.properties:ro" in compose
+
+
+def test_compose_runs_the_relay_with_the_idempotent_producer() -> None:
+    compose = (Path(__file__).resolve().parents[2] / "compose.yaml").read_text()
+    assert '    CHRONOQ_KAFKA_IDEMPOTENT: "1"\n' in compose
