@@ -17,6 +17,7 @@ its own broker (``own_apache_kafka``), which it kills and restarts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import time
 import uuid
@@ -181,7 +182,9 @@ async def publish_then_compact(bootstrap: str, published: list[ScheduleStateMess
     return surviving
 
 
+@contextlib.asynccontextmanager
 async def started_view(bootstrap: str, consumer_db: str, target: str) -> AsyncIterator[ScheduleStateView]:
+    """A consumer app started now, once it has read the schedule states; stopped when the block ends."""
     app = ConsumerApp(ConsumerConfig(f"states-{uuid.uuid4().hex[:8]}", bootstrap, consumer_db,
                                      session_timeout=2.0, heartbeat_interval=0.4, report_attempts=False))
 
@@ -206,7 +209,7 @@ async def test_a_consumer_started_after_compaction_knows_each_schedules_latest_s
         state(updated, 3, "paused"), state(canceled, 2, "canceled")])
     assert surviving == {updated: 3, canceled: 2}
 
-    async for view in started_view(bootstrap, consumer_db, target):
+    async with started_view(bootstrap, consumer_db, target) as view:
         assert view.verdict(updated, 2) == STALE_VERSION
         assert view.verdict(updated, 3) is None
         assert view.verdict(canceled, 1) == SCHEDULE_CANCELED
@@ -225,6 +228,6 @@ async def test_a_consumer_started_after_compaction_knows_the_latest_state_even_i
     surviving = await publish_then_compact(bootstrap, [
         state(schedule, 1, "active"), state(schedule, 3, "canceled"), state(schedule, 2, "paused")])
 
-    async for view in started_view(bootstrap, consumer_db, target):
+    async with started_view(bootstrap, consumer_db, target) as view:
         assert surviving == {schedule: 3}, f"the cleaner kept version {surviving[schedule]}, the last offset"
         assert view.verdict(schedule, 2) == SCHEDULE_CANCELED
