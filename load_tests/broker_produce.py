@@ -55,7 +55,7 @@ async def relay_batches(bootstrap: str, messages: int, batch: int) -> float:
         await publisher.publish(records[:batch])  # warm-up: metadata, connections
         began = time.perf_counter()
         for start in range(0, messages, batch):
-            outcome = await publisher.publish(records[start:start + batch])
+            outcome = await publisher.publish(records[start : start + batch])
             failed = [error for error in outcome.values() if error is not None]
             if failed:
                 raise RuntimeError(f"{len(failed)} records not acknowledged: {failed[0]!r}")
@@ -83,8 +83,10 @@ async def awaited_sends(bootstrap: str, messages: int, idempotent: bool) -> floa
 
 
 async def measure(bootstrap: str, args: argparse.Namespace, idempotence: bool) -> dict[str, float]:
-    figures = {"relay batches": await relay_batches(bootstrap, args.messages, args.batch),
-               "awaited sends": await awaited_sends(bootstrap, args.single, idempotent=False)}
+    figures = {
+        "relay batches": await relay_batches(bootstrap, args.messages, args.batch),
+        "awaited sends": await awaited_sends(bootstrap, args.single, idempotent=False),
+    }
     if idempotence:
         figures["idempotent awaited sends"] = await awaited_sends(bootstrap, args.single, idempotent=True)
     return figures
@@ -92,9 +94,15 @@ async def measure(bootstrap: str, args: argparse.Namespace, idempotence: bool) -
 
 async def run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     results: dict[str, dict[str, float]] = {}
-    variants = [] if args.broker == "tansu" else [("apache kafka, flush per append (configured)", {}, JVM_OPTIONS),
-                ("apache kafka, flush left to the OS", NO_FLUSH, JVM_OPTIONS),
-                ("apache kafka, flush per append, C2 compiler too", {}, FULL_JIT)]
+    variants = (
+        []
+        if args.broker == "tansu"
+        else [
+            ("apache kafka, flush per append (configured)", {}, JVM_OPTIONS),
+            ("apache kafka, flush left to the OS", NO_FLUSH, JVM_OPTIONS),
+            ("apache kafka, flush per append, C2 compiler too", {}, FULL_JIT),
+        ]
+    )
     for name, overrides, jvm in variants:
         base = Path(tempfile.mkdtemp(prefix="chronoq-bench-kafka-"))
         broker = ApacheKafka(base, overrides=overrides, jvm_options=jvm)

@@ -56,7 +56,12 @@ async def seed(pool: asyncpg.Pool, schedules: int, tenants: int, targets: int) -
         SELECT gen_random_uuid(), 'load-' || (i % $2), 'cron', '0 * * * *', 'UTC', $4,
                'load.target-' || (i % $3), jsonb_build_object('n', i), i % 256, 1.0 / 60
         FROM generate_series(1, $1) AS i
-        """, schedules, tenants, targets, TOP)
+        """,
+        schedules,
+        tenants,
+        targets,
+        TOP,
+    )
 
 
 async def materialize(pool: asyncpg.Pool, clock: ManualClock, batch: int) -> float:
@@ -67,8 +72,9 @@ async def materialize(pool: asyncpg.Pool, clock: ManualClock, batch: int) -> flo
     return time.perf_counter() - started
 
 
-async def dispatch(pool: asyncpg.Pool, bootstrap: str, clock: ManualClock, relays: int,
-                   batch: int, idempotent: bool) -> tuple[float, list[tuple[float, int]]]:
+async def dispatch(
+    pool: asyncpg.Pool, bootstrap: str, clock: ManualClock, relays: int, batch: int, idempotent: bool
+) -> tuple[float, list[tuple[float, int]]]:
     publishers = [KafkaPublisher(PublisherConfig(bootstrap, idempotent=idempotent)) for _ in range(relays)]
     for publisher in publishers:
         await publisher.start()
@@ -87,8 +93,9 @@ async def dispatch(pool: asyncpg.Pool, bootstrap: str, clock: ManualClock, relay
                 return
 
     try:
-        await asyncio.gather(*(drain(Relay(OutboxStore(pool, clock), p, RelayConfig(batch_size=batch)))
-                               for p in publishers))
+        await asyncio.gather(
+            *(drain(Relay(OutboxStore(pool, clock), p, RelayConfig(batch_size=batch))) for p in publishers)
+        )
     finally:
         for publisher in publishers:
             await publisher.stop()
@@ -113,7 +120,7 @@ async def main(args: argparse.Namespace) -> dict:
     if not (admin_url and bootstrap):
         postgres = EmbeddedPostgres(home / "postgres")
         postgres.start()
-        kafka = start_broker(args.broker, home / "kafka")   # this (main) thread outlives the broker
+        kafka = start_broker(args.broker, home / "kafka")  # this (main) thread outlives the broker
         bootstrap = kafka.bootstrap
         admin_url = await postgres.ensure_database("burst")
     assert bootstrap is not None
@@ -130,8 +137,9 @@ async def main(args: argparse.Namespace) -> dict:
         await seed(pool, args.schedules, args.tenants, args.targets)
         seeded = time.perf_counter() - t
         materialized = await materialize(pool, clock, args.materialize_batch)
-        elapsed, marks = await dispatch(pool, bootstrap, clock, args.relays, args.relay_batch,
-                                        idempotent=args.broker == "apache")
+        elapsed, marks = await dispatch(
+            pool, bootstrap, clock, args.relays, args.relay_batch, idempotent=args.broker == "apache"
+        )
         sent = await pool.fetchval("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL")
         await pool.close()
     finally:
@@ -143,11 +151,18 @@ async def main(args: argparse.Namespace) -> dict:
             postgres.stop()
         shutil.rmtree(home, ignore_errors=True)
     return {
-        "broker": args.broker if kafka else "external", "schedules": args.schedules, "tenants": args.tenants,
-        "targets": args.targets, "relays": args.relays,
-        "relay_batch": args.relay_batch, "seed_s": round(seeded, 2),
-        "materialize_s": round(materialized, 2), "materialize_rows_per_s": round(args.schedules / materialized),
-        "dispatch_s": round(elapsed, 2), "dispatched": sent, "dispatch_rows_per_s": round(sent / elapsed),
+        "broker": args.broker if kafka else "external",
+        "schedules": args.schedules,
+        "tenants": args.tenants,
+        "targets": args.targets,
+        "relays": args.relays,
+        "relay_batch": args.relay_batch,
+        "seed_s": round(seeded, 2),
+        "materialize_s": round(materialized, 2),
+        "materialize_rows_per_s": round(args.schedules / materialized),
+        "dispatch_s": round(elapsed, 2),
+        "dispatched": sent,
+        "dispatch_rows_per_s": round(sent / elapsed),
         "lag_s": {k: round(v, 3) for k, v in lag_percentiles(marks).items()},
     }
 
@@ -160,8 +175,12 @@ if __name__ == "__main__":
     parser.add_argument("--relays", type=int, default=2, help="relay loops in this process")
     parser.add_argument("--relay-batch", type=int, default=5000)
     parser.add_argument("--materialize-batch", type=int, default=2000)
-    parser.add_argument("--broker", choices=BROKER_KINDS, default="tansu",
-                        help="the embedded broker (default tansu; apache needs java and `chronoq kafka fetch`)")
+    parser.add_argument(
+        "--broker",
+        choices=BROKER_KINDS,
+        default="tansu",
+        help="the embedded broker (default tansu; apache needs java and `chronoq kafka fetch`)",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     figures = asyncio.run(main(parser.parse_args()))
     print(json.dumps(figures, indent=2))

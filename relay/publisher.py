@@ -34,7 +34,7 @@ from schemas.topics import DEFAULT_PARTITIONS, ensure_topics
 
 @dataclass(frozen=True)
 class OutgoingRecord:
-    ref: Hashable                      # the caller's handle (outbox row id)
+    ref: Hashable  # the caller's handle (outbox row id)
     topic: str
     key: bytes
     value: bytes
@@ -142,5 +142,4 @@ class KafkaPublisher:
 
 def _append(batch: Any, record: OutgoingRecord) -> bool:
     """Append to an aiokafka batch; False when the batch is full."""
-    return batch.append(key=record.key, value=record.value, timestamp=None,
-                        headers=list(record.headers)) is not None
+    return batch.append(key=record.key, value=record.value, timestamp=None, headers=list(record.headers)) is not None

@@ -46,8 +46,13 @@ from tests.support.telemetry import Telemetry
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--broker", action="append", choices=BROKER_KINDS, dest="brokers",
-                     help="run the Kafka tests on this broker only (repeatable; default: tansu and apache)")
+    parser.addoption(
+        "--broker",
+        action="append",
+        choices=BROKER_KINDS,
+        dest="brokers",
+        help="run the Kafka tests on this broker only (repeatable; default: tansu and apache)",
+    )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -202,7 +207,9 @@ async def effects(consumer_db: str) -> AsyncIterator[asyncpg.Pool]:
     No unique key: an effect applied twice shows up as two rows. Handlers name the columns they fill.
     """
     pool = await asyncpg.create_pool(consumer_db, min_size=1, max_size=4)
-    await pool.execute("CREATE TABLE effects (occurrence_id uuid NOT NULL, attempt int, lease_token uuid,"
-                       " amount int, scheduled_for timestamptz)")
+    await pool.execute(
+        "CREATE TABLE effects (occurrence_id uuid NOT NULL, attempt int, lease_token uuid,"
+        " amount int, scheduled_for timestamptz)"
+    )
     yield pool
     await pool.close()

@@ -46,8 +46,14 @@ def stop_on_signals(stop: asyncio.Event) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from engine.cli import (consume_command, dlq_commands, kafka_command, schedule_commands, stack_commands,
-                            tenant_commands)
+    from engine.cli import (
+        consume_command,
+        dlq_commands,
+        kafka_command,
+        schedule_commands,
+        stack_commands,
+        tenant_commands,
+    )
 
     parser = argparse.ArgumentParser(prog="chronoq", description="Multi-tenant distributed job scheduler.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")

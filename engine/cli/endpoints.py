@@ -72,8 +72,14 @@ class StackState:
 
     @property
     def endpoints(self) -> Endpoints:
-        return Endpoints(self.database_url, self.kafka_bootstrap, self.consumer_database_url, embedded=True,
-                         idempotent_producer=self.kafka_kind == "apache", kafka_kind=self.kafka_kind)
+        return Endpoints(
+            self.database_url,
+            self.kafka_bootstrap,
+            self.consumer_database_url,
+            embedded=True,
+            idempotent_producer=self.kafka_kind == "apache",
+            kafka_kind=self.kafka_kind,
+        )
 
 
 def home(env: Mapping[str, str] | None = None) -> Path:
@@ -90,10 +96,16 @@ def external_endpoints(env: Mapping[str, str] | None = None) -> Endpoints | None
         return None
     if not (database_url and bootstrap):
         missing = "CHRONOQ_KAFKA_BOOTSTRAP" if database_url else "CHRONOQ_DATABASE_URL"
-        raise StackError(f"{missing} is not set: set both CHRONOQ_DATABASE_URL and CHRONOQ_KAFKA_BOOTSTRAP"
-                         " to use an external stack, or neither to use the embedded one")
-    return Endpoints(database_url, bootstrap, env.get("CHRONOQ_CONSUMER_DATABASE_URL") or database_url,
-                     idempotent_producer=_flag(env, "CHRONOQ_KAFKA_IDEMPOTENT"))
+        raise StackError(
+            f"{missing} is not set: set both CHRONOQ_DATABASE_URL and CHRONOQ_KAFKA_BOOTSTRAP"
+            " to use an external stack, or neither to use the embedded one"
+        )
+    return Endpoints(
+        database_url,
+        bootstrap,
+        env.get("CHRONOQ_CONSUMER_DATABASE_URL") or database_url,
+        idempotent_producer=_flag(env, "CHRONOQ_KAFKA_IDEMPOTENT"),
+    )
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:

@@ -35,11 +35,29 @@ MAX_PREVIEW = 1000
 PRIORITIES = ("strict", "flexible")
 
 #: The fields of a schedule definition, as create and update accept them.
-SCHEDULE_FIELDS = frozenset({
-    "kind", "expression", "time_zone", "target", "payload", "priority", "flexible_window",
-    "misfire_policy", "max_lateness", "overlap_policy", "max_attempts", "retry_base", "retry_cap",
-    "deadline", "dst_repeat", "dst_gap", "start_at", "end_at", "anchor",
-})
+SCHEDULE_FIELDS = frozenset(
+    {
+        "kind",
+        "expression",
+        "time_zone",
+        "target",
+        "payload",
+        "priority",
+        "flexible_window",
+        "misfire_policy",
+        "max_lateness",
+        "overlap_policy",
+        "max_attempts",
+        "retry_base",
+        "retry_cap",
+        "deadline",
+        "dst_repeat",
+        "dst_gap",
+        "start_at",
+        "end_at",
+        "anchor",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -70,15 +88,21 @@ def parse_schedule_request(raw: Mapping[str, Any], *, max_payload_bytes: int = M
     if not isinstance(kind, str):
         raise InvalidInput("kind", "is required: once, cron or rate", "cron")
     if not isinstance(expression, str) or not expression.strip():
-        raise InvalidInput("expression", "is required: a cron expression, an ISO-8601 instant or a duration",
-                           "0 9 * * MON-FRI")
+        raise InvalidInput(
+            "expression", "is required: a cron expression, an ISO-8601 instant or a duration", "0 9 * * MON-FRI"
+        )
     time_zone = raw.get("time_zone")
     if time_zone is not None and not isinstance(time_zone, str):
         raise InvalidInput("time_zone", "must be an IANA zone name", "Europe/Berlin")
     spec = build_time_spec(
-        kind, expression, time_zone,
-        dst_repeat=raw.get("dst_repeat"), dst_gap=raw.get("dst_gap"),
-        anchor=raw.get("anchor"), start_at=raw.get("start_at"), end_at=raw.get("end_at"),
+        kind,
+        expression,
+        time_zone,
+        dst_repeat=raw.get("dst_repeat"),
+        dst_gap=raw.get("dst_gap"),
+        anchor=raw.get("anchor"),
+        start_at=raw.get("start_at"),
+        end_at=raw.get("end_at"),
     )
     target = validate_target(raw.get("target"))
     payload = validate_payload(raw.get("payload", {}), max_payload_bytes)
@@ -113,9 +137,18 @@ def parse_schedule_request(raw: Mapping[str, Any], *, max_payload_bytes: int = M
     if deadline is not None and deadline <= timedelta(0):
         raise InvalidInput("deadline", "must be positive", "1h")
     return ScheduleRequest(
-        spec=spec, target=target, payload=payload, priority=priority, flexible_window=window,
-        misfire=misfire, misfire_text=misfire_text.strip(), overlap_policy=overlap, max_attempts=max_attempts,
-        retry_base=retry_base, retry_cap=retry_cap, deadline=deadline,
+        spec=spec,
+        target=target,
+        payload=payload,
+        priority=priority,
+        flexible_window=window,
+        misfire=misfire,
+        misfire_text=misfire_text.strip(),
+        overlap_policy=overlap,
+        max_attempts=max_attempts,
+        retry_base=retry_base,
+        retry_cap=retry_cap,
+        deadline=deadline,
     )
 
 
@@ -126,8 +159,9 @@ def check_changes(changes: Mapping[str, Any]) -> None:
     _reject_unknown(changes)
 
 
-def parse_changed_request(definition: Mapping[str, Any], changes: Mapping[str, Any], *,
-                          max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> ScheduleRequest:
+def parse_changed_request(
+    definition: Mapping[str, Any], changes: Mapping[str, Any], *, max_payload_bytes: int = MAX_PAYLOAD_BYTES
+) -> ScheduleRequest:
     """The request a partial update makes of a stored definition (API field names).
 
     A changed kind drops the old anchor unless a new one is given; DST options
@@ -200,8 +234,9 @@ def validate_payload(payload: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> Any:
     except TypeError as err:
         raise InvalidInput("payload", f"must be JSON-serializable: {err}", '{"invoice": 42}') from err
     if _contains_nul(payload):
-        raise InvalidInput("payload", "contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store",
-                           '{"invoice": 42}')
+        raise InvalidInput(
+            "payload", "contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store", '{"invoice": 42}'
+        )
     if len(encoded) > max_bytes:
         raise InvalidInput(
             "payload",
@@ -226,22 +261,39 @@ def preview_fires(raw: Mapping[str, Any], after: datetime, count: int) -> list[d
     if not isinstance(kind, str):
         raise InvalidInput("kind", "is required: once, cron or rate", "cron")
     if not isinstance(expression, str):
-        raise InvalidInput("expression", "is required: a cron expression, an ISO-8601 instant or a duration",
-                           "0 9 * * MON-FRI")
+        raise InvalidInput(
+            "expression", "is required: a cron expression, an ISO-8601 instant or a duration", "0 9 * * MON-FRI"
+        )
     anchor = raw.get("anchor")
     if kind == "rate" and anchor is None:
         anchor = after.replace(microsecond=0)
-    spec = build_time_spec(kind, expression, raw.get("time_zone"), dst_repeat=raw.get("dst_repeat"),
-                           dst_gap=raw.get("dst_gap"), anchor=anchor, start_at=raw.get("start_at"),
-                           end_at=raw.get("end_at"))
-    return [{"utc": format_instant(fire.utc), "local": fire.local.isoformat()}
-            for fire in timing.preview(spec, after, count)]
+    spec = build_time_spec(
+        kind,
+        expression,
+        raw.get("time_zone"),
+        dst_repeat=raw.get("dst_repeat"),
+        dst_gap=raw.get("dst_gap"),
+        anchor=anchor,
+        start_at=raw.get("start_at"),
+        end_at=raw.get("end_at"),
+    )
+    return [
+        {"utc": format_instant(fire.utc), "local": fire.local.isoformat()}
+        for fire in timing.preview(spec, after, count)
+    ]
 
 
-def build_time_spec(kind: str, expression: str, time_zone: str | None = None, *,
-                    dst_repeat: str | None = None, dst_gap: str | None = None,
-                    anchor: datetime | str | None = None, start_at: datetime | str | None = None,
-                    end_at: datetime | str | None = None) -> TimeSpec:
+def build_time_spec(
+    kind: str,
+    expression: str,
+    time_zone: str | None = None,
+    *,
+    dst_repeat: str | None = None,
+    dst_gap: str | None = None,
+    anchor: datetime | str | None = None,
+    start_at: datetime | str | None = None,
+    end_at: datetime | str | None = None,
+) -> TimeSpec:
     """Validate and normalize a schedule's time fields, or raise :class:`InvalidInput`.
 
     ``InvalidInput.field`` is the API field at fault. A ``once`` instant in the
@@ -257,8 +309,11 @@ def build_time_spec(kind: str, expression: str, time_zone: str | None = None, *,
         raise InvalidInput("expression", f"must be a string, got {type(expression).__name__}", examples[kind_value])
     stripped = expression.strip()
     if len(stripped) > MAX_EXPRESSION_LENGTH:
-        raise InvalidInput("expression", f"is {len(stripped)} characters long; the limit is"
-                           f" {MAX_EXPRESSION_LENGTH}", examples[kind_value])
+        raise InvalidInput(
+            "expression",
+            f"is {len(stripped)} characters long; the limit is {MAX_EXPRESSION_LENGTH}",
+            examples[kind_value],
+        )
     if not stripped:
         raise InvalidInput("expression", "is empty", examples[kind_value])
     zone_key = validate_zone(time_zone if time_zone is not None else "UTC")
@@ -266,11 +321,13 @@ def build_time_spec(kind: str, expression: str, time_zone: str | None = None, *,
     gap = _time_choice("dst_gap", dst_gap, DST_GAP_CHOICES)
     if kind_value != "cron":
         if repeat != "first":
-            raise InvalidInput("dst_repeat", f"applies only to kind cron ({kind_value} ignores wall-clock time);"
-                               " leave it out", "first")
+            raise InvalidInput(
+                "dst_repeat", f"applies only to kind cron ({kind_value} ignores wall-clock time); leave it out", "first"
+            )
         if gap != "skip":
-            raise InvalidInput("dst_gap", f"applies only to kind cron ({kind_value} ignores wall-clock time);"
-                               " leave it out", "skip")
+            raise InvalidInput(
+                "dst_gap", f"applies only to kind cron ({kind_value} ignores wall-clock time); leave it out", "skip"
+            )
     anchor_at = parse_instant(anchor, "anchor") if anchor is not None else None
     if anchor_at is not None and kind_value != "rate":
         raise InvalidInput("anchor", "applies only to kind rate; leave it out", "2027-01-01T00:00:00Z")
@@ -291,16 +348,21 @@ def build_time_spec(kind: str, expression: str, time_zone: str | None = None, *,
         text = stripped
         instant = parse_instant(text, "expression")
         if start is not None and instant < start:
-            raise InvalidInput("start_at", f"is after the one-time instant {iso(instant)}; the schedule could"
-                               " never fire", iso(instant))
+            raise InvalidInput(
+                "start_at", f"is after the one-time instant {iso(instant)}; the schedule could never fire", iso(instant)
+            )
         if end is not None and instant > end:
-            raise InvalidInput("end_at", f"is before the one-time instant {iso(instant)}; the schedule could"
-                               " never fire", iso(instant))
+            raise InvalidInput(
+                "end_at", f"is before the one-time instant {iso(instant)}; the schedule could never fire", iso(instant)
+            )
     spec = TimeSpec(kind_value, text, zone_key, repeat, gap, anchor_at, start, end)  # type: ignore[arg-type]
     if kind_value != "once" and start is not None and end is not None:
         if timing.next_fire_after(spec, start - MICROSECOND) is None:
-            raise InvalidInput("end_at", f"there is no fire time between start_at {iso(start)} and end_at"
-                               f" {iso(end)}; move end_at later", iso(end + timedelta(days=30)))
+            raise InvalidInput(
+                "end_at",
+                f"there is no fire time between start_at {iso(start)} and end_at {iso(end)}; move end_at later",
+                iso(end + timedelta(days=30)),
+            )
     return spec
 
 

@@ -66,11 +66,11 @@ LEASE_EXPIRED = "LeaseExpired"
 
 
 class Verdict(str, Enum):
-    ACCEPTED = "accepted"       # the event changed state
-    DUPLICATE = "duplicate"     # the same outcome was already recorded (Kafka redelivered the event)
-    FENCED = "fenced"           # the lease token is not the current one: rejected
-    IGNORED = "ignored"         # nothing to do (e.g. the occurrence is already CANCELED)
-    UNKNOWN = "unknown"         # no such occurrence
+    ACCEPTED = "accepted"  # the event changed state
+    DUPLICATE = "duplicate"  # the same outcome was already recorded (Kafka redelivered the event)
+    FENCED = "fenced"  # the lease token is not the current one: rejected
+    IGNORED = "ignored"  # nothing to do (e.g. the occurrence is already CANCELED)
+    UNKNOWN = "unknown"  # no such occurrence
 
 
 @dataclass
@@ -78,7 +78,7 @@ class AttemptStats:
     """Counts since start, by verdict and outcome (tests and ``chronoq`` status read them)."""
 
     verdicts: dict[str, int] = field(default_factory=dict)
-    fenced_tokens: list[uuid.UUID] = field(default_factory=list)   # the last few, for diagnosis
+    fenced_tokens: list[uuid.UUID] = field(default_factory=list)  # the last few, for diagnosis
     retries: int = 0
     dead: int = 0
     poison: int = 0
@@ -111,8 +111,9 @@ class Failure:
 
 async def lock_occurrence(conn: asyncpg.Connection, occurrence_id: uuid.UUID) -> LockedOccurrence | None:
     """Lock an occurrence for an attempt decision (None if there is no such occurrence)."""
-    row = await conn.fetchrow(*QUERIES.lock_occurrence(occurrence_id=occurrence_id,
-                                                       default_retry_budget=DEFAULT_RETRY_BUDGET))
+    row = await conn.fetchrow(
+        *QUERIES.lock_occurrence(occurrence_id=occurrence_id, default_retry_budget=DEFAULT_RETRY_BUDGET)
+    )
     return LockedOccurrence.from_row(row) if row is not None else None
 
 
@@ -134,14 +135,20 @@ class AttemptLedger:
         occ = await lock_occurrence(conn, event.occurrence_id)
         if occ is None:
             return Verdict.UNKNOWN
-        found = (await conn.fetchrow(*QUERIES.find_attempt(lease_token=event.lease_token))
-                 if event.lease_token is not None else None)
+        found = (
+            await conn.fetchrow(*QUERIES.find_attempt(lease_token=event.lease_token))
+            if event.lease_token is not None
+            else None
+        )
         known = Attempt.from_row(found) if found is not None else None
         if known is not None and known.occurrence_id != occ.occurrence_id:
-            return Verdict.FENCED   # a token of another occurrence: never ours
+            return Verdict.FENCED  # a token of another occurrence: never ours
         handler = {
-            events.STARTED: self._started, events.HEARTBEAT: self._heartbeat, events.SUCCEEDED: self._succeeded,
-            events.FAILED: self._failed, events.CANCELED: self._canceled,
+            events.STARTED: self._started,
+            events.HEARTBEAT: self._heartbeat,
+            events.SUCCEEDED: self._succeeded,
+            events.FAILED: self._failed,
+            events.CANCELED: self._canceled,
             events.ALREADY_APPLIED: self._already_applied,
         }[event.event]
         return await handler(conn, occ, known, event, now)
@@ -149,46 +156,69 @@ class AttemptLedger:
     def _current(self, occ: LockedOccurrence, event: AttemptEvent) -> bool:
         return occ.state == State.RUNNING.value and occ.lease_token == event.lease_token
 
-    async def _started(self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent,
-                       now: datetime) -> Verdict:
+    async def _started(
+        self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent, now: datetime
+    ) -> Verdict:
         if known is not None:
             return Verdict.DUPLICATE
         state = State(occ.state)
-        fresh = state in (State.SCHEDULED, State.ENQUEUED, State.RETRY_WAIT) and \
-            event.attempt == occ.attempt_count + 1
+        fresh = state in (State.SCHEDULED, State.ENQUEUED, State.RETRY_WAIT) and event.attempt == occ.attempt_count + 1
         takeover = state is State.RUNNING and event.attempt == occ.attempt_count
         if not (fresh or takeover):
             return Verdict.FENCED
         if takeover:
-            await self.finish_attempt(conn, occ.lease_token, "fenced", now,
-                                       Failure("Superseded", f"lease taken over by {event.lease_token}"))
+            await self.finish_attempt(
+                conn, occ.lease_token, "fenced", now, Failure("Superseded", f"lease taken over by {event.lease_token}")
+            )
         transition(state, Event.STARTED)
-        await conn.fetchval(*QUERIES.start_attempt(
-            occurrence_id=occ.occurrence_id, attempt_id=uuid.uuid4(), attempt_number=event.attempt,
-            lease_token=event.lease_token, consumer_group=event.consumer_group, worker=event.worker,
-            lease_ttl_s=event.lease_ttl, now=now))
-        log.info("attempt started", extra=_ids(occ, action="attempt.started", attempt=event.attempt,
-                                               lease_token=str(event.lease_token), takeover=takeover))
+        await conn.fetchval(
+            *QUERIES.start_attempt(
+                occurrence_id=occ.occurrence_id,
+                attempt_id=uuid.uuid4(),
+                attempt_number=event.attempt,
+                lease_token=event.lease_token,
+                consumer_group=event.consumer_group,
+                worker=event.worker,
+                lease_ttl_s=event.lease_ttl,
+                now=now,
+            )
+        )
+        log.info(
+            "attempt started",
+            extra=_ids(
+                occ,
+                action="attempt.started",
+                attempt=event.attempt,
+                lease_token=str(event.lease_token),
+                takeover=takeover,
+            ),
+        )
         return Verdict.ACCEPTED
 
-    async def _heartbeat(self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent,
-                         now: datetime) -> Verdict:
+    async def _heartbeat(
+        self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent, now: datetime
+    ) -> Verdict:
         if not self._current(occ, event):
             return Verdict.FENCED
-        await conn.fetchval(*QUERIES.renew_lease(lease_token=event.lease_token, lease_ttl_s=event.lease_ttl, now=now,
-                                                 occurrence_id=occ.occurrence_id))
+        await conn.fetchval(
+            *QUERIES.renew_lease(
+                lease_token=event.lease_token, lease_ttl_s=event.lease_ttl, now=now, occurrence_id=occ.occurrence_id
+            )
+        )
         return Verdict.ACCEPTED
 
-    async def _succeeded(self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent,
-                         now: datetime) -> Verdict:
+    async def _succeeded(
+        self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent, now: datetime
+    ) -> Verdict:
         if not self._current(occ, event):
             return _repeat_or_fenced(known, "succeeded")
         await self.finish_attempt(conn, event.lease_token, "succeeded", now)
         await self._finish(conn, occ, Event.SUCCEEDED, now)
         return Verdict.ACCEPTED
 
-    async def _failed(self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent,
-                      now: datetime) -> Verdict:
+    async def _failed(
+        self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent, now: datetime
+    ) -> Verdict:
         if not self._current(occ, event):
             return _repeat_or_fenced(known, "failed")
         failure = Failure(event.error_class or "Error", event.error_message or "", event.permanent)
@@ -196,8 +226,9 @@ class AttemptLedger:
         await self.conclude_failure(conn, occ, failure, now)
         return Verdict.ACCEPTED
 
-    async def _canceled(self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent,
-                        now: datetime) -> Verdict:
+    async def _canceled(
+        self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent, now: datetime
+    ) -> Verdict:
         state = State(occ.state)
         if event.lease_token is not None:
             if self._current(occ, event):
@@ -214,44 +245,58 @@ class AttemptLedger:
             await self._finish(conn, occ, Event.CANCEL, now)
             return Verdict.ACCEPTED
         if not obsolete:
-            log.warning("a consumer skipped an occurrence the engine does not consider obsolete",
-                        extra=_ids(occ, action="attempt.cancel_unconfirmed", reason=event.reason,
-                                   consumer_group=event.consumer_group))
+            log.warning(
+                "a consumer skipped an occurrence the engine does not consider obsolete",
+                extra=_ids(
+                    occ, action="attempt.cancel_unconfirmed", reason=event.reason, consumer_group=event.consumer_group
+                ),
+            )
         return Verdict.IGNORED
 
-    async def _already_applied(self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None,
-                               event: AttemptEvent, now: datetime) -> Verdict:
+    async def _already_applied(
+        self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent, now: datetime
+    ) -> Verdict:
         state = State(occ.state)
         if state is State.SUCCEEDED:
             return Verdict.DUPLICATE
         if not allowed(state, Event.ALREADY_APPLIED):
-            log.warning("effect applied for an occurrence in a final state",
-                        extra=_ids(occ, action="occurrence.applied_after_final", state=state.value,
-                                   applied_by=str(event.applied_by)))
+            log.warning(
+                "effect applied for an occurrence in a final state",
+                extra=_ids(
+                    occ, action="occurrence.applied_after_final", state=state.value, applied_by=str(event.applied_by)
+                ),
+            )
             return Verdict.IGNORED
         if state is State.RUNNING:
             mine = occ.lease_token == event.applied_by
-            await self.finish_attempt(conn, occ.lease_token, "succeeded" if mine else "fenced", now,
-                                       None if mine else Failure("AppliedElsewhere",
-                                                                 f"effect applied by {event.applied_by}"))
+            await self.finish_attempt(
+                conn,
+                occ.lease_token,
+                "succeeded" if mine else "fenced",
+                now,
+                None if mine else Failure("AppliedElsewhere", f"effect applied by {event.applied_by}"),
+            )
         await self._finish(conn, occ, Event.ALREADY_APPLIED, now)
         return Verdict.ACCEPTED
 
     # -- outcomes -------------------------------------------------------------------------------
 
-    async def conclude_failure(self, conn: asyncpg.Connection, occ: LockedOccurrence, failure: Failure,
-                               now: datetime) -> State:
+    async def conclude_failure(
+        self, conn: asyncpg.Connection, occ: LockedOccurrence, failure: Failure, now: datetime
+    ) -> State:
         """After a failed or timed-out attempt: retry (RETRY_WAIT + outbox row), DEAD, or CANCELED."""
         if occ.obsolete:
             # Its schedule changed meanwhile: consumers would skip the retry anyway.
             await self._finish(conn, occ, Event.CANCEL, now, failure)
             return State.CANCELED
         original = await self._original_message(conn, occ)
-        decision = decide_retry(occ.retry_policy, occ.counted_attempts, failure.permanent, now, original.deadline,
-                                self.rng.random)
+        decision = decide_retry(
+            occ.retry_policy, occ.counted_attempts, failure.permanent, now, original.deadline, self.rng.random
+        )
         if decision.retry:
-            granted = await conn.fetchval(*QUERIES.spend_retry_budget(
-                tenant_id=occ.tenant_id, per_hour=occ.retry_budget_per_hour, now=now))
+            granted = await conn.fetchval(
+                *QUERIES.spend_retry_budget(tenant_id=occ.tenant_id, per_hour=occ.retry_budget_per_hour, now=now)
+            )
             decision = spend_budget(decision, granted is not None)
         if decision.retry:
             await self._schedule_retry(conn, occ, original, decision, failure, now)
@@ -259,76 +304,170 @@ class AttemptLedger:
         await self._dead_letter(conn, occ, original, decision, failure, now)
         return State.DEAD
 
-    async def _schedule_retry(self, conn: asyncpg.Connection, occ: LockedOccurrence, original: OccurrenceMessage,
-                              decision: RetryDecision, failure: Failure, now: datetime) -> None:
+    async def _schedule_retry(
+        self,
+        conn: asyncpg.Connection,
+        occ: LockedOccurrence,
+        original: OccurrenceMessage,
+        decision: RetryDecision,
+        failure: Failure,
+        now: datetime,
+    ) -> None:
         transition(occ.state, Event.RETRY)
         due = now + decision.delay
         message = dataclasses.replace(original, attempt=occ.attempt_count + 1, available_at=due)
-        await conn.execute(*QUERIES.insert_outbox_row(
-            occurrence_id=occ.occurrence_id, tenant_id=occ.tenant_id, topic=occurrence_topic(occ.target),
-            message_key=partition_key(occ.tenant_id), message=message.encode(), due=due, now=now))
-        await conn.execute(*QUERIES.wait_for_retry(occurrence_id=occ.occurrence_id, error_class=failure.error_class,
-                                                   error_message=failure.error_message, now=now))
+        await conn.execute(
+            *QUERIES.insert_outbox_row(
+                occurrence_id=occ.occurrence_id,
+                tenant_id=occ.tenant_id,
+                topic=occurrence_topic(occ.target),
+                message_key=partition_key(occ.tenant_id),
+                message=message.encode(),
+                due=due,
+                now=now,
+            )
+        )
+        await conn.execute(
+            *QUERIES.wait_for_retry(
+                occurrence_id=occ.occurrence_id,
+                error_class=failure.error_class,
+                error_message=failure.error_message,
+                now=now,
+            )
+        )
         self.stats.retries += 1
         self.meters.retries.add(1)
-        log.info("retry scheduled", extra=_ids(occ, action="occurrence.retry", attempt=message.attempt,
-                                               delay_s=round(decision.delay.total_seconds(), 3),
-                                               error_class=failure.error_class))
+        log.info(
+            "retry scheduled",
+            extra=_ids(
+                occ,
+                action="occurrence.retry",
+                attempt=message.attempt,
+                delay_s=round(decision.delay.total_seconds(), 3),
+                error_class=failure.error_class,
+            ),
+        )
 
-    async def _dead_letter(self, conn: asyncpg.Connection, occ: LockedOccurrence, original: OccurrenceMessage,
-                           decision: RetryDecision, failure: Failure, now: datetime) -> None:
-        record = DeadOccurrenceMessage(original, occ.attempt_count, decision.dead_reason or "max_attempts",
-                                       failure.error_class, failure.error_message, now)
-        await conn.execute(*QUERIES.insert_outbox_row(
-            occurrence_id=occ.occurrence_id, tenant_id=occ.tenant_id, topic=DEAD_LETTER_TOPIC,
-            message_key=record.key, message=record.encode(), due=now, now=now))
+    async def _dead_letter(
+        self,
+        conn: asyncpg.Connection,
+        occ: LockedOccurrence,
+        original: OccurrenceMessage,
+        decision: RetryDecision,
+        failure: Failure,
+        now: datetime,
+    ) -> None:
+        record = DeadOccurrenceMessage(
+            original,
+            occ.attempt_count,
+            decision.dead_reason or "max_attempts",
+            failure.error_class,
+            failure.error_message,
+            now,
+        )
+        await conn.execute(
+            *QUERIES.insert_outbox_row(
+                occurrence_id=occ.occurrence_id,
+                tenant_id=occ.tenant_id,
+                topic=DEAD_LETTER_TOPIC,
+                message_key=record.key,
+                message=record.encode(),
+                due=now,
+                now=now,
+            )
+        )
         await self._finish(conn, occ, Event.DIE, now, failure, decision.dead_reason)
         self.stats.dead += 1
         self.meters.dead.add(1, {"reason": record.reason})
-        log.warning("occurrence is dead", extra=_ids(occ, action="occurrence.dead", reason=record.reason,
-                                                     attempts=occ.attempt_count,
-                                                     error_class=failure.error_class))
+        log.warning(
+            "occurrence is dead",
+            extra=_ids(
+                occ,
+                action="occurrence.dead",
+                reason=record.reason,
+                attempts=occ.attempt_count,
+                error_class=failure.error_class,
+            ),
+        )
 
-    async def _finish(self, conn: asyncpg.Connection, occ: LockedOccurrence, event: Event, now: datetime,
-                      failure: Failure | None = None, dead_reason: str | None = None) -> None:
+    async def _finish(
+        self,
+        conn: asyncpg.Connection,
+        occ: LockedOccurrence,
+        event: Event,
+        now: datetime,
+        failure: Failure | None = None,
+        dead_reason: str | None = None,
+    ) -> None:
         final = transition(occ.state, event)
-        await conn.execute(*QUERIES.finish_occurrence(
-            occurrence_id=occ.occurrence_id, state=final.value,
-            error_class=failure.error_class if failure else None,
-            error_message=failure.error_message if failure else None, dead_reason=dead_reason, now=now))
-        await conn.execute(*QUERIES.discard_pending_deliveries(
-            occurrence_id=occ.occurrence_id, topic=occurrence_topic(occ.target), now=now))
-        if final is not State.DEAD:   # DEAD is logged with its reason by _dead_letter
-            log.info("occurrence finished", extra=_ids(occ, action=f"occurrence.{final.value.lower()}",
-                                                       event=event.value))
+        await conn.execute(
+            *QUERIES.finish_occurrence(
+                occurrence_id=occ.occurrence_id,
+                state=final.value,
+                error_class=failure.error_class if failure else None,
+                error_message=failure.error_message if failure else None,
+                dead_reason=dead_reason,
+                now=now,
+            )
+        )
+        await conn.execute(
+            *QUERIES.discard_pending_deliveries(
+                occurrence_id=occ.occurrence_id, topic=occurrence_topic(occ.target), now=now
+            )
+        )
+        if final is not State.DEAD:  # DEAD is logged with its reason by _dead_letter
+            log.info(
+                "occurrence finished", extra=_ids(occ, action=f"occurrence.{final.value.lower()}", event=event.value)
+            )
 
-    async def finish_attempt(self, conn: asyncpg.Connection, token: uuid.UUID | None, result: str, now: datetime,
-                              failure: Failure | None = None) -> None:
+    async def finish_attempt(
+        self,
+        conn: asyncpg.Connection,
+        token: uuid.UUID | None,
+        result: str,
+        now: datetime,
+        failure: Failure | None = None,
+    ) -> None:
         if token is None:
             return
-        closed = await conn.fetchrow(*QUERIES.finish_attempt(
-            lease_token=token, result=result, error_class=failure.error_class if failure else None,
-            error_message=failure.error_message if failure else None,
-            permanent=failure.permanent if failure else None, now=now))
+        closed = await conn.fetchrow(
+            *QUERIES.finish_attempt(
+                lease_token=token,
+                result=result,
+                error_class=failure.error_class if failure else None,
+                error_message=failure.error_message if failure else None,
+                permanent=failure.permanent if failure else None,
+                now=now,
+            )
+        )
         if closed is not None:
             self.meters.attempts.add(1, {"result": result})
 
     async def _original_message(self, conn: asyncpg.Connection, occ: LockedOccurrence) -> OccurrenceMessage:
         """The occurrence message as published (retries resend it), rebuilt from the rows if none is left."""
-        raw = await conn.fetchval(*QUERIES.latest_occurrence_message(occurrence_id=occ.occurrence_id,
-                                                                     topic=occurrence_topic(occ.target)))
+        raw = await conn.fetchval(
+            *QUERIES.latest_occurrence_message(occurrence_id=occ.occurrence_id, topic=occurrence_topic(occ.target))
+        )
         if raw:
             try:
                 return decode_occurrence(raw)
             except MalformedMessage:
-                log.error("stored occurrence message is undecodable; rebuilding it",
-                          extra=_ids(occ, action="attempt.message_rebuilt"))
+                log.error(
+                    "stored occurrence message is undecodable; rebuilding it",
+                    extra=_ids(occ, action="attempt.message_rebuilt"),
+                )
         deadline = occ.deadline
         return OccurrenceMessage(
-            occurrence_id=occ.occurrence_id, schedule_id=occ.schedule_id,
-            schedule_version=occ.schedule_version, tenant_id=occ.tenant_id, target=occ.target,
-            scheduled_for=occ.scheduled_for, available_at=occ.scheduled_for, attempt=occ.attempt_count,
-            priority=occ.priority, deadline=occ.scheduled_for + deadline if deadline else None,
+            occurrence_id=occ.occurrence_id,
+            schedule_id=occ.schedule_id,
+            schedule_version=occ.schedule_version,
+            tenant_id=occ.tenant_id,
+            target=occ.target,
+            scheduled_for=occ.scheduled_for,
+            available_at=occ.scheduled_for,
+            attempt=occ.attempt_count,
+            priority=occ.priority,
+            deadline=occ.scheduled_for + deadline if deadline else None,
             payload=occ.payload,
         )
 
@@ -338,10 +477,17 @@ class AttemptLedger:
             return
         self.meters.fenced.add(1, {"event": event.event})
         self.stats.fenced_tokens = (self.stats.fenced_tokens + [event.lease_token])[-100:]  # type: ignore[list-item]
-        log.warning("attempt event fenced: its lease token is not the current one",
-                    extra={"action": "attempt.fenced", "occurrence_id": str(event.occurrence_id),
-                           "event": event.event, "attempt": event.attempt, "lease_token": str(event.lease_token),
-                           "consumer_group": event.consumer_group})
+        log.warning(
+            "attempt event fenced: its lease token is not the current one",
+            extra={
+                "action": "attempt.fenced",
+                "occurrence_id": str(event.occurrence_id),
+                "event": event.event,
+                "attempt": event.attempt,
+                "lease_token": str(event.lease_token),
+                "consumer_group": event.consumer_group,
+            },
+        )
 
 
 def _repeat_or_fenced(known: Attempt | None, result: str) -> Verdict:
@@ -351,5 +497,9 @@ def _repeat_or_fenced(known: Attempt | None, result: str) -> Verdict:
 
 
 def _ids(occ: LockedOccurrence, **extra: Any) -> dict[str, Any]:
-    return {"occurrence_id": str(occ.occurrence_id), "schedule_id": str(occ.schedule_id),
-            "tenant_id": occ.tenant_id, **extra}
+    return {
+        "occurrence_id": str(occ.occurrence_id),
+        "schedule_id": str(occ.schedule_id),
+        "tenant_id": occ.tenant_id,
+        **extra,
+    }

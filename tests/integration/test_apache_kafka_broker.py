@@ -38,8 +38,11 @@ from tests.support.kafka_proxy import KafkaProxy
 #: 100 ms (on the next append), any dirty fraction is worth cleaning, and
 #: tombstones go 100 ms after compaction.
 AGGRESSIVE_COMPACTION = {
-    "cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.01",
-    "min.compaction.lag.ms": "0", "delete.retention.ms": "100",
+    "cleanup.policy": "compact",
+    "segment.ms": "100",
+    "min.cleanable.dirty.ratio": "0.01",
+    "min.compaction.lag.ms": "0",
+    "delete.retention.ms": "100",
 }
 
 
@@ -51,8 +54,9 @@ async def proxied_kafka() -> AsyncIterator[tuple[ApacheKafka, KafkaProxy]]:
     broker: ApacheKafka | None = None
     proxy = KafkaProxy(lambda: ("127.0.0.1", broker.broker_port))  # type: ignore[union-attr]
     await proxy.start()
-    broker = ApacheKafka(base, overrides={**BROKER_TEST_OVERRIDES,
-                                          "advertised.listeners": f"PLAINTEXT://{proxy.bootstrap}"})
+    broker = ApacheKafka(
+        base, overrides={**BROKER_TEST_OVERRIDES, "advertised.listeners": f"PLAINTEXT://{proxy.bootstrap}"}
+    )
     try:
         broker.start()
         yield broker, proxy
@@ -88,8 +92,10 @@ async def test_keyed_records_round_trip_and_a_group_commits_its_offsets(own_apac
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
     await producer.start()
     try:
-        futures = [await producer.send(topic, value, key=key, headers=[("occurrence_id", value)])
-                   for key, value in sorted(sent)]
+        futures = [
+            await producer.send(topic, value, key=key, headers=[("occurrence_id", value)])
+            for key, value in sorted(sent)
+        ]
         await asyncio.gather(*futures)
     finally:
         await producer.stop()
@@ -102,8 +108,13 @@ async def test_keyed_records_round_trip_and_a_group_commits_its_offsets(own_apac
         partitions_of.setdefault(record.key, set()).add(record.partition)
     assert all(len(partitions) == 1 for partitions in partitions_of.values())
 
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=f"group.{uuid.uuid4().hex[:8]}",
-                                enable_auto_commit=False, auto_offset_reset="earliest")
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=f"group.{uuid.uuid4().hex[:8]}",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
     await consumer.start()
     try:
         seen = 0
@@ -122,7 +133,8 @@ async def test_keyed_records_round_trip_and_a_group_commits_its_offsets(own_apac
 
 @pytest.mark.parametrize("idempotent, copies", [(True, 1), (False, 2)], ids=["idempotent", "not-idempotent"])
 async def test_a_retry_after_a_lost_produce_response_duplicates_only_without_idempotence(
-        proxied_kafka: tuple[ApacheKafka, KafkaProxy], idempotent: bool, copies: int) -> None:
+    proxied_kafka: tuple[ApacheKafka, KafkaProxy], idempotent: bool, copies: int
+) -> None:
     # The proxy lets the broker append the record, swallows its answer and
     # cuts the connection: the producer cannot know the write happened and
     # retries it. With enable_idempotence the broker recognises the retried
@@ -132,8 +144,13 @@ async def test_a_retry_after_a_lost_produce_response_duplicates_only_without_ide
     _broker, proxy = proxied_kafka
     topic = new_topic()
     await create_topic(proxy.bootstrap, topic, 1)
-    producer = AIOKafkaProducer(bootstrap_servers=proxy.bootstrap, acks="all", enable_idempotence=idempotent,
-                                retry_backoff_ms=50, request_timeout_ms=10_000)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=proxy.bootstrap,
+        acks="all",
+        enable_idempotence=idempotent,
+        retry_backoff_ms=50,
+        request_timeout_ms=10_000,
+    )
     await producer.start()
     try:
         first = await producer.send_and_wait(topic, b"before", key=b"tenant")
@@ -154,15 +171,17 @@ async def test_a_retry_after_a_lost_produce_response_duplicates_only_without_ide
 
 @pytest.mark.parametrize("idempotent, copies", [(True, 1), (False, 2)], ids=["idempotent", "not-idempotent"])
 async def test_the_relays_publisher_keeps_one_copy_of_a_retried_batch_only_when_idempotent(
-        proxied_kafka: tuple[ApacheKafka, KafkaProxy], idempotent: bool, copies: int) -> None:
+    proxied_kafka: tuple[ApacheKafka, KafkaProxy], idempotent: bool, copies: int
+) -> None:
     # The same lost response, through the relay's own publisher (explicit
     # partition batches, PublisherConfig.idempotent as the relay sets it on
     # Apache Kafka): the retried batch of 50 records is one copy with
     # idempotence, two without; either way every record is acknowledged.
     _broker, proxy = proxied_kafka
     topic = new_topic()
-    publisher = KafkaPublisher(PublisherConfig(bootstrap=proxy.bootstrap, partitions=1, ack_timeout=10.0,
-                                               idempotent=idempotent))
+    publisher = KafkaPublisher(
+        PublisherConfig(bootstrap=proxy.bootstrap, partitions=1, ack_timeout=10.0, idempotent=idempotent)
+    )
     await publisher.start()
     try:
         warm = await publisher.publish([OutgoingRecord("warm", topic, b"tenant", b"warm")])
@@ -199,8 +218,10 @@ async def test_every_acknowledged_record_survives_a_sigkill_of_the_broker(own_ap
 
     async def burst() -> None:
         for start in range(0, 40_000, 500):
-            records = [OutgoingRecord(i, topic, f"tenant-{i % 7}".encode(), f"record-{i}".encode())
-                       for i in range(start, start + 500)]
+            records = [
+                OutgoingRecord(i, topic, f"tenant-{i % 7}".encode(), f"record-{i}".encode())
+                for i in range(start, start + 500)
+            ]
             outcome = await publisher.publish(records)
             acknowledged.update(ref for ref, error in outcome.items() if error is None)  # type: ignore[misc]
             not_acknowledged.update(ref for ref, error in outcome.items() if error is not None)  # type: ignore[misc]
@@ -300,11 +321,14 @@ def test_the_broker_dies_with_the_process_that_started_it() -> None:
     # pytest) cannot run its cleanup, and the JVM must not outlive it.
     require_apache_kafka()
     base = Path(tempfile.mkdtemp(prefix="chronoq-test-apache-kafka-orphan-"))
-    script = ("import sys; from pathlib import Path; from engine.cli.embedded.apache_kafka import ApacheKafka;"
-              " broker = ApacheKafka(Path(sys.argv[1])); broker.start(); print(broker.pid, flush=True);"
-              " sys.stdin.read()")
-    parent = subprocess.Popen([sys.executable, "-c", script, str(base)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    script = (
+        "import sys; from pathlib import Path; from engine.cli.embedded.apache_kafka import ApacheKafka;"
+        " broker = ApacheKafka(Path(sys.argv[1])); broker.start(); print(broker.pid, flush=True);"
+        " sys.stdin.read()"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script, str(base)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     jvm: psutil.Process | None = None
     try:
         line = parent.stdout.readline()  # type: ignore[union-attr]

@@ -27,7 +27,7 @@ class KafkaProxy:
         self.upstream = upstream
         self.server: asyncio.base_events.Server | None = None
         self.port: int | None = None
-        self.dropped: list[int] = []            # correlation ids of produce responses swallowed
+        self.dropped: list[int] = []  # correlation ids of produce responses swallowed
         self._drops_armed = 0
         self._connections: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()

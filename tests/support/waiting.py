@@ -6,8 +6,7 @@ import asyncio
 from typing import Any, Awaitable, Callable
 
 
-async def wait_for(predicate: Callable[[], Any | Awaitable[Any]], timeout: float = 20.0,
-                   interval: float = 0.05) -> Any:
+async def wait_for(predicate: Callable[[], Any | Awaitable[Any]], timeout: float = 20.0, interval: float = 0.05) -> Any:
     """Await ``predicate()`` (sync or async) until truthy and return its value; fail after ``timeout`` seconds."""
     deadline = asyncio.get_running_loop().time() + timeout
     while True:

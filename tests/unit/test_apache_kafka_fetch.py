@@ -17,7 +17,13 @@ import pytest
 
 from engine.cli.embedded import apache_kafka
 from engine.cli.embedded.apache_kafka import (
-    COMPLETE_MARKER, KAFKA_VERSION, ApacheKafka, fetch, fetched, jars_directory, java_binary,
+    COMPLETE_MARKER,
+    KAFKA_VERSION,
+    ApacheKafka,
+    fetch,
+    fetched,
+    jars_directory,
+    java_binary,
 )
 from schemas.errors import StackError
 
@@ -76,9 +82,13 @@ def test_fetch_replaces_an_interrupted_copy_and_reuses_a_complete_one(tmp_path: 
     assert fetch(destination) == destination.resolve()
     assert fetched(destination)
     assert sorted(p.name for p in destination.glob("*.jar")) == [
-        f"kafka-clients-{KAFKA_VERSION}.jar", f"kafka_2.13-{KAFKA_VERSION}.jar"]
+        f"kafka-clients-{KAFKA_VERSION}.jar",
+        f"kafka_2.13-{KAFKA_VERSION}.jar",
+    ]
     assert (destination / COMPLETE_MARKER).read_text().splitlines()[1:] == [
-        f"kafka-clients-{KAFKA_VERSION}.jar", f"kafka_2.13-{KAFKA_VERSION}.jar"]
+        f"kafka-clients-{KAFKA_VERSION}.jar",
+        f"kafka_2.13-{KAFKA_VERSION}.jar",
+    ]
     assert runs(fake_mvn) == 1
 
     fetch(destination)
@@ -86,8 +96,9 @@ def test_fetch_replaces_an_interrupted_copy_and_reuses_a_complete_one(tmp_path: 
     assert [p.name for p in destination.parent.iterdir()] == [destination.name], "a staging directory was left"
 
 
-def test_a_failed_maven_run_says_why_and_leaves_nothing_behind(tmp_path: Path, fake_mvn: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_maven_run_says_why_and_leaves_nothing_behind(
+    tmp_path: Path, fake_mvn: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("FAKE_MVN_FAIL", "1")
     destination = tmp_path / "cache" / "kafka"
     with pytest.raises(StackError, match="Could not resolve dependencies"):
@@ -127,8 +138,11 @@ def test_the_broker_settings_file_ships_beside_the_launcher() -> None:
     # configuration are package data too (pyproject.toml).
     for resource in (apache_kafka.POM, apache_kafka.SERVER_PROPERTIES, apache_kafka.LOG4J_CONFIG):
         assert resource.is_file(), resource
-    settings = dict(line.split("=", 1) for line in apache_kafka.SERVER_PROPERTIES.read_text().splitlines()
-                    if line and not line.startswith("#"))
+    settings = dict(
+        line.split("=", 1)
+        for line in apache_kafka.SERVER_PROPERTIES.read_text().splitlines()
+        if line and not line.startswith("#")
+    )
     assert settings["auto.create.topics.enable"] == "false"
     assert settings["log.flush.interval.messages"] == "1"
     assert settings["min.insync.replicas"] == "1"

@@ -60,11 +60,21 @@ COMPLETE_MARKER = ".chronoq-fetch-complete"
 #: no hsperfdata file in /tmp and no JMX. An out-of-memory broker exits
 #: instead of limping on half-alive.
 JVM_OPTIONS: tuple[str, ...] = (
-    "-Xms512m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto",
-    "-XX:-UsePerfData", "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
+    "-Xms512m",
+    "-Xmx512m",
+    "-XX:+UseSerialGC",
+    "-XX:TieredStopAtLevel=1",
+    "-Xshare:auto",
+    "-XX:-UsePerfData",
+    "-XX:+ExitOnOutOfMemoryError",
+    "-Djava.awt.headless=true",
 )
 _FORMAT_JVM_OPTIONS: tuple[str, ...] = (
-    "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto", "-XX:-UsePerfData",
+    "-Xmx256m",
+    "-XX:+UseSerialGC",
+    "-XX:TieredStopAtLevel=1",
+    "-Xshare:auto",
+    "-XX:-UsePerfData",
 )
 
 _LOOPBACK = "127.0.0.1"
@@ -82,13 +92,17 @@ def java_binary(env: Mapping[str, str] | None = None) -> str:
     if java_home is not None:
         candidate = java_home / "bin" / "java"
         if not os.access(candidate, os.X_OK):
-            raise StackError(f"JAVA_HOME is {java_home}, but {candidate} is not an executable java;"
-                             " point JAVA_HOME at a JDK or JRE 17 or newer, or unset it to use java on PATH")
+            raise StackError(
+                f"JAVA_HOME is {java_home}, but {candidate} is not an executable java;"
+                " point JAVA_HOME at a JDK or JRE 17 or newer, or unset it to use java on PATH"
+            )
         return str(candidate)
     found = shutil.which("java", path=None if env is None else env.get("PATH"))
     if found is None:
-        raise StackError("no java on PATH and JAVA_HOME is not set: Apache Kafka 4.4 needs Java 17 or newer"
-                         " (e.g. apt-get install openjdk-17-jre-headless)")
+        raise StackError(
+            "no java on PATH and JAVA_HOME is not set: Apache Kafka 4.4 needs Java 17 or newer"
+            " (e.g. apt-get install openjdk-17-jre-headless)"
+        )
     return found
 
 
@@ -107,13 +121,16 @@ def fetched(directory: Path) -> bool:
 
 
 def missing_jars_message(directory: Path) -> str:
-    return (f"Apache Kafka {KAFKA_VERSION}'s jars are not in {directory}: fetch them once with"
-            " `chronoq kafka fetch` (needs Maven and Maven Central; CHRONOQ_KAFKA_JARS chooses another"
-            " directory)")
+    return (
+        f"Apache Kafka {KAFKA_VERSION}'s jars are not in {directory}: fetch them once with"
+        " `chronoq kafka fetch` (needs Maven and Maven Central; CHRONOQ_KAFKA_JARS chooses another"
+        " directory)"
+    )
 
 
-def fetch(destination: Path | None = None, *, maven_repo: Path | None = None,
-          env: Mapping[str, str] | None = None) -> Path:
+def fetch(
+    destination: Path | None = None, *, maven_repo: Path | None = None, env: Mapping[str, str] | None = None
+) -> Path:
     """Copy Apache Kafka's jars into ``destination`` (default :func:`jars_directory`) unless already there.
 
     The copy goes to a staging directory beside the destination, gets its
@@ -127,20 +144,21 @@ def fetch(destination: Path | None = None, *, maven_repo: Path | None = None,
         return destination
     mvn = shutil.which("mvn")
     if mvn is None:
-        raise StackError("Maven (mvn) is not on PATH: it fetches Apache Kafka's jars from Maven Central"
-                         " (e.g. apt-get install maven)")
+        raise StackError(
+            "Maven (mvn) is not on PATH: it fetches Apache Kafka's jars from Maven Central (e.g. apt-get install maven)"
+        )
     destination.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f"{destination.name}.partial-", dir=destination.parent))
     try:
-        command = [mvn, "-B", "-q", "-f", str(POM), "dependency:copy-dependencies",
-                   f"-DoutputDirectory={staging}"]
+        command = [mvn, "-B", "-q", "-f", str(POM), "dependency:copy-dependencies", f"-DoutputDirectory={staging}"]
         if maven_repo is not None:
             command.append(f"-Dmaven.repo.local={maven_repo}")
         result = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True)
         if result.returncode != 0:
             output = (result.stdout + result.stderr)[-_LOG_TAIL:]
-            raise StackError(f"mvn could not fetch Apache Kafka {KAFKA_VERSION} (exit status"
-                             f" {result.returncode}):\n{output}")
+            raise StackError(
+                f"mvn could not fetch Apache Kafka {KAFKA_VERSION} (exit status {result.returncode}):\n{output}"
+            )
         jars = sorted(path.name for path in staging.glob("*.jar"))
         if f"kafka_2.13-{KAFKA_VERSION}.jar" not in jars:
             raise StackError(f"mvn finished but copied no kafka_2.13-{KAFKA_VERSION}.jar into {staging}")
@@ -209,9 +227,16 @@ class ApacheKafka:
     settings that differ from production, such as shorter group sessions).
     """
 
-    def __init__(self, data_dir: Path, *, jars: Path | None = None, java: str | None = None,
-                 overrides: Mapping[str, str] | None = None, jvm_options: Sequence[str] = JVM_OPTIONS,
-                 start_timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        jars: Path | None = None,
+        java: str | None = None,
+        overrides: Mapping[str, str] | None = None,
+        jvm_options: Sequence[str] = JVM_OPTIONS,
+        start_timeout: float = 60.0,
+    ) -> None:
         self.data_dir = data_dir.resolve()
         self.jars = jars
         self.java = java
@@ -322,26 +347,57 @@ class ApacheKafka:
         self.properties_path.write_text(text + "\n")
 
     def _format(self, java: str, classpath: str) -> None:
-        command = [java, *_FORMAT_JVM_OPTIONS, f"-Dlog4j2.configurationFile={LOG4J_CONFIG}", "-cp", classpath,
-                   "kafka.tools.StorageTool", "format", "--config", str(self.properties_path),
-                   "--cluster-id", _cluster_id(), "--ignore-formatted"]
+        command = [
+            java,
+            *_FORMAT_JVM_OPTIONS,
+            f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+            "-cp",
+            classpath,
+            "kafka.tools.StorageTool",
+            "format",
+            "--config",
+            str(self.properties_path),
+            "--cluster-id",
+            _cluster_id(),
+            "--ignore-formatted",
+        ]
         with open(self.log_path, "ab") as log:
-            result = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    cwd=self.data_dir, timeout=self.start_timeout)
+            result = subprocess.run(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.data_dir,
+                timeout=self.start_timeout,
+            )
         if result.returncode != 0:
-            raise StackError(f"formatting Kafka storage in {self.log_dir} failed (exit status"
-                             f" {result.returncode}); the end of {self.log_path}:\n{self._log_tail()}")
+            raise StackError(
+                f"formatting Kafka storage in {self.log_dir} failed (exit status"
+                f" {result.returncode}); the end of {self.log_path}:\n{self._log_tail()}"
+            )
 
     def _launch(self, java: str, classpath: str) -> None:
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        command = [java, *self.jvm_options, f"-Dlog4j2.configurationFile={LOG4J_CONFIG}", "-cp", classpath,
-                   "kafka.Kafka", str(self.properties_path)]
+        command = [
+            java,
+            *self.jvm_options,
+            f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+            "-cp",
+            classpath,
+            "kafka.Kafka",
+            str(self.properties_path),
+        ]
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.data_dir,
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.data_dir,
                 # Its own session and process group: a Ctrl-C meant for `chronoq up`
                 # or pytest must not stop the broker before its clients have.
-                start_new_session=True, preexec_fn=die_with_parent,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
             )
 
     def _await_metadata(self) -> None:
@@ -354,8 +410,10 @@ class ApacheKafka:
                 since_launch = self._log_tail(since=self._log_offset)
                 if "Address already in use" in since_launch:
                     raise _PortTaken(f"port {self.broker_port} or {self.controller_port} is taken")
-                raise StackError(f"Apache Kafka exited with status {status} during start-up; the end of"
-                                 f" {self.log_path}:\n{self._log_tail()}")
+                raise StackError(
+                    f"Apache Kafka exited with status {status} during start-up; the end of"
+                    f" {self.log_path}:\n{self._log_tail()}"
+                )
             try:
                 if metadata_brokers(self.broker_port) > 0:
                     return
@@ -363,8 +421,10 @@ class ApacheKafka:
                 pass  # not listening yet, or closed the connection while starting
             if time.monotonic() > deadline:
                 self.kill()
-                raise StackError(f"Apache Kafka did not answer metadata on {self.bootstrap} within"
-                                 f" {self.start_timeout:g} s; the end of {self.log_path}:\n{self._log_tail()}")
+                raise StackError(
+                    f"Apache Kafka did not answer metadata on {self.bootstrap} within"
+                    f" {self.start_timeout:g} s; the end of {self.log_path}:\n{self._log_tail()}"
+                )
             time.sleep(0.05)
 
     def _log_tail(self, since: int = 0) -> str:

@@ -30,8 +30,15 @@ from engine.cli.embedded.tansu import EmbeddedKafka
 from engine.cli.endpoints import Endpoints
 from schemas.errors import StackError
 
-__all__ = ["CONSUMER_DATABASE", "ENGINE_DATABASE", "EmbeddedKafka", "EmbeddedPostgres", "EmbeddedStack",
-           "Endpoints", "free_loopback_port"]
+__all__ = [
+    "CONSUMER_DATABASE",
+    "ENGINE_DATABASE",
+    "EmbeddedKafka",
+    "EmbeddedPostgres",
+    "EmbeddedStack",
+    "Endpoints",
+    "free_loopback_port",
+]
 
 ENGINE_DATABASE = "chronoq"
 CONSUMER_DATABASE = "chronoq_consumer"
@@ -63,8 +70,14 @@ class EmbeddedStack:
             self.stop()
             raise
         assert self.kafka.bootstrap is not None
-        return Endpoints(database_url, self.kafka.bootstrap, consumer_url, embedded=True,
-                         idempotent_producer=self.kafka_kind == "apache", kafka_kind=self.kafka_kind)
+        return Endpoints(
+            database_url,
+            self.kafka.bootstrap,
+            consumer_url,
+            embedded=True,
+            idempotent_producer=self.kafka_kind == "apache",
+            kafka_kind=self.kafka_kind,
+        )
 
     @property
     def kafka_pid(self) -> int | None:
