@@ -73,7 +73,7 @@ class Occurrence:
 
     @classmethod
     def from_message(cls, message: OccurrenceMessage, received_at: datetime, lease_token: uuid.UUID | None = None,
-                     cancellation: Cancellation | None = None) -> "Occurrence":
+                     cancellation: Cancellation | None = None) -> Occurrence:
         return cls(
             occurrence_id=message.occurrence_id, schedule_id=message.schedule_id,
             schedule_version=message.schedule_version, tenant_id=message.tenant_id, target=message.target,

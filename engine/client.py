@@ -21,7 +21,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from schemas.commands import HEADER_SIGNATURE, Command, CommandResult, decode_command_result, sign
@@ -134,7 +134,7 @@ class CommandProducer:
         self.signing_key = bytes.fromhex(signing_key) if isinstance(signing_key, str) else signing_key
         self.producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", enable_idempotence=False)
 
-    async def __aenter__(self) -> "CommandProducer":
+    async def __aenter__(self) -> CommandProducer:
         await self.producer.start()
         return self
 
@@ -144,7 +144,7 @@ class CommandProducer:
     async def send(self, action: str, *, schedule_id: str | None = None, body: dict[str, Any] | None = None,
                    idempotency_key: str | None = None, command_id: uuid.UUID | None = None) -> uuid.UUID:
         """Produce one signed command and wait for the broker's acknowledgement."""
-        command = Command(command_id or uuid.uuid4(), self.tenant_id, action, datetime.now(timezone.utc),
+        command = Command(command_id or uuid.uuid4(), self.tenant_id, action, datetime.now(UTC),
                           uuid.UUID(str(schedule_id)) if schedule_id else None, idempotency_key, body)
         value = command.encode()
         await self.producer.send_and_wait(COMMANDS_TOPIC, value, key=self.tenant_id.encode(), headers=[
@@ -166,7 +166,7 @@ class CommandResults:
         self.kafka_bootstrap = kafka_bootstrap
         self._seen: dict[uuid.UUID, CommandResult] = {}
 
-    async def __aenter__(self) -> "CommandResults":
+    async def __aenter__(self) -> CommandResults:
         from aiokafka import TopicPartition
         await create_missing_topics(self.kafka_bootstrap, [COMMANDS_TOPIC, COMMAND_RESULTS_TOPIC])
         await self.consumer.start()

@@ -20,10 +20,11 @@ keeps working when a migration adds one.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from functools import lru_cache
-from typing import Any, Mapping, TypeVar
+from typing import Any, TypeVar
 
 from engine.rules import timing
 from engine.rules.retry_policy import RetryPolicy
@@ -31,9 +32,15 @@ from engine.rules.retry_policy import RetryPolicy
 R = TypeVar("R")
 
 
-@lru_cache(maxsize=64)
+_COLUMNS: dict[type, tuple[str, ...]] = {}
+
+
 def _columns(cls: type) -> tuple[str, ...]:
-    return tuple(item.name for item in fields(cls))
+    """The field names of a record class (memoized: from_row runs once per fetched row)."""
+    names = _COLUMNS.get(cls)
+    if names is None:
+        names = _COLUMNS[cls] = tuple(item.name for item in fields(cls))
+    return names
 
 
 class _Record:

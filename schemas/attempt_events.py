@@ -94,32 +94,32 @@ class AttemptEvent:
     # Constructors that read like the protocol.
     @classmethod
     def started(cls, occurrence_id: uuid.UUID, attempt: int, lease_token: uuid.UUID, lease_ttl: float,
-                consumer_group: str | None = None, worker: str | None = None) -> "AttemptEvent":
+                consumer_group: str | None = None, worker: str | None = None) -> AttemptEvent:
         return cls(STARTED, occurrence_id, attempt, lease_token, lease_ttl, consumer_group, worker)
 
     @classmethod
     def heartbeat(cls, occurrence_id: uuid.UUID, attempt: int, lease_token: uuid.UUID,
-                  lease_ttl: float) -> "AttemptEvent":
+                  lease_ttl: float) -> AttemptEvent:
         return cls(HEARTBEAT, occurrence_id, attempt, lease_token, lease_ttl)
 
     @classmethod
-    def succeeded(cls, occurrence_id: uuid.UUID, attempt: int, lease_token: uuid.UUID) -> "AttemptEvent":
+    def succeeded(cls, occurrence_id: uuid.UUID, attempt: int, lease_token: uuid.UUID) -> AttemptEvent:
         return cls(SUCCEEDED, occurrence_id, attempt, lease_token)
 
     @classmethod
     def failed(cls, occurrence_id: uuid.UUID, attempt: int, lease_token: uuid.UUID, error_class: str,
-               error_message: str, permanent: bool = False) -> "AttemptEvent":
+               error_message: str, permanent: bool = False) -> AttemptEvent:
         return cls(FAILED, occurrence_id, attempt, lease_token, error_class=error_class[:MAX_ERROR_CLASS],
                    error_message=error_message[:MAX_ERROR_MESSAGE], permanent=permanent)
 
     @classmethod
     def canceled(cls, occurrence_id: uuid.UUID, attempt: int, reason: str,
-                 lease_token: uuid.UUID | None = None, consumer_group: str | None = None) -> "AttemptEvent":
+                 lease_token: uuid.UUID | None = None, consumer_group: str | None = None) -> AttemptEvent:
         return cls(CANCELED, occurrence_id, attempt, lease_token, consumer_group=consumer_group, reason=reason)
 
     @classmethod
     def already_applied(cls, occurrence_id: uuid.UUID, attempt: int, applied_by: uuid.UUID | None,
-                        consumer_group: str | None = None) -> "AttemptEvent":
+                        consumer_group: str | None = None) -> AttemptEvent:
         return cls(ALREADY_APPLIED, occurrence_id, attempt, consumer_group=consumer_group, applied_by=applied_by)
 
     @property

@@ -13,7 +13,7 @@ is set; otherwise metrics and spans are recorded in-process and dropped.
 from __future__ import annotations
 
 import os
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.context import Context

@@ -17,9 +17,9 @@ from __future__ import annotations
 import shutil
 import tempfile
 import uuid
-from datetime import datetime, timezone
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import AsyncIterator, Iterator
 
 import asyncpg
 import pytest
@@ -114,7 +114,7 @@ def target() -> str:
 
 @pytest.fixture
 def clock() -> ManualClock:
-    return ManualClock(datetime(2026, 11, 29, 10, 0, 0, tzinfo=timezone.utc))
+    return ManualClock(datetime(2026, 11, 29, 10, 0, 0, tzinfo=UTC))
 
 
 @pytest.fixture

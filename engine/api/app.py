@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import parse_qs
 
 import asyncpg
 import orjson
 
-from engine.control import dead_letters
 from engine.api.openapi import openapi_document
+from engine.control import dead_letters
 from engine.control.schedule_requests import preview_fires
 from engine.control.schedules import ControlPlane
 from engine.control.tenants import Tenant, authenticate
@@ -257,7 +258,7 @@ class Api:
                 raise InvalidInput("from", "is not an ISO-8601 instant", "2026-03-07T00:00:00Z") from err
             if after.tzinfo is None:
                 raise InvalidInput("from", "needs an offset or Z", "2026-03-07T00:00:00Z")
-            after = after.astimezone(timezone.utc)
+            after = after.astimezone(UTC)
         else:
             raise InvalidInput("from", "must be an ISO-8601 string", "2026-03-07T00:00:00Z")
         unknown = sorted(set(body) - _PREVIEW_FIELDS)

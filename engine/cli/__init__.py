@@ -23,7 +23,8 @@ import asyncio
 import logging
 import signal
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import orjson
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 
-from engine.cli.endpoints import resolve_database_url
 from engine.cli import print_json
+from engine.cli.endpoints import resolve_database_url
 from engine.control.schedule_requests import preview_fires
 from engine.control.schedules import ControlPlane
 from schemas.connections import create_pool
@@ -78,7 +78,7 @@ def cmd_preview(args: argparse.Namespace) -> int:
             "dst_gap": args.dst_gap, "anchor": args.anchor}
     if args.from_ is None:
         # A read-only preview needs no database: "now" is this terminal's clock.
-        after = datetime.now(timezone.utc)
+        after = datetime.now(UTC)
     else:
         after = parse_instant(args.from_, "from")
     fires = preview_fires(body, after, args.n)
@@ -98,7 +98,7 @@ def parse_instant(text: str, field: str) -> datetime:
         raise InvalidInput(field, f"{text!r} is not an ISO-8601 instant", "2026-03-07T00:00:00Z") from err
     if value.tzinfo is None:
         raise InvalidInput(field, "needs an offset or Z", "2026-03-07T00:00:00Z")
-    return value.astimezone(timezone.utc)
+    return value.astimezone(UTC)
 
 
 def cmd_get(args: argparse.Namespace) -> int:

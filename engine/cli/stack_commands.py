@@ -9,6 +9,11 @@ import os
 import socket
 from datetime import timedelta
 
+from consumers.printer import printing_consumer
+from engine.api.server import bind
+from engine.cli import stop_on_signals
+from engine.cli.consume_command import consumer_config
+from engine.cli.embedded.stack import EmbeddedStack, Endpoints
 from engine.cli.endpoints import (
     STATE_FILE,
     StackState,
@@ -20,14 +25,9 @@ from engine.cli.endpoints import (
     write_state,
 )
 from engine.cli.endpoints import home as stack_home
-from engine.cli import stop_on_signals
-from engine.api.server import bind
-from engine.cli.consume_command import consumer_config
 from engine.control.schedules import ControlPlane
-from engine.loops.service import ALL_ROLES, ENGINE_ROLES, Role, ServiceConfig, migrate, run_services
-from engine.cli.embedded.stack import EmbeddedStack, Endpoints
 from engine.control.tenants import create_tenant
-from consumers.printer import printing_consumer
+from engine.loops.service import ALL_ROLES, ENGINE_ROLES, Role, ServiceConfig, migrate, run_services
 from schemas.connections import create_pool
 from schemas.errors import ChronoqError, Conflict
 from schemas.messages import format_instant
@@ -77,7 +77,7 @@ async def _up(demo: bool, api_host: str, api_port: int) -> int:
         finally:
             stop.set()
             results = await asyncio.gather(*tasks, return_exceptions=True)
-            for task, result in zip(tasks, results):
+            for task, result in zip(tasks, results, strict=True):
                 if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
                     log.error("component failed", extra={"action": "up.component_failed",
                                                          "component": task.get_name(), "error": repr(result)})

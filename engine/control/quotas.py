@@ -10,14 +10,14 @@ but nothing enforces them yet.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 import asyncpg
 
 from schemas.errors import InvalidInput, QuotaExceeded
 from schemas.queries import QUERIES
-
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class TenantQuotas:
                     TenantQuotas, item.name)))
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> "TenantQuotas":
+    def from_row(cls, row: Mapping[str, Any]) -> TenantQuotas:
         return cls(**{item.name: row[item.name] for item in fields(cls)})
 
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Mapping
+from typing import Any
 
 import orjson
 
@@ -83,6 +84,18 @@ def parse_schedule_request(raw: Mapping[str, Any], *, max_payload_bytes: int = M
     target = validate_target(raw.get("target"))
     payload = validate_payload(raw.get("payload", {}), max_payload_bytes)
     priority = _choice(raw, "priority", PRIORITIES, "strict")
+    window = _flexible_window(raw, priority)
+    misfire_text, misfire = _misfire(raw)
+    overlap = _choice(raw, "overlap_policy", OVERLAP_POLICIES, "allow")
+    max_attempts, retry_base, retry_cap, deadline = _retries(raw)
+    return ScheduleRequest(
+        spec=spec, target=target, payload=payload, priority=priority, flexible_window=window,
+        misfire=misfire, misfire_text=misfire_text, overlap_policy=overlap, max_attempts=max_attempts,
+        retry_base=retry_base, retry_cap=retry_cap, deadline=deadline,
+    )
+
+
+def _flexible_window(raw: Mapping[str, Any], priority: str) -> timedelta:
     window = _duration(raw, "flexible_window", timedelta(0))
     assert window is not None
     if priority == "flexible" and window <= timedelta(0):
@@ -91,14 +104,23 @@ def parse_schedule_request(raw: Mapping[str, Any], *, max_payload_bytes: int = M
         raise InvalidInput("flexible_window", "applies only to priority=flexible", "5m")
     if window > timedelta(hours=24):
         raise InvalidInput("flexible_window", "must be at most 24h", "5m")
+    return window
+
+
+def _misfire(raw: Mapping[str, Any]) -> tuple[str, timing.MisfirePolicy]:
+    """The misfire policy as written (stripped) and parsed, with max_lateness in seconds or as a duration."""
     misfire_text = raw.get("misfire_policy") or "fire_once"
     if not isinstance(misfire_text, str):
         raise InvalidInput("misfire_policy", "must be skip, fire_once or catch_up:K", "catch_up:3")
     max_lateness = raw.get("max_lateness")
     if isinstance(max_lateness, (int, float)) and not isinstance(max_lateness, bool):
         max_lateness = timedelta(seconds=max_lateness)
-    misfire = timing.parse_misfire_policy(misfire_text, max_lateness)
-    overlap = _choice(raw, "overlap_policy", OVERLAP_POLICIES, "allow")
+    # Anything else but a duration string, a timedelta or None is rejected by the parser, naming the field.
+    return misfire_text.strip(), timing.parse_misfire_policy(misfire_text, max_lateness)
+
+
+def _retries(raw: Mapping[str, Any]) -> tuple[int, timedelta, timedelta, timedelta | None]:
+    """max_attempts, retry_base, retry_cap and deadline."""
     max_attempts = raw.get("max_attempts", 3)
     if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or not 1 <= max_attempts <= 100:
         raise InvalidInput("max_attempts", "must be an integer from 1 to 100", "5")
@@ -112,11 +134,7 @@ def parse_schedule_request(raw: Mapping[str, Any], *, max_payload_bytes: int = M
     deadline = _duration(raw, "deadline", None)
     if deadline is not None and deadline <= timedelta(0):
         raise InvalidInput("deadline", "must be positive", "1h")
-    return ScheduleRequest(
-        spec=spec, target=target, payload=payload, priority=priority, flexible_window=window,
-        misfire=misfire, misfire_text=misfire_text.strip(), overlap_policy=overlap, max_attempts=max_attempts,
-        retry_base=retry_base, retry_cap=retry_cap, deadline=deadline,
-    )
+    return max_attempts, retry_base, retry_cap, deadline
 
 
 def check_changes(changes: Mapping[str, Any]) -> None:
@@ -248,29 +266,10 @@ def build_time_spec(kind: str, expression: str, time_zone: str | None = None, *,
     past is accepted: whether it is too late is decided with the control
     plane's clock, not here.
     """
-    if not isinstance(kind, str) or kind.strip() not in KINDS:
-        shown = kind.strip()[:40] if isinstance(kind, str) else type(kind).__name__
-        raise InvalidInput("kind", f"must be once, cron or rate; got {shown!r}", "cron")
-    kind_value: Kind = kind.strip()  # type: ignore[assignment]
-    examples = {"cron": "0 9 * * MON-FRI", "rate": "15m", "once": "2027-03-01T09:00:00Z"}
-    if not isinstance(expression, str):
-        raise InvalidInput("expression", f"must be a string, got {type(expression).__name__}", examples[kind_value])
-    stripped = expression.strip()
-    if len(stripped) > MAX_EXPRESSION_LENGTH:
-        raise InvalidInput("expression", f"is {len(stripped)} characters long; the limit is"
-                           f" {MAX_EXPRESSION_LENGTH}", examples[kind_value])
-    if not stripped:
-        raise InvalidInput("expression", "is empty", examples[kind_value])
+    kind_value = _kind(kind)
+    stripped = _expression_text(expression, kind_value)
     zone_key = validate_zone(time_zone if time_zone is not None else "UTC")
-    repeat = _time_choice("dst_repeat", dst_repeat, DST_REPEAT_CHOICES)
-    gap = _time_choice("dst_gap", dst_gap, DST_GAP_CHOICES)
-    if kind_value != "cron":
-        if repeat != "first":
-            raise InvalidInput("dst_repeat", f"applies only to kind cron ({kind_value} ignores wall-clock time);"
-                               " leave it out", "first")
-        if gap != "skip":
-            raise InvalidInput("dst_gap", f"applies only to kind cron ({kind_value} ignores wall-clock time);"
-                               " leave it out", "skip")
+    repeat, gap = _dst_options(kind_value, dst_repeat, dst_gap)
     anchor_at = parse_instant(anchor, "anchor") if anchor is not None else None
     if anchor_at is not None and kind_value != "rate":
         raise InvalidInput("anchor", "applies only to kind rate; leave it out", "2027-01-01T00:00:00Z")
@@ -278,30 +277,71 @@ def build_time_spec(kind: str, expression: str, time_zone: str | None = None, *,
     end = parse_instant(end_at, "end_at") if end_at is not None else None
     if start is not None and end is not None and end < start:
         raise InvalidInput("end_at", f"{iso(end)} is before start_at {iso(start)}", iso(start + DAY))
-
-    if kind_value == "cron":
-        text = normalize_cron(stripped)
-        parse_cron(text)
-    elif kind_value == "rate":
-        text = stripped
-        period = timing.parse_duration(text, "expression")
-        if period <= timedelta(0):
-            raise InvalidInput("expression", "a rate period must be at least 1s", "15m")
-    else:
-        text = stripped
-        instant = parse_instant(text, "expression")
-        if start is not None and instant < start:
-            raise InvalidInput("start_at", f"is after the one-time instant {iso(instant)}; the schedule could"
-                               " never fire", iso(instant))
-        if end is not None and instant > end:
-            raise InvalidInput("end_at", f"is before the one-time instant {iso(instant)}; the schedule could"
-                               " never fire", iso(instant))
+    text = _normalized_expression(kind_value, stripped, start, end)
     spec = TimeSpec(kind_value, text, zone_key, repeat, gap, anchor_at, start, end)  # type: ignore[arg-type]
     if kind_value != "once" and start is not None and end is not None:
         if timing.next_fire_after(spec, start - MICROSECOND) is None:
             raise InvalidInput("end_at", f"there is no fire time between start_at {iso(start)} and end_at"
                                f" {iso(end)}; move end_at later", iso(end + timedelta(days=30)))
     return spec
+
+
+_EXAMPLES = {"cron": "0 9 * * MON-FRI", "rate": "15m", "once": "2027-03-01T09:00:00Z"}
+
+
+def _kind(kind: object) -> Kind:
+    if not isinstance(kind, str) or kind.strip() not in KINDS:
+        shown = kind.strip()[:40] if isinstance(kind, str) else type(kind).__name__
+        raise InvalidInput("kind", f"must be once, cron or rate; got {shown!r}", "cron")
+    return kind.strip()  # type: ignore[return-value]
+
+
+def _expression_text(expression: object, kind: Kind) -> str:
+    """The expression stripped, or InvalidInput when it is not a string, too long or empty."""
+    if not isinstance(expression, str):
+        raise InvalidInput("expression", f"must be a string, got {type(expression).__name__}", _EXAMPLES[kind])
+    stripped = expression.strip()
+    if len(stripped) > MAX_EXPRESSION_LENGTH:
+        raise InvalidInput("expression", f"is {len(stripped)} characters long; the limit is"
+                           f" {MAX_EXPRESSION_LENGTH}", _EXAMPLES[kind])
+    if not stripped:
+        raise InvalidInput("expression", "is empty", _EXAMPLES[kind])
+    return stripped
+
+
+def _dst_options(kind: Kind, dst_repeat: object, dst_gap: object) -> tuple[str, str]:
+    """dst_repeat and dst_gap (defaults first/skip); anything else applies only to cron."""
+    repeat = _time_choice("dst_repeat", dst_repeat, DST_REPEAT_CHOICES)
+    gap = _time_choice("dst_gap", dst_gap, DST_GAP_CHOICES)
+    if kind != "cron":
+        if repeat != "first":
+            raise InvalidInput("dst_repeat", f"applies only to kind cron ({kind} ignores wall-clock time);"
+                               " leave it out", "first")
+        if gap != "skip":
+            raise InvalidInput("dst_gap", f"applies only to kind cron ({kind} ignores wall-clock time);"
+                               " leave it out", "skip")
+    return repeat, gap
+
+
+def _normalized_expression(kind: Kind, stripped: str, start: datetime | None, end: datetime | None) -> str:
+    """The expression as stored: cron normalized and parsed, a rate's period checked, a one-time instant
+    checked against the bounds."""
+    if kind == "cron":
+        text = normalize_cron(stripped)
+        parse_cron(text)
+        return text
+    if kind == "rate":
+        if timing.parse_duration(stripped, "expression") <= timedelta(0):
+            raise InvalidInput("expression", "a rate period must be at least 1s", "15m")
+        return stripped
+    instant = parse_instant(stripped, "expression")
+    if start is not None and instant < start:
+        raise InvalidInput("start_at", f"is after the one-time instant {iso(instant)}; the schedule could"
+                           " never fire", iso(instant))
+    if end is not None and instant > end:
+        raise InvalidInput("end_at", f"is before the one-time instant {iso(instant)}; the schedule could"
+                           " never fire", iso(instant))
+    return stripped
 
 
 def _time_choice(field: str, value: object, choices: tuple[str, ...]) -> str:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import uuid
+from collections.abc import AsyncIterator, Mapping
 from datetime import datetime
-from typing import Any, AsyncIterator, Mapping
+from typing import Any
 
 import asyncpg
 
@@ -48,7 +49,6 @@ from schemas.errors import Conflict, InvalidInput, NotFound
 from schemas.messages import ScheduleStateMessage
 from schemas.queries import QUERIES
 from schemas.topics import SCHEDULE_STATES_TOPIC
-
 
 
 class ControlPlane:
@@ -110,7 +110,7 @@ class ControlPlane:
             if created is None:  # a concurrent create with the same key won the insert
                 existing = _schedule(await conn.fetchrow(*QUERIES.get_schedule_by_key(
                     tenant_id=tenant_id, created_by_key=idempotency_key)))
-                assert existing is not None
+                assert existing is not None and idempotency_key is not None   # no key: no conflict possible
                 return _replayed(existing, body_hash, idempotency_key)
             await self._record(conn, created, "create")
         return schedule_to_json(created)

@@ -24,11 +24,11 @@ from typing import Any
 import asyncpg
 from opentelemetry import metrics, trace
 
+from engine.loops.overlap_gate import OVERLAP_GATE_TOKEN
 from engine.loops.periodic import LoopTiming, PassOutcome, PeriodicLoop
 from engine.loops.reporting import SUMMARY_EVERY
 from engine.records import DueSchedule
 from engine.rules import timing
-from engine.loops.overlap_gate import OVERLAP_GATE_TOKEN
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock
 from schemas.identity import occurrence_id

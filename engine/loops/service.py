@@ -16,10 +16,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Awaitable, Callable
+from typing import Any
 
 from engine.api.app import Api
 from engine.api.server import serve as serve_api
@@ -111,7 +112,7 @@ async def run_services(database_url: str, kafka_bootstrap: str | None, stop: asy
     async with AsyncExitStack() as resources:
         pool = await create_pool(database_url, min_size=2, max_size=8)
         resources.push_async_callback(pool.close)
-        runs: dict[Role, Callable[[], Awaitable[None]]] = {}
+        runs: dict[Role, Callable[[], Coroutine[Any, Any, None]]] = {}
         roles, every = config.roles, config.summary_every
         if Role.MATERIALIZER in roles:
             materializer = Materializer(pool, config.materializer, clock)

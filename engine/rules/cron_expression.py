@@ -173,9 +173,9 @@ def parse_cron(text: str) -> CronExpression:
             problem = (f"has {len(fields)} fields; a cron expression has five:"
                        " minute hour day-of-month month day-of-week")
         raise InvalidInput(_FIELD, problem, _EXAMPLE)
-    for spec, raw in zip(_FIELDS, fields):
+    for spec, raw in zip(_FIELDS, fields, strict=True):
         _reject_extensions(spec, raw)
-    values = [_parse_field(spec, raw) for spec, raw in zip(_FIELDS, fields)]
+    values = [_parse_field(spec, raw) for spec, raw in zip(_FIELDS, fields, strict=True)]
     minutes, hours, doms, months, dows = values
     dows = {0 if d == 7 else d for d in dows}
     day_or = not (fields[2].startswith("*") or fields[4].startswith("*"))

@@ -28,6 +28,7 @@ async def api_process(engine_db, pool):
     env.update(CHRONOQ_DATABASE_URL=engine_db)   # and no Kafka bootstrap: the API never contacts Kafka
     process = subprocess.Popen([sys.executable, "-m", "engine.cli", "api", "--api-port", "0"], env=env, cwd=ROOT,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stderr is not None
     line = await asyncio.to_thread(process.stdout.readline)
     assert line.startswith("chronoq api on "), process.stderr.read() if process.poll() is not None else line
     yield line.split(" on ", 1)[1].strip(), token
@@ -55,7 +56,7 @@ async def test_no_generated_request_produces_a_server_error(api_process):
     def run_all() -> int:
         operations = 0
         for result in schema.get_all_operations():
-            operation = result.ok()
+            operation = result.ok()  # type: ignore[union-attr]  # an invalid operation fails the test
             operations += 1
             for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
                 fuzz(operation, mode)

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import orjson
@@ -76,7 +76,7 @@ def test_commands_explain_how_to_find_a_stack(tmp_path):
 async def test_create_then_consume_prints_the_occurrence_once(engine_db, kafka_bootstrap, consumer_db, target,
                                                              acme):
     env = cli_env(engine_db, kafka_bootstrap, CHRONOQ_CONSUMER_DATABASE_URL=consumer_db)
-    at = (datetime.now(timezone.utc) + timedelta(seconds=3)).isoformat()
+    at = (datetime.now(UTC) + timedelta(seconds=3)).isoformat()
     created = await asyncio.to_thread(run, ["schedule", "create", "--tenant", "acme", "--target", target,
                                             "--at", at, "--payload", '{"n": 1}', "--json"], env)
     assert created.returncode == 0, created.stderr
@@ -127,7 +127,7 @@ def test_up_serves_create_and_consume_then_sigterm_leaves_no_process(tmp_path):
         assert len(bytes.fromhex(secrets["signing_key"])) == 32
         assert secrets["quotas"]["max_active_schedules"] == 5
 
-        at = (datetime.now(timezone.utc) + timedelta(seconds=3)).isoformat()
+        at = (datetime.now(UTC) + timedelta(seconds=3)).isoformat()
         created = run(["schedule", "create", "--tenant", "acme", "--target", "up.test", "--at", at, "--json"], env)
         assert created.returncode == 0, created.stderr
         consumed = run(["consume", "--target", "up.test", "--max", "1", "--json"], env, 60)

@@ -23,7 +23,7 @@ async def api_url(pool, clock):
     sock = bind("127.0.0.1", 0)
     stop = asyncio.Event()
     task = asyncio.create_task(serve(Api(pool, ControlPlane(pool, clock)), sock, stop))
-    yield "http://127.0.0.1:{}".format(sock.getsockname()[1])
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     stop.set()
     await task
 

@@ -13,6 +13,7 @@ def test_no_env_means_embedded_stack():
 def test_both_urls_select_the_external_stack_and_consumer_db_defaults_to_it():
     endpoints = stack_endpoints.external_endpoints({"CHRONOQ_DATABASE_URL": "postgresql://db/x",
                                              "CHRONOQ_KAFKA_BOOTSTRAP": "k:9092"})
+    assert endpoints is not None
     assert endpoints.database_url == "postgresql://db/x"
     assert endpoints.kafka_bootstrap == "k:9092"
     assert endpoints.consumer_database_url == "postgresql://db/x"

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from engine.records import DueSchedule, LockedOccurrence
 from engine.rules.retry_policy import RetryPolicy
 from engine.rules.timing import MisfirePolicy, TimeSpec
 
-AT = datetime(2026, 11, 29, 10, 0, tzinfo=timezone.utc)
+AT = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 
 
-def due_row(**overrides):  # type: ignore[no-untyped-def]
+def due_row(**overrides):
     row = {"schedule_id": uuid.uuid4(), "tenant_id": "acme", "kind": "cron", "expression": "0 9 * * *",
            "time_zone": "Europe/Berlin", "dst_repeat": "first", "dst_gap": "skip", "anchor": None,
            "start_at": None, "end_at": None, "version": 2, "next_run_at": AT, "target": "billing.invoice",

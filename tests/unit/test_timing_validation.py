@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -17,7 +17,7 @@ from engine.rules.timing import (
 )
 from schemas.errors import InvalidInput
 
-UTC = timezone.utc
+UTC = UTC
 
 
 def rejects(field: str, call: Callable[..., object], *args: object, match: str | None = None,

@@ -17,10 +17,10 @@ windows to a few days.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
-UTC = timezone.utc
+UTC = UTC
 MINUTE = timedelta(minutes=1)
 MONTHS = ["JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC"]
 DAYS = ["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"]

@@ -48,7 +48,7 @@ class EmbeddedKafka:
                     start_new_session=True, preexec_fn=die_with_parent,
                 )
             finally:
-                if log is not subprocess.DEVNULL:
+                if not isinstance(log, int):
                     log.close()
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:

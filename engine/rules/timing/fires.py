@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import date, datetime, timedelta
 from functools import lru_cache
-from itertools import islice
+from itertools import islice, pairwise
 
 from engine.rules.cron_expression import parse_cron
 from engine.rules.timing.cron_source import clear_cron_caches, cron_source
@@ -104,7 +104,7 @@ def smallest_gap(spec: TimeSpec, after: datetime, sample: int = 1000) -> timedel
     fires = list(islice(forward_fires(spec, naive_utc(after, "after")), sample))
     if len(fires) < 2:
         return None
-    return min(later - earlier for earlier, later in zip(fires, fires[1:]))
+    return min(later - earlier for earlier, later in pairwise(fires))
 
 
 def fires_per_minute(spec: TimeSpec, after: datetime) -> float:

@@ -43,7 +43,7 @@ class MisfireDecision:
     next_run_at: datetime | None  # the durable cursor after this decision: first fire strictly after `until`
 
 
-def parse_misfire_policy(text: str, max_lateness: str | timedelta | None = None) -> MisfirePolicy:
+def parse_misfire_policy(text: str, max_lateness: object = None) -> MisfirePolicy:
     """Parse ``"skip"``, ``"fire_once"`` or ``"catch_up:K"`` (K from 1 to 1000) and the lateness threshold.
 
     ``max_lateness`` defaults to one minute; ``"0s"`` makes every instant that is
@@ -76,7 +76,7 @@ def parse_misfire_policy(text: str, max_lateness: str | timedelta | None = None)
             raise InvalidInput("max_lateness", f"must be at most {MAX_DURATION.days}d", "5m")
         lateness = max_lateness
     else:
-        lateness = parse_duration(max_lateness, "max_lateness")  # type: ignore[arg-type]
+        lateness = parse_duration(max_lateness, "max_lateness")
     return MisfirePolicy(kind, limit, lateness)  # type: ignore[arg-type]
 
 

@@ -12,9 +12,10 @@ fires at one instant.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from functools import lru_cache
-from typing import Iterator, Protocol
+from typing import Protocol
 
 from engine.rules.timing.cron_source import cron_source
 from engine.rules.timing.durations import parse_duration
