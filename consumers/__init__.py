@@ -22,5 +22,15 @@ from consumers.config import ConsumerConfig
 from consumers.errors import OccurrenceCanceled, PermanentError
 from consumers.occurrence import Cancellation, Occurrence
 
-__all__ = ["Cancellation", "ConsumerApp", "ConsumerConfig", "ConsumerHooks", "ConsumerStats", "Handler",
-           "Occurrence", "OccurrenceCanceled", "Outcome", "PermanentError"]
+__all__ = [
+    "Cancellation",
+    "ConsumerApp",
+    "ConsumerConfig",
+    "ConsumerHooks",
+    "ConsumerStats",
+    "Handler",
+    "Occurrence",
+    "OccurrenceCanceled",
+    "Outcome",
+    "PermanentError",
+]

@@ -82,7 +82,7 @@ class _Lane:
 
     def __init__(self, tp: TopicPartition) -> None:
         self.tp = tp
-        self.target = tp.topic[len(OCCURRENCE_TOPIC_PREFIX):] if tp.topic.startswith(OCCURRENCE_TOPIC_PREFIX) else ""
+        self.target = tp.topic[len(OCCURRENCE_TOPIC_PREFIX) :] if tp.topic.startswith(OCCURRENCE_TOPIC_PREFIX) else ""
         self.offsets = PartitionOffsets()
         self.pending: collections.deque[ConsumerRecord] = collections.deque()
         self.committed: int | None = None
@@ -104,8 +104,13 @@ class _Rebalance(ConsumerRebalanceListener):
 class ConsumerApp:
     """A consumer app: register handlers per target, then ``await app.run()``."""
 
-    def __init__(self, config: ConsumerConfig, meter: metrics.Meter | None = None,
-                 tracer: trace.Tracer | None = None, hooks: ConsumerHooks | None = None) -> None:
+    def __init__(
+        self,
+        config: ConsumerConfig,
+        meter: metrics.Meter | None = None,
+        tracer: trace.Tracer | None = None,
+        hooks: ConsumerHooks | None = None,
+    ) -> None:
         config.validate()
         self.config = config
         self.hooks = hooks or ConsumerHooks()
@@ -128,8 +133,14 @@ class ConsumerApp:
 
     # -- registration ---------------------------------------------------------------------------
 
-    def handler(self, target: str, *, timeout: float | None = None, concurrency: int | None = None,
-                permanent_errors: tuple[type[BaseException], ...] = ()) -> Callable[[Handler], Handler]:
+    def handler(
+        self,
+        target: str,
+        *,
+        timeout: float | None = None,
+        concurrency: int | None = None,
+        permanent_errors: tuple[type[BaseException], ...] = (),
+    ) -> Callable[[Handler], Handler]:
         """Register ``fn`` as the handler of ``target``'s occurrences.
 
         timeout: seconds before the handler fails transiently (default ``config.handler_timeout``).
@@ -145,8 +156,14 @@ class ConsumerApp:
 
         return register
 
-    def fallback_handler(self, fn: Handler, *, timeout: float | None = None, concurrency: int | None = None,
-                         permanent_errors: tuple[type[BaseException], ...] = ()) -> Handler:
+    def fallback_handler(
+        self,
+        fn: Handler,
+        *,
+        timeout: float | None = None,
+        concurrency: int | None = None,
+        permanent_errors: tuple[type[BaseException], ...] = (),
+    ) -> Handler:
         """Register ``fn`` for every target without a handler of its own.
 
         The app then subscribes to all occurrence topics by pattern, including
@@ -166,25 +183,33 @@ class ConsumerApp:
         if not self.handlers:
             raise ValueError("register at least one handler with @app.handler(target) before run()")
         cfg = self.config
-        self._pool = await create_pool(cfg.database_url, min_size=1,
-                                       max_size=max(4, min(cfg.max_in_flight, 32) + 2))
+        self._pool = await create_pool(cfg.database_url, min_size=1, max_size=max(4, min(cfg.max_in_flight, 32) + 2))
         async with self._pool.acquire() as conn:
             await apply_migrations(conn, "consumer")
-        await create_missing_topics(cfg.kafka_bootstrap,
-                                    self.topics + [DEAD_LETTER_TOPIC, ATTEMPTS_TOPIC, SCHEDULE_STATES_TOPIC],
-                                    cfg.partitions)
-        self._producer = AIOKafkaProducer(bootstrap_servers=cfg.kafka_bootstrap, acks="all",
-                                          enable_idempotence=False,
-                                          request_timeout_ms=int(cfg.report_timeout * 1000))
+        await create_missing_topics(
+            cfg.kafka_bootstrap,
+            self.topics + [DEAD_LETTER_TOPIC, ATTEMPTS_TOPIC, SCHEDULE_STATES_TOPIC],
+            cfg.partitions,
+        )
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=cfg.kafka_bootstrap,
+            acks="all",
+            enable_idempotence=False,
+            request_timeout_ms=int(cfg.report_timeout * 1000),
+        )
         await self._producer.start()
         await self.view.start(cfg.kafka_bootstrap, cfg.state_catch_up_timeout)
         self._background.append(asyncio.create_task(self.view.follow(self._stopping), name="schedule-states"))
         reporter = AttemptReporter(self._producer, cfg.report_timeout, cfg.report_attempts)
-        self._runner = AttemptRunner(cfg, self._pool, reporter, self.view, self.hooks, self.meters, self.stats,
-                                     self._stopping)
+        self._runner = AttemptRunner(
+            cfg, self._pool, reporter, self.view, self.hooks, self.meters, self.stats, self._stopping
+        )
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=cfg.kafka_bootstrap, group_id=cfg.group,
-            enable_auto_commit=False, auto_offset_reset="earliest", max_poll_records=cfg.max_poll_records,
+            bootstrap_servers=cfg.kafka_bootstrap,
+            group_id=cfg.group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=cfg.max_poll_records,
             metadata_max_age_ms=int(cfg.metadata_refresh * 1000),
             session_timeout_ms=int(cfg.session_timeout * 1000),
             heartbeat_interval_ms=int(cfg.heartbeat_interval * 1000),
@@ -209,8 +234,7 @@ class ConsumerApp:
         await asyncio.gather(*background, return_exceptions=True)
         consumer, producer, pool = self._consumer, self._producer, self._pool
         self._consumer = self._producer = self._pool = None
-        for close in (consumer and consumer.stop, self.view.stop, producer and producer.stop,
-                      pool and pool.close):
+        for close in (consumer and consumer.stop, self.view.stop, producer and producer.stop, pool and pool.close):
             if close is None:
                 continue
             try:
@@ -326,8 +350,10 @@ class ConsumerApp:
             raise
         except Exception as err:  # noqa: BLE001 - a runtime bug must not kill the app; redelivered later
             outcome = Outcome.ABANDONED
-            log.exception("delivery failed unexpectedly; it will be redelivered",
-                          extra={"action": "consumer.bug", "error": repr(err), "offset": record.offset})
+            log.exception(
+                "delivery failed unexpectedly; it will be redelivered",
+                extra={"action": "consumer.bug", "error": repr(err), "offset": record.offset},
+            )
         finally:
             self._running_per_target[lane.target] -= 1
         if outcome is not Outcome.ABANDONED:
@@ -350,8 +376,9 @@ class ConsumerApp:
             # The partition moved to another member during a rebalance; it will
             # redeliver from the last committed offset and the dedupe rows keep
             # the effects single.
-            log.warning("offset commit refused", extra={"action": "consumer.commit_failed", "error": repr(err),
-                                                        "final": final})
+            log.warning(
+                "offset commit refused", extra={"action": "consumer.commit_failed", "error": repr(err), "final": final}
+            )
             return
         for tp, position in offsets.items():
             self._lanes[tp].committed = position
@@ -362,7 +389,7 @@ class ConsumerApp:
         assert consumer is not None
         assigned = consumer.assignment()
         for lane in self._lanes.values():
-            if lane.tp not in assigned:       # being revoked: the rebalance listener drops the lane
+            if lane.tp not in assigned:  # being revoked: the rebalance listener drops the lane
                 continue
             full = len(lane.pending) >= self.config.max_poll_records
             if full and not lane.paused:
@@ -395,8 +422,10 @@ class ConsumerApp:
             while self._tasks and not self._aborting.is_set():
                 remaining = deadline - loop.time()
                 if remaining <= 0:
-                    log.warning("shutdown grace over; aborting in-flight handlers",
-                                extra={"action": "consumer.grace_over", "in_flight": len(self._tasks)})
+                    log.warning(
+                        "shutdown grace over; aborting in-flight handlers",
+                        extra={"action": "consumer.grace_over", "in_flight": len(self._tasks)},
+                    )
                     break
                 await asyncio.wait({*self._tasks, aborter}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -417,7 +446,7 @@ class ConsumerApp:
 
     def _assign(self, assigned: list[TopicPartition]) -> None:
         for tp in assigned:
-            self._lanes[tp] = _Lane(tp)   # reading resumes at the committed offset
+            self._lanes[tp] = _Lane(tp)  # reading resumes at the committed offset
 
     # -- one record -------------------------------------------------------------------------------
 
@@ -448,15 +477,24 @@ class ConsumerApp:
                 await send_to_dead_letters(self._producer, record, self.config.group, reason)
                 break
             except KafkaError as err:
-                log.error("could not dead-letter a poison message; retrying",
-                          extra={"action": "poison.dlq_failed", "error": repr(err)})
+                log.error(
+                    "could not dead-letter a poison message; retrying",
+                    extra={"action": "poison.dlq_failed", "error": repr(err)},
+                )
             await pause(self._stopping, backoff)
             if self._stopping.is_set():
                 return Outcome.ABANDONED
             backoff = min(backoff * 2, self.config.redelivery_backoff_max)
         self.stats.dead_lettered += 1
         self.meters.poison.add(1)
-        log.warning("poison message sent to the dead-letter topic",
-                    extra={"action": "poison.dead_lettered", "topic": record.topic,
-                           "partition": record.partition, "offset": record.offset, "reason": reason})
+        log.warning(
+            "poison message sent to the dead-letter topic",
+            extra={
+                "action": "poison.dead_lettered",
+                "topic": record.topic,
+                "partition": record.partition,
+                "offset": record.offset,
+                "reason": reason,
+            },
+        )
         return Outcome.DEAD_LETTERED

@@ -65,12 +65,12 @@ HANDLER_TIMEOUT = "HandlerTimeout"
 
 
 class Outcome(enum.Enum):
-    APPLIED = "applied"              # effect committed and succeeded reported
-    DUPLICATE = "duplicate"          # the dedupe row existed: already_applied reported
-    FAILED = "failed"                # the handler failed; reported, the engine decides the retry
-    CANCELED = "canceled"            # obsolete version / canceled schedule; reported
+    APPLIED = "applied"  # effect committed and succeeded reported
+    DUPLICATE = "duplicate"  # the dedupe row existed: already_applied reported
+    FAILED = "failed"  # the handler failed; reported, the engine decides the retry
+    CANCELED = "canceled"  # obsolete version / canceled schedule; reported
     DEAD_LETTERED = "dead_lettered"  # a poison record went to the dead-letter topic
-    ABANDONED = "abandoned"          # shutdown came first: not finished, its offset is not committed
+    ABANDONED = "abandoned"  # shutdown came first: not finished, its offset is not committed
 
 
 @dataclass(frozen=True)
@@ -155,9 +155,17 @@ def _ms(seconds: float) -> str:
 
 
 class AttemptRunner:
-    def __init__(self, config: ConsumerConfig, pool: asyncpg.Pool, reporter: AttemptReporter,
-                 view: ScheduleStateView, hooks: ConsumerHooks, meters: ConsumerMetrics, stats: ConsumerStats,
-                 stopping: asyncio.Event) -> None:
+    def __init__(
+        self,
+        config: ConsumerConfig,
+        pool: asyncpg.Pool,
+        reporter: AttemptReporter,
+        view: ScheduleStateView,
+        hooks: ConsumerHooks,
+        meters: ConsumerMetrics,
+        stats: ConsumerStats,
+        stopping: asyncio.Event,
+    ) -> None:
         self.config = config
         self.pool = pool
         self.reporter = reporter
@@ -175,9 +183,15 @@ class AttemptRunner:
                 outcome = await self._attempt(message, registration)
             except InfrastructureError as err:
                 self.stats.infrastructure_errors += 1
-                log.warning("infrastructure error; the delivery is retried in place, no attempt consumed",
-                            extra={**_ids(message), "action": "occurrence.infrastructure_error",
-                                   "error": str(err), "retry_in_s": backoff})
+                log.warning(
+                    "infrastructure error; the delivery is retried in place, no attempt consumed",
+                    extra={
+                        **_ids(message),
+                        "action": "occurrence.infrastructure_error",
+                        "error": str(err),
+                        "retry_in_s": backoff,
+                    },
+                )
                 await pause(self.stopping, backoff)
                 if self.stopping.is_set():
                     outcome = Outcome.ABANDONED
@@ -205,25 +219,38 @@ class AttemptRunner:
             try:
                 await self.pool.release(conn)
             except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
-                pass   # a dead connection; the pool replaces it
+                pass  # a dead connection; the pool replaces it
 
-    async def _in_transaction(self, conn: asyncpg.Connection, message: OccurrenceMessage,
-                              registration: HandlerRegistration) -> Outcome:
+    async def _in_transaction(
+        self, conn: asyncpg.Connection, message: OccurrenceMessage, registration: HandlerRegistration
+    ) -> Outcome:
         cfg = self.config
         token = uuid.uuid4()
         transaction = conn.transaction()
         try:
             await transaction.start()
-            await conn.fetchval(*CONSUMER_QUERIES.limit_transaction(lock_timeout_ms=_ms(cfg.lock_timeout),
-                                                                     idle_timeout_ms=_ms(cfg.idle_timeout)))
-            applied_at = await conn.fetchval(*CONSUMER_QUERIES.insert_dedupe(
-                consumer_group=cfg.group, occurrence_id=message.occurrence_id, schedule_id=message.schedule_id,
-                schedule_version=message.schedule_version, tenant_id=message.tenant_id,
-                scheduled_for=message.scheduled_for, attempt=message.attempt, lease_token=token))
+            await conn.fetchval(
+                *CONSUMER_QUERIES.limit_transaction(
+                    lock_timeout_ms=_ms(cfg.lock_timeout), idle_timeout_ms=_ms(cfg.idle_timeout)
+                )
+            )
+            applied_at = await conn.fetchval(
+                *CONSUMER_QUERIES.insert_dedupe(
+                    consumer_group=cfg.group,
+                    occurrence_id=message.occurrence_id,
+                    schedule_id=message.schedule_id,
+                    schedule_version=message.schedule_version,
+                    tenant_id=message.tenant_id,
+                    scheduled_for=message.scheduled_for,
+                    attempt=message.attempt,
+                    lease_token=token,
+                )
+            )
         except asyncpg.exceptions.LockNotAvailableError as err:
             await _rollback(transaction)
-            raise InfrastructureError("another attempt of this occurrence holds its uncommitted dedupe row;"
-                                      " trying again later") from err
+            raise InfrastructureError(
+                "another attempt of this occurrence holds its uncommitted dedupe row; trying again later"
+            ) from err
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
             await _rollback(transaction)
             raise InfrastructureError(f"app database error before the handler: {err!r}") from err
@@ -231,13 +258,16 @@ class AttemptRunner:
             await _rollback(transaction)
             return await self._duplicate(conn, message)
         try:
-            await self.reporter.send(AttemptEvent.started(message.occurrence_id, message.attempt, token,
-                                                          cfg.lease_ttl, cfg.group, cfg.worker))
+            await self.reporter.send(
+                AttemptEvent.started(
+                    message.occurrence_id, message.attempt, token, cfg.lease_ttl, cfg.group, cfg.worker
+                )
+            )
         except InfrastructureError:
             await _rollback(transaction)
             raise
         lease = _LocalLease(cfg.lease_ttl)
-        obsolete = self.view.verdict(message.schedule_id, message.schedule_version)   # right before the handler
+        obsolete = self.view.verdict(message.schedule_id, message.schedule_version)  # right before the handler
         if obsolete:
             await _rollback(transaction)
             return await self._skip(message, obsolete, token)
@@ -250,9 +280,14 @@ class AttemptRunner:
         await _rollback(transaction)
         return await self._failed(conn, occurrence, registration, lease, error, timed_out)
 
-    async def _run_handler(self, conn: asyncpg.Connection, transaction: asyncpg.transaction.Transaction,
-                           occurrence: Occurrence, registration: HandlerRegistration,
-                           lease: _LocalLease) -> tuple[Exception | None, bool]:
+    async def _run_handler(
+        self,
+        conn: asyncpg.Connection,
+        transaction: asyncpg.transaction.Transaction,
+        occurrence: Occurrence,
+        registration: HandlerRegistration,
+        lease: _LocalLease,
+    ) -> tuple[Exception | None, bool]:
         started = time.perf_counter()
         deadline = asyncio.timeout(registration.timeout)
         error: Exception | None = None
@@ -277,18 +312,30 @@ class AttemptRunner:
         while True:
             await asyncio.sleep(self.config.renew_interval)
             if not lease.check():
-                log.warning("lease overdue (the process was paused or starved); no longer renewing it",
-                            extra={**_ids(occurrence), "action": "attempt.lease_lost",
-                                   "lease_token": str(occurrence.lease_token)})
+                log.warning(
+                    "lease overdue (the process was paused or starved); no longer renewing it",
+                    extra={
+                        **_ids(occurrence),
+                        "action": "attempt.lease_lost",
+                        "lease_token": str(occurrence.lease_token),
+                    },
+                )
                 return
             sent_at = time.monotonic()
             try:
-                await self.reporter.send(AttemptEvent.heartbeat(occurrence.occurrence_id, occurrence.attempt,
-                                                                occurrence.lease_token,  # type: ignore[arg-type]
-                                                                self.config.lease_ttl))
+                await self.reporter.send(
+                    AttemptEvent.heartbeat(
+                        occurrence.occurrence_id,
+                        occurrence.attempt,
+                        occurrence.lease_token,  # type: ignore[arg-type]
+                        self.config.lease_ttl,
+                    )
+                )
             except InfrastructureError as err:
-                log.warning("heartbeat not delivered", extra={**_ids(occurrence), "action": "attempt.heartbeat_failed",
-                                                              "error": str(err)})
+                log.warning(
+                    "heartbeat not delivered",
+                    extra={**_ids(occurrence), "action": "attempt.heartbeat_failed", "error": str(err)},
+                )
                 continue
             lease.renewed(sent_at)
 
@@ -297,20 +344,28 @@ class AttemptRunner:
     async def _succeeded(self, occurrence: Occurrence) -> Outcome:
         self.stats.applied += 1
         self.meters.applied.add(1, {"target": occurrence.target})
-        log.info("occurrence applied", extra={**_ids(occurrence), "action": "occurrence.applied",
-                                              "attempt": occurrence.attempt})
+        log.info(
+            "occurrence applied",
+            extra={**_ids(occurrence), "action": "occurrence.applied", "attempt": occurrence.attempt},
+        )
         if self.hooks.after_commit:
             await self.hooks.after_commit(occurrence)
-        event = AttemptEvent.succeeded(occurrence.occurrence_id, occurrence.attempt,
-                                       occurrence.lease_token)  # type: ignore[arg-type]
+        event = AttemptEvent.succeeded(occurrence.occurrence_id, occurrence.attempt, occurrence.lease_token)  # type: ignore[arg-type]
         if not await self._report(event):
             return Outcome.ABANDONED
         if self.hooks.after_report:
             await self.hooks.after_report(occurrence)
         return Outcome.APPLIED
 
-    async def _failed(self, conn: asyncpg.Connection, occurrence: Occurrence, registration: HandlerRegistration,
-                      lease: _LocalLease, error: Exception, timed_out: bool) -> Outcome:
+    async def _failed(
+        self,
+        conn: asyncpg.Connection,
+        occurrence: Occurrence,
+        registration: HandlerRegistration,
+        lease: _LocalLease,
+        error: Exception,
+        timed_out: bool,
+    ) -> Outcome:
         token = occurrence.lease_token
         assert token is not None
         if isinstance(error, OccurrenceCanceled) or occurrence.cancellation.is_canceled:
@@ -331,32 +386,50 @@ class AttemptRunner:
             permanent = isinstance(error, PermanentError) or isinstance(error, registration.permanent_errors)
         self.stats.failures += 1
         self.meters.failures.add(1, {"target": occurrence.target, "permanent": permanent})
-        log.warning("handler failed", extra={**_ids(occurrence), "action": "occurrence.failed",
-                                             "attempt": occurrence.attempt, "error_class": error_class,
-                                             "permanent": permanent, "error": text[:500]})
+        log.warning(
+            "handler failed",
+            extra={
+                **_ids(occurrence),
+                "action": "occurrence.failed",
+                "attempt": occurrence.attempt,
+                "error_class": error_class,
+                "permanent": permanent,
+                "error": text[:500],
+            },
+        )
         event = AttemptEvent.failed(occurrence.occurrence_id, occurrence.attempt, token, error_class, text, permanent)
         return Outcome.FAILED if await self._report(event) else Outcome.ABANDONED
 
     async def _duplicate(self, conn: asyncpg.Connection, message: OccurrenceMessage) -> Outcome:
         try:
-            row = await conn.fetchrow(*CONSUMER_QUERIES.dedupe_row(consumer_group=self.config.group,
-                                                                   occurrence_id=message.occurrence_id))
+            row = await conn.fetchrow(
+                *CONSUMER_QUERIES.dedupe_row(consumer_group=self.config.group, occurrence_id=message.occurrence_id)
+            )
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
             raise InfrastructureError(f"app database error reading the dedupe row: {err!r}") from err
         self.stats.duplicates += 1
         self.meters.duplicates.add(1, {"target": message.target})
-        log.info("duplicate delivery suppressed", extra={**_ids(message), "action": "occurrence.duplicate",
-                                                         "attempt": message.attempt})
-        event = AttemptEvent.already_applied(message.occurrence_id, message.attempt,
-                                             row["lease_token"] if row else None, self.config.group)
+        log.info(
+            "duplicate delivery suppressed",
+            extra={**_ids(message), "action": "occurrence.duplicate", "attempt": message.attempt},
+        )
+        event = AttemptEvent.already_applied(
+            message.occurrence_id, message.attempt, row["lease_token"] if row else None, self.config.group
+        )
         return Outcome.DUPLICATE if await self._report(event) else Outcome.ABANDONED
 
-    async def _skip(self, occurrence: OccurrenceMessage | Occurrence, reason: str,
-                    token: uuid.UUID | None) -> Outcome:
+    async def _skip(self, occurrence: OccurrenceMessage | Occurrence, reason: str, token: uuid.UUID | None) -> Outcome:
         self.stats.canceled += 1
         self.meters.canceled.add(1, {"target": occurrence.target, "reason": reason})
-        log.info("occurrence canceled: not applied", extra={**_ids(occurrence), "action": "occurrence.canceled",
-                                                           "reason": reason, "version": occurrence.schedule_version})
+        log.info(
+            "occurrence canceled: not applied",
+            extra={
+                **_ids(occurrence),
+                "action": "occurrence.canceled",
+                "reason": reason,
+                "version": occurrence.schedule_version,
+            },
+        )
         event = AttemptEvent.canceled(occurrence.occurrence_id, occurrence.attempt, reason, token, self.config.group)
         return Outcome.CANCELED if await self._report(event) else Outcome.ABANDONED
 
@@ -373,9 +446,15 @@ class AttemptRunner:
                 return True
             except InfrastructureError as err:
                 self.stats.infrastructure_errors += 1
-                log.warning("attempt report not delivered; retrying", extra={
-                    "action": "attempt.report_failed", "occurrence_id": str(event.occurrence_id),
-                    "event": event.event, "error": str(err)})
+                log.warning(
+                    "attempt report not delivered; retrying",
+                    extra={
+                        "action": "attempt.report_failed",
+                        "occurrence_id": str(event.occurrence_id),
+                        "event": event.event,
+                        "error": str(err),
+                    },
+                )
             await pause(self.stopping, backoff)
             if self.stopping.is_set():
                 return False
@@ -399,5 +478,8 @@ async def _rollback(transaction: asyncpg.transaction.Transaction) -> None:
 
 
 def _ids(occurrence: OccurrenceMessage | Occurrence) -> dict[str, str]:
-    return {"occurrence_id": str(occurrence.occurrence_id), "schedule_id": str(occurrence.schedule_id),
-            "tenant_id": occurrence.tenant_id}
+    return {
+        "occurrence_id": str(occurrence.occurrence_id),
+        "schedule_id": str(occurrence.schedule_id),
+        "tenant_id": occurrence.tenant_id,
+    }

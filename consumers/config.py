@@ -95,16 +95,27 @@ class ConsumerConfig:
         return self.dedupe_lock_timeout if self.dedupe_lock_timeout is not None else self.lease_ttl
 
     def validate(self) -> None:
-        positive = ("max_poll_records", "redelivery_backoff", "session_timeout", "heartbeat_interval", "lease_ttl",
-                    "handler_timeout", "concurrency", "max_in_flight", "report_timeout")
+        positive = (
+            "max_poll_records",
+            "redelivery_backoff",
+            "session_timeout",
+            "heartbeat_interval",
+            "lease_ttl",
+            "handler_timeout",
+            "concurrency",
+            "max_in_flight",
+            "report_timeout",
+        )
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         if self.heartbeat_interval >= self.session_timeout:
             raise ValueError("heartbeat_interval must be shorter than session_timeout")
         if not 0 < self.renew_interval <= self.lease_ttl / 2:
-            raise ValueError("lease_renew_interval must be positive and at most half of lease_ttl,"
-                             " so one lost heartbeat does not expire the lease")
+            raise ValueError(
+                "lease_renew_interval must be positive and at most half of lease_ttl,"
+                " so one lost heartbeat does not expire the lease"
+            )
         if self.idle_timeout <= 0 or self.lock_timeout <= 0:
             raise ValueError("transaction_idle_timeout and dedupe_lock_timeout must be positive")
         if self.shutdown_grace < 0:

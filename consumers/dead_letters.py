@@ -19,8 +19,7 @@ HEADER_SOURCE_OFFSET = "chronoq-dlq-source-offset"
 HEADER_GROUP = "chronoq-dlq-consumer-group"
 
 
-async def send_to_dead_letters(producer: AIOKafkaProducer, record: ConsumerRecord, group: str,
-                               reason: str) -> None:
+async def send_to_dead_letters(producer: AIOKafkaProducer, record: ConsumerRecord, group: str, reason: str) -> None:
     """Publish ``record`` to the dead-letter topic and wait for the broker's acknowledgement."""
     headers = list(record.headers or ()) + [
         (HEADER_REASON, reason[:1000].encode()),

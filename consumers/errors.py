@@ -49,9 +49,9 @@ class InfrastructureError(ChronoqError):
 
 #: Errors that mean "this database connection is gone", not "the handler's statement failed".
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-    asyncpg.PostgresConnectionError,            # SQLSTATE class 08
-    asyncpg.InterfaceError,                     # the connection is closed
-    asyncpg.exceptions.OperatorInterventionError,    # class 57: terminated, shutting down
+    asyncpg.PostgresConnectionError,  # SQLSTATE class 08
+    asyncpg.InterfaceError,  # the connection is closed
+    asyncpg.exceptions.OperatorInterventionError,  # class 57: terminated, shutting down
     asyncpg.exceptions.IdleInTransactionSessionTimeoutError,
     ConnectionError,
     OSError,

@@ -17,8 +17,9 @@ class HandlerRegistry:
         self._by_target: dict[str, HandlerRegistration] = {}
         self.fallback: HandlerRegistration | None = None
 
-    def limits(self, timeout: float | None, concurrency: int | None,
-               permanent_errors: tuple[type[BaseException], ...]) -> Callable[[Handler], HandlerRegistration]:
+    def limits(
+        self, timeout: float | None, concurrency: int | None, permanent_errors: tuple[type[BaseException], ...]
+    ) -> Callable[[Handler], HandlerRegistration]:
         """Validate a handler's limits now (before the handler exists); return what registers it."""
         timeout = self.default_timeout if timeout is None else timeout
         concurrency = self.default_concurrency if concurrency is None else concurrency

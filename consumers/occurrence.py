@@ -72,12 +72,26 @@ class Occurrence:
     cancellation: Cancellation = field(default_factory=Cancellation, compare=False, repr=False)
 
     @classmethod
-    def from_message(cls, message: OccurrenceMessage, received_at: datetime, lease_token: uuid.UUID | None = None,
-                     cancellation: Cancellation | None = None) -> Occurrence:
+    def from_message(
+        cls,
+        message: OccurrenceMessage,
+        received_at: datetime,
+        lease_token: uuid.UUID | None = None,
+        cancellation: Cancellation | None = None,
+    ) -> Occurrence:
         return cls(
-            occurrence_id=message.occurrence_id, schedule_id=message.schedule_id,
-            schedule_version=message.schedule_version, tenant_id=message.tenant_id, target=message.target,
-            scheduled_for=message.scheduled_for, available_at=message.available_at, attempt=message.attempt,
-            priority=message.priority, deadline=message.deadline, payload=message.payload,
-            received_at=received_at, lease_token=lease_token, cancellation=cancellation or Cancellation(),
+            occurrence_id=message.occurrence_id,
+            schedule_id=message.schedule_id,
+            schedule_version=message.schedule_version,
+            tenant_id=message.tenant_id,
+            target=message.target,
+            scheduled_for=message.scheduled_for,
+            available_at=message.available_at,
+            attempt=message.attempt,
+            priority=message.priority,
+            deadline=message.deadline,
+            payload=message.payload,
+            received_at=received_at,
+            lease_token=lease_token,
+            cancellation=cancellation or Cancellation(),
         )

@@ -16,7 +16,7 @@ class PartitionOffsets:
     """Offsets of one partition that were fetched and not yet finished."""
 
     def __init__(self) -> None:
-        self._unfinished: list[int] = []        # min-heap
+        self._unfinished: list[int] = []  # min-heap
         self._finished_early: set[int] = set()  # finished while a lower offset was still unfinished
         self._open: set[int] = set()
         self._highest_seen: int | None = None

@@ -38,13 +38,16 @@ def occurrence_line(occurrence: Occurrence) -> dict[str, Any]:
 
 def human_line(occurrence: Occurrence) -> str:
     lag = (occurrence.received_at - occurrence.scheduled_for).total_seconds()
-    return (f"{format_instant(occurrence.received_at)} applied {occurrence.target}"
-            f" occurrence={occurrence.occurrence_id} tenant={occurrence.tenant_id}"
-            f" scheduled_for={format_instant(occurrence.scheduled_for)} lag={lag:.3f}s")
+    return (
+        f"{format_instant(occurrence.received_at)} applied {occurrence.target}"
+        f" occurrence={occurrence.occurrence_id} tenant={occurrence.tenant_id}"
+        f" scheduled_for={format_instant(occurrence.scheduled_for)} lag={lag:.3f}s"
+    )
 
 
-def printing_consumer(config: ConsumerConfig, target: str | None, as_json: bool,
-                      out: TextIO = sys.stdout, **kwargs: Any) -> ConsumerApp:
+def printing_consumer(
+    config: ConsumerConfig, target: str | None, as_json: bool, out: TextIO = sys.stdout, **kwargs: Any
+) -> ConsumerApp:
     """A ConsumerApp that prints every occurrence of ``target`` (or of every target)."""
     app = ConsumerApp(config, **kwargs)
     render: Callable[[Occurrence], str] = (

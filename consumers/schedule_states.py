@@ -93,21 +93,22 @@ class ScheduleStateView:
 
     async def start(self, bootstrap: str, catch_up_timeout: float) -> None:
         """Assign every partition from the beginning and read up to the end offsets seen now."""
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                    auto_offset_reset="earliest")
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
         await consumer.start()
         self._consumer = consumer
         loop = asyncio.get_running_loop()
         deadline = loop.time() + catch_up_timeout
         partitions = consumer.partitions_for_topic(SCHEDULE_STATES_TOPIC)
         while not partitions and loop.time() < deadline:
-            await consumer.topics()          # refresh metadata: the topic was just created
+            await consumer.topics()  # refresh metadata: the topic was just created
             partitions = consumer.partitions_for_topic(SCHEDULE_STATES_TOPIC)
             if not partitions:
                 await asyncio.sleep(0.05)
         if not partitions:
-            log.warning("schedule-state topic not found; skipping no occurrence as obsolete until it appears",
-                        extra={"action": "consumer.states_missing"})
+            log.warning(
+                "schedule-state topic not found; skipping no occurrence as obsolete until it appears",
+                extra={"action": "consumer.states_missing"},
+            )
             self.caught_up.set()
             return
         assigned = [TopicPartition(SCHEDULE_STATES_TOPIC, p) for p in sorted(partitions)]
@@ -120,8 +121,10 @@ class ScheduleStateView:
                 break
             await self._read(200)
         else:
-            log.warning("schedule-state topic not read to its end in time; starting anyway",
-                        extra={"action": "consumer.states_behind", "known": len(self)})
+            log.warning(
+                "schedule-state topic not read to its end in time; starting anyway",
+                extra={"action": "consumer.states_behind", "known": len(self)},
+            )
         self.caught_up.set()
 
     async def _read(self, timeout_ms: int) -> None:
@@ -132,9 +135,15 @@ class ScheduleStateView:
                 try:
                     self.apply(decode_schedule_state(record.value))
                 except MalformedMessage as err:
-                    log.error("undecodable schedule state message ignored",
-                              extra={"action": "consumer.state_poison", "offset": record.offset,
-                                     "partition": record.partition, "error": str(err)})
+                    log.error(
+                        "undecodable schedule state message ignored",
+                        extra={
+                            "action": "consumer.state_poison",
+                            "offset": record.offset,
+                            "partition": record.partition,
+                            "error": str(err),
+                        },
+                    )
 
     async def follow(self, stop: asyncio.Event) -> None:
         """Keep reading new state messages until ``stop`` is set."""

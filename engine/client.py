@@ -66,10 +66,19 @@ class ChronoqClient:
     async def get_schedule(self, schedule_id: str) -> dict[str, Any]:
         return await self.request("GET", f"/v1/schedules/{_segment(schedule_id)}")
 
-    async def list_schedules(self, *, state: str | None = None, target: str | None = None,
-                             cursor: str | None = None, limit: int | None = None) -> dict[str, Any]:
-        query = {k: v for k, v in {"state": state, "target": target, "cursor": cursor, "limit": limit}.items()
-                 if v is not None}
+    async def list_schedules(
+        self,
+        *,
+        state: str | None = None,
+        target: str | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> dict[str, Any]:
+        query = {
+            k: v
+            for k, v in {"state": state, "target": target, "cursor": cursor, "limit": limit}.items()
+            if v is not None
+        }
         return await self.request("GET", "/v1/schedules?" + urllib.parse.urlencode(query))
 
     async def update_schedule(self, schedule_id: str, changes: dict[str, Any]) -> dict[str, Any]:
@@ -94,15 +103,18 @@ class ChronoqClient:
     async def preview(self, body: dict[str, Any]) -> list[dict[str, str]]:
         return (await self.request("POST", "/v1/preview", body))["fires"]
 
-    async def request(self, method: str, path: str, body: Any = None,
-                      headers: dict[str, str] | None = None) -> Any:
+    async def request(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
         """One API call; raises ApiError with the server's error details on 4xx/5xx."""
         return await asyncio.to_thread(self._request, method, path, body, headers or {})
 
     def _request(self, method: str, path: str, body: Any, headers: dict[str, str]) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.base_url + path, data=data, method=method, headers={
-            "Authorization": f"Bearer {self.api_token}", "Content-Type": "application/json", **headers})
+        request = urllib.request.Request(
+            self.base_url + path,
+            data=data,
+            method=method,
+            headers={"Authorization": f"Bearer {self.api_token}", "Content-Type": "application/json", **headers},
+        )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 return json.loads(response.read() or b"null")
@@ -111,8 +123,7 @@ class ChronoqClient:
                 error = json.loads(err.read())["error"]
             except (ValueError, KeyError, TypeError):
                 error = {"code": "http_error", "message": err.reason}
-            raise ApiError(err.code, error.get("code", "error"), error.get("message", ""),
-                           error.get("field")) from None
+            raise ApiError(err.code, error.get("code", "error"), error.get("message", ""), error.get("field")) from None
 
 
 def _segment(value: str) -> str:
@@ -141,14 +152,32 @@ class CommandProducer:
     async def __aexit__(self, *exc: object) -> None:
         await self.producer.stop()
 
-    async def send(self, action: str, *, schedule_id: str | None = None, body: dict[str, Any] | None = None,
-                   idempotency_key: str | None = None, command_id: uuid.UUID | None = None) -> uuid.UUID:
+    async def send(
+        self,
+        action: str,
+        *,
+        schedule_id: str | None = None,
+        body: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        command_id: uuid.UUID | None = None,
+    ) -> uuid.UUID:
         """Produce one signed command and wait for the broker's acknowledgement."""
-        command = Command(command_id or uuid.uuid4(), self.tenant_id, action, datetime.now(UTC),
-                          uuid.UUID(str(schedule_id)) if schedule_id else None, idempotency_key, body)
+        command = Command(
+            command_id or uuid.uuid4(),
+            self.tenant_id,
+            action,
+            datetime.now(UTC),
+            uuid.UUID(str(schedule_id)) if schedule_id else None,
+            idempotency_key,
+            body,
+        )
         value = command.encode()
-        await self.producer.send_and_wait(COMMANDS_TOPIC, value, key=self.tenant_id.encode(), headers=[
-            (HEADER_SIGNATURE, sign(self.signing_key, value).encode())])
+        await self.producer.send_and_wait(
+            COMMANDS_TOPIC,
+            value,
+            key=self.tenant_id.encode(),
+            headers=[(HEADER_SIGNATURE, sign(self.signing_key, value).encode())],
+        )
         return command.command_id
 
 
@@ -168,6 +197,7 @@ class CommandResults:
 
     async def __aenter__(self) -> CommandResults:
         from aiokafka import TopicPartition
+
         await create_missing_topics(self.kafka_bootstrap, [COMMANDS_TOPIC, COMMAND_RESULTS_TOPIC])
         await self.consumer.start()
         partitions = None

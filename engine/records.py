@@ -80,8 +80,16 @@ class _TimedSchedule(_Record):
     @property
     def spec(self) -> timing.TimeSpec:
         """The stored time spec (validated when it was stored)."""
-        return timing.TimeSpec(self.kind, self.expression, self.time_zone, self.dst_repeat,  # type: ignore[arg-type]
-                               self.dst_gap, self.anchor, self.start_at, self.end_at)  # type: ignore[arg-type]
+        return timing.TimeSpec(
+            self.kind,
+            self.expression,
+            self.time_zone,
+            self.dst_repeat,  # type: ignore[arg-type]
+            self.dst_gap,
+            self.anchor,
+            self.start_at,
+            self.end_at,
+        )  # type: ignore[arg-type]
 
     @property
     def misfire(self) -> timing.MisfirePolicy:
@@ -238,8 +246,9 @@ class LockedOccurrence(_Record):
 
     @property
     def retry_policy(self) -> RetryPolicy:
-        return RetryPolicy(self.retry_max_attempts, timedelta(seconds=self.retry_base_s),
-                           timedelta(seconds=self.retry_cap_s))
+        return RetryPolicy(
+            self.retry_max_attempts, timedelta(seconds=self.retry_base_s), timedelta(seconds=self.retry_cap_s)
+        )
 
     @property
     def counted_attempts(self) -> int:

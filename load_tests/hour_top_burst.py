@@ -52,7 +52,12 @@ async def seed(pool: asyncpg.Pool, schedules: int, tenants: int, targets: int) -
         SELECT gen_random_uuid(), 'load-' || (i % $2), 'cron', '0 * * * *', 'UTC', $4,
                'load.target-' || (i % $3), jsonb_build_object('n', i), i % 256, 1.0 / 60
         FROM generate_series(1, $1) AS i
-        """, schedules, tenants, targets, TOP)
+        """,
+        schedules,
+        tenants,
+        targets,
+        TOP,
+    )
 
 
 async def materialize(pool: asyncpg.Pool, clock: ManualClock, batch: int) -> float:
@@ -63,8 +68,9 @@ async def materialize(pool: asyncpg.Pool, clock: ManualClock, batch: int) -> flo
     return time.perf_counter() - started
 
 
-async def dispatch(pool: asyncpg.Pool, bootstrap: str, clock: ManualClock, relays: int,
-                   batch: int) -> tuple[float, list[tuple[float, int]]]:
+async def dispatch(
+    pool: asyncpg.Pool, bootstrap: str, clock: ManualClock, relays: int, batch: int
+) -> tuple[float, list[tuple[float, int]]]:
     publishers = [KafkaPublisher(PublisherConfig(bootstrap)) for _ in range(relays)]
     for publisher in publishers:
         await publisher.start()
@@ -83,8 +89,9 @@ async def dispatch(pool: asyncpg.Pool, bootstrap: str, clock: ManualClock, relay
                 return
 
     try:
-        await asyncio.gather(*(drain(Relay(OutboxStore(pool, clock), p, RelayConfig(batch_size=batch)))
-                               for p in publishers))
+        await asyncio.gather(
+            *(drain(Relay(OutboxStore(pool, clock), p, RelayConfig(batch_size=batch))) for p in publishers)
+        )
     finally:
         for publisher in publishers:
             await publisher.stop()
@@ -134,10 +141,17 @@ async def main(args: argparse.Namespace) -> dict:
         if postgres:
             postgres.stop()
     return {
-        "schedules": args.schedules, "tenants": args.tenants, "targets": args.targets, "relays": args.relays,
-        "relay_batch": args.relay_batch, "seed_s": round(seeded, 2),
-        "materialize_s": round(materialized, 2), "materialize_rows_per_s": round(args.schedules / materialized),
-        "dispatch_s": round(elapsed, 2), "dispatched": sent, "dispatch_rows_per_s": round(sent / elapsed),
+        "schedules": args.schedules,
+        "tenants": args.tenants,
+        "targets": args.targets,
+        "relays": args.relays,
+        "relay_batch": args.relay_batch,
+        "seed_s": round(seeded, 2),
+        "materialize_s": round(materialized, 2),
+        "materialize_rows_per_s": round(args.schedules / materialized),
+        "dispatch_s": round(elapsed, 2),
+        "dispatched": sent,
+        "dispatch_rows_per_s": round(sent / elapsed),
         "lag_s": {k: round(v, 3) for k, v in lag_percentiles(marks).items()},
     }
 

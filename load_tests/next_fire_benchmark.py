@@ -25,13 +25,45 @@ from engine.rules import timing
 
 UTC = UTC
 ZONES = [
-    "UTC", "America/New_York", "America/Chicago", "America/Denver", "America/Los_Angeles", "America/Sao_Paulo",
-    "America/Santiago", "America/St_Johns", "Europe/London", "Europe/Dublin", "Europe/Berlin", "Europe/Paris",
-    "Europe/Moscow", "Africa/Cairo", "Asia/Beirut", "Asia/Kolkata", "Asia/Kathmandu", "Asia/Shanghai",
-    "Asia/Tokyo", "Australia/Sydney", "Australia/Lord_Howe", "Pacific/Auckland", "Pacific/Chatham",
+    "UTC",
+    "America/New_York",
+    "America/Chicago",
+    "America/Denver",
+    "America/Los_Angeles",
+    "America/Sao_Paulo",
+    "America/Santiago",
+    "America/St_Johns",
+    "Europe/London",
+    "Europe/Dublin",
+    "Europe/Berlin",
+    "Europe/Paris",
+    "Europe/Moscow",
+    "Africa/Cairo",
+    "Asia/Beirut",
+    "Asia/Kolkata",
+    "Asia/Kathmandu",
+    "Asia/Shanghai",
+    "Asia/Tokyo",
+    "Australia/Sydney",
+    "Australia/Lord_Howe",
+    "Pacific/Auckland",
+    "Pacific/Chatham",
 ]
-COMMON = ["* * * * *", "*/5 * * * *", "*/15 * * * *", "0 * * * *", "0 9 * * MON-FRI", "30 2 * * *",
-          "0 0 * * *", "@daily", "@hourly", "0 0 1 * *", "0 8 * * 1", "0 12 29 2 *", "0 0 13 * 5"]
+COMMON = [
+    "* * * * *",
+    "*/5 * * * *",
+    "*/15 * * * *",
+    "0 * * * *",
+    "0 9 * * MON-FRI",
+    "30 2 * * *",
+    "0 0 * * *",
+    "@daily",
+    "@hourly",
+    "0 0 1 * *",
+    "0 8 * * 1",
+    "0 12 29 2 *",
+    "0 0 13 * 5",
+]
 
 
 def make_pairs(count: int, rng: random.Random) -> list[tuple[str, str, str, str]]:
@@ -51,11 +83,9 @@ def make_pairs(count: int, rng: random.Random) -> list[tuple[str, str, str, str]
     return sorted(pairs)
 
 
-def build_schedules(schedules: int, pairs: int, afters: int, seed: int) -> tuple[list[timing.TimeSpec],
-                                                                                 list[datetime]]:
+def build_schedules(schedules: int, pairs: int, afters: int, seed: int) -> tuple[list[timing.TimeSpec], list[datetime]]:
     rng = random.Random(seed)
-    templates = [build_time_spec("cron", e, z, dst_repeat=r, dst_gap=g)
-                 for e, z, r, g in make_pairs(pairs, rng)]
+    templates = [build_time_spec("cron", e, z, dst_repeat=r, dst_gap=g) for e, z, r, g in make_pairs(pairs, rng)]
     # A materializer at the top of the hour sees cursors on a few minute boundaries.
     top = datetime(2027, 3, 14, 6, 0, tzinfo=UTC)  # the US spring-forward night
     boundaries = [top + timedelta(minutes=i) for i in range(afters)]
@@ -66,8 +96,18 @@ def build_schedules(schedules: int, pairs: int, afters: int, seed: int) -> tuple
     for number in range(schedules):
         t = templates[rng.randrange(len(templates))]
         bounded = number % 10 == 0
-        specs.append(timing.TimeSpec(t.kind, t.expression, t.time_zone, t.dst_repeat, t.dst_gap, None,
-                                     start if bounded else None, end if bounded else None))
+        specs.append(
+            timing.TimeSpec(
+                t.kind,
+                t.expression,
+                t.time_zone,
+                t.dst_repeat,
+                t.dst_gap,
+                None,
+                start if bounded else None,
+                end if bounded else None,
+            )
+        )
         cursors.append(boundaries[number % afters])
     return specs, cursors
 
@@ -126,17 +166,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)
     figures = run(args.schedules, args.pairs, args.afters, args.uncached_sample, args.seed)
-    print(f"next_fire_after for {figures['schedules']:,} schedules over {figures['distinct_pairs']:,}"
-          f" (expression, zone) pairs and {figures['distinct_cursors']} cursor instants")
-    print(f"  with the shared memo: {figures['cached_seconds']} s = {figures['cached_schedules_per_second']:,}"
-          f" schedules/s; hit ratio {figures['cache_hit_ratio']:.4%}"
-          f" ({figures['cache_hits']:,} hits, {figures['cache_misses']:,} misses)")
-    print(f"  without the memo ({figures['uncached_sample']:,}-schedule sample):"
-          f" {figures['uncached_schedules_per_second']:,} schedules/s,"
-          f" {figures['uncached_projected_seconds_for_all']} s projected for all; memo speed-up"
-          f" x{figures['speedup']}")
-    print(f"  (building the specs took {figures['build_seconds']} s, not counted;"
-          f" cached and uncached results differ for {figures['mismatches_cached_vs_uncached']} schedules)")
+    print(
+        f"next_fire_after for {figures['schedules']:,} schedules over {figures['distinct_pairs']:,}"
+        f" (expression, zone) pairs and {figures['distinct_cursors']} cursor instants"
+    )
+    print(
+        f"  with the shared memo: {figures['cached_seconds']} s = {figures['cached_schedules_per_second']:,}"
+        f" schedules/s; hit ratio {figures['cache_hit_ratio']:.4%}"
+        f" ({figures['cache_hits']:,} hits, {figures['cache_misses']:,} misses)"
+    )
+    print(
+        f"  without the memo ({figures['uncached_sample']:,}-schedule sample):"
+        f" {figures['uncached_schedules_per_second']:,} schedules/s,"
+        f" {figures['uncached_projected_seconds_for_all']} s projected for all; memo speed-up"
+        f" x{figures['speedup']}"
+    )
+    print(
+        f"  (building the specs took {figures['build_seconds']} s, not counted;"
+        f" cached and uncached results differ for {figures['mismatches_cached_vs_uncached']} schedules)"
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")

@@ -73,9 +73,15 @@ class RelayReport:
 
 
 class Relay:
-    def __init__(self, store: OutboxStore, publisher: KafkaPublisher, config: RelayConfig | None = None,
-                 meter: metrics.Meter | None = None, tracer: trace.Tracer | None = None,
-                 hooks: RelayHooks | None = None) -> None:
+    def __init__(
+        self,
+        store: OutboxStore,
+        publisher: KafkaPublisher,
+        config: RelayConfig | None = None,
+        meter: metrics.Meter | None = None,
+        tracer: trace.Tracer | None = None,
+        hooks: RelayHooks | None = None,
+    ) -> None:
         self.store = store
         self.hooks = hooks or RelayHooks()
         self.publisher = publisher
@@ -83,16 +89,21 @@ class Relay:
         self.config.validate(publisher.config.ack_timeout)
         meter = meter or obs.get_meter("relay")
         self.tracer = tracer or obs.get_tracer("relay")
-        self._lag = meter.create_histogram(obs.SCHEDULE_LAG, unit="s",
-                                           description="enqueued_at - scheduled_for")
+        self._lag = meter.create_histogram(obs.SCHEDULE_LAG, unit="s", description="enqueued_at - scheduled_for")
         self._published = meter.create_counter(obs.OUTBOX_PUBLISHED, unit="1")
         self._failures = meter.create_counter(obs.OUTBOX_PUBLISH_FAILURES, unit="1")
         self._fenced = meter.create_counter(obs.OUTBOX_FENCED_MARKS, unit="1")
         self._backlog = meter.create_gauge(obs.OUTBOX_BACKLOG, unit="1")
 
     @classmethod
-    def create(cls, pool: asyncpg.Pool, publisher: KafkaPublisher, config: RelayConfig | None = None,
-               clock: Clock | None = None, **kwargs: object) -> Relay:
+    def create(
+        cls,
+        pool: asyncpg.Pool,
+        publisher: KafkaPublisher,
+        config: RelayConfig | None = None,
+        clock: Clock | None = None,
+        **kwargs: object,
+    ) -> Relay:
         return cls(OutboxStore(pool, clock or DatabaseClock()), publisher, config, **kwargs)  # type: ignore[arg-type]
 
     async def run_once(self) -> RelayReport:
@@ -110,8 +121,13 @@ class Relay:
             trace_headers: list[tuple[str, bytes]] = []
             obs.inject_trace_headers(trace_headers)
             records = [
-                OutgoingRecord(row.id, row.topic, row.message_key, row.message, [
-                    *_identity_headers(row.occurrence_id, row.tenant_id), *trace_headers])
+                OutgoingRecord(
+                    row.id,
+                    row.topic,
+                    row.message_key,
+                    row.message,
+                    [*_identity_headers(row.occurrence_id, row.tenant_id), *trace_headers],
+                )
                 for row in claim.rows
             ]
             try:
@@ -131,15 +147,19 @@ class Relay:
             self._published.add(result.marked)
             if report.fenced:
                 self._fenced.add(report.fenced)
-                log.warning("claim lost before marking; another relay owns these rows",
-                            extra={"action": "outbox.fenced", "count": report.fenced})
+                log.warning(
+                    "claim lost before marking; another relay owns these rows",
+                    extra={"action": "outbox.fenced", "count": report.fenced},
+                )
         if failed:
             report.failed = len(failed)
             first_error = repr(outcome.get(failed[0].id))
             await self.store.release(claim.token, [row.id for row in failed], first_error)
             self._failures.add(len(failed))
-            log.warning("publish failed; rows released for retry",
-                        extra={"action": "outbox.publish_failed", "count": len(failed), "error": first_error})
+            log.warning(
+                "publish failed; rows released for retry",
+                extra={"action": "outbox.publish_failed", "count": len(failed), "error": first_error},
+            )
         return report
 
     async def record_backlog(self) -> int:

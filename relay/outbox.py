@@ -52,8 +52,11 @@ class OutboxStore:
     async def claim(self, limit: int, claim_ttl: timedelta) -> Claim:
         """Claim up to ``limit`` due rows for ``claim_ttl``."""
         token = uuid.uuid4()
-        records = await self.pool.fetch(*QUERIES.claim_due_outbox(
-            now=self.clock.now(), limit=limit, token=token, claim_ttl_s=claim_ttl.total_seconds()))
+        records = await self.pool.fetch(
+            *QUERIES.claim_due_outbox(
+                now=self.clock.now(), limit=limit, token=token, claim_ttl_s=claim_ttl.total_seconds()
+            )
+        )
         return Claim(token, [OutboxRow(**dict(r)) for r in records])
 
     async def mark_sent(self, token: uuid.UUID, ids: Sequence[int]) -> MarkResult:

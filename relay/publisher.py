@@ -31,7 +31,7 @@ from schemas.topics import DEFAULT_PARTITIONS, ensure_topics
 
 @dataclass(frozen=True)
 class OutgoingRecord:
-    ref: Hashable                      # the caller's handle (outbox row id)
+    ref: Hashable  # the caller's handle (outbox row id)
     topic: str
     key: bytes
     value: bytes
@@ -110,8 +110,7 @@ class KafkaPublisher:
             await self._await_acknowledgements(pending, outcome)
         return outcome
 
-    async def _partition_groups(self, records: Sequence[OutgoingRecord]) -> dict[tuple[str, int],
-                                                                                 list[OutgoingRecord]]:
+    async def _partition_groups(self, records: Sequence[OutgoingRecord]) -> dict[tuple[str, int], list[OutgoingRecord]]:
         """Records by (topic, partition), each partition chosen by Kafka's murmur2 partitioner."""
         groups: dict[tuple[str, int], list[OutgoingRecord]] = {}
         for record in records:
@@ -120,8 +119,15 @@ class KafkaPublisher:
             groups.setdefault((record.topic, partition), []).append(record)
         return groups
 
-    async def _submit(self, batch: Any, topic: str, partition: int, members: list[OutgoingRecord],
-                      pending: dict[asyncio.Future[Any], list[OutgoingRecord]], outcome: Outcome) -> None:
+    async def _submit(
+        self,
+        batch: Any,
+        topic: str,
+        partition: int,
+        members: list[OutgoingRecord],
+        pending: dict[asyncio.Future[Any], list[OutgoingRecord]],
+        outcome: Outcome,
+    ) -> None:
         """Send one batch: its future joins ``pending``, or a refusal is every member's outcome."""
         try:
             future = await self.producer.send_batch(batch, topic, partition=partition)
@@ -130,8 +136,9 @@ class KafkaPublisher:
         else:
             pending[future] = members
 
-    async def _await_acknowledgements(self, pending: dict[asyncio.Future[Any], list[OutgoingRecord]],
-                                      outcome: Outcome) -> None:
+    async def _await_acknowledgements(
+        self, pending: dict[asyncio.Future[Any], list[OutgoingRecord]], outcome: Outcome
+    ) -> None:
         """Each batch's acknowledgement or error; unanswered within ack_timeout is an unknown outcome."""
         done, not_done = await asyncio.wait(pending, timeout=self.config.ack_timeout)
         for future in done:
@@ -145,5 +152,4 @@ class KafkaPublisher:
 
 def _append(batch: Any, record: OutgoingRecord) -> bool:
     """Append to an aiokafka batch; False when the batch is full."""
-    return batch.append(key=record.key, value=record.value, timestamp=None,
-                        headers=list(record.headers)) is not None
+    return batch.append(key=record.key, value=record.value, timestamp=None, headers=list(record.headers)) is not None

@@ -83,8 +83,11 @@ class AttemptEvent:
         if self.event in _NEEDS_TOKEN and self.lease_token is None:
             raise MalformedMessage(f"a {self.event} event needs a lease_token")
         if self.event in (STARTED, HEARTBEAT):
-            if (isinstance(self.lease_ttl, bool) or not isinstance(self.lease_ttl, (int, float))
-                    or not 0 < self.lease_ttl <= 86400):
+            if (
+                isinstance(self.lease_ttl, bool)
+                or not isinstance(self.lease_ttl, (int, float))
+                or not 0 < self.lease_ttl <= 86400
+            ):
                 raise MalformedMessage("field 'lease_ttl' must be a number of seconds in (0, 86400]")
         if self.event == FAILED and not self.error_class:
             raise MalformedMessage("a failed event needs an error_class")
@@ -93,13 +96,21 @@ class AttemptEvent:
 
     # Constructors that read like the protocol.
     @classmethod
-    def started(cls, occurrence_id: uuid.UUID, attempt: int, lease_token: uuid.UUID, lease_ttl: float,
-                consumer_group: str | None = None, worker: str | None = None) -> AttemptEvent:
+    def started(
+        cls,
+        occurrence_id: uuid.UUID,
+        attempt: int,
+        lease_token: uuid.UUID,
+        lease_ttl: float,
+        consumer_group: str | None = None,
+        worker: str | None = None,
+    ) -> AttemptEvent:
         return cls(STARTED, occurrence_id, attempt, lease_token, lease_ttl, consumer_group, worker)
 
     @classmethod
-    def heartbeat(cls, occurrence_id: uuid.UUID, attempt: int, lease_token: uuid.UUID,
-                  lease_ttl: float) -> AttemptEvent:
+    def heartbeat(
+        cls, occurrence_id: uuid.UUID, attempt: int, lease_token: uuid.UUID, lease_ttl: float
+    ) -> AttemptEvent:
         return cls(HEARTBEAT, occurrence_id, attempt, lease_token, lease_ttl)
 
     @classmethod
@@ -107,19 +118,40 @@ class AttemptEvent:
         return cls(SUCCEEDED, occurrence_id, attempt, lease_token)
 
     @classmethod
-    def failed(cls, occurrence_id: uuid.UUID, attempt: int, lease_token: uuid.UUID, error_class: str,
-               error_message: str, permanent: bool = False) -> AttemptEvent:
-        return cls(FAILED, occurrence_id, attempt, lease_token, error_class=error_class[:MAX_ERROR_CLASS],
-                   error_message=error_message[:MAX_ERROR_MESSAGE], permanent=permanent)
+    def failed(
+        cls,
+        occurrence_id: uuid.UUID,
+        attempt: int,
+        lease_token: uuid.UUID,
+        error_class: str,
+        error_message: str,
+        permanent: bool = False,
+    ) -> AttemptEvent:
+        return cls(
+            FAILED,
+            occurrence_id,
+            attempt,
+            lease_token,
+            error_class=error_class[:MAX_ERROR_CLASS],
+            error_message=error_message[:MAX_ERROR_MESSAGE],
+            permanent=permanent,
+        )
 
     @classmethod
-    def canceled(cls, occurrence_id: uuid.UUID, attempt: int, reason: str,
-                 lease_token: uuid.UUID | None = None, consumer_group: str | None = None) -> AttemptEvent:
+    def canceled(
+        cls,
+        occurrence_id: uuid.UUID,
+        attempt: int,
+        reason: str,
+        lease_token: uuid.UUID | None = None,
+        consumer_group: str | None = None,
+    ) -> AttemptEvent:
         return cls(CANCELED, occurrence_id, attempt, lease_token, consumer_group=consumer_group, reason=reason)
 
     @classmethod
-    def already_applied(cls, occurrence_id: uuid.UUID, attempt: int, applied_by: uuid.UUID | None,
-                        consumer_group: str | None = None) -> AttemptEvent:
+    def already_applied(
+        cls, occurrence_id: uuid.UUID, attempt: int, applied_by: uuid.UUID | None, consumer_group: str | None = None
+    ) -> AttemptEvent:
         return cls(ALREADY_APPLIED, occurrence_id, attempt, consumer_group=consumer_group, applied_by=applied_by)
 
     @property
@@ -128,16 +160,25 @@ class AttemptEvent:
         return str(self.occurrence_id).encode()
 
     def headers(self) -> list[tuple[str, bytes]]:
-        return [(HEADER_FORMAT, str(FORMAT_VERSION).encode()),
-                (HEADER_OCCURRENCE_ID, str(self.occurrence_id).encode())]
+        return [(HEADER_FORMAT, str(FORMAT_VERSION).encode()), (HEADER_OCCURRENCE_ID, str(self.occurrence_id).encode())]
 
     def encode(self) -> bytes:
-        data: dict[str, Any] = {"format": FORMAT_VERSION, "event": self.event,
-                                "occurrence_id": str(self.occurrence_id), "attempt": self.attempt}
+        data: dict[str, Any] = {
+            "format": FORMAT_VERSION,
+            "event": self.event,
+            "occurrence_id": str(self.occurrence_id),
+            "attempt": self.attempt,
+        }
         if self.lease_token is not None:
             data["lease_token"] = str(self.lease_token)
-        optional = {"lease_ttl": self.lease_ttl, "consumer_group": self.consumer_group, "worker": self.worker,
-                    "error_class": self.error_class, "error_message": self.error_message, "reason": self.reason}
+        optional = {
+            "lease_ttl": self.lease_ttl,
+            "consumer_group": self.consumer_group,
+            "worker": self.worker,
+            "error_class": self.error_class,
+            "error_message": self.error_message,
+            "reason": self.reason,
+        }
         data.update((name, value) for name, value in optional.items() if value is not None)
         if self.event == FAILED:
             data["permanent"] = self.permanent

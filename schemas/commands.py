@@ -49,12 +49,18 @@ class Command:
     body: dict[str, Any] | None = None
 
     def encode(self) -> bytes:
-        return orjson.dumps({
-            "format": FORMAT_VERSION, "command_id": str(self.command_id), "tenant_id": self.tenant_id,
-            "action": self.action, "issued_at": format_instant(self.issued_at),
-            "schedule_id": str(self.schedule_id) if self.schedule_id else None,
-            "idempotency_key": self.idempotency_key, "body": self.body,
-        })
+        return orjson.dumps(
+            {
+                "format": FORMAT_VERSION,
+                "command_id": str(self.command_id),
+                "tenant_id": self.tenant_id,
+                "action": self.action,
+                "issued_at": format_instant(self.issued_at),
+                "schedule_id": str(self.schedule_id) if self.schedule_id else None,
+                "idempotency_key": self.idempotency_key,
+                "body": self.body,
+            }
+        )
 
 
 def sign(signing_key: bytes, value: bytes) -> str:
@@ -105,14 +111,21 @@ def decode_command(value: bytes | None) -> Command:
 class CommandResult:
     command_id: uuid.UUID
     tenant_id: str | None
-    status: str                                   # applied | rejected
+    status: str  # applied | rejected
     schedule: dict[str, Any] | None = None
     error: dict[str, Any] | None = field(default=None)
 
     def encode(self) -> bytes:
-        return orjson.dumps({"format": FORMAT_VERSION, "command_id": str(self.command_id),
-                             "tenant_id": self.tenant_id, "status": self.status, "schedule": self.schedule,
-                             "error": self.error})
+        return orjson.dumps(
+            {
+                "format": FORMAT_VERSION,
+                "command_id": str(self.command_id),
+                "tenant_id": self.tenant_id,
+                "status": self.status,
+                "schedule": self.schedule,
+                "error": self.error,
+            }
+        )
 
     def to_json(self) -> dict[str, Any]:
         return orjson.loads(self.encode())
@@ -120,5 +133,6 @@ class CommandResult:
 
 def decode_command_result(value: bytes) -> CommandResult:
     data = orjson.loads(value)
-    return CommandResult(uuid.UUID(data["command_id"]), data.get("tenant_id"), data["status"],
-                         data.get("schedule"), data.get("error"))
+    return CommandResult(
+        uuid.UUID(data["command_id"]), data.get("tenant_id"), data["status"], data.get("schedule"), data.get("error")
+    )

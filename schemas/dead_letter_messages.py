@@ -51,15 +51,24 @@ class DeadOccurrenceMessage:
 
     def encode(self) -> bytes:
         occ = self.occurrence
-        return orjson.dumps({
-            "format": 1, "kind": KIND_DEAD_OCCURRENCE,
-            "occurrence_id": str(occ.occurrence_id), "schedule_id": str(occ.schedule_id),
-            "schedule_version": occ.schedule_version, "tenant_id": occ.tenant_id, "target": occ.target,
-            "scheduled_for": format_instant(occ.scheduled_for), "attempts": self.attempts,
-            "reason": self.reason, "error_class": self.error_class, "error_message": self.error_message,
-            "died_at": format_instant(self.died_at),
-            "occurrence": orjson.loads(occ.encode()),
-        })
+        return orjson.dumps(
+            {
+                "format": 1,
+                "kind": KIND_DEAD_OCCURRENCE,
+                "occurrence_id": str(occ.occurrence_id),
+                "schedule_id": str(occ.schedule_id),
+                "schedule_version": occ.schedule_version,
+                "tenant_id": occ.tenant_id,
+                "target": occ.target,
+                "scheduled_for": format_instant(occ.scheduled_for),
+                "attempts": self.attempts,
+                "reason": self.reason,
+                "error_class": self.error_class,
+                "error_message": self.error_message,
+                "died_at": format_instant(self.died_at),
+                "occurrence": orjson.loads(occ.encode()),
+            }
+        )
 
 
 def decode_dead_occurrence(value: bytes | None) -> DeadOccurrenceMessage:
@@ -73,9 +82,12 @@ def decode_dead_occurrence(value: bytes | None) -> DeadOccurrenceMessage:
     try:
         died_at = datetime.fromisoformat(str(data["died_at"]).replace("Z", "+00:00"))
         return DeadOccurrenceMessage(
-            occurrence=decode_occurrence(orjson.dumps(data["occurrence"])), attempts=int(data["attempts"]),
-            reason=str(data["reason"]), error_class=data.get("error_class"),
-            error_message=data.get("error_message"), died_at=died_at,
+            occurrence=decode_occurrence(orjson.dumps(data["occurrence"])),
+            attempts=int(data["attempts"]),
+            reason=str(data["reason"]),
+            error_class=data.get("error_class"),
+            error_message=data.get("error_message"),
+            died_at=died_at,
         )
     except (KeyError, TypeError, ValueError) as err:
         raise MalformedMessage(f"dead-occurrence record is incomplete: {err!r}") from err

@@ -50,13 +50,13 @@ TRANSIENT_SQLSTATE_CLASSES = frozenset({"08", "40", "53", "57"})
 TRANSIENT_SQLSTATES = frozenset({"55P03", "25P03"})
 
 _PERMANENT_INTERFACE_ERRORS: tuple[type[BaseException], ...] = (
-    ValueError,   # asyncpg's DataError (bad arguments) and ClientConfigurationError are ValueErrors
+    ValueError,  # asyncpg's DataError (bad arguments) and ClientConfigurationError are ValueErrors
     asyncpg.exceptions.UnsupportedClientFeatureError,
     asyncpg.exceptions.UnsupportedServerFeatureError,
 )
 _TRANSIENT_KAFKA_ERRORS: tuple[type[BaseException], ...] = (
     kafka_errors.KafkaConnectionError,
-    kafka_errors.KafkaTimeoutError,   # aiokafka marks it not retriable; waiting longer can succeed
+    kafka_errors.KafkaTimeoutError,  # aiokafka marks it not retriable; waiting longer can succeed
 )
 
 

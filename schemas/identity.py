@@ -27,4 +27,3 @@ def occurrence_id(schedule_id: uuid.UUID, schedule_version: int, scheduled_for: 
     instant = scheduled_for.astimezone(UTC)
     micros = (instant - _EPOCH) // _MICROSECOND
     return uuid.uuid5(OCCURRENCE_NAMESPACE, f"{schedule_id}/{schedule_version}/{micros}")
-

@@ -173,14 +173,16 @@ class ScheduleStateMessage:
     changed_at: datetime
 
     def encode(self) -> bytes:
-        return orjson.dumps({
-            "format": FORMAT_VERSION,
-            "schedule_id": str(self.schedule_id),
-            "tenant_id": self.tenant_id,
-            "version": self.version,
-            "state": self.state,
-            "changed_at": format_instant(self.changed_at),
-        })
+        return orjson.dumps(
+            {
+                "format": FORMAT_VERSION,
+                "schedule_id": str(self.schedule_id),
+                "tenant_id": self.tenant_id,
+                "version": self.version,
+                "state": self.state,
+                "changed_at": format_instant(self.changed_at),
+            }
+        )
 
     @property
     def key(self) -> bytes:

@@ -108,8 +108,7 @@ async def apply_migrations(conn: asyncpg.Connection, migration_set: str) -> list
                 continue
             await conn.execute(migration.sql)
             await conn.execute(
-                "INSERT INTO chronoq_migrations (migration_set, version, name, checksum)"
-                " VALUES ($1, $2, $3, $4)",
+                "INSERT INTO chronoq_migrations (migration_set, version, name, checksum) VALUES ($1, $2, $3, $4)",
                 migration_set,
                 migration.version,
                 migration.name,

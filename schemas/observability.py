@@ -19,33 +19,33 @@ from opentelemetry import metrics, propagate, trace
 from opentelemetry.context import Context
 
 # Metric names (docs/operations.md, "Metrics and spans": keep the two lists equal).
-SCHEDULE_LAG = "chronoq.schedule_lag"                      # histogram, s: enqueued_at - scheduled_for
-MATERIALIZATION_LAG = "chronoq.materialization_lag"        # histogram, s: materialized - (scheduled_for - horizon)
+SCHEDULE_LAG = "chronoq.schedule_lag"  # histogram, s: enqueued_at - scheduled_for
+MATERIALIZATION_LAG = "chronoq.materialization_lag"  # histogram, s: materialized - (scheduled_for - horizon)
 OCCURRENCES_MATERIALIZED = "chronoq.occurrences_materialized"  # counter
-UNIQUENESS_CONFLICTS = "chronoq.uniqueness_conflicts"      # counter: occurrence already existed
-MISSED_OCCURRENCES = "chronoq.missed_occurrences"          # counter
-OUTBOX_PUBLISHED = "chronoq.outbox_published"              # counter
+UNIQUENESS_CONFLICTS = "chronoq.uniqueness_conflicts"  # counter: occurrence already existed
+MISSED_OCCURRENCES = "chronoq.missed_occurrences"  # counter
+OUTBOX_PUBLISHED = "chronoq.outbox_published"  # counter
 OUTBOX_PUBLISH_FAILURES = "chronoq.outbox_publish_failures"  # counter
-OUTBOX_FENCED_MARKS = "chronoq.outbox_fenced_marks"        # counter: mark-sent refused, claim lost
-OUTBOX_BACKLOG = "chronoq.outbox_backlog"                  # gauge: due, unsent rows
-DUE_BACKLOG = "chronoq.due_backlog"                        # gauge: schedules past next_run_at
-DUPLICATE_DELIVERIES = "chronoq.duplicate_deliveries"      # counter: consumer dedupe hits
-OCCURRENCES_APPLIED = "chronoq.occurrences_applied"        # counter
-HANDLER_FAILURES = "chronoq.handler_failures"              # counter
-HANDLER_DURATION = "chronoq.handler_duration"              # histogram, s
-POISON_MESSAGES = "chronoq.poison_messages"                # counter: sent to the dead-letter topic
-COMMANDS_PROCESSED = "chronoq.commands_processed"          # counter by status (applied|rejected) and action
-QUEUE_AGE = "chronoq.queue_age"                            # histogram, s: received - available_at
+OUTBOX_FENCED_MARKS = "chronoq.outbox_fenced_marks"  # counter: mark-sent refused, claim lost
+OUTBOX_BACKLOG = "chronoq.outbox_backlog"  # gauge: due, unsent rows
+DUE_BACKLOG = "chronoq.due_backlog"  # gauge: schedules past next_run_at
+DUPLICATE_DELIVERIES = "chronoq.duplicate_deliveries"  # counter: consumer dedupe hits
+OCCURRENCES_APPLIED = "chronoq.occurrences_applied"  # counter
+HANDLER_FAILURES = "chronoq.handler_failures"  # counter
+HANDLER_DURATION = "chronoq.handler_duration"  # histogram, s
+POISON_MESSAGES = "chronoq.poison_messages"  # counter: sent to the dead-letter topic
+COMMANDS_PROCESSED = "chronoq.commands_processed"  # counter by status (applied|rejected) and action
+QUEUE_AGE = "chronoq.queue_age"  # histogram, s: received - available_at
 # Attempts, retries and dead letters (engine side unless noted).
-ATTEMPTS = "chronoq.attempts"                              # counter, attr result: succeeded|failed|timed_out|canceled|fenced
-RETRIES = "chronoq.retries"                                # counter: retries scheduled (RETRY_WAIT + outbox row)
-DEAD_LETTERS = "chronoq.dead_letters"                      # counter, attr reason: occurrences that went DEAD
-DLQ_SIZE = "chronoq.dlq_size"                              # gauge: DEAD occurrences not replayed
-FENCED_EVENTS = "chronoq.fenced_attempt_events"            # counter, attr event: stale lease token rejected
-LEASE_TIMEOUTS = "chronoq.lease_timeouts"                  # counter: RUNNING attempts the reaper timed out
-OVERLAP_SKIPS = "chronoq.overlap_skips"                    # counter: occurrences SKIPPED_OVERLAP
-CANCELED_DELIVERIES = "chronoq.canceled_deliveries"        # counter (consumer): skipped, older version or canceled
-CONSUMER_LAG = "chronoq.consumer_lag"                      # gauge (consumer), per partition: high water - committable
+ATTEMPTS = "chronoq.attempts"  # counter, attr result: succeeded|failed|timed_out|canceled|fenced
+RETRIES = "chronoq.retries"  # counter: retries scheduled (RETRY_WAIT + outbox row)
+DEAD_LETTERS = "chronoq.dead_letters"  # counter, attr reason: occurrences that went DEAD
+DLQ_SIZE = "chronoq.dlq_size"  # gauge: DEAD occurrences not replayed
+FENCED_EVENTS = "chronoq.fenced_attempt_events"  # counter, attr event: stale lease token rejected
+LEASE_TIMEOUTS = "chronoq.lease_timeouts"  # counter: RUNNING attempts the reaper timed out
+OVERLAP_SKIPS = "chronoq.overlap_skips"  # counter: occurrences SKIPPED_OVERLAP
+CANCELED_DELIVERIES = "chronoq.canceled_deliveries"  # counter (consumer): skipped, older version or canceled
+CONSUMER_LAG = "chronoq.consumer_lag"  # gauge (consumer), per partition: high water - committable
 
 # Span names.
 SPAN_MATERIALIZE = "chronoq.materialize"

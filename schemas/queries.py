@@ -50,10 +50,18 @@ class Query:
         if values.keys() != set(self.params):
             missing = [p for p in self.params if p not in values]
             unknown = sorted(set(values) - set(self.params))
-            raise TypeError(f"query {self.name} ({self.file}.sql): "
-                            + "; ".join(part for part in (f"missing {', '.join(missing)}" if missing else "",
-                                                          f"unknown {', '.join(unknown)}" if unknown else "") if part)
-                            + f" (takes {', '.join(self.params) or 'no parameters'})")
+            raise TypeError(
+                f"query {self.name} ({self.file}.sql): "
+                + "; ".join(
+                    part
+                    for part in (
+                        f"missing {', '.join(missing)}" if missing else "",
+                        f"unknown {', '.join(unknown)}" if unknown else "",
+                    )
+                    if part
+                )
+                + f" (takes {', '.join(self.params) or 'no parameters'})"
+            )
         return (self.sql, *(values[name] for name in self.params))
 
 
@@ -122,7 +130,7 @@ def _quoted_end(text: str, start: int, quote: str) -> int:
     i = start + 1
     while i < len(text):
         if text[i] == quote:
-            if text.startswith(quote * 2, i):   # '' or "" escapes the quote
+            if text.startswith(quote * 2, i):  # '' or "" escapes the quote
                 i += 2
                 continue
             return i + 1
@@ -167,8 +175,11 @@ def load_registry(files: list[str]) -> QuerySet:
 
 def query_files() -> list[str]:
     """The names of every ``schemas/queries/*.sql`` file, sorted."""
-    return sorted(entry.name[:-4] for entry in resources.files("schemas").joinpath("queries").iterdir()
-                  if entry.name.endswith(".sql"))
+    return sorted(
+        entry.name[:-4]
+        for entry in resources.files("schemas").joinpath("queries").iterdir()
+        if entry.name.endswith(".sql")
+    )
 
 
 #: The engine database's queries (engine and relay).

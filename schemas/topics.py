@@ -46,8 +46,9 @@ _TARGET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 def validate_target(target: object) -> str:
     """Return the target if it can name a topic, else raise InvalidInput('target')."""
     if not isinstance(target, str) or not target:
-        raise InvalidInput("target", "is required: the name of the handler that consumes the occurrences",
-                           "billing.invoice")
+        raise InvalidInput(
+            "target", "is required: the name of the handler that consumes the occurrences", "billing.invoice"
+        )
     if not _TARGET.match(target):
         raise InvalidInput(
             "target",
@@ -68,13 +69,25 @@ def partition_key(tenant_id: str) -> bytes:
     return tenant_id.encode()
 
 
-async def ensure_topics(admin: AIOKafkaAdminClient, topics: Sequence[str], partitions: int,
-                        replication_factor: int = 1, configs: dict[str, str] | None = None) -> None:
+async def ensure_topics(
+    admin: AIOKafkaAdminClient,
+    topics: Sequence[str],
+    partitions: int,
+    replication_factor: int = 1,
+    configs: dict[str, str] | None = None,
+) -> None:
     """Create the topics that do not exist; an existing topic is left as it is."""
     existing = set(await admin.list_topics())
-    new = [NewTopic(t, num_partitions=partitions, replication_factor=replication_factor,
-                    topic_configs={**TOPIC_CONFIGS.get(t, {}), **(configs or {})})
-           for t in topics if t not in existing]
+    new = [
+        NewTopic(
+            t,
+            num_partitions=partitions,
+            replication_factor=replication_factor,
+            topic_configs={**TOPIC_CONFIGS.get(t, {}), **(configs or {})},
+        )
+        for t in topics
+        if t not in existing
+    ]
     if not new:
         return
     try:

@@ -126,8 +126,9 @@ def telemetry() -> Telemetry:
 async def engine(engine_db: str, kafka_bootstrap: str, clock: ManualClock) -> AsyncIterator[None]:
     """The engine's loops and the relay on this test's database and clock, without the materializer
     (tests insert due occurrences themselves, with tests/support/rows.py)."""
-    async with services_running(engine_db, kafka_bootstrap, fast_services(roles=PIPELINE_ROLES - {Role.MATERIALIZER}),
-                                clock):
+    async with services_running(
+        engine_db, kafka_bootstrap, fast_services(roles=PIPELINE_ROLES - {Role.MATERIALIZER}), clock
+    ):
         yield
 
 
@@ -138,7 +139,9 @@ async def effects(consumer_db: str) -> AsyncIterator[asyncpg.Pool]:
     No unique key: an effect applied twice shows up as two rows. Handlers name the columns they fill.
     """
     pool = await asyncpg.create_pool(consumer_db, min_size=1, max_size=4)
-    await pool.execute("CREATE TABLE effects (occurrence_id uuid NOT NULL, attempt int, lease_token uuid,"
-                       " amount int, scheduled_for timestamptz)")
+    await pool.execute(
+        "CREATE TABLE effects (occurrence_id uuid NOT NULL, attempt int, lease_token uuid,"
+        " amount int, scheduled_for timestamptz)"
+    )
     yield pool
     await pool.close()

@@ -34,7 +34,7 @@ from schemas.errors import ChronoqError, InvalidInput
 
 log = logging.getLogger("chronoq.api")
 
-MAX_BODY_BYTES = 1024 * 1024   # far above the 64 KiB payload quota; beyond it the request is refused
+MAX_BODY_BYTES = 1024 * 1024  # far above the 64 KiB payload quota; beyond it the request is refused
 
 
 @dataclass
@@ -81,8 +81,13 @@ class Response:
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def error_response(status: int, code: str, message: str, field_name: str | None = None,
-                   headers: list[tuple[bytes, bytes]] | None = None) -> Response:
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    field_name: str | None = None,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> Response:
     error: dict[str, Any] = {"code": code, "message": message}
     if field_name is not None:
         error["field"] = field_name
@@ -97,8 +102,9 @@ def _to_response(err: ChronoqError) -> Response:
 class Api:
     """Routes → control plane. ``extra_routes`` lets other engine rooms (dead letters) add theirs."""
 
-    def __init__(self, pool: asyncpg.Pool, control: ControlPlane,
-                 extra_routes: list[tuple[str, str, Handler]] | None = None) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, control: ControlPlane, extra_routes: list[tuple[str, str, Handler]] | None = None
+    ) -> None:
         self.pool = pool
         self.control = control
         routes: list[tuple[str, str, Handler]] = [
@@ -122,8 +128,12 @@ class Api:
 
     # ----------------------------------------------------------------- ASGI
 
-    async def __call__(self, scope: Mapping[str, Any], receive: Callable[[], Awaitable[Mapping[str, Any]]],
-                       send: Callable[[Mapping[str, Any]], Awaitable[None]]) -> None:
+    async def __call__(
+        self,
+        scope: Mapping[str, Any],
+        receive: Callable[[], Awaitable[Mapping[str, Any]]],
+        send: Callable[[Mapping[str, Any]], Awaitable[None]],
+    ) -> None:
         if scope["type"] == "lifespan":
             while (await receive())["type"] != "lifespan.shutdown":
                 await send({"type": "lifespan.startup.complete"})
@@ -140,9 +150,17 @@ class Api:
         else:
             response = await self.dispatch(request)
         payload = b"" if response.body is None else orjson.dumps(response.body)
-        await send({"type": "http.response.start", "status": response.status,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(payload)).encode()), *response.headers]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": response.status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(payload)).encode()),
+                    *response.headers,
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": payload})
 
     async def dispatch(self, request: Request) -> Response:
@@ -162,21 +180,29 @@ class Api:
             try:
                 request.tenant = await self._authenticate(request)
                 if request.tenant is None:
-                    return error_response(401, "unauthorized",
-                                          "send Authorization: Bearer <api_token> (from chronoq tenant create)",
-                                          headers=[(b"www-authenticate", b'Bearer realm="chronoq"')])
+                    return error_response(
+                        401,
+                        "unauthorized",
+                        "send Authorization: Bearer <api_token> (from chronoq tenant create)",
+                        headers=[(b"www-authenticate", b'Bearer realm="chronoq"')],
+                    )
                 return await handler(request)
             except ChronoqError as err:
                 return _to_response(err)
             except Exception as err:
                 if not is_transient(err):
-                    raise   # a bug: uvicorn answers 500 and logs the traceback
+                    raise  # a bug: uvicorn answers 500 and logs the traceback
                 log.error("database unavailable", extra={"action": "api.db_unavailable", "error": repr(err)})
-                return error_response(503, "unavailable", "the database is unavailable; retry shortly",
-                                      headers=[(b"retry-after", b"1")])
+                return error_response(
+                    503, "unavailable", "the database is unavailable; retry shortly", headers=[(b"retry-after", b"1")]
+                )
         if allowed:
-            return error_response(405, "method_not_allowed", f"use {', '.join(sorted(set(allowed)))}",
-                                  headers=[(b"allow", ", ".join(sorted(set(allowed))).encode())])
+            return error_response(
+                405,
+                "method_not_allowed",
+                f"use {', '.join(sorted(set(allowed)))}",
+                headers=[(b"allow", ", ".join(sorted(set(allowed))).encode())],
+            )
         return error_response(404, "not_found", f"no route {request.path}")
 
     async def _authenticate(self, request: Request) -> Tenant | None:
@@ -196,8 +222,12 @@ class Api:
     async def list_schedules(self, request: Request) -> Response:
         assert request.tenant is not None
         page = await self.control.list_schedules(
-            request.tenant.tenant_id, state=request.query.get("state"), target=request.query.get("target"),
-            cursor=request.query.get("cursor"), limit=request.int_query("limit", 50))
+            request.tenant.tenant_id,
+            state=request.query.get("state"),
+            target=request.query.get("target"),
+            cursor=request.query.get("cursor"),
+            limit=request.int_query("limit", 50),
+        )
         return Response(200, page.to_json())
 
     async def get_schedule(self, request: Request) -> Response:
@@ -206,27 +236,33 @@ class Api:
 
     async def update_schedule(self, request: Request) -> Response:
         assert request.tenant is not None
-        return Response(200, await self.control.update_schedule(request.tenant.tenant_id, request.params["id"],
-                                                                request.json_object()))
+        return Response(
+            200,
+            await self.control.update_schedule(request.tenant.tenant_id, request.params["id"], request.json_object()),
+        )
 
     def lifecycle(self, method: str) -> Handler:
         async def change(request: Request) -> Response:
             assert request.tenant is not None
-            return Response(200, await getattr(self.control, method)(request.tenant.tenant_id,
-                                                                     request.params["id"]))
+            return Response(200, await getattr(self.control, method)(request.tenant.tenant_id, request.params["id"]))
+
         return change
 
     async def list_occurrences(self, request: Request) -> Response:
         assert request.tenant is not None
-        page = await self.control.list_occurrences(request.tenant.tenant_id, request.params["id"],
-                                                   cursor=request.query.get("cursor"),
-                                                   limit=request.int_query("limit", 50))
+        page = await self.control.list_occurrences(
+            request.tenant.tenant_id,
+            request.params["id"],
+            cursor=request.query.get("cursor"),
+            limit=request.int_query("limit", 50),
+        )
         return Response(200, page.to_json())
 
     async def schedule_versions(self, request: Request) -> Response:
         assert request.tenant is not None
-        return Response(200, {"items": await self.control.schedule_history(request.tenant.tenant_id,
-                                                                           request.params["id"])})
+        return Response(
+            200, {"items": await self.control.schedule_history(request.tenant.tenant_id, request.params["id"])}
+        )
 
     async def get_occurrence(self, request: Request) -> Response:
         assert request.tenant is not None
@@ -234,15 +270,19 @@ class Api:
 
     async def list_dead_letters(self, request: Request) -> Response:
         assert request.tenant is not None
-        page = await dead_letters.list_dead_letters(self.pool, request.tenant.tenant_id,
-                                                    limit=request.int_query("limit", 100),
-                                                    cursor=request.query.get("cursor"))
+        page = await dead_letters.list_dead_letters(
+            self.pool,
+            request.tenant.tenant_id,
+            limit=request.int_query("limit", 100),
+            cursor=request.query.get("cursor"),
+        )
         return Response(200, page)
 
     async def replay_dead_letter(self, request: Request) -> Response:
         assert request.tenant is not None
-        occurrence = await dead_letters.replay_dead_letter(self.pool, request.tenant.tenant_id,
-                                                           request.params["id"], self.control.clock)
+        occurrence = await dead_letters.replay_dead_letter(
+            self.pool, request.tenant.tenant_id, request.params["id"], self.control.clock
+        )
         return Response(200, occurrence)
 
     async def preview(self, request: Request) -> Response:
@@ -263,12 +303,15 @@ class Api:
             raise InvalidInput("from", "must be an ISO-8601 string", "2026-03-07T00:00:00Z")
         unknown = sorted(set(body) - _PREVIEW_FIELDS)
         if unknown:
-            raise InvalidInput(unknown[0], f"is not a preview field; known: from, count, {', '.join(sorted(_PREVIEW_FIELDS))}")
+            raise InvalidInput(
+                unknown[0], f"is not a preview field; known: from, count, {', '.join(sorted(_PREVIEW_FIELDS))}"
+            )
         return Response(200, {"fires": preview_fires(body, after, count)})
 
 
-_PREVIEW_FIELDS = frozenset({"kind", "expression", "time_zone", "dst_repeat", "dst_gap", "anchor", "start_at",
-                             "end_at"})
+_PREVIEW_FIELDS = frozenset(
+    {"kind", "expression", "time_zone", "dst_repeat", "dst_gap", "anchor", "start_at", "end_at"}
+)
 
 
 def _compile(path: str) -> re.Pattern[str]:

@@ -9,23 +9,31 @@ from __future__ import annotations
 
 from typing import Any
 
-_DURATION = {"oneOf": [{"type": "string", "example": "90s"}, {"type": "number", "minimum": 0}],
-             "description": "duration: '90s', '15m', '1h30m', or seconds"}
+_DURATION = {
+    "oneOf": [{"type": "string", "example": "90s"}, {"type": "number", "minimum": 0}],
+    "description": "duration: '90s', '15m', '1h30m', or seconds",
+}
 _INSTANT = {"type": "string", "format": "date-time", "example": "2026-11-29T10:00:00Z"}
 _NULLABLE_INSTANT = {"type": "string", "format": "date-time", "nullable": True}
 
 _DEFINITION: dict[str, Any] = {
     "kind": {"type": "string", "enum": ["once", "cron", "rate"]},
-    "expression": {"type": "string", "maxLength": 200,
-                   "description": "cron expression (kind=cron), ISO-8601 instant (once) or duration (rate)",
-                   "example": "0 9 * * MON-FRI"},
+    "expression": {
+        "type": "string",
+        "maxLength": 200,
+        "description": "cron expression (kind=cron), ISO-8601 instant (once) or duration (rate)",
+        "example": "0 9 * * MON-FRI",
+    },
     "time_zone": {"type": "string", "example": "Europe/Berlin", "description": "IANA zone of a cron expression"},
     "target": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$", "example": "billing.invoice"},
     "payload": {"description": "any JSON value, at most the tenant's payload quota (64 KiB by default)"},
     "priority": {"type": "string", "enum": ["strict", "flexible"]},
     "flexible_window": _DURATION,
-    "misfire_policy": {"type": "string", "example": "catch_up:3",
-                       "description": "skip | fire_once | catch_up:K (K 1..1000)"},
+    "misfire_policy": {
+        "type": "string",
+        "example": "catch_up:3",
+        "description": "skip | fire_once | catch_up:K (K 1..1000)",
+    },
     "max_lateness": _DURATION,
     "overlap_policy": {"type": "string", "enum": ["allow", "skip_if_running", "queue_one"]},
     "max_attempts": {"type": "integer", "minimum": 1, "maximum": 100},
@@ -49,8 +57,10 @@ _SCHEDULE: dict[str, Any] = {
         "next_run_at": _NULLABLE_INSTANT,
         "created_at": _INSTANT,
         "updated_at": _INSTANT,
-        "canceled_occurrences": {"type": "integer",
-                                 "description": "on changes: unclaimed occurrences of older versions canceled"},
+        "canceled_occurrences": {
+            "type": "integer",
+            "description": "on changes: unclaimed occurrences of older versions canceled",
+        },
         **_DEFINITION,
     },
     "required": ["schedule_id", "tenant_id", "version", "state", "next_run_at", "kind", "expression", "target"],
@@ -66,8 +76,20 @@ _OCCURRENCE: dict[str, Any] = {
         "target": {"type": "string"},
         "scheduled_for": _INSTANT,
         "available_at": _INSTANT,
-        "state": {"type": "string", "enum": ["SCHEDULED", "ENQUEUED", "RUNNING", "SUCCEEDED", "RETRY_WAIT",
-                                             "DEAD", "MISSED", "CANCELED", "SKIPPED_OVERLAP"]},
+        "state": {
+            "type": "string",
+            "enum": [
+                "SCHEDULED",
+                "ENQUEUED",
+                "RUNNING",
+                "SUCCEEDED",
+                "RETRY_WAIT",
+                "DEAD",
+                "MISSED",
+                "CANCELED",
+                "SKIPPED_OVERLAP",
+            ],
+        },
         "attempt_count": {"type": "integer"},
         "enqueued_at": _NULLABLE_INSTANT,
         "attempts": {"type": "array", "items": {"type": "object"}},
@@ -77,9 +99,14 @@ _OCCURRENCE: dict[str, Any] = {
 
 
 def _page(item: str) -> dict[str, Any]:
-    return {"type": "object", "required": ["items", "next_cursor"],
-            "properties": {"items": {"type": "array", "items": {"$ref": f"#/components/schemas/{item}"}},
-                           "next_cursor": {"type": "string", "nullable": True}}}
+    return {
+        "type": "object",
+        "required": ["items", "next_cursor"],
+        "properties": {
+            "items": {"type": "array", "items": {"$ref": f"#/components/schemas/{item}"}},
+            "next_cursor": {"type": "string", "nullable": True},
+        },
+    }
 
 
 def _json(schema_ref: str) -> dict[str, Any]:
@@ -87,121 +114,254 @@ def _json(schema_ref: str) -> dict[str, Any]:
 
 
 def _errors(*codes: int) -> dict[str, Any]:
-    meaning = {400: "bad request", 401: "missing or invalid bearer token", 404: "not found (or another tenant's)",
-               405: "method not allowed", 409: "conflict (idempotency key reused, final state)",
-               413: "body too large", 422: "invalid input: the error names the field",
-               429: "tenant quota exceeded", 503: "database unavailable, retry"}
+    meaning = {
+        400: "bad request",
+        401: "missing or invalid bearer token",
+        404: "not found (or another tenant's)",
+        405: "method not allowed",
+        409: "conflict (idempotency key reused, final state)",
+        413: "body too large",
+        422: "invalid input: the error names the field",
+        429: "tenant quota exceeded",
+        503: "database unavailable, retry",
+    }
     return {str(code): {"description": meaning[code], **_json("Error")} for code in codes}
 
 
 _ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
-_PAGING = [{"name": "cursor", "in": "query", "schema": {"type": "string"}},
-           {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 500}}]
+_PAGING = [
+    {"name": "cursor", "in": "query", "schema": {"type": "string"}},
+    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 500}},
+]
 _COMMON = (401, 422, 503)
 
 
 def _lifecycle(summary: str) -> dict[str, Any]:
-    return {"post": {"summary": summary, "parameters": [_ID],
-                     "responses": {"200": {"description": "the schedule after the change", **_json("Schedule")},
-                                   **_errors(404, 409, *_COMMON)}}}
+    return {
+        "post": {
+            "summary": summary,
+            "parameters": [_ID],
+            "responses": {
+                "200": {"description": "the schedule after the change", **_json("Schedule")},
+                **_errors(404, 409, *_COMMON),
+            },
+        }
+    }
 
 
 def openapi_document() -> dict[str, Any]:
     return {
         "openapi": "3.0.3",
-        "info": {"title": "chronoq control plane", "version": "1",
-                 "description": "Create, inspect and change schedules. Every /v1 call is scoped to the tenant"
-                                " of the bearer token."},
+        "info": {
+            "title": "chronoq control plane",
+            "version": "1",
+            "description": "Create, inspect and change schedules. Every /v1 call is scoped to the tenant"
+            " of the bearer token.",
+        },
         "security": [{"bearer": []}],
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": {
-                "ScheduleCreate": {"type": "object", "required": ["kind", "expression", "target"],
-                                   "properties": _DEFINITION, "additionalProperties": False},
-                "ScheduleUpdate": {"type": "object", "minProperties": 1, "properties": _DEFINITION,
-                                   "additionalProperties": False},
+                "ScheduleCreate": {
+                    "type": "object",
+                    "required": ["kind", "expression", "target"],
+                    "properties": _DEFINITION,
+                    "additionalProperties": False,
+                },
+                "ScheduleUpdate": {
+                    "type": "object",
+                    "minProperties": 1,
+                    "properties": _DEFINITION,
+                    "additionalProperties": False,
+                },
                 "Schedule": _SCHEDULE,
                 "SchedulePage": _page("Schedule"),
                 "Occurrence": _OCCURRENCE,
                 "OccurrencePage": _page("Occurrence"),
-                "DeadLetter": {"type": "object", "properties": {
-                    "occurrence_id": {"type": "string", "format": "uuid"}, "schedule_id": {"type": "string"},
-                    "reason": {"type": "string"}, "error_class": {"type": "string", "nullable": True},
-                    "error_message": {"type": "string", "nullable": True}, "attempts": {"type": "integer"},
-                    "died_at": _NULLABLE_INSTANT}},
+                "DeadLetter": {
+                    "type": "object",
+                    "properties": {
+                        "occurrence_id": {"type": "string", "format": "uuid"},
+                        "schedule_id": {"type": "string"},
+                        "reason": {"type": "string"},
+                        "error_class": {"type": "string", "nullable": True},
+                        "error_message": {"type": "string", "nullable": True},
+                        "attempts": {"type": "integer"},
+                        "died_at": _NULLABLE_INSTANT,
+                    },
+                },
                 "DeadLetterPage": _page("DeadLetter"),
-                "Replay": {"type": "object", "required": ["occurrence_id", "state", "attempt"], "properties": {
-                    "occurrence_id": {"type": "string", "format": "uuid"}, "schedule_id": {"type": "string"},
-                    "tenant_id": {"type": "string"}, "state": {"type": "string"}, "attempt": {"type": "integer"},
-                    "replays": {"type": "integer"}, "available_at": _INSTANT}},
-                "VersionList": {"type": "object", "properties": {"items": {"type": "array",
-                                                                           "items": {"type": "object"}}}},
+                "Replay": {
+                    "type": "object",
+                    "required": ["occurrence_id", "state", "attempt"],
+                    "properties": {
+                        "occurrence_id": {"type": "string", "format": "uuid"},
+                        "schedule_id": {"type": "string"},
+                        "tenant_id": {"type": "string"},
+                        "state": {"type": "string"},
+                        "attempt": {"type": "integer"},
+                        "replays": {"type": "integer"},
+                        "available_at": _INSTANT,
+                    },
+                },
+                "VersionList": {
+                    "type": "object",
+                    "properties": {"items": {"type": "array", "items": {"type": "object"}}},
+                },
                 "PreviewRequest": {
-                    "type": "object", "required": ["kind", "expression"], "additionalProperties": False,
-                    "properties": {**{k: _DEFINITION[k] for k in ("kind", "expression", "time_zone", "dst_repeat",
-                                                                  "dst_gap", "anchor", "start_at", "end_at")},
-                                   "from": _INSTANT, "count": {"type": "integer", "minimum": 1, "maximum": 1000}}},
-                "Preview": {"type": "object", "properties": {"fires": {"type": "array", "items": {
-                    "type": "object", "properties": {"utc": _INSTANT, "local": {"type": "string"}}}}}},
-                "Error": {"type": "object", "required": ["error"], "properties": {"error": {
-                    "type": "object", "required": ["code", "message"],
-                    "properties": {"code": {"type": "string"}, "message": {"type": "string"},
-                                   "field": {"type": "string"}}}}},
+                    "type": "object",
+                    "required": ["kind", "expression"],
+                    "additionalProperties": False,
+                    "properties": {
+                        **{
+                            k: _DEFINITION[k]
+                            for k in (
+                                "kind",
+                                "expression",
+                                "time_zone",
+                                "dst_repeat",
+                                "dst_gap",
+                                "anchor",
+                                "start_at",
+                                "end_at",
+                            )
+                        },
+                        "from": _INSTANT,
+                        "count": {"type": "integer", "minimum": 1, "maximum": 1000},
+                    },
+                },
+                "Preview": {
+                    "type": "object",
+                    "properties": {
+                        "fires": {
+                            "type": "array",
+                            "items": {"type": "object", "properties": {"utc": _INSTANT, "local": {"type": "string"}}},
+                        }
+                    },
+                },
+                "Error": {
+                    "type": "object",
+                    "required": ["error"],
+                    "properties": {
+                        "error": {
+                            "type": "object",
+                            "required": ["code", "message"],
+                            "properties": {
+                                "code": {"type": "string"},
+                                "message": {"type": "string"},
+                                "field": {"type": "string"},
+                            },
+                        }
+                    },
+                },
             },
         },
         "paths": {
             "/v1/schedules": {
                 "post": {
                     "summary": "Create a schedule (idempotent with Idempotency-Key)",
-                    "parameters": [{"name": "Idempotency-Key", "in": "header", "schema": {
-                        "type": "string", "minLength": 1, "maxLength": 200}}],
+                    "parameters": [
+                        {
+                            "name": "Idempotency-Key",
+                            "in": "header",
+                            "schema": {"type": "string", "minLength": 1, "maxLength": 200},
+                        }
+                    ],
                     "requestBody": {"required": True, **_json("ScheduleCreate")},
-                    "responses": {"201": {"description": "created (or the same request replayed)",
-                                          **_json("Schedule")}, **_errors(400, 404, 409, 413, 429, *_COMMON)},
+                    "responses": {
+                        "201": {"description": "created (or the same request replayed)", **_json("Schedule")},
+                        **_errors(400, 404, 409, 413, 429, *_COMMON),
+                    },
                 },
                 "get": {
                     "summary": "List the tenant's schedules",
-                    "parameters": [{"name": "state", "in": "query", "schema": {
-                        "type": "string", "enum": ["active", "paused", "canceled", "completed"]}},
-                        {"name": "target", "in": "query", "schema": {"type": "string"}}, *_PAGING],
+                    "parameters": [
+                        {
+                            "name": "state",
+                            "in": "query",
+                            "schema": {"type": "string", "enum": ["active", "paused", "canceled", "completed"]},
+                        },
+                        {"name": "target", "in": "query", "schema": {"type": "string"}},
+                        *_PAGING,
+                    ],
                     "responses": {"200": {"description": "a page", **_json("SchedulePage")}, **_errors(*_COMMON)},
                 },
             },
             "/v1/schedules/{id}": {
-                "get": {"summary": "One schedule", "parameters": [_ID],
-                        "responses": {"200": {"description": "the schedule", **_json("Schedule")},
-                                      **_errors(404, *_COMMON)}},
-                "patch": {"summary": "Change a schedule: a new version; unclaimed older occurrences are canceled",
-                          "parameters": [_ID], "requestBody": {"required": True, **_json("ScheduleUpdate")},
-                          "responses": {"200": {"description": "the new version", **_json("Schedule")},
-                                        **_errors(400, 404, 409, 429, *_COMMON)}},
+                "get": {
+                    "summary": "One schedule",
+                    "parameters": [_ID],
+                    "responses": {
+                        "200": {"description": "the schedule", **_json("Schedule")},
+                        **_errors(404, *_COMMON),
+                    },
+                },
+                "patch": {
+                    "summary": "Change a schedule: a new version; unclaimed older occurrences are canceled",
+                    "parameters": [_ID],
+                    "requestBody": {"required": True, **_json("ScheduleUpdate")},
+                    "responses": {
+                        "200": {"description": "the new version", **_json("Schedule")},
+                        **_errors(400, 404, 409, 429, *_COMMON),
+                    },
+                },
             },
             "/v1/schedules/{id}/pause": _lifecycle("Pause: no fires until resumed"),
             "/v1/schedules/{id}/resume": _lifecycle("Resume from the durable cursor under the misfire policy"),
             "/v1/schedules/{id}/cancel": _lifecycle("Cancel for good; nothing is deleted"),
-            "/v1/schedules/{id}/occurrences": {"get": {
-                "summary": "The schedule's occurrences, oldest first", "parameters": [_ID, *_PAGING],
-                "responses": {"200": {"description": "a page", **_json("OccurrencePage")},
-                              **_errors(404, *_COMMON)}}},
-            "/v1/schedules/{id}/versions": {"get": {
-                "summary": "The schedule's version history", "parameters": [_ID],
-                "responses": {"200": {"description": "every version", **_json("VersionList")},
-                              **_errors(404, *_COMMON)}}},
-            "/v1/occurrences/{id}": {"get": {
-                "summary": "One occurrence with its attempts", "parameters": [_ID],
-                "responses": {"200": {"description": "the occurrence", **_json("Occurrence")},
-                              **_errors(404, *_COMMON)}}},
-            "/v1/dead-letters": {"get": {
-                "summary": "DEAD occurrences of the tenant, oldest death first", "parameters": _PAGING,
-                "responses": {"200": {"description": "a page", **_json("DeadLetterPage")},
-                              **_errors(*_COMMON)}}},
-            "/v1/occurrences/{id}/replay": {"post": {
-                "summary": "Re-enqueue a DEAD occurrence with the same occurrence_id", "parameters": [_ID],
-                "responses": {"200": {"description": "the occurrence, RETRY_WAIT with a delivery due now",
-                                      **_json("Replay")}, **_errors(404, 409, *_COMMON)}}},
-            "/v1/preview": {"post": {
-                "summary": "The next fire instants of a definition, UTC and local",
-                "requestBody": {"required": True, **_json("PreviewRequest")},
-                "responses": {"200": {"description": "fires", **_json("Preview")}, **_errors(400, *_COMMON)}}},
+            "/v1/schedules/{id}/occurrences": {
+                "get": {
+                    "summary": "The schedule's occurrences, oldest first",
+                    "parameters": [_ID, *_PAGING],
+                    "responses": {
+                        "200": {"description": "a page", **_json("OccurrencePage")},
+                        **_errors(404, *_COMMON),
+                    },
+                }
+            },
+            "/v1/schedules/{id}/versions": {
+                "get": {
+                    "summary": "The schedule's version history",
+                    "parameters": [_ID],
+                    "responses": {
+                        "200": {"description": "every version", **_json("VersionList")},
+                        **_errors(404, *_COMMON),
+                    },
+                }
+            },
+            "/v1/occurrences/{id}": {
+                "get": {
+                    "summary": "One occurrence with its attempts",
+                    "parameters": [_ID],
+                    "responses": {
+                        "200": {"description": "the occurrence", **_json("Occurrence")},
+                        **_errors(404, *_COMMON),
+                    },
+                }
+            },
+            "/v1/dead-letters": {
+                "get": {
+                    "summary": "DEAD occurrences of the tenant, oldest death first",
+                    "parameters": _PAGING,
+                    "responses": {"200": {"description": "a page", **_json("DeadLetterPage")}, **_errors(*_COMMON)},
+                }
+            },
+            "/v1/occurrences/{id}/replay": {
+                "post": {
+                    "summary": "Re-enqueue a DEAD occurrence with the same occurrence_id",
+                    "parameters": [_ID],
+                    "responses": {
+                        "200": {"description": "the occurrence, RETRY_WAIT with a delivery due now", **_json("Replay")},
+                        **_errors(404, 409, *_COMMON),
+                    },
+                }
+            },
+            "/v1/preview": {
+                "post": {
+                    "summary": "The next fire instants of a definition, UTC and local",
+                    "requestBody": {"required": True, **_json("PreviewRequest")},
+                    "responses": {"200": {"description": "fires", **_json("Preview")}, **_errors(400, *_COMMON)},
+                }
+            },
         },
     }

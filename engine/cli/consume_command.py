@@ -23,10 +23,17 @@ def consumer_config(endpoints: Endpoints, group: str, report_attempts: bool = Tr
     default), so external brokers keep the library default.
     """
     if endpoints.embedded:
-        return ConsumerConfig(group, endpoints.kafka_bootstrap, endpoints.consumer_database_url,
-                              session_timeout=2.0, heartbeat_interval=0.5, report_attempts=report_attempts)
-    return ConsumerConfig(group, endpoints.kafka_bootstrap, endpoints.consumer_database_url,
-                          report_attempts=report_attempts)
+        return ConsumerConfig(
+            group,
+            endpoints.kafka_bootstrap,
+            endpoints.consumer_database_url,
+            session_timeout=2.0,
+            heartbeat_interval=0.5,
+            report_attempts=report_attempts,
+        )
+    return ConsumerConfig(
+        group, endpoints.kafka_bootstrap, endpoints.consumer_database_url, report_attempts=report_attempts
+    )
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
@@ -51,6 +58,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     consume.add_argument("--group", default="chronoq-cli", help="consumer group (default chronoq-cli)")
     consume.add_argument("--max", type=int, help="exit after applying this many occurrences")
     consume.add_argument("--json", action="store_true", help="one JSON object per line")
-    consume.add_argument("--no-report", action="store_true",
-                         help="do not report attempts to the engine: peek at a target another app owns")
+    consume.add_argument(
+        "--no-report",
+        action="store_true",
+        help="do not report attempts to the engine: peek at a target another app owns",
+    )
     consume.set_defaults(func=cmd_consume)

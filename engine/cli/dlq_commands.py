@@ -24,14 +24,17 @@ async def _with_pool(call: Callable[[Any], Awaitable[Any]]) -> Any:
 
 
 def _line(item: dict[str, Any]) -> str:
-    return (f"{item['died_at']}  {item['occurrence_id']}  tenant={item['tenant_id']} target={item['target']}"
-            f" attempts={item['attempts']} reason={item['reason']}"
-            f" error={item['error_class']}: {(item['error_message'] or '')[:120]}")
+    return (
+        f"{item['died_at']}  {item['occurrence_id']}  tenant={item['tenant_id']} target={item['target']}"
+        f" attempts={item['attempts']} reason={item['reason']}"
+        f" error={item['error_class']}: {(item['error_message'] or '')[:120]}"
+    )
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    page = asyncio.run(_with_pool(lambda pool: list_dead_letters(pool, args.tenant, limit=args.limit,
-                                                                 cursor=args.cursor)))
+    page = asyncio.run(
+        _with_pool(lambda pool: list_dead_letters(pool, args.tenant, limit=args.limit, cursor=args.cursor))
+    )
     if args.json:
         print_json(page, compact=True)
         return 0
@@ -46,8 +49,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     if not args.tenant:
-        raise InvalidInput("tenant", "is required: --tenant NAME (the tenant that owns the occurrence)",
-                           "--tenant acme")
+        raise InvalidInput(
+            "tenant", "is required: --tenant NAME (the tenant that owns the occurrence)", "--tenant acme"
+        )
     replayed = asyncio.run(_with_pool(lambda pool: replay_dead_letter(pool, args.tenant, args.occurrence_id)))
     print_json(replayed, args.json)
     return 0

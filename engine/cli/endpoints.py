@@ -77,8 +77,10 @@ def external_endpoints(env: Mapping[str, str] | None = None) -> Endpoints | None
         return None
     if not (database_url and bootstrap):
         missing = "CHRONOQ_KAFKA_BOOTSTRAP" if database_url else "CHRONOQ_DATABASE_URL"
-        raise StackError(f"{missing} is not set: set both CHRONOQ_DATABASE_URL and CHRONOQ_KAFKA_BOOTSTRAP"
-                         " to use an external stack, or neither to use the embedded one")
+        raise StackError(
+            f"{missing} is not set: set both CHRONOQ_DATABASE_URL and CHRONOQ_KAFKA_BOOTSTRAP"
+            " to use an external stack, or neither to use the embedded one"
+        )
     return Endpoints(database_url, bootstrap, env.get("CHRONOQ_CONSUMER_DATABASE_URL") or database_url)
 
 

@@ -17,8 +17,19 @@ from schemas.connections import create_pool
 from schemas.errors import InvalidInput
 
 # Create flags whose values pass through unchanged under their API field names.
-_PASS_THROUGH = ("priority", "flexible_window", "misfire_policy", "max_lateness", "overlap_policy",
-                 "max_attempts", "dst_repeat", "dst_gap", "anchor", "start_at", "end_at")
+_PASS_THROUGH = (
+    "priority",
+    "flexible_window",
+    "misfire_policy",
+    "max_lateness",
+    "overlap_policy",
+    "max_attempts",
+    "dst_repeat",
+    "dst_gap",
+    "anchor",
+    "start_at",
+    "end_at",
+)
 
 
 def fields_from_flags(args: argparse.Namespace, *, create: bool) -> dict[str, Any]:
@@ -28,8 +39,11 @@ def fields_from_flags(args: argparse.Namespace, *, create: bool) -> dict[str, An
     """
     chosen = [flag for flag in ("cron", "at", "every") if getattr(args, flag) is not None]
     if len(chosen) > 1 or (create and not chosen):
-        raise InvalidInput("expression", "give exactly one of --cron EXPR, --at ISO8601 or --every DURATION",
-                           "--cron '0 9 * * MON-FRI' --tz Europe/Berlin")
+        raise InvalidInput(
+            "expression",
+            "give exactly one of --cron EXPR, --at ISO8601 or --every DURATION",
+            "--cron '0 9 * * MON-FRI' --tz Europe/Berlin",
+        )
     body: dict[str, Any] = {}
     if chosen:
         body["kind"] = {"cron": "cron", "at": "once", "every": "rate"}[chosen[0]]
@@ -42,7 +56,7 @@ def fields_from_flags(args: argparse.Namespace, *, create: bool) -> dict[str, An
         try:
             body["payload"] = orjson.loads(args.payload)
         except orjson.JSONDecodeError as err:
-            raise InvalidInput("payload", f"is not valid JSON ({err})", '\'{"invoice": 42}\'') from err
+            raise InvalidInput("payload", f"is not valid JSON ({err})", "'{\"invoice\": 42}'") from err
     for name in _PASS_THROUGH:
         value = getattr(args, name, None)
         if value is not None:
@@ -71,11 +85,19 @@ def cmd_create(args: argparse.Namespace) -> int:
 def cmd_preview(args: argparse.Namespace) -> int:
     chosen = [flag for flag in ("cron", "at", "every") if getattr(args, flag) is not None]
     if len(chosen) != 1:
-        raise InvalidInput("expression", "give exactly one of --cron EXPR, --at ISO8601 or --every DURATION",
-                           "--cron '30 2 * * *' --tz America/New_York")
-    body = {"kind": {"cron": "cron", "at": "once", "every": "rate"}[chosen[0]],
-            "expression": getattr(args, chosen[0]), "time_zone": args.tz, "dst_repeat": args.dst_repeat,
-            "dst_gap": args.dst_gap, "anchor": args.anchor}
+        raise InvalidInput(
+            "expression",
+            "give exactly one of --cron EXPR, --at ISO8601 or --every DURATION",
+            "--cron '30 2 * * *' --tz America/New_York",
+        )
+    body = {
+        "kind": {"cron": "cron", "at": "once", "every": "rate"}[chosen[0]],
+        "expression": getattr(args, chosen[0]),
+        "time_zone": args.tz,
+        "dst_repeat": args.dst_repeat,
+        "dst_gap": args.dst_gap,
+        "anchor": args.anchor,
+    }
     if args.from_ is None:
         # A read-only preview needs no database: "now" is this terminal's clock.
         after = datetime.now(UTC)
@@ -107,8 +129,11 @@ def cmd_get(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    page = asyncio.run(control_plane_call("list_schedules", args.tenant, state=args.state, target=args.target,
-                                          cursor=args.cursor, limit=args.limit))
+    page = asyncio.run(
+        control_plane_call(
+            "list_schedules", args.tenant, state=args.state, target=args.target, cursor=args.cursor, limit=args.limit
+        )
+    )
     print_json(page.to_json(), args.json)
     return 0
 
@@ -124,12 +149,14 @@ def _lifecycle(method: str):  # type: ignore[no-untyped-def]
     def command(args: argparse.Namespace) -> int:
         print_json(asyncio.run(control_plane_call(method, args.tenant, args.schedule_id)), args.json)
         return 0
+
     return command
 
 
 def cmd_occurrences(args: argparse.Namespace) -> int:
-    page = asyncio.run(control_plane_call("list_occurrences", args.tenant, args.schedule_id, cursor=args.cursor,
-                                          limit=args.limit))
+    page = asyncio.run(
+        control_plane_call("list_occurrences", args.tenant, args.schedule_id, cursor=args.cursor, limit=args.limit)
+    )
     print_json(page.to_json(), args.json)
     return 0
 
@@ -162,8 +189,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     create.add_argument("--anchor", help="rate: instant the period counts from (default: now)")
     create.add_argument("--start-at", dest="start_at", help="no fires before this instant")
     create.add_argument("--end-at", dest="end_at", help="no fires after this instant")
-    create.add_argument("--idempotency-key", dest="idempotency_key",
-                        help="repeat-safe create: the same key returns the same schedule")
+    create.add_argument(
+        "--idempotency-key", dest="idempotency_key", help="repeat-safe create: the same key returns the same schedule"
+    )
     create.add_argument("--json", action="store_true", help="print compact JSON")
     create.set_defaults(func=cmd_create)
 
@@ -173,10 +201,18 @@ def register(commands: argparse._SubParsersAction) -> None:
     preview.add_argument("--every", help="rate: elapsed-time period such as 90s, 15m, 1h30m")
     preview.add_argument("--anchor", help="rate: instant the period counts from (default: --from)")
     preview.add_argument("--tz", help="IANA time zone of a cron expression (default UTC)")
-    preview.add_argument("--dst-repeat", dest="dst_repeat", choices=["first", "both"],
-                         help="a repeated wall time (fall back) fires at the first instant (default) or both")
-    preview.add_argument("--dst-gap", dest="dst_gap", choices=["skip", "shift"],
-                         help="a nonexistent wall time (spring forward) is skipped (default) or shifted")
+    preview.add_argument(
+        "--dst-repeat",
+        dest="dst_repeat",
+        choices=["first", "both"],
+        help="a repeated wall time (fall back) fires at the first instant (default) or both",
+    )
+    preview.add_argument(
+        "--dst-gap",
+        dest="dst_gap",
+        choices=["skip", "shift"],
+        help="a nonexistent wall time (spring forward) is skipped (default) or shifted",
+    )
     preview.add_argument("--from", dest="from_", help="list fires strictly after this instant (default: now)")
     preview.add_argument("-n", type=int, default=10, help="how many fires (default 10, at most 1000)")
     preview.add_argument("--json", action="store_true", help='a JSON list of {"utc", "local"} objects')
@@ -191,8 +227,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         return parser
 
     one_schedule("get", "print one schedule as JSON", cmd_get)
-    one_schedule("pause", "stop firing (a new version); resume applies the misfire policy", _lifecycle(
-        "pause_schedule"))
+    one_schedule(
+        "pause", "stop firing (a new version); resume applies the misfire policy", _lifecycle("pause_schedule")
+    )
     one_schedule("resume", "fire again from the durable cursor", _lifecycle("resume_schedule"))
     one_schedule("cancel", "stop for good; history stays readable", _lifecycle("cancel_schedule"))
     one_schedule("history", "every version of the schedule", cmd_history)
@@ -200,8 +237,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     occurrences.add_argument("--cursor", help="next_cursor of the previous page")
     occurrences.add_argument("--limit", type=int, default=50)
 
-    update = one_schedule("update", "change a schedule (a new version; pending older occurrences are"
-                          " canceled)", cmd_update)
+    update = one_schedule(
+        "update", "change a schedule (a new version; pending older occurrences are canceled)", cmd_update
+    )
     update.add_argument("--target")
     update.add_argument("--cron")
     update.add_argument("--at")

@@ -45,8 +45,10 @@ async def _up(demo: bool, api_host: str, api_port: int) -> int:
     if endpoints is None:
         running = read_state(home)
         if running is not None:
-            raise ChronoqError(f"chronoq is already running in {home} (pid {running.pid}); stop it first"
-                               " or set CHRONOQ_HOME to another directory")
+            raise ChronoqError(
+                f"chronoq is already running in {home} (pid {running.pid}); stop it first"
+                " or set CHRONOQ_HOME to another directory"
+            )
         stack = EmbeddedStack(home)
         endpoints = await stack.start()
     try:
@@ -54,10 +56,18 @@ async def _up(demo: bool, api_host: str, api_port: int) -> int:
         api_socket = bind_api(api_host, api_port)
         api_url = "http://{}:{}".format(*api_socket.getsockname()[:2])
         if stack is not None:
-            write_state(StackState(
-                pid=os.getpid(), database_url=endpoints.database_url, kafka_bootstrap=endpoints.kafka_bootstrap,
-                consumer_database_url=endpoints.consumer_database_url, api_url=api_url,
-                postgres_pid=stack.postgres.pid, kafka_pid=stack.kafka.pid), home)
+            write_state(
+                StackState(
+                    pid=os.getpid(),
+                    database_url=endpoints.database_url,
+                    kafka_bootstrap=endpoints.kafka_bootstrap,
+                    consumer_database_url=endpoints.consumer_database_url,
+                    api_url=api_url,
+                    postgres_pid=stack.postgres.pid,
+                    kafka_pid=stack.kafka.pid,
+                ),
+                home,
+            )
         print("chronoq is up" + (" (embedded stack)" if stack else " (external stack)"), flush=True)
         print(f"  database:  {endpoints.database_url}", flush=True)
         print(f"  kafka:     {endpoints.kafka_bootstrap}", flush=True)
@@ -66,9 +76,17 @@ async def _up(demo: bool, api_host: str, api_port: int) -> int:
             print(f"  state:     {home / STATE_FILE}", flush=True)
         if applied:
             print(f"  migrated:  {', '.join(applied)}", flush=True)
-        tasks = [asyncio.create_task(run_services(endpoints.database_url, endpoints.kafka_bootstrap, stop,
-                                                  ServiceConfig(roles=ALL_ROLES, api_socket=api_socket)),
-                                     name="services")]
+        tasks = [
+            asyncio.create_task(
+                run_services(
+                    endpoints.database_url,
+                    endpoints.kafka_bootstrap,
+                    stop,
+                    ServiceConfig(roles=ALL_ROLES, api_socket=api_socket),
+                ),
+                name="services",
+            )
+        ]
         if demo:
             tasks.append(asyncio.create_task(_run_demo(endpoints, stop), name="demo"))
         print("Press Ctrl-C (or send SIGTERM) to stop.", flush=True)
@@ -79,8 +97,10 @@ async def _up(demo: bool, api_host: str, api_port: int) -> int:
             results = await asyncio.gather(*tasks, return_exceptions=True)
             for task, result in zip(tasks, results, strict=True):
                 if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
-                    log.error("component failed", extra={"action": "up.component_failed",
-                                                         "component": task.get_name(), "error": repr(result)})
+                    log.error(
+                        "component failed",
+                        extra={"action": "up.component_failed", "component": task.get_name(), "error": repr(result)},
+                    )
     finally:
         if stack is not None:
             clear_state(home)
@@ -100,18 +120,42 @@ async def _run_demo(endpoints: Endpoints, stop: asyncio.Event) -> None:
         control = ControlPlane(pool)
         now = await control.now()
         demo_schedules = [
-            ("demo-every-10s", {"kind": "rate", "expression": "10s", "target": "demo.heartbeat",
-                                "payload": {"hello": "every 10 seconds"}}),
-            ("demo-every-minute", {"kind": "cron", "expression": "* * * * *", "time_zone": "Europe/Berlin",
-                                   "target": "demo.minutely", "payload": {"hello": "every minute"}}),
-            (f"demo-once-{now:%Y%m%dT%H%M%S}", {"kind": "once", "target": "demo.once",
-                                                "expression": format_instant(now + timedelta(seconds=5)),
-                                                "payload": {"hello": "once, 5 s after start"}}),
+            (
+                "demo-every-10s",
+                {
+                    "kind": "rate",
+                    "expression": "10s",
+                    "target": "demo.heartbeat",
+                    "payload": {"hello": "every 10 seconds"},
+                },
+            ),
+            (
+                "demo-every-minute",
+                {
+                    "kind": "cron",
+                    "expression": "* * * * *",
+                    "time_zone": "Europe/Berlin",
+                    "target": "demo.minutely",
+                    "payload": {"hello": "every minute"},
+                },
+            ),
+            (
+                f"demo-once-{now:%Y%m%dT%H%M%S}",
+                {
+                    "kind": "once",
+                    "target": "demo.once",
+                    "expression": format_instant(now + timedelta(seconds=5)),
+                    "payload": {"hello": "once, 5 s after start"},
+                },
+            ),
         ]
         for key, body in demo_schedules:
             schedule = await control.create_schedule("demo", body, key)
-            print(f"demo schedule {schedule['schedule_id']} {body['kind']} {body['expression']!r}"
-                  f" -> {body['target']} next_run_at={schedule['next_run_at']}", flush=True)
+            print(
+                f"demo schedule {schedule['schedule_id']} {body['kind']} {body['expression']!r}"
+                f" -> {body['target']} next_run_at={schedule['next_run_at']}",
+                flush=True,
+            )
     finally:
         await pool.close()
     app = printing_consumer(consumer_config(endpoints, "chronoq-demo"), None, as_json=False)
@@ -122,8 +166,10 @@ def bind_api(host: str, port: int) -> socket.socket:
     try:
         return bind(host, port)
     except OSError as err:
-        raise ChronoqError(f"cannot listen on {host}:{port} ({err.strerror}); is another chronoq running?"
-                           " Choose another port with --api-port (0 picks a free one)") from err
+        raise ChronoqError(
+            f"cannot listen on {host}:{port} ({err.strerror}); is another chronoq running?"
+            " Choose another port with --api-port (0 picks a free one)"
+        ) from err
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -133,7 +179,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def cmd_api(args: argparse.Namespace) -> int:
     configure_telemetry("chronoq-api")
-    database_url = resolve_database_url()   # the API needs no Kafka
+    database_url = resolve_database_url()  # the API needs no Kafka
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -186,23 +232,30 @@ The relay (outbox -> Kafka) and the HTTP API run as their own processes:
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    up = commands.add_parser("up", help="start the embedded PostgreSQL + Kafka and every role: engine loops,"
-                             " relay, HTTP API")
+    up = commands.add_parser(
+        "up", help="start the embedded PostgreSQL + Kafka and every role: engine loops, relay, HTTP API"
+    )
     up.add_argument("--demo", action="store_true", help="also create demo schedules and print what they fire")
     _api_flags(up)
     up.set_defaults(func=cmd_up)
-    api = commands.add_parser("api", help="serve the HTTP API (needs only the database)",
-                              description="Serve the HTTP API against the configured engine database"
-                              " (CHRONOQ_DATABASE_URL, or a running `chronoq up`); it needs no Kafka.")
+    api = commands.add_parser(
+        "api",
+        help="serve the HTTP API (needs only the database)",
+        description="Serve the HTTP API against the configured engine database"
+        " (CHRONOQ_DATABASE_URL, or a running `chronoq up`); it needs no Kafka.",
+    )
     _api_flags(api)
     api.set_defaults(func=cmd_api)
     commands.add_parser("migrate", help="apply the engine's database migrations").set_defaults(func=cmd_migrate)
     commands.add_parser(
-        "engine", help="run the engine loops: materializer, attempts, reaper, overlap gate, commands",
-        description=ENGINE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "engine",
+        help="run the engine loops: materializer, attempts, reaper, overlap gate, commands",
+        description=ENGINE_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     ).set_defaults(func=lambda args: run_roles(ENGINE_ROLES, "chronoq-engine"))
     commands.add_parser(
-        "relay", help="run the outbox relay: due outbox rows -> Kafka",
+        "relay",
+        help="run the outbox relay: due outbox rows -> Kafka",
         description="Publish due outbox rows to Kafka, at least once, against the configured stack"
         " (CHRONOQ_DATABASE_URL and CHRONOQ_KAFKA_BOOTSTRAP, or a running `chronoq up`).",
     ).set_defaults(func=lambda args: run_roles(frozenset({Role.RELAY}), "chronoq-relay"))

@@ -14,8 +14,9 @@ from schemas.connections import create_pool
 
 
 def cmd_create(args: argparse.Namespace) -> int:
-    quotas = TenantQuotas(**{f.name: getattr(args, f.name) for f in fields(TenantQuotas)
-                             if getattr(args, f.name) is not None})
+    quotas = TenantQuotas(
+        **{f.name: getattr(args, f.name) for f in fields(TenantQuotas) if getattr(args, f.name) is not None}
+    )
 
     async def main() -> dict:
         pool = await create_pool(resolve_database_url(), min_size=1, max_size=1)
@@ -32,12 +33,16 @@ def register(commands: argparse._SubParsersAction) -> None:
     tenant = commands.add_parser("tenant", help="manage tenants")
     actions = tenant.add_subparsers(dest="tenant_command", required=True, metavar="ACTION")
     create = actions.add_parser(
-        "create", help="create a tenant; prints tenant_id, api_token and signing_key (shown only once)")
+        "create", help="create a tenant; prints tenant_id, api_token and signing_key (shown only once)"
+    )
     create.add_argument("name", help="tenant id: lowercase letters, digits, '-', '_'")
     defaults = TenantQuotas()
     for item in fields(TenantQuotas):
-        create.add_argument("--" + item.name.replace("_", "-"), dest=item.name,
-                            type=float if item.type in ("float", float) else int,
-                            help=f"default {getattr(defaults, item.name)}")
+        create.add_argument(
+            "--" + item.name.replace("_", "-"),
+            dest=item.name,
+            type=float if item.type in ("float", float) else int,
+            help=f"default {getattr(defaults, item.name)}",
+        )
     create.add_argument("--json", action="store_true", help="print compact JSON")
     create.set_defaults(func=cmd_create)

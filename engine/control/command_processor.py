@@ -87,8 +87,14 @@ def _error_of(err: ChronoqError) -> dict[str, Any]:
 
 
 class CommandProcessor:
-    def __init__(self, pool: asyncpg.Pool, kafka_bootstrap: str, control: ControlPlane,
-                 config: CommandConfig | None = None, meter: metrics.Meter | None = None) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        kafka_bootstrap: str,
+        control: ControlPlane,
+        config: CommandConfig | None = None,
+        meter: metrics.Meter | None = None,
+    ) -> None:
         self.pool = pool
         self.kafka_bootstrap = kafka_bootstrap
         self.control = control
@@ -102,46 +108,80 @@ class CommandProcessor:
             command = decode_command(record.value)
         except MalformedMessage as err:
             command_id = uuid.uuid5(_MALFORMED_NAMESPACE, f"{record.topic}/{record.partition}/{record.offset}")
-            return await self._answer(CommandResult(command_id, None, "rejected",
-                                                    error=_error("malformed", str(err))))
+            return await self._answer(CommandResult(command_id, None, "rejected", error=_error("malformed", str(err))))
         signature = dict(record.headers or ()).get(HEADER_SIGNATURE, b"")
         tenant = await find_tenant(self.pool, command.tenant_id)
-        if tenant is None or tenant.state != "active" or not signature_valid(
-                tenant.signing_key, record.value, signature.decode("latin-1")):
+        if (
+            tenant is None
+            or tenant.state != "active"
+            or not signature_valid(tenant.signing_key, record.value, signature.decode("latin-1"))
+        ):
             # Same answer whether the tenant exists or not: nothing to probe.
-            return await self._answer(CommandResult(command.command_id, command.tenant_id, "rejected", error=_error(
-                "unauthorized", "the signature is missing or does not verify with the tenant's signing key")))
+            return await self._answer(
+                CommandResult(
+                    command.command_id,
+                    command.tenant_id,
+                    "rejected",
+                    error=_error(
+                        "unauthorized", "the signature is missing or does not verify with the tenant's signing key"
+                    ),
+                )
+            )
         now = await self.control.now()
         if now - command.issued_at > self.config.max_age or command.issued_at - now > self.config.max_skew:
-            return await self._answer(CommandResult(command.command_id, command.tenant_id, "rejected", error=_error(
-                "stale", f"issued_at {command.issued_at.isoformat()} is outside the accepted window"
-                         f" ({self.config.max_age} back, {self.config.max_skew} ahead); send a new command")))
+            return await self._answer(
+                CommandResult(
+                    command.command_id,
+                    command.tenant_id,
+                    "rejected",
+                    error=_error(
+                        "stale",
+                        f"issued_at {command.issued_at.isoformat()} is outside the accepted window"
+                        f" ({self.config.max_age} back, {self.config.max_skew} ahead); send a new command",
+                    ),
+                )
+            )
         return await self._apply_once(command)
 
     async def _apply_once(self, command: Command) -> CommandResult:
         clock_now = self.control.clock.now()
         async with self.pool.acquire() as conn, conn.transaction():
-            fresh = await conn.fetchval(*QUERIES.claim_command(command_id=command.command_id,
-                                                               tenant_id=command.tenant_id, action=command.action,
-                                                               now=clock_now))
+            fresh = await conn.fetchval(
+                *QUERIES.claim_command(
+                    command_id=command.command_id, tenant_id=command.tenant_id, action=command.action, now=clock_now
+                )
+            )
             if fresh is None:
                 stored = await conn.fetchrow(*QUERIES.command_outcome(command_id=command.command_id))
                 outcome = stored["outcome"]
-                result = CommandResult(command.command_id, stored["tenant_id"], outcome.get("status", "rejected"),
-                                       outcome.get("schedule"), outcome.get("error"))
+                result = CommandResult(
+                    command.command_id,
+                    stored["tenant_id"],
+                    outcome.get("status", "rejected"),
+                    outcome.get("schedule"),
+                    outcome.get("error"),
+                )
             else:
                 try:
                     schedule = await self._apply(command, conn)
                     result = CommandResult(command.command_id, command.tenant_id, "applied", schedule)
                 except ChronoqError as err:
                     result = CommandResult(command.command_id, command.tenant_id, "rejected", error=_error_of(err))
-                await conn.execute(*QUERIES.record_command_outcome(command_id=command.command_id,
-                                                                   outcome=result.to_json()))
+                await conn.execute(
+                    *QUERIES.record_command_outcome(command_id=command.command_id, outcome=result.to_json())
+                )
             await self._queue_result(conn, result)
         self._processed.add(1, {"status": result.status, "action": command.action})
-        log.info("command processed", extra={"action": "command." + result.status, "command_id": str(
-            command.command_id), "tenant_id": command.tenant_id, "command": command.action,
-            "replayed": fresh is None})
+        log.info(
+            "command processed",
+            extra={
+                "action": "command." + result.status,
+                "command_id": str(command.command_id),
+                "tenant_id": command.tenant_id,
+                "command": command.action,
+                "replayed": fresh is None,
+            },
+        )
         return result
 
     async def _apply(self, command: Command, conn: asyncpg.Connection) -> dict[str, Any]:
@@ -152,22 +192,37 @@ class CommandProcessor:
         assert command.schedule_id is not None
         if command.action == "update":
             return await control.update_schedule(tenant, command.schedule_id, command.body or {}, conn=conn)
-        change = {"pause": control.pause_schedule, "resume": control.resume_schedule,
-                  "cancel": control.cancel_schedule}[command.action]
+        change = {
+            "pause": control.pause_schedule,
+            "resume": control.resume_schedule,
+            "cancel": control.cancel_schedule,
+        }[command.action]
         return await change(tenant, command.schedule_id, conn=conn)
 
     async def _answer(self, result: CommandResult) -> CommandResult:
         async with self.pool.acquire() as conn:
             await self._queue_result(conn, result)
         self._processed.add(1, {"status": result.status, "action": "unknown"})
-        log.warning("command rejected", extra={"action": "command.rejected", "command_id": str(result.command_id),
-                                               "reason": (result.error or {}).get("code")})
+        log.warning(
+            "command rejected",
+            extra={
+                "action": "command.rejected",
+                "command_id": str(result.command_id),
+                "reason": (result.error or {}).get("code"),
+            },
+        )
         return result
 
     async def _queue_result(self, conn: asyncpg.Connection, result: CommandResult) -> None:
-        await conn.execute(*QUERIES.insert_topic_message(
-            tenant_id=result.tenant_id or "", topic=COMMAND_RESULTS_TOPIC, message_key=str(result.command_id).encode(),
-            message=result.encode(), now=self.control.clock.now()))
+        await conn.execute(
+            *QUERIES.insert_topic_message(
+                tenant_id=result.tenant_id or "",
+                topic=COMMAND_RESULTS_TOPIC,
+                message_key=str(result.command_id).encode(),
+                message=result.encode(),
+                now=self.control.clock.now(),
+            )
+        )
 
     async def handle_records(self, records: Sequence[ConsumerRecord]) -> dict[str, int]:
         """The Kafka skeleton's unit: one command record (a database error reads it again later)."""
@@ -180,7 +235,14 @@ class CommandProcessor:
         """Consume chronoq.commands until ``stop``; offsets follow the database commits."""
         cfg = self.config
         group = cfg.group or f"chronoq-engine-commands.{await self.pool.fetchval(*QUERIES.current_database())}"
-        settings = KafkaLoopSettings(group, COMMANDS_TOPIC, (COMMANDS_TOPIC, COMMAND_RESULTS_TOPIC),
-                                     cfg.session_timeout, cfg.heartbeat_interval, summary_every=summary_every)
-        await KafkaProcessorLoop("commands", self.kafka_bootstrap, settings, self.handle_records, log,
-                                 unit="record").run(stop)
+        settings = KafkaLoopSettings(
+            group,
+            COMMANDS_TOPIC,
+            (COMMANDS_TOPIC, COMMAND_RESULTS_TOPIC),
+            cfg.session_timeout,
+            cfg.heartbeat_interval,
+            summary_every=summary_every,
+        )
+        await KafkaProcessorLoop(
+            "commands", self.kafka_bootstrap, settings, self.handle_records, log, unit="record"
+        ).run(stop)

@@ -37,8 +37,9 @@ from schemas.topics import occurrence_topic, partition_key
 log = logging.getLogger("chronoq.dead_letters")
 
 
-async def list_dead_letters(pool: asyncpg.Pool, tenant_id: str | None, *, limit: int = 100,
-                            cursor: str | None = None) -> dict[str, Any]:
+async def list_dead_letters(
+    pool: asyncpg.Pool, tenant_id: str | None, *, limit: int = 100, cursor: str | None = None
+) -> dict[str, Any]:
     """A page of DEAD occurrences, oldest death first: ``{"items": [...], "next_cursor": ...}``.
 
     ``tenant_id`` None lists every tenant (operators only: the CLI without
@@ -46,14 +47,18 @@ async def list_dead_letters(pool: asyncpg.Pool, tenant_id: str | None, *, limit:
     """
     limit = page_size(limit)
     after, after_id = decode_cursor(cursor)
-    rows = await pool.fetch(*QUERIES.list_dead_letters(tenant_id=tenant_id, after_at=after, after_id=after_id,
-                                                       limit=limit + 1))
-    page, next_cursor = split_page([DeadLetter.from_row(r) for r in rows], limit, key_of("finished_at", "occurrence_id"))
+    rows = await pool.fetch(
+        *QUERIES.list_dead_letters(tenant_id=tenant_id, after_at=after, after_id=after_id, limit=limit + 1)
+    )
+    page, next_cursor = split_page(
+        [DeadLetter.from_row(r) for r in rows], limit, key_of("finished_at", "occurrence_id")
+    )
     return {"items": [dead_letter_to_json(dead) for dead in page], "next_cursor": next_cursor}
 
 
-async def replay_dead_letter(pool: asyncpg.Pool, tenant_id: str, occurrence_id: uuid.UUID | str,
-                             clock: Clock | None = None) -> dict[str, Any]:
+async def replay_dead_letter(
+    pool: asyncpg.Pool, tenant_id: str, occurrence_id: uuid.UUID | str, clock: Clock | None = None
+) -> dict[str, Any]:
     """Re-enqueue a DEAD occurrence of ``tenant_id`` with the same occurrence_id; return it.
 
     The occurrence becomes RETRY_WAIT with a new delivery due now (attempt
@@ -78,21 +83,42 @@ async def replay_dead_letter(pool: asyncpg.Pool, tenant_id: str, occurrence_id: 
                 " obsolete; fire the current version instead"
             )
         transition(State.DEAD, Event.REPLAY)
-        raw = await conn.fetchval(*QUERIES.latest_occurrence_message(occurrence_id=ident,
-                                                                     topic=occurrence_topic(occ.target)))
+        raw = await conn.fetchval(
+            *QUERIES.latest_occurrence_message(occurrence_id=ident, topic=occurrence_topic(occ.target))
+        )
         try:
             original = decode_occurrence(raw)
         except MalformedMessage as err:
             raise Conflict(f"occurrence {ident} has no stored message to replay ({err})") from err
-        message: OccurrenceMessage = dataclasses.replace(original, attempt=occ.attempt_count + 1,
-                                                         available_at=now)
-        await conn.execute(*QUERIES.insert_outbox_row(
-            occurrence_id=ident, tenant_id=tenant_id, topic=occurrence_topic(occ.target),
-            message_key=partition_key(tenant_id), message=message.encode(), due=now, now=now))
+        message: OccurrenceMessage = dataclasses.replace(original, attempt=occ.attempt_count + 1, available_at=now)
+        await conn.execute(
+            *QUERIES.insert_outbox_row(
+                occurrence_id=ident,
+                tenant_id=tenant_id,
+                topic=occurrence_topic(occ.target),
+                message_key=partition_key(tenant_id),
+                message=message.encode(),
+                due=now,
+                now=now,
+            )
+        )
         replayed = Occurrence.from_row(await conn.fetchrow(*QUERIES.replay_occurrence(occurrence_id=ident, now=now)))
-    log.info("dead letter replayed", extra={"action": "occurrence.replayed", "occurrence_id": str(ident),
-                                            "schedule_id": str(replayed.schedule_id), "tenant_id": tenant_id,
-                                            "attempt": message.attempt})
-    return {"occurrence_id": str(ident), "schedule_id": str(replayed.schedule_id), "tenant_id": tenant_id,
-            "state": replayed.state, "attempt": message.attempt, "replays": replayed.replay_count,
-            "available_at": format_instant(now)}
+    log.info(
+        "dead letter replayed",
+        extra={
+            "action": "occurrence.replayed",
+            "occurrence_id": str(ident),
+            "schedule_id": str(replayed.schedule_id),
+            "tenant_id": tenant_id,
+            "attempt": message.attempt,
+        },
+    )
+    return {
+        "occurrence_id": str(ident),
+        "schedule_id": str(replayed.schedule_id),
+        "tenant_id": tenant_id,
+        "state": replayed.state,
+        "attempt": message.attempt,
+        "replays": replayed.replay_count,
+        "available_at": format_instant(now),
+    }

@@ -52,8 +52,9 @@ def decode_cursor(cursor: str | None) -> tuple[datetime | None, uuid.UUID | None
         raise InvalidInput("cursor", "is not a cursor returned by this listing; start without one") from err
 
 
-def split_page(rows: Sequence[Row], limit: int,
-               key: Callable[[Row], tuple[datetime, uuid.UUID]]) -> tuple[Sequence[Row], str | None]:
+def split_page(
+    rows: Sequence[Row], limit: int, key: Callable[[Row], tuple[datetime, uuid.UUID]]
+) -> tuple[Sequence[Row], str | None]:
     """The rows of this page and the cursor of the next (None on the last page), from limit + 1 rows."""
     if len(rows) <= limit:
         return rows, None

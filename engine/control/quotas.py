@@ -47,8 +47,9 @@ class TenantQuotas:
             value = getattr(self, item.name)
             minimum = 1 if item.name in ("max_payload_bytes", "max_running", "weight") else 0
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
-                raise InvalidInput(item.name, f"must be a number of at least {minimum}", str(getattr(
-                    TenantQuotas, item.name)))
+                raise InvalidInput(
+                    item.name, f"must be a number of at least {minimum}", str(getattr(TenantQuotas, item.name))
+                )
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> TenantQuotas:
@@ -59,8 +60,9 @@ class TenantQuotas:
 DEFAULT_RETRY_BUDGET = TenantQuotas.retry_budget_per_hour
 
 
-async def check_quotas(conn: asyncpg.Connection, tenant_id: str, quotas: TenantQuotas, rate: float,
-                       exclude: uuid.UUID | None) -> None:
+async def check_quotas(
+    conn: asyncpg.Connection, tenant_id: str, quotas: TenantQuotas, rate: float, exclude: uuid.UUID | None
+) -> None:
     """Raise QuotaExceeded if one more live schedule with this trigger rate does not fit.
 
     ``exclude``: the schedule being updated (its current rate is replaced, not added).

@@ -36,11 +36,29 @@ MAX_PREVIEW = 1000
 PRIORITIES = ("strict", "flexible")
 
 #: The fields of a schedule definition, as create and update accept them.
-SCHEDULE_FIELDS = frozenset({
-    "kind", "expression", "time_zone", "target", "payload", "priority", "flexible_window",
-    "misfire_policy", "max_lateness", "overlap_policy", "max_attempts", "retry_base", "retry_cap",
-    "deadline", "dst_repeat", "dst_gap", "start_at", "end_at", "anchor",
-})
+SCHEDULE_FIELDS = frozenset(
+    {
+        "kind",
+        "expression",
+        "time_zone",
+        "target",
+        "payload",
+        "priority",
+        "flexible_window",
+        "misfire_policy",
+        "max_lateness",
+        "overlap_policy",
+        "max_attempts",
+        "retry_base",
+        "retry_cap",
+        "deadline",
+        "dst_repeat",
+        "dst_gap",
+        "start_at",
+        "end_at",
+        "anchor",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -71,15 +89,21 @@ def parse_schedule_request(raw: Mapping[str, Any], *, max_payload_bytes: int = M
     if not isinstance(kind, str):
         raise InvalidInput("kind", "is required: once, cron or rate", "cron")
     if not isinstance(expression, str) or not expression.strip():
-        raise InvalidInput("expression", "is required: a cron expression, an ISO-8601 instant or a duration",
-                           "0 9 * * MON-FRI")
+        raise InvalidInput(
+            "expression", "is required: a cron expression, an ISO-8601 instant or a duration", "0 9 * * MON-FRI"
+        )
     time_zone = raw.get("time_zone")
     if time_zone is not None and not isinstance(time_zone, str):
         raise InvalidInput("time_zone", "must be an IANA zone name", "Europe/Berlin")
     spec = build_time_spec(
-        kind, expression, time_zone,
-        dst_repeat=raw.get("dst_repeat"), dst_gap=raw.get("dst_gap"),
-        anchor=raw.get("anchor"), start_at=raw.get("start_at"), end_at=raw.get("end_at"),
+        kind,
+        expression,
+        time_zone,
+        dst_repeat=raw.get("dst_repeat"),
+        dst_gap=raw.get("dst_gap"),
+        anchor=raw.get("anchor"),
+        start_at=raw.get("start_at"),
+        end_at=raw.get("end_at"),
     )
     target = validate_target(raw.get("target"))
     payload = validate_payload(raw.get("payload", {}), max_payload_bytes)
@@ -89,9 +113,18 @@ def parse_schedule_request(raw: Mapping[str, Any], *, max_payload_bytes: int = M
     overlap = _choice(raw, "overlap_policy", OVERLAP_POLICIES, "allow")
     max_attempts, retry_base, retry_cap, deadline = _retries(raw)
     return ScheduleRequest(
-        spec=spec, target=target, payload=payload, priority=priority, flexible_window=window,
-        misfire=misfire, misfire_text=misfire_text, overlap_policy=overlap, max_attempts=max_attempts,
-        retry_base=retry_base, retry_cap=retry_cap, deadline=deadline,
+        spec=spec,
+        target=target,
+        payload=payload,
+        priority=priority,
+        flexible_window=window,
+        misfire=misfire,
+        misfire_text=misfire_text,
+        overlap_policy=overlap,
+        max_attempts=max_attempts,
+        retry_base=retry_base,
+        retry_cap=retry_cap,
+        deadline=deadline,
     )
 
 
@@ -144,8 +177,9 @@ def check_changes(changes: Mapping[str, Any]) -> None:
     _reject_unknown(changes)
 
 
-def parse_changed_request(definition: Mapping[str, Any], changes: Mapping[str, Any], *,
-                          max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> ScheduleRequest:
+def parse_changed_request(
+    definition: Mapping[str, Any], changes: Mapping[str, Any], *, max_payload_bytes: int = MAX_PAYLOAD_BYTES
+) -> ScheduleRequest:
     """The request a partial update makes of a stored definition (API field names).
 
     A changed kind drops the old anchor unless a new one is given; DST options
@@ -218,8 +252,9 @@ def validate_payload(payload: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> Any:
     except TypeError as err:
         raise InvalidInput("payload", f"must be JSON-serializable: {err}", '{"invoice": 42}') from err
     if _contains_nul(payload):
-        raise InvalidInput("payload", "contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store",
-                           '{"invoice": 42}')
+        raise InvalidInput(
+            "payload", "contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store", '{"invoice": 42}'
+        )
     if len(encoded) > max_bytes:
         raise InvalidInput(
             "payload",
@@ -244,22 +279,39 @@ def preview_fires(raw: Mapping[str, Any], after: datetime, count: int) -> list[d
     if not isinstance(kind, str):
         raise InvalidInput("kind", "is required: once, cron or rate", "cron")
     if not isinstance(expression, str):
-        raise InvalidInput("expression", "is required: a cron expression, an ISO-8601 instant or a duration",
-                           "0 9 * * MON-FRI")
+        raise InvalidInput(
+            "expression", "is required: a cron expression, an ISO-8601 instant or a duration", "0 9 * * MON-FRI"
+        )
     anchor = raw.get("anchor")
     if kind == "rate" and anchor is None:
         anchor = after.replace(microsecond=0)
-    spec = build_time_spec(kind, expression, raw.get("time_zone"), dst_repeat=raw.get("dst_repeat"),
-                           dst_gap=raw.get("dst_gap"), anchor=anchor, start_at=raw.get("start_at"),
-                           end_at=raw.get("end_at"))
-    return [{"utc": format_instant(fire.utc), "local": fire.local.isoformat()}
-            for fire in timing.preview(spec, after, count)]
+    spec = build_time_spec(
+        kind,
+        expression,
+        raw.get("time_zone"),
+        dst_repeat=raw.get("dst_repeat"),
+        dst_gap=raw.get("dst_gap"),
+        anchor=anchor,
+        start_at=raw.get("start_at"),
+        end_at=raw.get("end_at"),
+    )
+    return [
+        {"utc": format_instant(fire.utc), "local": fire.local.isoformat()}
+        for fire in timing.preview(spec, after, count)
+    ]
 
 
-def build_time_spec(kind: str, expression: str, time_zone: str | None = None, *,
-                    dst_repeat: str | None = None, dst_gap: str | None = None,
-                    anchor: datetime | str | None = None, start_at: datetime | str | None = None,
-                    end_at: datetime | str | None = None) -> TimeSpec:
+def build_time_spec(
+    kind: str,
+    expression: str,
+    time_zone: str | None = None,
+    *,
+    dst_repeat: str | None = None,
+    dst_gap: str | None = None,
+    anchor: datetime | str | None = None,
+    start_at: datetime | str | None = None,
+    end_at: datetime | str | None = None,
+) -> TimeSpec:
     """Validate and normalize a schedule's time fields, or raise :class:`InvalidInput`.
 
     ``InvalidInput.field`` is the API field at fault. A ``once`` instant in the
@@ -281,8 +333,11 @@ def build_time_spec(kind: str, expression: str, time_zone: str | None = None, *,
     spec = TimeSpec(kind_value, text, zone_key, repeat, gap, anchor_at, start, end)  # type: ignore[arg-type]
     if kind_value != "once" and start is not None and end is not None:
         if timing.next_fire_after(spec, start - MICROSECOND) is None:
-            raise InvalidInput("end_at", f"there is no fire time between start_at {iso(start)} and end_at"
-                               f" {iso(end)}; move end_at later", iso(end + timedelta(days=30)))
+            raise InvalidInput(
+                "end_at",
+                f"there is no fire time between start_at {iso(start)} and end_at {iso(end)}; move end_at later",
+                iso(end + timedelta(days=30)),
+            )
     return spec
 
 
@@ -302,8 +357,9 @@ def _expression_text(expression: object, kind: Kind) -> str:
         raise InvalidInput("expression", f"must be a string, got {type(expression).__name__}", _EXAMPLES[kind])
     stripped = expression.strip()
     if len(stripped) > MAX_EXPRESSION_LENGTH:
-        raise InvalidInput("expression", f"is {len(stripped)} characters long; the limit is"
-                           f" {MAX_EXPRESSION_LENGTH}", _EXAMPLES[kind])
+        raise InvalidInput(
+            "expression", f"is {len(stripped)} characters long; the limit is {MAX_EXPRESSION_LENGTH}", _EXAMPLES[kind]
+        )
     if not stripped:
         raise InvalidInput("expression", "is empty", _EXAMPLES[kind])
     return stripped
@@ -315,11 +371,13 @@ def _dst_options(kind: Kind, dst_repeat: object, dst_gap: object) -> tuple[str, 
     gap = _time_choice("dst_gap", dst_gap, DST_GAP_CHOICES)
     if kind != "cron":
         if repeat != "first":
-            raise InvalidInput("dst_repeat", f"applies only to kind cron ({kind} ignores wall-clock time);"
-                               " leave it out", "first")
+            raise InvalidInput(
+                "dst_repeat", f"applies only to kind cron ({kind} ignores wall-clock time); leave it out", "first"
+            )
         if gap != "skip":
-            raise InvalidInput("dst_gap", f"applies only to kind cron ({kind} ignores wall-clock time);"
-                               " leave it out", "skip")
+            raise InvalidInput(
+                "dst_gap", f"applies only to kind cron ({kind} ignores wall-clock time); leave it out", "skip"
+            )
     return repeat, gap
 
 
@@ -336,11 +394,13 @@ def _normalized_expression(kind: Kind, stripped: str, start: datetime | None, en
         return stripped
     instant = parse_instant(stripped, "expression")
     if start is not None and instant < start:
-        raise InvalidInput("start_at", f"is after the one-time instant {iso(instant)}; the schedule could"
-                           " never fire", iso(instant))
+        raise InvalidInput(
+            "start_at", f"is after the one-time instant {iso(instant)}; the schedule could never fire", iso(instant)
+        )
     if end is not None and instant > end:
-        raise InvalidInput("end_at", f"is before the one-time instant {iso(instant)}; the schedule could"
-                           " never fire", iso(instant))
+        raise InvalidInput(
+            "end_at", f"is before the one-time instant {iso(instant)}; the schedule could never fire", iso(instant)
+        )
     return stripped
 
 

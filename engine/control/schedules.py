@@ -80,8 +80,14 @@ class ControlPlane:
             async with conn.transaction():
                 yield conn
 
-    async def create_schedule(self, tenant_id: str, raw: Mapping[str, Any], idempotency_key: str | None = None,
-                              *, conn: asyncpg.Connection | None = None) -> dict[str, Any]:
+    async def create_schedule(
+        self,
+        tenant_id: str,
+        raw: Mapping[str, Any],
+        idempotency_key: str | None = None,
+        *,
+        conn: asyncpg.Connection | None = None,
+    ) -> dict[str, Any]:
         """Validate and store a schedule; return it (with schedule_id, version, next_run_at).
 
         With an idempotency key, repeating the same request returns the stored
@@ -90,8 +96,11 @@ class ControlPlane:
         body_hash = request_hash(raw)
         if idempotency_key is not None:
             validate_idempotency_key(idempotency_key)
-            existing = _schedule(await (conn or self.pool).fetchrow(*QUERIES.get_schedule_by_key(
-                tenant_id=tenant_id, created_by_key=idempotency_key)))
+            existing = _schedule(
+                await (conn or self.pool).fetchrow(
+                    *QUERIES.get_schedule_by_key(tenant_id=tenant_id, created_by_key=idempotency_key)
+                )
+            )
             if existing is not None:
                 return _replayed(existing, body_hash, idempotency_key)
         async with self._transaction(conn) as conn:
@@ -103,14 +112,29 @@ class ControlPlane:
             rate = timing.fires_per_minute(request.spec, now)
             await check_quotas(conn, tenant_id, tenant.quotas, rate, exclude=None)
             schedule_id = uuid.uuid4()
-            created = _schedule(await conn.fetchrow(*QUERIES.insert_schedule(
-                schedule_id=schedule_id, tenant_id=tenant_id, **_definition_columns(request),
-                next_run_at=next_run_at, state="active", shard=shard_of(schedule_id), created_by_key=idempotency_key,
-                fires_per_minute=rate, request_hash=body_hash, now=self.clock.now())))
+            created = _schedule(
+                await conn.fetchrow(
+                    *QUERIES.insert_schedule(
+                        schedule_id=schedule_id,
+                        tenant_id=tenant_id,
+                        **_definition_columns(request),
+                        next_run_at=next_run_at,
+                        state="active",
+                        shard=shard_of(schedule_id),
+                        created_by_key=idempotency_key,
+                        fires_per_minute=rate,
+                        request_hash=body_hash,
+                        now=self.clock.now(),
+                    )
+                )
+            )
             if created is None:  # a concurrent create with the same key won the insert
-                existing = _schedule(await conn.fetchrow(*QUERIES.get_schedule_by_key(
-                    tenant_id=tenant_id, created_by_key=idempotency_key)))
-                assert existing is not None and idempotency_key is not None   # no key: no conflict possible
+                existing = _schedule(
+                    await conn.fetchrow(
+                        *QUERIES.get_schedule_by_key(tenant_id=tenant_id, created_by_key=idempotency_key)
+                    )
+                )
+                assert existing is not None and idempotency_key is not None  # no key: no conflict possible
                 return _replayed(existing, body_hash, idempotency_key)
             await self._record(conn, created, "create")
         return schedule_to_json(created)
@@ -118,38 +142,55 @@ class ControlPlane:
     # ------------------------------------------------------------------ reads
 
     async def get_schedule(self, tenant_id: str, schedule_id: uuid.UUID | str) -> dict[str, Any]:
-        schedule = _schedule(await self.pool.fetchrow(*QUERIES.get_schedule(
-            schedule_id=as_uuid(schedule_id, "schedule"), tenant_id=tenant_id)))
+        schedule = _schedule(
+            await self.pool.fetchrow(
+                *QUERIES.get_schedule(schedule_id=as_uuid(schedule_id, "schedule"), tenant_id=tenant_id)
+            )
+        )
         if schedule is None:
             raise NotFound("schedule", schedule_id)
         return schedule_to_json(schedule)
 
-    async def list_schedules(self, tenant_id: str, *, state: str | None = None, target: str | None = None,
-                             cursor: str | None = None, limit: int = 50) -> Page:
+    async def list_schedules(
+        self,
+        tenant_id: str,
+        *,
+        state: str | None = None,
+        target: str | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> Page:
         """A tenant's schedules in creation order, ``limit`` at a time."""
         if state is not None and state not in SCHEDULE_STATES:
             raise InvalidInput("state", f"must be one of {', '.join(SCHEDULE_STATES)}", "active")
         target = text_filter("target", target)
         after_at, after_id = decode_cursor(cursor)
         limit = page_size(limit)
-        rows = await self.pool.fetch(*QUERIES.list_schedules(tenant_id=tenant_id, state=state, target=target,
-                                                             after_at=after_at, after_id=after_id, limit=limit + 1))
-        page, next_cursor = split_page([Schedule.from_row(r) for r in rows], limit,
-                                       key_of("created_at", "schedule_id"))
+        rows = await self.pool.fetch(
+            *QUERIES.list_schedules(
+                tenant_id=tenant_id, state=state, target=target, after_at=after_at, after_id=after_id, limit=limit + 1
+            )
+        )
+        page, next_cursor = split_page([Schedule.from_row(r) for r in rows], limit, key_of("created_at", "schedule_id"))
         return Page([schedule_to_json(s) for s in page], next_cursor)
 
-    async def list_occurrences(self, tenant_id: str, schedule_id: uuid.UUID | str, *, cursor: str | None = None,
-                               limit: int = 50) -> Page:
+    async def list_occurrences(
+        self, tenant_id: str, schedule_id: uuid.UUID | str, *, cursor: str | None = None, limit: int = 50
+    ) -> Page:
         """One schedule's occurrences, oldest first (NotFound for another tenant's schedule)."""
         sid = as_uuid(schedule_id, "schedule")
         if await self.pool.fetchrow(*QUERIES.get_schedule(schedule_id=sid, tenant_id=tenant_id)) is None:
             raise NotFound("schedule", schedule_id)
         after_at, after_id = decode_cursor(cursor)
         limit = page_size(limit)
-        rows = await self.pool.fetch(*QUERIES.list_schedule_occurrences(
-            schedule_id=sid, tenant_id=tenant_id, after_at=after_at, after_id=after_id, limit=limit + 1))
-        page, next_cursor = split_page([Occurrence.from_row(r) for r in rows], limit,
-                                       key_of("scheduled_for", "occurrence_id"))
+        rows = await self.pool.fetch(
+            *QUERIES.list_schedule_occurrences(
+                schedule_id=sid, tenant_id=tenant_id, after_at=after_at, after_id=after_id, limit=limit + 1
+            )
+        )
+        page, next_cursor = split_page(
+            [Occurrence.from_row(r) for r in rows], limit, key_of("scheduled_for", "occurrence_id")
+        )
         return Page([occurrence_to_json(o) for o in page], next_cursor)
 
     async def get_occurrence(self, tenant_id: str, occurrence_id: uuid.UUID | str) -> dict[str, Any]:
@@ -159,20 +200,29 @@ class ControlPlane:
         if row is None:
             raise NotFound("occurrence", occurrence_id)
         attempts = await self.pool.fetch(*QUERIES.list_attempts(occurrence_id=oid))
-        return {**occurrence_to_json(Occurrence.from_row(row)),
-                "attempts": [attempt_to_json(Attempt.from_row(a)) for a in attempts]}
+        return {
+            **occurrence_to_json(Occurrence.from_row(row)),
+            "attempts": [attempt_to_json(Attempt.from_row(a)) for a in attempts],
+        }
 
     async def schedule_history(self, tenant_id: str, schedule_id: uuid.UUID | str) -> list[dict[str, Any]]:
-        rows = await self.pool.fetch(*QUERIES.list_schedule_versions(schedule_id=as_uuid(schedule_id, "schedule"),
-                                                                     tenant_id=tenant_id))
+        rows = await self.pool.fetch(
+            *QUERIES.list_schedule_versions(schedule_id=as_uuid(schedule_id, "schedule"), tenant_id=tenant_id)
+        )
         if not rows:
             raise NotFound("schedule", schedule_id)
         return [version_to_json(ScheduleVersion.from_row(r)) for r in rows]
 
     # ------------------------------------------------------------------ changes
 
-    async def update_schedule(self, tenant_id: str, schedule_id: uuid.UUID | str, changes: Mapping[str, Any],
-                              *, conn: asyncpg.Connection | None = None) -> dict[str, Any]:
+    async def update_schedule(
+        self,
+        tenant_id: str,
+        schedule_id: uuid.UUID | str,
+        changes: Mapping[str, Any],
+        *,
+        conn: asyncpg.Connection | None = None,
+    ) -> dict[str, Any]:
         """Apply a partial definition change as a new version.
 
         Unclaimed occurrences of older versions become CANCELED; future fires
@@ -183,37 +233,52 @@ class ControlPlane:
             row = await self._lock(conn, tenant_id, schedule_id)
             state = lifecycle_transition(row.state, "update")
             tenant = await lock_tenant(conn, tenant_id)
-            request = parse_changed_request(definition_of(row), changes,
-                                            max_payload_bytes=tenant.quotas.max_payload_bytes)
+            request = parse_changed_request(
+                definition_of(row), changes, max_payload_bytes=tenant.quotas.max_payload_bytes
+            )
             now = await self.now(conn)
             request = anchored(request, now)
             next_run_at = first_fire(request, now)
             rate = timing.fires_per_minute(request.spec, now)
             await check_quotas(conn, tenant_id, tenant.quotas, rate, exclude=row.schedule_id)
-            updated = Schedule.from_row(await conn.fetchrow(*QUERIES.replace_schedule(
-                schedule_id=row.schedule_id, tenant_id=tenant_id, **_definition_columns(request),
-                next_run_at=next_run_at, state=state, fires_per_minute=rate, now=self.clock.now())))
+            updated = Schedule.from_row(
+                await conn.fetchrow(
+                    *QUERIES.replace_schedule(
+                        schedule_id=row.schedule_id,
+                        tenant_id=tenant_id,
+                        **_definition_columns(request),
+                        next_run_at=next_run_at,
+                        state=state,
+                        fires_per_minute=rate,
+                        now=self.clock.now(),
+                    )
+                )
+            )
             canceled = await self._invalidate_older_versions(conn, updated.schedule_id, updated.version)
             await self._record(conn, updated, "update")
         return {**schedule_to_json(updated), "canceled_occurrences": canceled["canceled"]}
 
-    async def pause_schedule(self, tenant_id: str, schedule_id: uuid.UUID | str, *,
-                              conn: asyncpg.Connection | None = None) -> dict[str, Any]:
+    async def pause_schedule(
+        self, tenant_id: str, schedule_id: uuid.UUID | str, *, conn: asyncpg.Connection | None = None
+    ) -> dict[str, Any]:
         """Stop firing; occurrences not yet started are canceled and counted as missed on resume."""
         return await self._change_state(tenant_id, schedule_id, "pause", conn)
 
-    async def resume_schedule(self, tenant_id: str, schedule_id: uuid.UUID | str, *,
-                              conn: asyncpg.Connection | None = None) -> dict[str, Any]:
+    async def resume_schedule(
+        self, tenant_id: str, schedule_id: uuid.UUID | str, *, conn: asyncpg.Connection | None = None
+    ) -> dict[str, Any]:
         """Fire again from the durable cursor: what was missed while paused follows the misfire policy."""
         return await self._change_state(tenant_id, schedule_id, "resume", conn)
 
-    async def cancel_schedule(self, tenant_id: str, schedule_id: uuid.UUID | str, *,
-                              conn: asyncpg.Connection | None = None) -> dict[str, Any]:
+    async def cancel_schedule(
+        self, tenant_id: str, schedule_id: uuid.UUID | str, *, conn: asyncpg.Connection | None = None
+    ) -> dict[str, Any]:
         """Stop for good. Nothing is deleted: the schedule, its versions and occurrences stay readable."""
         return await self._change_state(tenant_id, schedule_id, "cancel", conn)
 
-    async def _change_state(self, tenant_id: str, schedule_id: uuid.UUID | str, action: str,
-                            conn: asyncpg.Connection | None) -> dict[str, Any]:
+    async def _change_state(
+        self, tenant_id: str, schedule_id: uuid.UUID | str, action: str, conn: asyncpg.Connection | None
+    ) -> dict[str, Any]:
         async with self._transaction(conn) as conn:
             row = await self._lock(conn, tenant_id, schedule_id)
             state = lifecycle_transition(row.state, action)
@@ -226,49 +291,88 @@ class ControlPlane:
                 # resume judges those slots with the misfire policy. Published ones
                 # may already have run; they are canceled, never re-materialized.
                 cursor = min(cursor, canceled["earliest_unpublished"])
-            updated = Schedule.from_row(await conn.fetchrow(*QUERIES.change_schedule_state(
-                schedule_id=row.schedule_id, tenant_id=tenant_id, state=state, next_run_at=cursor,
-                now=self.clock.now())))
+            updated = Schedule.from_row(
+                await conn.fetchrow(
+                    *QUERIES.change_schedule_state(
+                        schedule_id=row.schedule_id,
+                        tenant_id=tenant_id,
+                        state=state,
+                        next_run_at=cursor,
+                        now=self.clock.now(),
+                    )
+                )
+            )
             await self._record(conn, updated, action)
         return {**schedule_to_json(updated), "canceled_occurrences": canceled["canceled"]}
 
     async def _lock(self, conn: asyncpg.Connection, tenant_id: str, schedule_id: uuid.UUID | str) -> Schedule:
-        schedule = _schedule(await conn.fetchrow(*QUERIES.lock_schedule(schedule_id=as_uuid(schedule_id, "schedule"),
-                                                                        tenant_id=tenant_id)))
+        schedule = _schedule(
+            await conn.fetchrow(
+                *QUERIES.lock_schedule(schedule_id=as_uuid(schedule_id, "schedule"), tenant_id=tenant_id)
+            )
+        )
         if schedule is None:
             raise NotFound("schedule", schedule_id)
         return schedule
 
-    async def _invalidate_older_versions(self, conn: asyncpg.Connection, schedule_id: uuid.UUID,
-                                         new_version: int) -> asyncpg.Record:
+    async def _invalidate_older_versions(
+        self, conn: asyncpg.Connection, schedule_id: uuid.UUID, new_version: int
+    ) -> asyncpg.Record:
         """Cancel unclaimed occurrences of versions before ``new_version``; count them."""
-        return await conn.fetchrow(*QUERIES.cancel_unclaimed_occurrences(
-            schedule_id=schedule_id, new_version=new_version, now=self.clock.now()))
+        return await conn.fetchrow(
+            *QUERIES.cancel_unclaimed_occurrences(
+                schedule_id=schedule_id, new_version=new_version, now=self.clock.now()
+            )
+        )
 
     async def _record(self, conn: asyncpg.Connection, row: Schedule, change: str) -> None:
         """Version history row + schedule state message, in the change's transaction."""
         now = self.clock.now()
-        await conn.execute(*QUERIES.insert_schedule_version(
-            schedule_id=row.schedule_id, version=row.version, tenant_id=row.tenant_id, change=change,
-            state=row.state, definition=definition_of(row), next_run_at=row.next_run_at, now=now))
-        message = ScheduleStateMessage(row.schedule_id, row.tenant_id, row.version, row.state,
-                                       row.updated_at)
-        await conn.execute(*QUERIES.insert_topic_message(
-            tenant_id=row.tenant_id, topic=SCHEDULE_STATES_TOPIC, message_key=message.key,
-            message=message.encode(), now=now))
+        await conn.execute(
+            *QUERIES.insert_schedule_version(
+                schedule_id=row.schedule_id,
+                version=row.version,
+                tenant_id=row.tenant_id,
+                change=change,
+                state=row.state,
+                definition=definition_of(row),
+                next_run_at=row.next_run_at,
+                now=now,
+            )
+        )
+        message = ScheduleStateMessage(row.schedule_id, row.tenant_id, row.version, row.state, row.updated_at)
+        await conn.execute(
+            *QUERIES.insert_topic_message(
+                tenant_id=row.tenant_id,
+                topic=SCHEDULE_STATES_TOPIC,
+                message_key=message.key,
+                message=message.encode(),
+                now=now,
+            )
+        )
 
 
 def _definition_columns(request: ScheduleRequest) -> dict[str, Any]:
     """The schedules columns a request defines (insert_schedule and replace_schedule take them by name)."""
     spec = request.spec
     return {
-        "kind": spec.kind, "expression": spec.expression, "time_zone": spec.time_zone,
-        "dst_repeat": spec.dst_repeat, "dst_gap": spec.dst_gap, "anchor": spec.anchor,
-        "start_at": spec.start_at, "end_at": spec.end_at,
-        "target": request.target, "payload": request.payload, "priority": request.priority,
-        "flexible_window_s": int(request.flexible_window.total_seconds()), "misfire_policy": request.misfire_text,
-        "max_lateness_s": int(request.misfire.max_lateness.total_seconds()), "overlap_policy": request.overlap_policy,
-        "retry_max_attempts": request.max_attempts, "retry_base_s": request.retry_base.total_seconds(),
+        "kind": spec.kind,
+        "expression": spec.expression,
+        "time_zone": spec.time_zone,
+        "dst_repeat": spec.dst_repeat,
+        "dst_gap": spec.dst_gap,
+        "anchor": spec.anchor,
+        "start_at": spec.start_at,
+        "end_at": spec.end_at,
+        "target": request.target,
+        "payload": request.payload,
+        "priority": request.priority,
+        "flexible_window_s": int(request.flexible_window.total_seconds()),
+        "misfire_policy": request.misfire_text,
+        "max_lateness_s": int(request.misfire.max_lateness.total_seconds()),
+        "overlap_policy": request.overlap_policy,
+        "retry_max_attempts": request.max_attempts,
+        "retry_base_s": request.retry_base.total_seconds(),
         "retry_cap_s": request.retry_cap.total_seconds(),
         "deadline_s": int(request.deadline.total_seconds()) if request.deadline else None,
     }
@@ -280,6 +384,8 @@ def _schedule(row: asyncpg.Record | None) -> Schedule | None:
 
 def _replayed(existing: Schedule, request_hash: str, key: str) -> dict[str, Any]:
     if existing.request_hash != request_hash:
-        raise Conflict(f"Idempotency-Key {key!r} was already used with a different request body (schedule"
-                       f" {existing.schedule_id}); use a new key for a new schedule")
+        raise Conflict(
+            f"Idempotency-Key {key!r} was already used with a different request body (schedule"
+            f" {existing.schedule_id}); use a new key for a new schedule"
+        )
     return schedule_to_json(existing)

@@ -52,8 +52,7 @@ class NewTenant:
     api_token: str
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.tenant.to_json(), "api_token": self.api_token,
-                "signing_key": self.tenant.signing_key.hex()}
+        return {**self.tenant.to_json(), "api_token": self.api_token, "signing_key": self.tenant.signing_key.hex()}
 
 
 def token_hash(token: str) -> bytes:
@@ -62,8 +61,9 @@ def token_hash(token: str) -> bytes:
 
 def validate_tenant_id(tenant_id: object) -> str:
     if not isinstance(tenant_id, str) or not _TENANT_ID.match(tenant_id):
-        raise InvalidInput("tenant", "must be 1-63 lowercase letters, digits, '-' or '_', starting with a"
-                           " letter or digit", "acme")
+        raise InvalidInput(
+            "tenant", "must be 1-63 lowercase letters, digits, '-' or '_', starting with a letter or digit", "acme"
+        )
     return tenant_id
 
 
@@ -74,8 +74,11 @@ async def create_tenant(pool: asyncpg.Pool, tenant_id: str, quotas: TenantQuotas
     quotas.validate()
     api_token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     signing_key = secrets.token_bytes(32)
-    row = await pool.fetchrow(*QUERIES.insert_tenant(tenant_id=tenant_id, api_token_hash=token_hash(api_token),
-                                                     signing_key=signing_key, **asdict(quotas)))
+    row = await pool.fetchrow(
+        *QUERIES.insert_tenant(
+            tenant_id=tenant_id, api_token_hash=token_hash(api_token), signing_key=signing_key, **asdict(quotas)
+        )
+    )
     if row is None:
         raise Conflict(f"tenant {tenant_id!r} already exists; choose another name")
     return NewTenant(Tenant.from_row(row), api_token)

@@ -71,35 +71,59 @@ def definition_of(schedule: Schedule) -> dict[str, Any]:
 
 def version_to_json(version: ScheduleVersion) -> dict[str, Any]:
     """One entry of a schedule's version history."""
-    return {"version": version.version, "change": version.change, "state": version.state,
-            "definition": version.definition, "next_run_at": instant(version.next_run_at),
-            "changed_at": instant(version.changed_at)}
+    return {
+        "version": version.version,
+        "change": version.change,
+        "state": version.state,
+        "definition": version.definition,
+        "next_run_at": instant(version.next_run_at),
+        "changed_at": instant(version.changed_at),
+    }
 
 
 def occurrence_to_json(occurrence: Occurrence) -> dict[str, Any]:
     return {
-        "occurrence_id": str(occurrence.occurrence_id), "schedule_id": str(occurrence.schedule_id),
-        "schedule_version": occurrence.schedule_version, "tenant_id": occurrence.tenant_id, "target": occurrence.target,
-        "scheduled_for": instant(occurrence.scheduled_for), "available_at": instant(occurrence.available_at),
-        "state": occurrence.state, "attempt_count": occurrence.attempt_count, "enqueued_at": instant(occurrence.enqueued_at),
-        "created_at": instant(occurrence.created_at), "updated_at": instant(occurrence.updated_at),
+        "occurrence_id": str(occurrence.occurrence_id),
+        "schedule_id": str(occurrence.schedule_id),
+        "schedule_version": occurrence.schedule_version,
+        "tenant_id": occurrence.tenant_id,
+        "target": occurrence.target,
+        "scheduled_for": instant(occurrence.scheduled_for),
+        "available_at": instant(occurrence.available_at),
+        "state": occurrence.state,
+        "attempt_count": occurrence.attempt_count,
+        "enqueued_at": instant(occurrence.enqueued_at),
+        "created_at": instant(occurrence.created_at),
+        "updated_at": instant(occurrence.updated_at),
     }
 
 
 def attempt_to_json(attempt: Attempt) -> dict[str, Any]:
     return {
-        "attempt_id": str(attempt.attempt_id), "attempt_number": attempt.attempt_number,
-        "lease_token": str(attempt.lease_token), "consumer_group": attempt.consumer_group,
-        "started_at": instant(attempt.started_at), "finished_at": instant(attempt.finished_at),
-        "result": attempt.result, "error_class": attempt.error_class, "error_message": attempt.error_message,
+        "attempt_id": str(attempt.attempt_id),
+        "attempt_number": attempt.attempt_number,
+        "lease_token": str(attempt.lease_token),
+        "consumer_group": attempt.consumer_group,
+        "started_at": instant(attempt.started_at),
+        "finished_at": instant(attempt.finished_at),
+        "result": attempt.result,
+        "error_class": attempt.error_class,
+        "error_message": attempt.error_message,
     }
 
 
 def dead_letter_to_json(dead: DeadLetter) -> dict[str, Any]:
     return {
-        "occurrence_id": str(dead.occurrence_id), "schedule_id": str(dead.schedule_id),
-        "schedule_version": dead.schedule_version, "tenant_id": dead.tenant_id, "target": dead.target,
-        "scheduled_for": instant(dead.scheduled_for), "attempts": dead.attempt_count,
-        "replays": dead.replay_count, "reason": dead.dead_reason, "error_class": dead.last_error_class,
-        "error_message": dead.last_error_message, "died_at": instant(dead.finished_at),
+        "occurrence_id": str(dead.occurrence_id),
+        "schedule_id": str(dead.schedule_id),
+        "schedule_version": dead.schedule_version,
+        "tenant_id": dead.tenant_id,
+        "target": dead.target,
+        "scheduled_for": instant(dead.scheduled_for),
+        "attempts": dead.attempt_count,
+        "replays": dead.replay_count,
+        "reason": dead.dead_reason,
+        "error_class": dead.last_error_class,
+        "error_message": dead.last_error_message,
+        "died_at": instant(dead.finished_at),
     }

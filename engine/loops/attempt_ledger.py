@@ -64,12 +64,13 @@ from schemas.queries import QUERIES
 
 log = logging.getLogger("chronoq.attempts")
 
+
 class Verdict(str, Enum):
-    ACCEPTED = "accepted"       # the event changed state
-    DUPLICATE = "duplicate"     # the same outcome was already recorded (Kafka redelivered the event)
-    FENCED = "fenced"           # the lease token is not the current one: rejected
-    IGNORED = "ignored"         # nothing to do (e.g. the occurrence is already CANCELED)
-    UNKNOWN = "unknown"         # no such occurrence
+    ACCEPTED = "accepted"  # the event changed state
+    DUPLICATE = "duplicate"  # the same outcome was already recorded (Kafka redelivered the event)
+    FENCED = "fenced"  # the lease token is not the current one: rejected
+    IGNORED = "ignored"  # nothing to do (e.g. the occurrence is already CANCELED)
+    UNKNOWN = "unknown"  # no such occurrence
 
 
 class AttemptLedger:
@@ -89,14 +90,20 @@ class AttemptLedger:
         occ = await lock_occurrence(conn, event.occurrence_id)
         if occ is None:
             return Verdict.UNKNOWN
-        found = (await conn.fetchrow(*QUERIES.find_attempt(lease_token=event.lease_token))
-                 if event.lease_token is not None else None)
+        found = (
+            await conn.fetchrow(*QUERIES.find_attempt(lease_token=event.lease_token))
+            if event.lease_token is not None
+            else None
+        )
         known = Attempt.from_row(found) if found is not None else None
         if known is not None and known.occurrence_id != occ.occurrence_id:
-            return Verdict.FENCED   # a token of another occurrence: never ours
+            return Verdict.FENCED  # a token of another occurrence: never ours
         handler = {
-            events.STARTED: self._started, events.HEARTBEAT: self._heartbeat, events.SUCCEEDED: self._succeeded,
-            events.FAILED: self._failed, events.CANCELED: self._canceled,
+            events.STARTED: self._started,
+            events.HEARTBEAT: self._heartbeat,
+            events.SUCCEEDED: self._succeeded,
+            events.FAILED: self._failed,
+            events.CANCELED: self._canceled,
             events.ALREADY_APPLIED: self._already_applied,
         }[event.event]
         return await handler(conn, occ, known, event, now)
@@ -104,46 +111,69 @@ class AttemptLedger:
     def _current(self, occ: LockedOccurrence, event: AttemptEvent) -> bool:
         return occ.state == State.RUNNING.value and occ.lease_token == event.lease_token
 
-    async def _started(self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent,
-                       now: datetime) -> Verdict:
+    async def _started(
+        self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent, now: datetime
+    ) -> Verdict:
         if known is not None:
             return Verdict.DUPLICATE
         state = State(occ.state)
-        fresh = state in (State.SCHEDULED, State.ENQUEUED, State.RETRY_WAIT) and \
-            event.attempt == occ.attempt_count + 1
+        fresh = state in (State.SCHEDULED, State.ENQUEUED, State.RETRY_WAIT) and event.attempt == occ.attempt_count + 1
         takeover = state is State.RUNNING and event.attempt == occ.attempt_count
         if not (fresh or takeover):
             return Verdict.FENCED
         if takeover:
-            await self.outcomes.finish_attempt(conn, occ.lease_token, "fenced", now,
-                                       Failure("Superseded", f"lease taken over by {event.lease_token}"))
+            await self.outcomes.finish_attempt(
+                conn, occ.lease_token, "fenced", now, Failure("Superseded", f"lease taken over by {event.lease_token}")
+            )
         transition(state, Event.STARTED)
-        await conn.fetchval(*QUERIES.start_attempt(
-            occurrence_id=occ.occurrence_id, attempt_id=uuid.uuid4(), attempt_number=event.attempt,
-            lease_token=event.lease_token, consumer_group=event.consumer_group, worker=event.worker,
-            lease_ttl_s=event.lease_ttl, now=now))
-        log.info("attempt started", extra=ids_of(occ, action="attempt.started", attempt=event.attempt,
-                                               lease_token=str(event.lease_token), takeover=takeover))
+        await conn.fetchval(
+            *QUERIES.start_attempt(
+                occurrence_id=occ.occurrence_id,
+                attempt_id=uuid.uuid4(),
+                attempt_number=event.attempt,
+                lease_token=event.lease_token,
+                consumer_group=event.consumer_group,
+                worker=event.worker,
+                lease_ttl_s=event.lease_ttl,
+                now=now,
+            )
+        )
+        log.info(
+            "attempt started",
+            extra=ids_of(
+                occ,
+                action="attempt.started",
+                attempt=event.attempt,
+                lease_token=str(event.lease_token),
+                takeover=takeover,
+            ),
+        )
         return Verdict.ACCEPTED
 
-    async def _heartbeat(self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent,
-                         now: datetime) -> Verdict:
+    async def _heartbeat(
+        self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent, now: datetime
+    ) -> Verdict:
         if not self._current(occ, event):
             return Verdict.FENCED
-        await conn.fetchval(*QUERIES.renew_lease(lease_token=event.lease_token, lease_ttl_s=event.lease_ttl, now=now,
-                                                 occurrence_id=occ.occurrence_id))
+        await conn.fetchval(
+            *QUERIES.renew_lease(
+                lease_token=event.lease_token, lease_ttl_s=event.lease_ttl, now=now, occurrence_id=occ.occurrence_id
+            )
+        )
         return Verdict.ACCEPTED
 
-    async def _succeeded(self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent,
-                         now: datetime) -> Verdict:
+    async def _succeeded(
+        self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent, now: datetime
+    ) -> Verdict:
         if not self._current(occ, event):
             return _repeat_or_fenced(known, "succeeded")
         await self.outcomes.finish_attempt(conn, event.lease_token, "succeeded", now)
         await self.outcomes.finish(conn, occ, Event.SUCCEEDED, now)
         return Verdict.ACCEPTED
 
-    async def _failed(self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent,
-                      now: datetime) -> Verdict:
+    async def _failed(
+        self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent, now: datetime
+    ) -> Verdict:
         if not self._current(occ, event):
             return _repeat_or_fenced(known, "failed")
         failure = Failure(event.error_class or "Error", event.error_message or "", event.permanent)
@@ -151,8 +181,9 @@ class AttemptLedger:
         await self.outcomes.conclude_failure(conn, occ, failure, now)
         return Verdict.ACCEPTED
 
-    async def _canceled(self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent,
-                        now: datetime) -> Verdict:
+    async def _canceled(
+        self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent, now: datetime
+    ) -> Verdict:
         state = State(occ.state)
         if event.lease_token is not None:
             if self._current(occ, event):
@@ -169,26 +200,37 @@ class AttemptLedger:
             await self.outcomes.finish(conn, occ, Event.CANCEL, now)
             return Verdict.ACCEPTED
         if not obsolete:
-            log.warning("a consumer skipped an occurrence the engine does not consider obsolete",
-                        extra=ids_of(occ, action="attempt.cancel_unconfirmed", reason=event.reason,
-                                   consumer_group=event.consumer_group))
+            log.warning(
+                "a consumer skipped an occurrence the engine does not consider obsolete",
+                extra=ids_of(
+                    occ, action="attempt.cancel_unconfirmed", reason=event.reason, consumer_group=event.consumer_group
+                ),
+            )
         return Verdict.IGNORED
 
-    async def _already_applied(self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None,
-                               event: AttemptEvent, now: datetime) -> Verdict:
+    async def _already_applied(
+        self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent, now: datetime
+    ) -> Verdict:
         state = State(occ.state)
         if state is State.SUCCEEDED:
             return Verdict.DUPLICATE
         if not allowed(state, Event.ALREADY_APPLIED):
-            log.warning("effect applied for an occurrence in a final state",
-                        extra=ids_of(occ, action="occurrence.applied_after_final", state=state.value,
-                                   applied_by=str(event.applied_by)))
+            log.warning(
+                "effect applied for an occurrence in a final state",
+                extra=ids_of(
+                    occ, action="occurrence.applied_after_final", state=state.value, applied_by=str(event.applied_by)
+                ),
+            )
             return Verdict.IGNORED
         if state is State.RUNNING:
             mine = occ.lease_token == event.applied_by
-            await self.outcomes.finish_attempt(conn, occ.lease_token, "succeeded" if mine else "fenced", now,
-                                       None if mine else Failure("AppliedElsewhere",
-                                                                 f"effect applied by {event.applied_by}"))
+            await self.outcomes.finish_attempt(
+                conn,
+                occ.lease_token,
+                "succeeded" if mine else "fenced",
+                now,
+                None if mine else Failure("AppliedElsewhere", f"effect applied by {event.applied_by}"),
+            )
         await self.outcomes.finish(conn, occ, Event.ALREADY_APPLIED, now)
         return Verdict.ACCEPTED
 
@@ -201,15 +243,20 @@ class AttemptLedger:
         self.meters.fenced.add(1, {"event": event.event})
         if event.lease_token is not None:
             self.stats.fenced_tokens = (self.stats.fenced_tokens + [event.lease_token])[-100:]
-        log.warning("attempt event fenced: its lease token is not the current one",
-                    extra={"action": "attempt.fenced", "occurrence_id": str(event.occurrence_id),
-                           "event": event.event, "attempt": event.attempt, "lease_token": str(event.lease_token),
-                           "consumer_group": event.consumer_group})
+        log.warning(
+            "attempt event fenced: its lease token is not the current one",
+            extra={
+                "action": "attempt.fenced",
+                "occurrence_id": str(event.occurrence_id),
+                "event": event.event,
+                "attempt": event.attempt,
+                "lease_token": str(event.lease_token),
+                "consumer_group": event.consumer_group,
+            },
+        )
 
 
 def _repeat_or_fenced(known: Attempt | None, result: str) -> Verdict:
     if known is not None and known.result == result:
         return Verdict.DUPLICATE
     return Verdict.FENCED
-
-

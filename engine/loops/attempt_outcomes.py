@@ -52,7 +52,7 @@ class AttemptStats:
     """Counts since start, by verdict and outcome (tests and ``chronoq`` status read them)."""
 
     verdicts: dict[str, int] = field(default_factory=dict)
-    fenced_tokens: list[uuid.UUID] = field(default_factory=list)   # the last few, for diagnosis
+    fenced_tokens: list[uuid.UUID] = field(default_factory=list)  # the last few, for diagnosis
     retries: int = 0
     dead: int = 0
     poison: int = 0
@@ -85,8 +85,9 @@ class Failure:
 
 async def lock_occurrence(conn: asyncpg.Connection, occurrence_id: uuid.UUID) -> LockedOccurrence | None:
     """Lock an occurrence for an attempt decision (None if there is no such occurrence)."""
-    row = await conn.fetchrow(*QUERIES.lock_occurrence(occurrence_id=occurrence_id,
-                                                       default_retry_budget=DEFAULT_RETRY_BUDGET))
+    row = await conn.fetchrow(
+        *QUERIES.lock_occurrence(occurrence_id=occurrence_id, default_retry_budget=DEFAULT_RETRY_BUDGET)
+    )
     return LockedOccurrence.from_row(row) if row is not None else None
 
 
@@ -99,19 +100,22 @@ class AttemptOutcomes:
         self.meters = meters
         self.stats = stats
 
-    async def conclude_failure(self, conn: asyncpg.Connection, occ: LockedOccurrence, failure: Failure,
-                               now: datetime) -> State:
+    async def conclude_failure(
+        self, conn: asyncpg.Connection, occ: LockedOccurrence, failure: Failure, now: datetime
+    ) -> State:
         """After a failed or timed-out attempt: retry (RETRY_WAIT + outbox row), DEAD, or CANCELED."""
         if occ.obsolete:
             # Its schedule changed meanwhile: consumers would skip the retry anyway.
             await self.finish(conn, occ, Event.CANCEL, now, failure)
             return State.CANCELED
         original = await self._original_message(conn, occ)
-        decision = decide_retry(occ.retry_policy, occ.counted_attempts, failure.permanent, now, original.deadline,
-                                self.rng.random)
+        decision = decide_retry(
+            occ.retry_policy, occ.counted_attempts, failure.permanent, now, original.deadline, self.rng.random
+        )
         if decision.retry:
-            granted = await conn.fetchval(*QUERIES.spend_retry_budget(
-                tenant_id=occ.tenant_id, per_hour=occ.retry_budget_per_hour, now=now))
+            granted = await conn.fetchval(
+                *QUERIES.spend_retry_budget(tenant_id=occ.tenant_id, per_hour=occ.retry_budget_per_hour, now=now)
+            )
             decision = spend_budget(decision, granted is not None)
         if decision.retry:
             await self._schedule_retry(conn, occ, original, decision, failure, now)
@@ -119,80 +123,178 @@ class AttemptOutcomes:
         await self._dead_letter(conn, occ, original, decision, failure, now)
         return State.DEAD
 
-    async def _schedule_retry(self, conn: asyncpg.Connection, occ: LockedOccurrence, original: OccurrenceMessage,
-                              decision: RetryDecision, failure: Failure, now: datetime) -> None:
+    async def _schedule_retry(
+        self,
+        conn: asyncpg.Connection,
+        occ: LockedOccurrence,
+        original: OccurrenceMessage,
+        decision: RetryDecision,
+        failure: Failure,
+        now: datetime,
+    ) -> None:
         transition(occ.state, Event.RETRY)
         due = now + decision.delay
         message = dataclasses.replace(original, attempt=occ.attempt_count + 1, available_at=due)
-        await conn.execute(*QUERIES.insert_outbox_row(
-            occurrence_id=occ.occurrence_id, tenant_id=occ.tenant_id, topic=occurrence_topic(occ.target),
-            message_key=partition_key(occ.tenant_id), message=message.encode(), due=due, now=now))
-        await conn.execute(*QUERIES.wait_for_retry(occurrence_id=occ.occurrence_id, error_class=failure.error_class,
-                                                   error_message=failure.error_message, now=now))
+        await conn.execute(
+            *QUERIES.insert_outbox_row(
+                occurrence_id=occ.occurrence_id,
+                tenant_id=occ.tenant_id,
+                topic=occurrence_topic(occ.target),
+                message_key=partition_key(occ.tenant_id),
+                message=message.encode(),
+                due=due,
+                now=now,
+            )
+        )
+        await conn.execute(
+            *QUERIES.wait_for_retry(
+                occurrence_id=occ.occurrence_id,
+                error_class=failure.error_class,
+                error_message=failure.error_message,
+                now=now,
+            )
+        )
         self.stats.retries += 1
         self.meters.retries.add(1)
-        log.info("retry scheduled", extra=ids_of(occ, action="occurrence.retry", attempt=message.attempt,
-                                               delay_s=round(decision.delay.total_seconds(), 3),
-                                               error_class=failure.error_class))
+        log.info(
+            "retry scheduled",
+            extra=ids_of(
+                occ,
+                action="occurrence.retry",
+                attempt=message.attempt,
+                delay_s=round(decision.delay.total_seconds(), 3),
+                error_class=failure.error_class,
+            ),
+        )
 
-    async def _dead_letter(self, conn: asyncpg.Connection, occ: LockedOccurrence, original: OccurrenceMessage,
-                           decision: RetryDecision, failure: Failure, now: datetime) -> None:
-        record = DeadOccurrenceMessage(original, occ.attempt_count, decision.dead_reason or "max_attempts",
-                                       failure.error_class, failure.error_message, now)
-        await conn.execute(*QUERIES.insert_outbox_row(
-            occurrence_id=occ.occurrence_id, tenant_id=occ.tenant_id, topic=DEAD_LETTER_TOPIC,
-            message_key=record.key, message=record.encode(), due=now, now=now))
+    async def _dead_letter(
+        self,
+        conn: asyncpg.Connection,
+        occ: LockedOccurrence,
+        original: OccurrenceMessage,
+        decision: RetryDecision,
+        failure: Failure,
+        now: datetime,
+    ) -> None:
+        record = DeadOccurrenceMessage(
+            original,
+            occ.attempt_count,
+            decision.dead_reason or "max_attempts",
+            failure.error_class,
+            failure.error_message,
+            now,
+        )
+        await conn.execute(
+            *QUERIES.insert_outbox_row(
+                occurrence_id=occ.occurrence_id,
+                tenant_id=occ.tenant_id,
+                topic=DEAD_LETTER_TOPIC,
+                message_key=record.key,
+                message=record.encode(),
+                due=now,
+                now=now,
+            )
+        )
         await self.finish(conn, occ, Event.DIE, now, failure, decision.dead_reason)
         self.stats.dead += 1
         self.meters.dead.add(1, {"reason": record.reason})
-        log.warning("occurrence is dead", extra=ids_of(occ, action="occurrence.dead", reason=record.reason,
-                                                     attempts=occ.attempt_count,
-                                                     error_class=failure.error_class))
+        log.warning(
+            "occurrence is dead",
+            extra=ids_of(
+                occ,
+                action="occurrence.dead",
+                reason=record.reason,
+                attempts=occ.attempt_count,
+                error_class=failure.error_class,
+            ),
+        )
 
-    async def finish(self, conn: asyncpg.Connection, occ: LockedOccurrence, event: Event, now: datetime,
-                      failure: Failure | None = None, dead_reason: str | None = None) -> None:
+    async def finish(
+        self,
+        conn: asyncpg.Connection,
+        occ: LockedOccurrence,
+        event: Event,
+        now: datetime,
+        failure: Failure | None = None,
+        dead_reason: str | None = None,
+    ) -> None:
         final = transition(occ.state, event)
-        await conn.execute(*QUERIES.finish_occurrence(
-            occurrence_id=occ.occurrence_id, state=final.value,
-            error_class=failure.error_class if failure else None,
-            error_message=failure.error_message if failure else None, dead_reason=dead_reason, now=now))
-        await conn.execute(*QUERIES.discard_pending_deliveries(
-            occurrence_id=occ.occurrence_id, topic=occurrence_topic(occ.target), now=now))
-        if final is not State.DEAD:   # DEAD is logged with its reason by _dead_letter
-            log.info("occurrence finished", extra=ids_of(occ, action=f"occurrence.{final.value.lower()}",
-                                                       event=event.value))
+        await conn.execute(
+            *QUERIES.finish_occurrence(
+                occurrence_id=occ.occurrence_id,
+                state=final.value,
+                error_class=failure.error_class if failure else None,
+                error_message=failure.error_message if failure else None,
+                dead_reason=dead_reason,
+                now=now,
+            )
+        )
+        await conn.execute(
+            *QUERIES.discard_pending_deliveries(
+                occurrence_id=occ.occurrence_id, topic=occurrence_topic(occ.target), now=now
+            )
+        )
+        if final is not State.DEAD:  # DEAD is logged with its reason by _dead_letter
+            log.info(
+                "occurrence finished", extra=ids_of(occ, action=f"occurrence.{final.value.lower()}", event=event.value)
+            )
 
-    async def finish_attempt(self, conn: asyncpg.Connection, token: uuid.UUID | None, result: str, now: datetime,
-                              failure: Failure | None = None) -> None:
+    async def finish_attempt(
+        self,
+        conn: asyncpg.Connection,
+        token: uuid.UUID | None,
+        result: str,
+        now: datetime,
+        failure: Failure | None = None,
+    ) -> None:
         if token is None:
             return
-        closed = await conn.fetchrow(*QUERIES.finish_attempt(
-            lease_token=token, result=result, error_class=failure.error_class if failure else None,
-            error_message=failure.error_message if failure else None,
-            permanent=failure.permanent if failure else None, now=now))
+        closed = await conn.fetchrow(
+            *QUERIES.finish_attempt(
+                lease_token=token,
+                result=result,
+                error_class=failure.error_class if failure else None,
+                error_message=failure.error_message if failure else None,
+                permanent=failure.permanent if failure else None,
+                now=now,
+            )
+        )
         if closed is not None:
             self.meters.attempts.add(1, {"result": result})
 
     async def _original_message(self, conn: asyncpg.Connection, occ: LockedOccurrence) -> OccurrenceMessage:
         """The occurrence message as published (retries resend it), rebuilt from the rows if none is left."""
-        raw = await conn.fetchval(*QUERIES.latest_occurrence_message(occurrence_id=occ.occurrence_id,
-                                                                     topic=occurrence_topic(occ.target)))
+        raw = await conn.fetchval(
+            *QUERIES.latest_occurrence_message(occurrence_id=occ.occurrence_id, topic=occurrence_topic(occ.target))
+        )
         if raw:
             try:
                 return decode_occurrence(raw)
             except MalformedMessage:
-                log.error("stored occurrence message is undecodable; rebuilding it",
-                          extra=ids_of(occ, action="attempt.message_rebuilt"))
+                log.error(
+                    "stored occurrence message is undecodable; rebuilding it",
+                    extra=ids_of(occ, action="attempt.message_rebuilt"),
+                )
         deadline = occ.deadline
         return OccurrenceMessage(
-            occurrence_id=occ.occurrence_id, schedule_id=occ.schedule_id,
-            schedule_version=occ.schedule_version, tenant_id=occ.tenant_id, target=occ.target,
-            scheduled_for=occ.scheduled_for, available_at=occ.scheduled_for, attempt=occ.attempt_count,
-            priority=occ.priority, deadline=occ.scheduled_for + deadline if deadline else None,
+            occurrence_id=occ.occurrence_id,
+            schedule_id=occ.schedule_id,
+            schedule_version=occ.schedule_version,
+            tenant_id=occ.tenant_id,
+            target=occ.target,
+            scheduled_for=occ.scheduled_for,
+            available_at=occ.scheduled_for,
+            attempt=occ.attempt_count,
+            priority=occ.priority,
+            deadline=occ.scheduled_for + deadline if deadline else None,
             payload=occ.payload,
         )
 
 
 def ids_of(occ: LockedOccurrence, **extra: Any) -> dict[str, Any]:
-    return {"occurrence_id": str(occ.occurrence_id), "schedule_id": str(occ.schedule_id),
-            "tenant_id": occ.tenant_id, **extra}
+    return {
+        "occurrence_id": str(occ.occurrence_id),
+        "schedule_id": str(occ.schedule_id),
+        "tenant_id": occ.tenant_id,
+        **extra,
+    }

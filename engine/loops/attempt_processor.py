@@ -68,10 +68,16 @@ class AttemptProcessorConfig:
 class AttemptProcessor:
     """Reads ``chronoq.attempts`` and applies each event in the engine database."""
 
-    def __init__(self, pool: asyncpg.Pool, kafka_bootstrap: str | None = None,
-                 config: AttemptProcessorConfig | None = None, clock: Clock | None = None,
-                 rng: random.Random | None = None, meter: metrics.Meter | None = None,
-                 tracer: trace.Tracer | None = None) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        kafka_bootstrap: str | None = None,
+        config: AttemptProcessorConfig | None = None,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+        meter: metrics.Meter | None = None,
+        tracer: trace.Tracer | None = None,
+    ) -> None:
         self.pool = pool
         self.kafka_bootstrap = kafka_bootstrap
         self.config = config or AttemptProcessorConfig()
@@ -102,9 +108,15 @@ class AttemptProcessor:
                         if is_transient(err):
                             raise
                         # A bug or a constraint this event violates: do not let it block the partition.
-                        log.error("attempt event could not be applied; skipped",
-                                  extra={"action": "attempt.apply_failed", "occurrence_id": str(event.occurrence_id),
-                                         "event": event.event, "error": repr(err)})
+                        log.error(
+                            "attempt event could not be applied; skipped",
+                            extra={
+                                "action": "attempt.apply_failed",
+                                "occurrence_id": str(event.occurrence_id),
+                                "event": event.event,
+                                "error": repr(err),
+                            },
+                        )
                         verdict = Verdict.IGNORED
                     verdicts.append(verdict)
         for event, verdict in zip(batch, verdicts, strict=True):
@@ -123,9 +135,15 @@ class AttemptProcessor:
                 poison += 1
                 self.stats.poison += 1
                 self.meters.poison.add(1, {"topic": ATTEMPTS_TOPIC})
-                log.error("undecodable attempt event skipped",
-                          extra={"action": "attempt.poison", "partition": record.partition, "offset": record.offset,
-                                 "error": str(err)})
+                log.error(
+                    "undecodable attempt event skipped",
+                    extra={
+                        "action": "attempt.poison",
+                        "partition": record.partition,
+                        "offset": record.offset,
+                        "error": str(err),
+                    },
+                )
         verdicts = await self.apply_events(batch) if batch else []
         return {**Counter(verdict.value for verdict in verdicts), **({"poison": poison} if poison else {})}
 
@@ -135,7 +153,15 @@ class AttemptProcessor:
             raise ValueError("AttemptProcessor.run needs kafka_bootstrap")
         cfg = self.config
         group = cfg.group or f"chronoq-engine-attempts.{await self.pool.fetchval(*QUERIES.current_database())}"
-        settings = KafkaLoopSettings(group, ATTEMPTS_TOPIC, (ATTEMPTS_TOPIC,), cfg.session_timeout,
-                                     cfg.heartbeat_interval, cfg.max_poll_records, cfg.partitions, cfg.error_backoff,
-                                     summary_every)
+        settings = KafkaLoopSettings(
+            group,
+            ATTEMPTS_TOPIC,
+            (ATTEMPTS_TOPIC,),
+            cfg.session_timeout,
+            cfg.heartbeat_interval,
+            cfg.max_poll_records,
+            cfg.partitions,
+            cfg.error_backoff,
+            summary_every,
+        )
         await KafkaProcessorLoop("attempts", self.kafka_bootstrap, settings, self.handle_records, log).run(stop)

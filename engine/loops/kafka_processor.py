@@ -68,9 +68,16 @@ class KafkaLoopSettings:
 class KafkaProcessorLoop:
     """Consumes ``settings.topic`` and hands records to ``handle`` (see the module docstring)."""
 
-    def __init__(self, name: str, bootstrap: str, settings: KafkaLoopSettings, handle: Handle,
-                 log: logging.Logger, unit: Literal["batch", "record"] = "batch",
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        name: str,
+        bootstrap: str,
+        settings: KafkaLoopSettings,
+        handle: Handle,
+        log: logging.Logger,
+        unit: Literal["batch", "record"] = "batch",
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.name = name
         self.bootstrap = bootstrap
         self.settings = settings
@@ -84,12 +91,16 @@ class KafkaProcessorLoop:
         await create_missing_topics(self.bootstrap, list(cfg.create), cfg.partitions)
         options = {"max_poll_records": cfg.max_poll_records} if cfg.max_poll_records is not None else {}
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap, group_id=cfg.group, enable_auto_commit=False,
-            auto_offset_reset="earliest", session_timeout_ms=int(cfg.session_timeout * 1000),
-            heartbeat_interval_ms=int(cfg.heartbeat_interval * 1000), **options,
+            bootstrap_servers=self.bootstrap,
+            group_id=cfg.group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            session_timeout_ms=int(cfg.session_timeout * 1000),
+            heartbeat_interval_ms=int(cfg.heartbeat_interval * 1000),
+            **options,
         )
         await consumer.start()
-        consumer.subscribe([cfg.topic])   # after start: start() with topics waits for the first join
+        consumer.subscribe([cfg.topic])  # after start: start() with topics waits for the first join
         stopped = asyncio.create_task(stop.wait())
         try:
             while not stop.is_set():
@@ -101,8 +112,9 @@ class KafkaProcessorLoop:
             stopped.cancel()
             await consumer.stop()
 
-    async def _fetch(self, consumer: AIOKafkaConsumer, stopped: asyncio.Task[bool],
-                     stop: asyncio.Event) -> dict[TopicPartition, list[ConsumerRecord]] | None:
+    async def _fetch(
+        self, consumer: AIOKafkaConsumer, stopped: asyncio.Task[bool], stop: asyncio.Event
+    ) -> dict[TopicPartition, list[ConsumerRecord]] | None:
         """One poll, or None when stop came first or the poll failed (then after error_backoff)."""
         fetch = asyncio.create_task(consumer.getmany(timeout_ms=200))
         await asyncio.wait({fetch, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -118,8 +130,9 @@ class KafkaProcessorLoop:
             await pause(stop, self.settings.error_backoff)
             return None
 
-    async def process(self, consumer: AIOKafkaConsumer, tp: TopicPartition, records: Sequence[ConsumerRecord],
-                      stop: asyncio.Event) -> None:
+    async def process(
+        self, consumer: AIOKafkaConsumer, tp: TopicPartition, records: Sequence[ConsumerRecord], stop: asyncio.Event
+    ) -> None:
         """Handle one partition's records unit by unit; commit past what was handled."""
         units = [records] if self.unit == "batch" else [[record] for record in records]
         done: int | None = None
@@ -139,5 +152,8 @@ class KafkaProcessorLoop:
         try:
             await consumer.commit({tp: done})
         except (CommitFailedError, KafkaError) as err:
-            self.log.warning("%s offset commit refused (rebalance); the records will be re-applied, idempotently",
-                             self.name, extra={"action": f"{self.name}.commit_failed", "error": repr(err)})
+            self.log.warning(
+                "%s offset commit refused (rebalance); the records will be re-applied, idempotently",
+                self.name,
+                extra={"action": f"{self.name}.commit_failed", "error": repr(err)},
+            )

@@ -80,21 +80,47 @@ class MaterializeReport:
 class _Batch:
     """The column arrays of one insert_occurrences call, by parameter name."""
 
-    COLUMNS = ("occurrence_ids", "schedule_ids", "schedule_versions", "tenant_ids", "targets", "scheduled_fors",
-               "available_ats", "states", "topics", "message_keys", "messages", "held")
+    COLUMNS = (
+        "occurrence_ids",
+        "schedule_ids",
+        "schedule_versions",
+        "tenant_ids",
+        "targets",
+        "scheduled_fors",
+        "available_ats",
+        "states",
+        "topics",
+        "message_keys",
+        "messages",
+        "held",
+    )
 
     def __init__(self) -> None:
         self.columns: dict[str, list[Any]] = {name: [] for name in self.COLUMNS}
 
-    def add(self, schedule: DueSchedule, scheduled_for: datetime, available_at: datetime, state: str,
-            message: OccurrenceMessage | None) -> None:
+    def add(
+        self,
+        schedule: DueSchedule,
+        scheduled_for: datetime,
+        available_at: datetime,
+        state: str,
+        message: OccurrenceMessage | None,
+    ) -> None:
         values = {
-            "occurrence_ids": message.occurrence_id if message else occurrence_id(
-                schedule.schedule_id, schedule.version, scheduled_for),
-            "schedule_ids": schedule.schedule_id, "schedule_versions": schedule.version, "tenant_ids": schedule.tenant_id,
-            "targets": schedule.target, "scheduled_fors": scheduled_for, "available_ats": available_at,
-            "states": state, "topics": occurrence_topic(schedule.target), "message_keys": partition_key(schedule.tenant_id),
-            "messages": message.encode() if message else b"", "held": schedule.gated,
+            "occurrence_ids": message.occurrence_id
+            if message
+            else occurrence_id(schedule.schedule_id, schedule.version, scheduled_for),
+            "schedule_ids": schedule.schedule_id,
+            "schedule_versions": schedule.version,
+            "tenant_ids": schedule.tenant_id,
+            "targets": schedule.target,
+            "scheduled_fors": scheduled_for,
+            "available_ats": available_at,
+            "states": state,
+            "topics": occurrence_topic(schedule.target),
+            "message_keys": partition_key(schedule.tenant_id),
+            "messages": message.encode() if message else b"",
+            "held": schedule.gated,
         }
         for name, value in values.items():
             self.columns[name].append(value)
@@ -104,8 +130,14 @@ class _Batch:
 
 
 class Materializer:
-    def __init__(self, pool: asyncpg.Pool, config: MaterializerConfig | None = None, clock: Clock | None = None,
-                 meter: metrics.Meter | None = None, tracer: trace.Tracer | None = None) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        config: MaterializerConfig | None = None,
+        clock: Clock | None = None,
+        meter: metrics.Meter | None = None,
+        tracer: trace.Tracer | None = None,
+    ) -> None:
         self.pool = pool
         self.config = config or MaterializerConfig()
         self.config.validate()
@@ -125,9 +157,17 @@ class Materializer:
         with self.tracer.start_as_current_span(obs.SPAN_MATERIALIZE) as span:
             async with self.pool.acquire() as conn, conn.transaction():
                 now: datetime = await conn.fetchval(*QUERIES.current_instant(now=self.clock.now()))
-                rows = [DueSchedule.from_row(row) for row in await conn.fetch(*QUERIES.claim_due_schedules(
-                    now=now, horizon_s=cfg.horizon.total_seconds(), limit=cfg.batch_size,
-                    shards=list(cfg.shards) if cfg.shards is not None else None))]
+                rows = [
+                    DueSchedule.from_row(row)
+                    for row in await conn.fetch(
+                        *QUERIES.claim_due_schedules(
+                            now=now,
+                            horizon_s=cfg.horizon.total_seconds(),
+                            limit=cfg.batch_size,
+                            shards=list(cfg.shards) if cfg.shards is not None else None,
+                        )
+                    )
+                ]
                 if not rows:
                     return report
                 batch = _Batch()
@@ -135,11 +175,17 @@ class Materializer:
                 for schedule in rows:
                     cursors.append(self._plan(schedule, now, batch, report))
                     report.completed += cursors[-1] is None
-                written = await conn.fetchrow(*QUERIES.insert_occurrences(
-                    **batch.columns, gate_token=OVERLAP_GATE_TOKEN, now=self.clock.now()))
-                await conn.execute(*QUERIES.advance_schedules(
-                    schedule_ids=[s.schedule_id for s in rows], versions=[s.version for s in rows],
-                    next_run_ats=cursors, now=self.clock.now()))
+                written = await conn.fetchrow(
+                    *QUERIES.insert_occurrences(**batch.columns, gate_token=OVERLAP_GATE_TOKEN, now=self.clock.now())
+                )
+                await conn.execute(
+                    *QUERIES.advance_schedules(
+                        schedule_ids=[s.schedule_id for s in rows],
+                        versions=[s.version for s in rows],
+                        next_run_ats=cursors,
+                        now=self.clock.now(),
+                    )
+                )
             report.schedules = len(rows)
             report.occurrences = written["outbox_rows"]
             report.conflicts = len(batch) - written["occurrences"]
@@ -148,17 +194,23 @@ class Materializer:
         self._materialized.add(report.occurrences)
         if report.conflicts:
             self._conflicts.add(report.conflicts)
-            log.warning("occurrences already existed", extra={"action": "materializer.conflicts",
-                                                              "count": report.conflicts})
+            log.warning(
+                "occurrences already existed", extra={"action": "materializer.conflicts", "count": report.conflicts}
+            )
         if report.missed or report.missed_unlisted:
             self._missed.add(report.missed + report.missed_unlisted)
         return report
 
-    def _plan(self, schedule: DueSchedule, now: datetime, batch: _Batch,
-              report: MaterializeReport) -> datetime | None:
+    def _plan(self, schedule: DueSchedule, now: datetime, batch: _Batch, report: MaterializeReport) -> datetime | None:
         """Add this schedule's occurrences to the batch; return its new cursor."""
-        decision = timing.decide_misfire(schedule.spec, schedule.next_run_at, now, schedule.misfire, self.config.horizon,
-                                         self.config.missed_record_limit)
+        decision = timing.decide_misfire(
+            schedule.spec,
+            schedule.next_run_at,
+            now,
+            schedule.misfire,
+            self.config.horizon,
+            self.config.missed_record_limit,
+        )
         window, deadline = schedule.flexible_window, schedule.deadline
         for scheduled_for in decision.enqueue:
             occ_id = occurrence_id(schedule.schedule_id, schedule.version, scheduled_for)
@@ -166,10 +218,17 @@ class Materializer:
             if schedule.priority == "flexible":
                 available_at += timing.jitter_offset(occ_id, window)
             message = OccurrenceMessage(
-                occurrence_id=occ_id, schedule_id=schedule.schedule_id, schedule_version=schedule.version,
-                tenant_id=schedule.tenant_id, target=schedule.target, scheduled_for=scheduled_for,
-                available_at=available_at, attempt=1, priority=schedule.priority,
-                deadline=scheduled_for + deadline if deadline else None, payload=schedule.payload,
+                occurrence_id=occ_id,
+                schedule_id=schedule.schedule_id,
+                schedule_version=schedule.version,
+                tenant_id=schedule.tenant_id,
+                target=schedule.target,
+                scheduled_for=scheduled_for,
+                available_at=available_at,
+                attempt=1,
+                priority=schedule.priority,
+                deadline=scheduled_for + deadline if deadline else None,
+                payload=schedule.payload,
             )
             batch.add(schedule, scheduled_for, available_at, "SCHEDULED", message)
             lag = (now - (scheduled_for - self.config.horizon)).total_seconds()
@@ -180,9 +239,13 @@ class Materializer:
         if decision.missed or decision.missed_unlisted:
             log.warning(
                 "missed occurrences recorded",
-                extra={"action": "occurrence.missed", "schedule_id": str(schedule.schedule_id),
-                       "tenant_id": schedule.tenant_id, "listed": len(decision.missed),
-                       "unlisted": decision.missed_unlisted},
+                extra={
+                    "action": "occurrence.missed",
+                    "schedule_id": str(schedule.schedule_id),
+                    "tenant_id": schedule.tenant_id,
+                    "listed": len(decision.missed),
+                    "unlisted": decision.missed_unlisted,
+                },
             )
             report.missed_unlisted += decision.missed_unlisted or 0
         return decision.next_run_at
@@ -195,9 +258,15 @@ class Materializer:
 
     async def run_pass(self) -> PassOutcome:
         report = await self.run_once()
-        return PassOutcome({"schedules": report.schedules, "occurrences": report.occurrences,
-                            "missed": report.missed + report.missed_unlisted, "conflicts": report.conflicts},
-                           more=report.schedules >= self.config.batch_size)
+        return PassOutcome(
+            {
+                "schedules": report.schedules,
+                "occurrences": report.occurrences,
+                "missed": report.missed + report.missed_unlisted,
+                "conflicts": report.conflicts,
+            },
+            more=report.schedules >= self.config.batch_size,
+        )
 
     async def run(self, stop: asyncio.Event, summary_every: float = SUMMARY_EVERY) -> None:
         """Materialize until ``stop`` is set (the periodic skeleton: errors are logged and retried)."""

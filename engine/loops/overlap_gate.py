@@ -46,6 +46,7 @@ log = logging.getLogger("chronoq.overlap")
 #: The claim token of outbox rows held by the overlap gate (never a relay's: relays use uuid4).
 OVERLAP_GATE_TOKEN = uuid.UUID("6f1c2a0e-4d0b-5c8e-9a51-6f7665726c61")
 
+
 @dataclass(frozen=True)
 class OverlapGateConfig:
     """interval: seconds between passes when nothing was due (default 0.1: held rows wait for it).
@@ -65,8 +66,13 @@ class GateReport:
 
 
 class OverlapGate:
-    def __init__(self, pool: asyncpg.Pool, config: OverlapGateConfig | None = None, clock: Clock | None = None,
-                 meter: metrics.Meter | None = None) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        config: OverlapGateConfig | None = None,
+        clock: Clock | None = None,
+        meter: metrics.Meter | None = None,
+    ) -> None:
         self.pool = pool
         self.config = config or OverlapGateConfig()
         self.clock = clock or DatabaseClock()
@@ -76,17 +82,21 @@ class OverlapGate:
         report = GateReport()
         async with self.pool.acquire() as conn, conn.transaction():
             now = await conn.fetchval(*QUERIES.current_instant(now=self.clock.now()))
-            candidates = await conn.fetch(*QUERIES.gated_due_schedules(now=now, gate_token=OVERLAP_GATE_TOKEN,
-                                                                       limit=self.config.batch_size))
+            candidates = await conn.fetch(
+                *QUERIES.gated_due_schedules(now=now, gate_token=OVERLAP_GATE_TOKEN, limit=self.config.batch_size)
+            )
             if not candidates:
                 return report
-            locked = await conn.fetch(*QUERIES.lock_schedules_in_order(
-                schedule_ids=[r["schedule_id"] for r in candidates]))
+            locked = await conn.fetch(
+                *QUERIES.lock_schedules_in_order(schedule_ids=[r["schedule_id"] for r in candidates])
+            )
             policies = {r["schedule_id"]: r["overlap_policy"] for r in locked}
-            rows = await conn.fetch(*QUERIES.gated_due_rows(now=now, schedule_ids=list(policies),
-                                                            gate_token=OVERLAP_GATE_TOKEN))
-            busy = {r["schedule_id"] for r in await conn.fetch(*QUERIES.schedules_in_flight(
-                schedule_ids=list(policies)))}
+            rows = await conn.fetch(
+                *QUERIES.gated_due_rows(now=now, schedule_ids=list(policies), gate_token=OVERLAP_GATE_TOKEN)
+            )
+            busy = {
+                r["schedule_id"] for r in await conn.fetch(*QUERIES.schedules_in_flight(schedule_ids=list(policies)))
+            }
             due: dict[uuid.UUID, list[int]] = {}
             occurrence_of: dict[int, asyncpg.Record] = {}
             for row in rows:
@@ -100,27 +110,41 @@ class OverlapGate:
                 skip.extend(decision.skip)
                 report.held += len(decision.hold)
             if dispatch:
-                report.dispatched = [r["occurrence_id"] for r in
-                                     await conn.fetch(*QUERIES.dispatch_held_rows(
-                                         outbox_ids=dispatch, gate_token=OVERLAP_GATE_TOKEN, now=now))]
+                report.dispatched = [
+                    r["occurrence_id"]
+                    for r in await conn.fetch(
+                        *QUERIES.dispatch_held_rows(outbox_ids=dispatch, gate_token=OVERLAP_GATE_TOKEN, now=now)
+                    )
+                ]
             if skip:
-                report.skipped = [r["occurrence_id"] for r in
-                                  await conn.fetch(*QUERIES.skip_held_rows(
-                                      outbox_ids=skip, gate_token=OVERLAP_GATE_TOKEN, now=now))]
+                report.skipped = [
+                    r["occurrence_id"]
+                    for r in await conn.fetch(
+                        *QUERIES.skip_held_rows(outbox_ids=skip, gate_token=OVERLAP_GATE_TOKEN, now=now)
+                    )
+                ]
             report.schedules = len(due)
         for outbox_id in skip:
             row = occurrence_of[outbox_id]
-            log.info("occurrence skipped: another occurrence of its schedule is in flight",
-                     extra={"action": "occurrence.skipped_overlap", "occurrence_id": str(row["occurrence_id"]),
-                            "schedule_id": str(row["schedule_id"]), "tenant_id": row["tenant_id"]})
+            log.info(
+                "occurrence skipped: another occurrence of its schedule is in flight",
+                extra={
+                    "action": "occurrence.skipped_overlap",
+                    "occurrence_id": str(row["occurrence_id"]),
+                    "schedule_id": str(row["schedule_id"]),
+                    "tenant_id": row["tenant_id"],
+                },
+            )
         if report.skipped:
             self._skips.add(len(report.skipped))
         return report
 
     async def run_pass(self) -> PassOutcome:
         report = await self.run_once()
-        return PassOutcome({"dispatched": len(report.dispatched), "skipped": len(report.skipped),
-                            "held": report.held}, more=report.schedules >= self.config.batch_size)
+        return PassOutcome(
+            {"dispatched": len(report.dispatched), "skipped": len(report.skipped), "held": report.held},
+            more=report.schedules >= self.config.batch_size,
+        )
 
     async def run(self, stop: asyncio.Event, summary_every: float = SUMMARY_EVERY) -> None:
         """Decide held deliveries until ``stop`` is set (the periodic skeleton: errors are logged and retried)."""

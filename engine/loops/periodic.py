@@ -35,8 +35,8 @@ class PassOutcome:
     """What one pass did: counts for the summary line, and when the next pass should run."""
 
     counts: Mapping[str, int] = field(default_factory=dict)
-    more: bool = False          # a full batch: more work may be waiting, run the next pass at once
-    retry_later: bool = False   # part of the work failed and stays for a later pass: wait error_backoff
+    more: bool = False  # a full batch: more work may be waiting, run the next pass at once
+    retry_later: bool = False  # part of the work failed and stays for a later pass: wait error_backoff
 
 
 @dataclass(frozen=True)
@@ -54,9 +54,15 @@ class LoopTiming:
 class PeriodicLoop:
     """Runs ``run_pass`` until stopped (see the module docstring for stop, pacing, errors, summaries)."""
 
-    def __init__(self, name: str, run_pass: Callable[[], Awaitable[PassOutcome]], timing: LoopTiming,
-                 log: logging.Logger, gauges: Gauges | None = None,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        name: str,
+        run_pass: Callable[[], Awaitable[PassOutcome]],
+        timing: LoopTiming,
+        log: logging.Logger,
+        gauges: Gauges | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.name = name
         self.run_pass = run_pass
         self.timing = timing

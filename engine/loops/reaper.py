@@ -56,9 +56,15 @@ class ReaperConfig:
 
 
 class Reaper:
-    def __init__(self, pool: asyncpg.Pool, config: ReaperConfig | None = None, clock: Clock | None = None,
-                 rng: random.Random | None = None, meter: metrics.Meter | None = None,
-                 tracer: trace.Tracer | None = None) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        config: ReaperConfig | None = None,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+        meter: metrics.Meter | None = None,
+        tracer: trace.Tracer | None = None,
+    ) -> None:
         self.pool = pool
         self.config = config or ReaperConfig()
         self.clock = clock or DatabaseClock()
@@ -79,16 +85,23 @@ class Reaper:
                 expired = await conn.fetch(*QUERIES.expired_leases(now=now, limit=self.config.batch_size))
                 for row in expired:
                     occ = await lock_occurrence(conn, row["occurrence_id"])
-                    assert occ is not None   # expired_leases locked it
+                    assert occ is not None  # expired_leases locked it
                     expired_at = occ.lease_expires_at.isoformat() if occ.lease_expires_at else "?"
                     failure = Failure(LEASE_EXPIRED, f"no heartbeat since the lease expired at {expired_at}")
                     await self.outcomes.finish_attempt(conn, occ.lease_token, "timed_out", now, failure)
                     outcome = await self.outcomes.conclude_failure(conn, occ, failure, now)
-                    log.warning("attempt lease expired", extra={
-                        "action": "attempt.timed_out", "occurrence_id": str(occ.occurrence_id),
-                        "schedule_id": str(occ.schedule_id), "tenant_id": occ.tenant_id,
-                        "attempt": occ.attempt_count, "lease_token": str(occ.lease_token),
-                        "outcome": outcome.value})
+                    log.warning(
+                        "attempt lease expired",
+                        extra={
+                            "action": "attempt.timed_out",
+                            "occurrence_id": str(occ.occurrence_id),
+                            "schedule_id": str(occ.schedule_id),
+                            "tenant_id": occ.tenant_id,
+                            "attempt": occ.attempt_count,
+                            "lease_token": str(occ.lease_token),
+                            "outcome": outcome.value,
+                        },
+                    )
             span.set_attribute("chronoq.timed_out", len(expired))
         if expired:
             self.meters.lease_timeouts.add(len(expired))
@@ -115,4 +128,4 @@ class Reaper:
         await PeriodicLoop("reaper", self.run_pass, timing, log, gauges=self._gauges).run(stop)
 
     async def _gauges(self) -> dict[str, int]:
-        return {"dead_letters": self.dead_letters}   # measured by the last housekeeping
+        return {"dead_letters": self.dead_letters}  # measured by the last housekeeping

@@ -44,8 +44,14 @@ class LoopSummary:
     schedule. ``monotonic`` is injectable so tests need no wall-clock waits.
     """
 
-    def __init__(self, name: str, log: logging.Logger, every: float = SUMMARY_EVERY, gauges: Gauges | None = None,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        name: str,
+        log: logging.Logger,
+        every: float = SUMMARY_EVERY,
+        gauges: Gauges | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.name = name
         self.log = log
         self.every = every

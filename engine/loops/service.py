@@ -44,13 +44,13 @@ log = logging.getLogger("chronoq.service")
 class Role(Enum):
     """One thing a chronoq process can run."""
 
-    MATERIALIZER = "materializer"   # due schedules -> occurrences + outbox rows
-    ATTEMPTS = "attempts"           # apply attempt events from consumers (chronoq.attempts)
-    REAPER = "reaper"               # time out expired attempt leases: retry or dead-letter
-    OVERLAP_GATE = "overlap-gate"   # dispatch, hold or skip deliveries of skip_if_running/queue_one schedules
-    COMMANDS = "commands"           # apply signed scheduling commands (chronoq.commands)
-    RELAY = "relay"                 # due outbox rows -> Kafka
-    API = "api"                     # the HTTP API on ServiceConfig.api_socket
+    MATERIALIZER = "materializer"  # due schedules -> occurrences + outbox rows
+    ATTEMPTS = "attempts"  # apply attempt events from consumers (chronoq.attempts)
+    REAPER = "reaper"  # time out expired attempt leases: retry or dead-letter
+    OVERLAP_GATE = "overlap-gate"  # dispatch, hold or skip deliveries of skip_if_running/queue_one schedules
+    COMMANDS = "commands"  # apply signed scheduling commands (chronoq.commands)
+    RELAY = "relay"  # due outbox rows -> Kafka
+    API = "api"  # the HTTP API on ServiceConfig.api_socket
 
     @property
     def needs_kafka(self) -> bool:
@@ -103,8 +103,13 @@ async def migrate(database_url: str) -> list[str]:
         await pool.close()
 
 
-async def run_services(database_url: str, kafka_bootstrap: str | None, stop: asyncio.Event,
-                       config: ServiceConfig | None = None, clock: Clock | None = None) -> None:
+async def run_services(
+    database_url: str,
+    kafka_bootstrap: str | None,
+    stop: asyncio.Event,
+    config: ServiceConfig | None = None,
+    clock: Clock | None = None,
+) -> None:
     """Run the configured roles until ``stop`` is set (or one of them ends), then close what they opened."""
     config = config or ServiceConfig()
     config.validate(kafka_bootstrap)
@@ -154,10 +159,14 @@ async def run_services(database_url: str, kafka_bootstrap: str | None, stop: asy
 
 def relay_periodic_loop(relay: Relay, config: RelayConfig, summary_every: float = SUMMARY_EVERY) -> PeriodicLoop:
     """The relay's passes under the periodic skeleton (the relay package has no loop of its own)."""
+
     async def run_pass() -> PassOutcome:
         report = await relay.run_once()
-        return PassOutcome({"published": report.published, "failed": report.failed, "fenced": report.fenced},
-                           more=report.claimed >= config.batch_size, retry_later=report.failed > 0)
+        return PassOutcome(
+            {"published": report.published, "failed": report.failed, "fenced": report.fenced},
+            more=report.claimed >= config.batch_size,
+            retry_later=report.failed > 0,
+        )
 
     async def gauges() -> dict[str, int]:
         return {"backlog": await relay.record_backlog()}

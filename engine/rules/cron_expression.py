@@ -48,8 +48,12 @@ ALIASES: dict[str, str] = {
 _FIELD = "expression"
 _EXAMPLE = "*/15 9-17 * * MON-FRI"
 # Spelled out rather than taken from calendar.month_abbr, which follows the process locale.
-_MONTH_NAMES = {name: number for number, name in enumerate(
-    ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC"), start=1)}
+_MONTH_NAMES = {
+    name: number
+    for number, name in enumerate(
+        ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC"), start=1
+    )
+}
 _DAY_NAMES = {"SUN": 0, "MON": 1, "TUE": 2, "WED": 3, "THU": 4, "FRI": 5, "SAT": 6}
 # Days a month can have at most; February counts 29 because "29 2" fires in leap years.
 _MAX_DAYS = (0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
@@ -59,11 +63,12 @@ _ITEM = re.compile(r"^(?:(?P<star>\*)|(?P<lo>[0-9A-Za-z]+)(?:-(?P<hi>[0-9A-Za-z]
 class _FieldSpec:
     __slots__ = ("name", "low", "high", "star_high", "names", "example")
 
-    def __init__(self, name: str, low: int, high: int, star_high: int, names: dict[str, int] | None,
-                 example: str) -> None:
+    def __init__(
+        self, name: str, low: int, high: int, star_high: int, names: dict[str, int] | None, example: str
+    ) -> None:
         self.name = name
         self.low = low
-        self.high = high            # largest value a user may write (7 for day-of-week)
+        self.high = high  # largest value a user may write (7 for day-of-week)
         self.star_high = star_high  # largest value "*" and "N/step" cover (6 for day-of-week)
         self.names = names
         self.example = example
@@ -85,12 +90,28 @@ class CronExpression:
     a day matches if day-of-month OR day-of-week matches; otherwise both must.
     """
 
-    __slots__ = ("text", "minutes", "hours", "days_of_month", "months", "days_of_week", "day_or",
-                 "times", "_month_days")
+    __slots__ = (
+        "text",
+        "minutes",
+        "hours",
+        "days_of_month",
+        "months",
+        "days_of_week",
+        "day_or",
+        "times",
+        "_month_days",
+    )
 
-    def __init__(self, text: str, minutes: tuple[int, ...], hours: tuple[int, ...],
-                 days_of_month: frozenset[int], months: frozenset[int], days_of_week: frozenset[int],
-                 day_or: bool) -> None:
+    def __init__(
+        self,
+        text: str,
+        minutes: tuple[int, ...],
+        hours: tuple[int, ...],
+        days_of_month: frozenset[int],
+        months: frozenset[int],
+        days_of_week: frozenset[int],
+        day_or: bool,
+    ) -> None:
         self.text = text
         self.minutes = minutes
         self.hours = hours
@@ -145,33 +166,36 @@ def parse_cron(text: str) -> CronExpression:
     Memoized per text: thousands of schedules share a handful of expressions.
     """
     if len(text) > MAX_EXPRESSION_LENGTH:
-        raise InvalidInput(_FIELD, f"is {len(text)} characters long; the limit is {MAX_EXPRESSION_LENGTH}",
-                           _EXAMPLE)
+        raise InvalidInput(_FIELD, f"is {len(text)} characters long; the limit is {MAX_EXPRESSION_LENGTH}", _EXAMPLE)
     text = normalize_cron(text)
     if not text:
         raise InvalidInput(_FIELD, "is empty; a cron expression has five fields", _EXAMPLE)
     upper = text.upper()
     if upper.startswith(("CRON_TZ=", "TZ=")):
-        raise InvalidInput(_FIELD, "must not carry a zone prefix (CRON_TZ=/TZ=); put the zone in time_zone",
-                           "expression '0 9 * * *' with time_zone 'Europe/Berlin'")
+        raise InvalidInput(
+            _FIELD,
+            "must not carry a zone prefix (CRON_TZ=/TZ=); put the zone in time_zone",
+            "expression '0 9 * * *' with time_zone 'Europe/Berlin'",
+        )
     if text.startswith("@"):
         if text == "@reboot":
-            raise InvalidInput(_FIELD, "@reboot is not a time; chronoq schedules fire at times only",
-                               "@daily")
+            raise InvalidInput(_FIELD, "@reboot is not a time; chronoq schedules fire at times only", "@daily")
         if text not in ALIASES:
-            raise InvalidInput(_FIELD, f"unknown alias {text[:20]!r}; known aliases: {', '.join(ALIASES)}",
-                               "@hourly")
+            raise InvalidInput(_FIELD, f"unknown alias {text[:20]!r}; known aliases: {', '.join(ALIASES)}", "@hourly")
         fields = ALIASES[text].split(" ")
     else:
         fields = text.split(" ")
     if len(fields) != 5:
         if len(fields) in (6, 7):
-            problem = (f"has {len(fields)} fields; chronoq takes the standard five (minute hour day-of-month"
-                       " month day-of-week) without seconds or years; for sub-minute periods use kind"
-                       " 'rate' (e.g. '30s')")
+            problem = (
+                f"has {len(fields)} fields; chronoq takes the standard five (minute hour day-of-month"
+                " month day-of-week) without seconds or years; for sub-minute periods use kind"
+                " 'rate' (e.g. '30s')"
+            )
         else:
-            problem = (f"has {len(fields)} fields; a cron expression has five:"
-                       " minute hour day-of-month month day-of-week")
+            problem = (
+                f"has {len(fields)} fields; a cron expression has five: minute hour day-of-month month day-of-week"
+            )
         raise InvalidInput(_FIELD, problem, _EXAMPLE)
     for spec, raw in zip(_FIELDS, fields, strict=True):
         _reject_extensions(spec, raw)
@@ -180,16 +204,22 @@ def parse_cron(text: str) -> CronExpression:
     dows = {0 if d == 7 else d for d in dows}
     day_or = not (fields[2].startswith("*") or fields[4].startswith("*"))
     expression = CronExpression(
-        text, tuple(sorted(minutes)), tuple(sorted(hours)), frozenset(doms), frozenset(months),
-        frozenset(dows), day_or,
+        text,
+        tuple(sorted(minutes)),
+        tuple(sorted(hours)),
+        frozenset(doms),
+        frozenset(months),
+        frozenset(dows),
+        day_or,
     )
     if not day_or and not any(d <= _MAX_DAYS[m] for m in months for d in doms):
         # Under the AND rule the day-of-month must exist in one of the months. Every
         # existing (month, day) falls on every weekday in some year, so the weekday
         # field cannot make a valid date impossible; under the OR rule the weekday
         # alone makes it fire.
-        raise InvalidInput(_FIELD, f"{text!r} can never fire: no selected month has the selected day of month",
-                           "0 0 28 2 *")
+        raise InvalidInput(
+            _FIELD, f"{text!r} can never fire: no selected month has the selected day of month", "0 0 28 2 *"
+        )
     return expression
 
 
@@ -203,12 +233,14 @@ def _reject_extensions(spec: _FieldSpec, raw: str) -> None:
         for name in spec.names:
             upper = upper.replace(name, "")
     if "H" in upper:
-        raise InvalidInput(_FIELD, f"Jenkins-style 'H' (hashed) values in the {spec.name} field are not"
-                           " supported; write explicit values", "7 * * * *")
+        raise InvalidInput(
+            _FIELD,
+            f"Jenkins-style 'H' (hashed) values in the {spec.name} field are not supported; write explicit values",
+            "7 * * * *",
+        )
     for symbol, what in _EXTENSIONS:
         if symbol in upper:
-            raise InvalidInput(_FIELD, f"Quartz-style {what} in the {spec.name} field is not supported",
-                               _EXAMPLE)
+            raise InvalidInput(_FIELD, f"Quartz-style {what} in the {spec.name} field is not supported", _EXAMPLE)
 
 
 def _value(spec: _FieldSpec, token: str) -> int:
@@ -217,13 +249,18 @@ def _value(spec: _FieldSpec, token: str) -> int:
     elif spec.names is not None and token.upper() in spec.names:
         return spec.names[token.upper()]
     else:
-        allowed = " or a name like JAN" if spec.names is _MONTH_NAMES else (
-            " or a name like MON" if spec.names is not None else "")
-        raise InvalidInput(_FIELD, f"{token[:20]!r} is not a valid {spec.name} value: use a number"
-                           f" {spec.low}-{spec.high}{allowed}", spec.example)
+        allowed = (
+            " or a name like JAN"
+            if spec.names is _MONTH_NAMES
+            else (" or a name like MON" if spec.names is not None else "")
+        )
+        raise InvalidInput(
+            _FIELD,
+            f"{token[:20]!r} is not a valid {spec.name} value: use a number {spec.low}-{spec.high}{allowed}",
+            spec.example,
+        )
     if not spec.low <= number <= spec.high:
-        raise InvalidInput(_FIELD, f"{spec.name} value {number} is out of range {spec.low}-{spec.high}",
-                           spec.example)
+        raise InvalidInput(_FIELD, f"{spec.name} value {number} is out of range {spec.low}-{spec.high}", spec.example)
     return number
 
 
@@ -234,17 +271,24 @@ def _parse_field(spec: _FieldSpec, raw: str) -> set[int]:
     for item in raw.split(","):
         match = _ITEM.match(item)
         if match is None:
-            raise InvalidInput(_FIELD, f"{item[:20]!r} is not valid in the {spec.name} field; use *, a value,"
-                               " a range a-b, a step */n or a-b/n, or a comma list", spec.example)
+            raise InvalidInput(
+                _FIELD,
+                f"{item[:20]!r} is not valid in the {spec.name} field; use *, a value,"
+                " a range a-b, a step */n or a-b/n, or a comma list",
+                spec.example,
+            )
         step_text = match.group("step")
         step = 1
         if step_text is not None:
             step = int(step_text)
             span = spec.star_high - spec.low
             if not 1 <= step <= span:
-                raise InvalidInput(_FIELD, f"step {step} in the {spec.name} field must be between 1 and {span}"
-                                   + ("; for intervals that do not divide the hour/day use kind 'rate'"
-                                      if step > span else ""), spec.example)
+                raise InvalidInput(
+                    _FIELD,
+                    f"step {step} in the {spec.name} field must be between 1 and {span}"
+                    + ("; for intervals that do not divide the hour/day use kind 'rate'" if step > span else ""),
+                    spec.example,
+                )
         if match.group("star"):
             low, high = spec.low, spec.star_high
         else:
@@ -252,9 +296,12 @@ def _parse_field(spec: _FieldSpec, raw: str) -> set[int]:
             if match.group("hi") is not None:
                 high = _value(spec, match.group("hi"))
                 if high < low:
-                    raise InvalidInput(_FIELD, f"range {item[:20]!r} in the {spec.name} field runs backwards;"
-                                       " ranges do not wrap around, split it into two ranges",
-                                       "0 22-23,0-2 * * *")
+                    raise InvalidInput(
+                        _FIELD,
+                        f"range {item[:20]!r} in the {spec.name} field runs backwards;"
+                        " ranges do not wrap around, split it into two ranges",
+                        "0 22-23,0-2 * * *",
+                    )
             elif step_text is not None:
                 high = spec.star_high  # "N/step" = "N-max/step"
             else:

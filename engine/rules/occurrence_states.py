@@ -18,27 +18,27 @@ from schemas.errors import ChronoqError
 
 
 class State(str, Enum):
-    SCHEDULED = "SCHEDULED"              # has an outbox row the relay has not published yet
-    ENQUEUED = "ENQUEUED"                # in Kafka, no attempt started
-    RUNNING = "RUNNING"                  # an attempt holds the lease
+    SCHEDULED = "SCHEDULED"  # has an outbox row the relay has not published yet
+    ENQUEUED = "ENQUEUED"  # in Kafka, no attempt started
+    RUNNING = "RUNNING"  # an attempt holds the lease
     SUCCEEDED = "SUCCEEDED"
-    RETRY_WAIT = "RETRY_WAIT"            # an attempt failed; the next delivery waits in the outbox
-    DEAD = "DEAD"                        # no retry left (or permanent error): in the dead-letter list
-    MISSED = "MISSED"                    # misfire policy: never enqueued
-    CANCELED = "CANCELED"                # schedule changed or canceled before the effect
+    RETRY_WAIT = "RETRY_WAIT"  # an attempt failed; the next delivery waits in the outbox
+    DEAD = "DEAD"  # no retry left (or permanent error): in the dead-letter list
+    MISSED = "MISSED"  # misfire policy: never enqueued
+    CANCELED = "CANCELED"  # schedule changed or canceled before the effect
     SKIPPED_OVERLAP = "SKIPPED_OVERLAP"  # overlap policy: another occurrence of the schedule was in flight
 
 
 class Event(str, Enum):
-    PUBLISHED = "published"              # the broker acknowledged the outbox row
-    STARTED = "started"                  # an attempt started (or took over the same delivery)
-    SUCCEEDED = "succeeded"              # the current attempt committed its effect
+    PUBLISHED = "published"  # the broker acknowledged the outbox row
+    STARTED = "started"  # an attempt started (or took over the same delivery)
+    SUCCEEDED = "succeeded"  # the current attempt committed its effect
     ALREADY_APPLIED = "already_applied"  # a consumer found the effect's dedupe row already committed
-    RETRY = "retry"                      # the attempt failed or timed out; a retry is scheduled
-    DIE = "die"                          # the attempt failed or timed out; no retry is allowed
-    CANCEL = "cancel"                    # the occurrence's schedule version is obsolete or canceled
-    SKIP_OVERLAP = "skip_overlap"        # the overlap gate decided not to dispatch it
-    REPLAY = "replay"                    # an operator re-enqueued a dead occurrence
+    RETRY = "retry"  # the attempt failed or timed out; a retry is scheduled
+    DIE = "die"  # the attempt failed or timed out; no retry is allowed
+    CANCEL = "cancel"  # the occurrence's schedule version is obsolete or canceled
+    SKIP_OVERLAP = "skip_overlap"  # the overlap gate decided not to dispatch it
+    REPLAY = "replay"  # an operator re-enqueued a dead occurrence
 
 
 class IllegalTransition(ChronoqError):
@@ -59,23 +59,19 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
     (S.SCHEDULED, E.ALREADY_APPLIED): S.SUCCEEDED,
     (S.SCHEDULED, E.CANCEL): S.CANCELED,
     (S.SCHEDULED, E.SKIP_OVERLAP): S.SKIPPED_OVERLAP,
-
     (S.ENQUEUED, E.STARTED): S.RUNNING,
     (S.ENQUEUED, E.ALREADY_APPLIED): S.SUCCEEDED,
     (S.ENQUEUED, E.CANCEL): S.CANCELED,
-
-    (S.RUNNING, E.STARTED): S.RUNNING,            # takeover of the same delivery by a new lease
+    (S.RUNNING, E.STARTED): S.RUNNING,  # takeover of the same delivery by a new lease
     (S.RUNNING, E.SUCCEEDED): S.SUCCEEDED,
     (S.RUNNING, E.ALREADY_APPLIED): S.SUCCEEDED,
     (S.RUNNING, E.RETRY): S.RETRY_WAIT,
     (S.RUNNING, E.DIE): S.DEAD,
     (S.RUNNING, E.CANCEL): S.CANCELED,
-
     (S.RETRY_WAIT, E.PUBLISHED): S.ENQUEUED,
     (S.RETRY_WAIT, E.STARTED): S.RUNNING,
     (S.RETRY_WAIT, E.ALREADY_APPLIED): S.SUCCEEDED,
     (S.RETRY_WAIT, E.CANCEL): S.CANCELED,
-
     # A dead letter leaves only by replay, or when a consumer proves the effect exists.
     (S.DEAD, E.REPLAY): S.RETRY_WAIT,
     (S.DEAD, E.ALREADY_APPLIED): S.SUCCEEDED,

@@ -49,7 +49,7 @@ class RetryPolicy:
 class RetryDecision:
     retry: bool
     delay: timedelta = timedelta(0)
-    dead_reason: str | None = None       # permanent_error | max_attempts | deadline | retry_budget
+    dead_reason: str | None = None  # permanent_error | max_attempts | deadline | retry_budget
 
     @classmethod
     def dead(cls, reason: str) -> RetryDecision:
@@ -59,12 +59,18 @@ class RetryDecision:
 def backoff_ceiling(policy: RetryPolicy, attempt: int) -> timedelta:
     """The largest delay after the ``attempt``-th counted attempt: min(cap, base × 2^(attempt−1))."""
     exponent = min(max(attempt - 1, 0), _MAX_EXPONENT)
-    seconds = min(policy.cap.total_seconds(), policy.base.total_seconds() * (2.0 ** exponent))
+    seconds = min(policy.cap.total_seconds(), policy.base.total_seconds() * (2.0**exponent))
     return timedelta(seconds=seconds)
 
 
-def decide_retry(policy: RetryPolicy, attempt: int, permanent: bool, now: datetime,
-                 deadline: datetime | None, random: Callable[[], float]) -> RetryDecision:
+def decide_retry(
+    policy: RetryPolicy,
+    attempt: int,
+    permanent: bool,
+    now: datetime,
+    deadline: datetime | None,
+    random: Callable[[], float],
+) -> RetryDecision:
     """What to do after the ``attempt``-th counted attempt failed (or timed out) at ``now``.
 
     ``attempt`` counts attempts since the last replay (1 for the first).

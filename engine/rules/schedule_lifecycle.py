@@ -24,6 +24,9 @@ def lifecycle_transition(state: str, action: str) -> str:
     """The state after ``action``, or Conflict saying why the action is not possible."""
     following = LIFECYCLE[action].get(state)
     if following is None:
-        raise Conflict(f"cannot {action} a {state} schedule; {state} is final, create a new schedule instead"
-                       if state in FINAL_STATES else f"cannot {action} a {state} schedule")
+        raise Conflict(
+            f"cannot {action} a {state} schedule; {state} is final, create a new schedule instead"
+            if state in FINAL_STATES
+            else f"cannot {action} a {state} schedule"
+        )
     return following

@@ -37,6 +37,7 @@ def hooks(pause_at: str | None) -> ConsumerHooks:
             if point == pause_at:
                 await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
                 say("RESUMED", point, occurrence.occurrence_id)
+
         return hook
 
     return ConsumerHooks(**{point: at(point) for point in POINTS})
@@ -44,18 +45,29 @@ def hooks(pause_at: str | None) -> ConsumerHooks:
 
 async def main(args: argparse.Namespace) -> int:
     config = ConsumerConfig(
-        args.group, args.bootstrap, args.database_url, session_timeout=args.session_timeout,
-        heartbeat_interval=args.session_timeout / 5, lease_ttl=args.lease_ttl,
-        transaction_idle_timeout=args.idle_timeout, dedupe_lock_timeout=args.lock_timeout,
-        shutdown_grace=args.shutdown_grace, redelivery_backoff=0.1, state_catch_up_timeout=5.0,
+        args.group,
+        args.bootstrap,
+        args.database_url,
+        session_timeout=args.session_timeout,
+        heartbeat_interval=args.session_timeout / 5,
+        lease_ttl=args.lease_ttl,
+        transaction_idle_timeout=args.idle_timeout,
+        dedupe_lock_timeout=args.lock_timeout,
+        shutdown_grace=args.shutdown_grace,
+        redelivery_backoff=0.1,
+        state_catch_up_timeout=5.0,
     )
     app = ConsumerApp(config, hooks=hooks(args.pause_at))
 
     @app.handler(args.target, concurrency=4)
     async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
         say("HANDLER", occurrence.occurrence_id, occurrence.attempt)
-        await conn.execute("INSERT INTO effects (occurrence_id, attempt, lease_token) VALUES ($1, $2, $3)",
-                           occurrence.occurrence_id, occurrence.attempt, occurrence.lease_token)
+        await conn.execute(
+            "INSERT INTO effects (occurrence_id, attempt, lease_token) VALUES ($1, $2, $3)",
+            occurrence.occurrence_id,
+            occurrence.attempt,
+            occurrence.lease_token,
+        )
         if args.handler_seconds:
             await asyncio.sleep(args.handler_seconds)
         say("HANDLER_DONE", occurrence.occurrence_id)

@@ -25,9 +25,15 @@ EXAMPLES = int(os.environ.get("CHRONOQ_FUZZ_EXAMPLES", "25"))
 async def api_process(engine_db, pool):
     token = (await create_tenant(pool, "fuzz")).api_token
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOQ_")}
-    env.update(CHRONOQ_DATABASE_URL=engine_db)   # and no Kafka bootstrap: the API never contacts Kafka
-    process = subprocess.Popen([sys.executable, "-m", "engine.cli", "api", "--api-port", "0"], env=env, cwd=ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env.update(CHRONOQ_DATABASE_URL=engine_db)  # and no Kafka bootstrap: the API never contacts Kafka
+    process = subprocess.Popen(
+        [sys.executable, "-m", "engine.cli", "api", "--api-port", "0"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert process.stdout is not None and process.stderr is not None
     line = await asyncio.to_thread(process.stdout.readline)
     assert line.startswith("chronoq api on "), process.stderr.read() if process.poll() is not None else line
@@ -42,14 +48,15 @@ async def test_no_generated_request_produces_a_server_error(api_process):
     failures: list[str] = []
 
     def fuzz(operation, mode) -> None:
-        @settings(max_examples=EXAMPLES, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
         @given(case=operation.as_strategy(generation_mode=mode))
         def check(case) -> None:
             response = case.call(base_url=base_url, headers={"Authorization": f"Bearer {token}"})
             if response.status_code >= 500:
-                failures.append(f"{case.method} {case.formatted_path} {case.body!r:.200} -> "
-                                f"{response.status_code} {response.text[:200]}")
+                failures.append(
+                    f"{case.method} {case.formatted_path} {case.body!r:.200} -> "
+                    f"{response.status_code} {response.text[:200]}"
+                )
 
         check()
 

@@ -34,19 +34,26 @@ def run(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess
     return subprocess.run(CHRONOQ + args, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.parametrize("args, field", [
-    (["--cron", "0 0 30 2 *"], "expression"),
-    (["--cron", "not a cron"], "expression"),
-    (["--cron", "0 9 * * *", "--tz", "Europe/Atlantis"], "time_zone"),
-    (["--cron", "0 9 * * *", "--payload", "{not json"], "payload"),
-    (["--at", "2026-13-01T00:00:00Z"], "expression"),
-    (["--cron", "0 9 * * *", "--at", "2030-01-01T00:00:00Z"], "expression"),
-    ([], "expression"),
-])
+@pytest.mark.parametrize(
+    "args, field",
+    [
+        (["--cron", "0 0 30 2 *"], "expression"),
+        (["--cron", "not a cron"], "expression"),
+        (["--cron", "0 9 * * *", "--tz", "Europe/Atlantis"], "time_zone"),
+        (["--cron", "0 9 * * *", "--payload", "{not json"], "payload"),
+        (["--at", "2026-13-01T00:00:00Z"], "expression"),
+        (["--cron", "0 9 * * *", "--at", "2030-01-01T00:00:00Z"], "expression"),
+        ([], "expression"),
+    ],
+)
 async def test_bad_input_exits_non_zero_with_one_line_naming_the_field_and_writes_nothing(
-        engine_db, pool, kafka_bootstrap, args, field, acme):
-    result = await asyncio.to_thread(run, ["schedule", "create", "--tenant", "acme", "--target", "billing.invoice",
-                                           *args], cli_env(engine_db, kafka_bootstrap))
+    engine_db, pool, kafka_bootstrap, args, field, acme
+):
+    result = await asyncio.to_thread(
+        run,
+        ["schedule", "create", "--tenant", "acme", "--target", "billing.invoice", *args],
+        cli_env(engine_db, kafka_bootstrap),
+    )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and f": {field}: " in lines[0], result.stderr
@@ -62,23 +69,28 @@ def test_engine_help_says_what_runs_and_what_runs_elsewhere():
 
 
 async def test_missing_target_is_named(engine_db, kafka_bootstrap, acme):
-    result = await asyncio.to_thread(run, ["schedule", "create", "--tenant", "acme", "--cron", "0 9 * * *"],
-                 cli_env(engine_db, kafka_bootstrap))
+    result = await asyncio.to_thread(
+        run, ["schedule", "create", "--tenant", "acme", "--cron", "0 9 * * *"], cli_env(engine_db, kafka_bootstrap)
+    )
     assert result.returncode == 2 and "target: " in result.stderr
 
 
 def test_commands_explain_how_to_find_a_stack(tmp_path):
-    result = run(["schedule", "create", "--tenant", "acme", "--target", "x", "--cron", "0 9 * * *"],
-                 cli_env(CHRONOQ_HOME=str(tmp_path)))
+    result = run(
+        ["schedule", "create", "--tenant", "acme", "--target", "x", "--cron", "0 9 * * *"],
+        cli_env(CHRONOQ_HOME=str(tmp_path)),
+    )
     assert result.returncode == 1 and "chronoq up" in result.stderr
 
 
-async def test_create_then_consume_prints_the_occurrence_once(engine_db, kafka_bootstrap, consumer_db, target,
-                                                             acme):
+async def test_create_then_consume_prints_the_occurrence_once(engine_db, kafka_bootstrap, consumer_db, target, acme):
     env = cli_env(engine_db, kafka_bootstrap, CHRONOQ_CONSUMER_DATABASE_URL=consumer_db)
     at = (datetime.now(UTC) + timedelta(seconds=3)).isoformat()
-    created = await asyncio.to_thread(run, ["schedule", "create", "--tenant", "acme", "--target", target,
-                                            "--at", at, "--payload", '{"n": 1}', "--json"], env)
+    created = await asyncio.to_thread(
+        run,
+        ["schedule", "create", "--tenant", "acme", "--target", target, "--at", at, "--payload", '{"n": 1}', "--json"],
+        env,
+    )
     assert created.returncode == 0, created.stderr
     schedule = orjson.loads(created.stdout)
     assert schedule["version"] == 1 and schedule["next_run_at"] and schedule["state"] == "active"
@@ -86,8 +98,9 @@ async def test_create_then_consume_prints_the_occurrence_once(engine_db, kafka_b
     stop = asyncio.Event()
     services = asyncio.create_task(run_services(engine_db, kafka_bootstrap, stop, fast_services()))
     try:
-        consumed = await asyncio.to_thread(run, ["consume", "--target", target, "--group", "cli-test",
-                                                 "--max", "1", "--json"], env, 60)
+        consumed = await asyncio.to_thread(
+            run, ["consume", "--target", target, "--group", "cli-test", "--max", "1", "--json"], env, 60
+        )
     finally:
         stop.set()
         await services
@@ -111,8 +124,14 @@ def _wait_for_file(path: Path, process: subprocess.Popen, timeout: float) -> Non
 
 def test_up_serves_create_and_consume_then_sigterm_leaves_no_process(tmp_path):
     env = cli_env(CHRONOQ_HOME=str(tmp_path / "home"))
-    up = subprocess.Popen(CHRONOQ + ["up", "--api-port", "0"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+    up = subprocess.Popen(
+        CHRONOQ + ["up", "--api-port", "0"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         state_file = tmp_path / "home" / "stack.json"
         _wait_for_file(state_file, up, 60)
@@ -134,7 +153,7 @@ def test_up_serves_create_and_consume_then_sigterm_leaves_no_process(tmp_path):
         assert consumed.returncode == 0, consumed.stderr
         printed = orjson.loads(consumed.stdout.strip())
         assert printed["schedule_id"] == orjson.loads(created.stdout)["schedule_id"]
-        lag = (datetime.fromisoformat(printed["received_at"]) - datetime.fromisoformat(printed["scheduled_for"]))
+        lag = datetime.fromisoformat(printed["received_at"]) - datetime.fromisoformat(printed["scheduled_for"])
         assert lag < timedelta(seconds=5)
     finally:
         up.send_signal(signal.SIGTERM)
@@ -147,8 +166,22 @@ def test_up_serves_create_and_consume_then_sigterm_leaves_no_process(tmp_path):
 
 
 def test_preview_skips_the_nonexistent_spring_forward_time():
-    result = run(["schedule", "preview", "--cron", "30 2 * * *", "--tz", "America/New_York",
-                  "--from", "2026-03-07T00:00:00Z", "-n", "3", "--json"], cli_env())
+    result = run(
+        [
+            "schedule",
+            "preview",
+            "--cron",
+            "30 2 * * *",
+            "--tz",
+            "America/New_York",
+            "--from",
+            "2026-03-07T00:00:00Z",
+            "-n",
+            "3",
+            "--json",
+        ],
+        cli_env(),
+    )
     assert result.returncode == 0, result.stderr
     fires = orjson.loads(result.stdout)
     assert [f["utc"] for f in fires] == ["2026-03-07T07:30:00Z", "2026-03-09T06:30:00Z", "2026-03-10T06:30:00Z"]
@@ -156,13 +189,31 @@ def test_preview_skips_the_nonexistent_spring_forward_time():
     assert fires[1]["local"] == "2026-03-09T02:30:00-04:00"
 
 
-@pytest.mark.parametrize("repeat, expected", [
-    ([], ["2026-11-01T05:30:00Z"]),
-    (["--dst-repeat", "both"], ["2026-11-01T05:30:00Z", "2026-11-01T06:30:00Z"]),
-])
+@pytest.mark.parametrize(
+    "repeat, expected",
+    [
+        ([], ["2026-11-01T05:30:00Z"]),
+        (["--dst-repeat", "both"], ["2026-11-01T05:30:00Z", "2026-11-01T06:30:00Z"]),
+    ],
+)
 def test_preview_fires_a_repeated_wall_time_once_by_default(repeat, expected):
-    result = run(["schedule", "preview", "--cron", "30 1 * * *", "--tz", "America/New_York",
-                  "--from", "2026-10-31T12:00:00Z", "-n", "4", "--json", *repeat], cli_env())
+    result = run(
+        [
+            "schedule",
+            "preview",
+            "--cron",
+            "30 1 * * *",
+            "--tz",
+            "America/New_York",
+            "--from",
+            "2026-10-31T12:00:00Z",
+            "-n",
+            "4",
+            "--json",
+            *repeat,
+        ],
+        cli_env(),
+    )
     assert result.returncode == 0, result.stderr
     fires = orjson.loads(result.stdout)
     assert [f["utc"] for f in fires if f["local"].startswith("2026-11-01")] == expected
@@ -183,8 +234,7 @@ async def test_operators_manage_the_lifecycle_from_the_cli(engine_db, kafka_boot
 
     created = await chronoq("schedule", "create", "--tenant", "acme", "--target", "ops", "--cron", "0 9 * * *")
     sid = created["schedule_id"]
-    updated = await chronoq("schedule", "update", sid, "--tenant", "acme", "--cron", "0 10 * * *", "--tz",
-                            "Asia/Tokyo")
+    updated = await chronoq("schedule", "update", sid, "--tenant", "acme", "--cron", "0 10 * * *", "--tz", "Asia/Tokyo")
     assert (updated["version"], updated["expression"], updated["time_zone"]) == (2, "0 10 * * *", "Asia/Tokyo")
     assert (await chronoq("schedule", "pause", sid, "--tenant", "acme"))["state"] == "paused"
     assert (await chronoq("schedule", "resume", sid, "--tenant", "acme"))["state"] == "active"

@@ -23,49 +23,58 @@ OCCURRENCE_ROWS = "SELECT count(*) FROM outbox WHERE occurrence_id IS NOT NULL"
 
 
 def recording_app(consumer_db, kafka_bootstrap, target, **instruments) -> ConsumerApp:
-    app = ConsumerApp(ConsumerConfig(f"e2e-{uuid.uuid4().hex[:8]}", kafka_bootstrap, consumer_db,
-                                     session_timeout=2.0, heartbeat_interval=0.4), **instruments)
+    app = ConsumerApp(
+        ConsumerConfig(
+            f"e2e-{uuid.uuid4().hex[:8]}", kafka_bootstrap, consumer_db, session_timeout=2.0, heartbeat_interval=0.4
+        ),
+        **instruments,
+    )
 
     @app.handler(target)
     async def record(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
         # No unique key on effects: a second application would show as a second row.
-        await conn.execute("INSERT INTO effects (occurrence_id, scheduled_for) VALUES ($1, $2)", occurrence.occurrence_id,
-                           occurrence.scheduled_for)
+        await conn.execute(
+            "INSERT INTO effects (occurrence_id, scheduled_for) VALUES ($1, $2)",
+            occurrence.occurrence_id,
+            occurrence.scheduled_for,
+        )
 
     return app
 
 
-async def test_a_one_time_schedule_is_consumed_exactly_once(engine_db, pool, consumer_db, kafka_bootstrap,
-                                                           clock, target, effects, acme):
+async def test_a_one_time_schedule_is_consumed_exactly_once(
+    engine_db, pool, consumer_db, kafka_bootstrap, clock, target, effects, acme
+):
     control = ControlPlane(pool, clock)
-    schedule = await control.create_schedule("acme", {"kind": "once", "target": target,
-                                                      "expression": "2026-11-29T10:00:05Z"})
+    schedule = await control.create_schedule(
+        "acme", {"kind": "once", "target": target, "expression": "2026-11-29T10:00:05Z"}
+    )
     stop = asyncio.Event()
     services = asyncio.create_task(run_services(engine_db, kafka_bootstrap, stop, fast_services(), clock))
     app = recording_app(consumer_db, kafka_bootstrap, target)
     consumer = asyncio.create_task(app.run(stop))
     try:
-        await wait_for(lambda: pool.fetchval(OCCURRENCE_ROWS))                     # materialized ahead
-        await asyncio.sleep(0.3)                                                    # relay polls: not due yet
+        await wait_for(lambda: pool.fetchval(OCCURRENCE_ROWS))  # materialized ahead
+        await asyncio.sleep(0.3)  # relay polls: not due yet
         assert await pool.fetchval(OCCURRENCE_ROWS + " AND sent_at IS NOT NULL") == 0
         clock.advance(timedelta(seconds=5))
         await wait_for(lambda: app.stats.applied == 1)
-        await asyncio.sleep(1.0)   # give a duplicate every chance to show up
-        await wait_for(lambda: pool.fetchval("SELECT state = 'SUCCEEDED' FROM occurrences"))   # attempt reported
+        await asyncio.sleep(1.0)  # give a duplicate every chance to show up
+        await wait_for(lambda: pool.fetchval("SELECT state = 'SUCCEEDED' FROM occurrences"))  # attempt reported
     finally:
         stop.set()
         await asyncio.gather(services, consumer)
     rows = await effects.fetch("SELECT * FROM effects")
     assert len(rows) == 1 and app.stats.duplicates == 0
-    occurrence = await pool.fetchrow("SELECT * FROM occurrences WHERE schedule_id = $1::uuid",
-                                     schedule["schedule_id"])
+    occurrence = await pool.fetchrow("SELECT * FROM occurrences WHERE schedule_id = $1::uuid", schedule["schedule_id"])
     assert rows[0]["occurrence_id"] == occurrence["occurrence_id"]
     assert occurrence["state"] == "SUCCEEDED" and occurrence["enqueued_at"] == clock.now()
     assert (await control.get_schedule("acme", schedule["schedule_id"]))["state"] == "completed"
 
 
 async def test_trace_context_travels_from_the_relay_to_the_consumer_span(
-        pool, consumer_db, kafka_bootstrap, clock, target, effects, telemetry, acme):
+    pool, consumer_db, kafka_bootstrap, clock, target, effects, telemetry, acme
+):
     control = ControlPlane(pool, clock)
     await control.create_schedule("acme", {"kind": "once", "target": target, "expression": "2026-11-29T10:00:00Z"})
     await Materializer(pool, MaterializerConfig(), clock).run_once()
@@ -73,7 +82,7 @@ async def test_trace_context_travels_from_the_relay_to_the_consumer_span(
     await publisher.start()
     try:
         relay = Relay(OutboxStore(pool, clock), publisher, RelayConfig(), **telemetry.instruments("relay"))
-        assert (await relay.run_once()).published == 2     # the occurrence and the schedule's state message
+        assert (await relay.run_once()).published == 2  # the occurrence and the schedule's state message
     finally:
         await publisher.stop()
     app = recording_app(consumer_db, kafka_bootstrap, target, **telemetry.instruments("consumer"))

@@ -40,9 +40,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def new_app(consumer_db, kafka_bootstrap, **config) -> ConsumerApp:
     hooks = config.pop("hooks", None)
-    return ConsumerApp(ConsumerConfig(f"rt-{uuid.uuid4().hex[:8]}", kafka_bootstrap, consumer_db,
-                                      session_timeout=2.0, heartbeat_interval=0.4, redelivery_backoff=0.05,
-                                      shutdown_grace=2.0, **config), hooks=hooks)
+    return ConsumerApp(
+        ConsumerConfig(
+            f"rt-{uuid.uuid4().hex[:8]}",
+            kafka_bootstrap,
+            consumer_db,
+            session_timeout=2.0,
+            heartbeat_interval=0.4,
+            redelivery_backoff=0.05,
+            shutdown_grace=2.0,
+            **config,
+        ),
+        hooks=hooks,
+    )
 
 
 async def state_is(pool, ident, expected: str, attempt_count: int | None = None) -> bool:
@@ -51,7 +61,8 @@ async def state_is(pool, ident, expected: str, attempt_count: int | None = None)
 
 
 async def test_a_handler_failing_transiently_twice_succeeds_on_attempt_three_with_one_effect(
-        engine, pool, clock, kafka_bootstrap, consumer_db, effects, target):
+    engine, pool, clock, kafka_bootstrap, consumer_db, effects, target
+):
     sent = await due_occurrence(pool, "acme", target, clock.now(), max_attempts=5, base=1.0, cap=1.0)
     app = new_app(consumer_db, kafka_bootstrap)
     calls = []
@@ -59,18 +70,23 @@ async def test_a_handler_failing_transiently_twice_succeeds_on_attempt_three_wit
     @app.handler(target)
     async def flaky(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
         calls.append(occurrence.attempt)
-        await conn.execute("INSERT INTO effects (occurrence_id, attempt) VALUES ($1, $2)", occurrence.occurrence_id, occurrence.attempt)
+        await conn.execute(
+            "INSERT INTO effects (occurrence_id, attempt) VALUES ($1, $2)", occurrence.occurrence_id, occurrence.attempt
+        )
         if len(calls) <= 2:
-            raise ConnectionRefusedError("downstream unavailable")   # the handler's own dependency: transient
+            raise ConnectionRefusedError("downstream unavailable")  # the handler's own dependency: transient
 
     async with Running(app):
         for attempt in (1, 2):
             await wait_for(functools.partial(state_is, pool, sent.occurrence_id, "RETRY_WAIT", attempt))
-            clock.advance(1)                  # past the backoff (cap 1 s): the relay publishes the retry
+            clock.advance(1)  # past the backoff (cap 1 s): the relay publishes the retry
         await wait_for(lambda: state_is(pool, sent.occurrence_id, "SUCCEEDED", 3))
     attempts = await attempt_rows(pool, sent.occurrence_id)
     assert [(a["attempt_number"], a["result"], a["error_class"]) for a in attempts] == [
-        (1, "failed", "ConnectionRefusedError"), (2, "failed", "ConnectionRefusedError"), (3, "succeeded", None)]
+        (1, "failed", "ConnectionRefusedError"),
+        (2, "failed", "ConnectionRefusedError"),
+        (3, "succeeded", None),
+    ]
     assert len({a["lease_token"] for a in attempts}) == 3
     assert calls == [1, 2, 3]
     assert await effects.fetch("SELECT occurrence_id, attempt FROM effects") == [(sent.occurrence_id, 3)]
@@ -78,7 +94,8 @@ async def test_a_handler_failing_transiently_twice_succeeds_on_attempt_three_wit
 
 
 async def test_a_permanent_error_is_dead_after_one_attempt_listed_and_replayed_with_the_same_id(
-        engine, engine_db, pool, clock, kafka_bootstrap, consumer_db, effects, target):
+    engine, engine_db, pool, clock, kafka_bootstrap, consumer_db, effects, target
+):
     sent = await due_occurrence(pool, "acme", target, clock.now(), max_attempts=5)
     app = new_app(consumer_db, kafka_bootstrap)
     seen = []
@@ -89,38 +106,51 @@ async def test_a_permanent_error_is_dead_after_one_attempt_listed_and_replayed_w
     @app.handler(target, permanent_errors=(InvoiceRejected,))
     async def invoice(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
         seen.append((occurrence.occurrence_id, occurrence.attempt))
-        await conn.execute("INSERT INTO effects (occurrence_id, attempt) VALUES ($1, $2)", occurrence.occurrence_id, occurrence.attempt)
+        await conn.execute(
+            "INSERT INTO effects (occurrence_id, attempt) VALUES ($1, $2)", occurrence.occurrence_id, occurrence.attempt
+        )
         if len(seen) == 1:
-            raise InvoiceRejected("customer 42 does not exist")        # the app's own type, mapped to permanent
+            raise InvoiceRejected("customer 42 does not exist")  # the app's own type, mapped to permanent
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOQ_")} | {
-        "CHRONOQ_DATABASE_URL": engine_db, "CHRONOQ_KAFKA_BOOTSTRAP": kafka_bootstrap}
+        "CHRONOQ_DATABASE_URL": engine_db,
+        "CHRONOQ_KAFKA_BOOTSTRAP": kafka_bootstrap,
+    }
     async with Running(app):
         await wait_for(lambda: state_is(pool, sent.occurrence_id, "DEAD", 1))
         listed = await asyncio.to_thread(cli, ["dlq", "list", "--tenant", "acme", "--json"], env)
         (item,) = orjson.loads(listed)["items"]
         assert (item["occurrence_id"], item["reason"], item["error_class"], item["attempts"]) == (
-            str(sent.occurrence_id), "permanent_error", "InvoiceRejected", 1)
-        dead = [decode_dead_occurrence(r.value) for r in await read_topic(kafka_bootstrap, DEAD_LETTER_TOPIC, 0,
-                                                                          settle=0.3) if is_dead(r.value)]
+            str(sent.occurrence_id),
+            "permanent_error",
+            "InvoiceRejected",
+            1,
+        )
+        dead = [
+            decode_dead_occurrence(r.value)
+            for r in await read_topic(kafka_bootstrap, DEAD_LETTER_TOPIC, 0, settle=0.3)
+            if is_dead(r.value)
+        ]
         assert [d.error_message for d in dead if d.occurrence.occurrence_id == sent.occurrence_id] == [
-            "customer 42 does not exist"]
+            "customer 42 does not exist"
+        ]
 
-        replayed = orjson.loads(await asyncio.to_thread(
-            cli, ["dlq", "replay", str(sent.occurrence_id), "--tenant", "acme", "--json"], env))
+        replayed = orjson.loads(
+            await asyncio.to_thread(cli, ["dlq", "replay", str(sent.occurrence_id), "--tenant", "acme", "--json"], env)
+        )
         assert (replayed["occurrence_id"], replayed["attempt"]) == (str(sent.occurrence_id), 2)
         # The CLI replays on the database's clock; bring the test's engine clock up to that instant.
-        due = await pool.fetchval("SELECT max(available_at) FROM outbox WHERE occurrence_id = $1",
-                                  sent.occurrence_id)
+        due = await pool.fetchval("SELECT max(available_at) FROM outbox WHERE occurrence_id = $1", sent.occurrence_id)
         clock.set(max(clock.now(), due))
         await wait_for(lambda: state_is(pool, sent.occurrence_id, "SUCCEEDED", 2))
-    assert seen == [(sent.occurrence_id, 1), (sent.occurrence_id, 2)]          # the same occurrence_id again
+    assert seen == [(sent.occurrence_id, 1), (sent.occurrence_id, 2)]  # the same occurrence_id again
     assert await effects.fetch("SELECT occurrence_id, attempt FROM effects") == [(sent.occurrence_id, 2)]
 
 
 def cli(args: list[str], env: dict[str, str]) -> str:
-    result = subprocess.run([sys.executable, "-m", "engine.cli", *args], env=env, cwd=ROOT, capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "engine.cli", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -134,7 +164,8 @@ def is_dead(value: bytes | None) -> bool:
 
 
 async def test_a_replayed_occurrence_whose_effect_exists_is_not_applied_again(
-        engine, pool, clock, kafka_bootstrap, consumer_db, effects, target):
+    engine, pool, clock, kafka_bootstrap, consumer_db, effects, target
+):
     """The effect committed, then the worker stalled past its last lease: DEAD, its late success fenced.
     Replay delivers the same occurrence_id; the dedupe row says it was applied; no second effect."""
     from engine.control.dead_letters import replay_dead_letter
@@ -153,14 +184,16 @@ async def test_a_replayed_occurrence_whose_effect_exists_is_not_applied_again(
     @app.handler(target)
     async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
         calls.append(occurrence.attempt)
-        await conn.execute("INSERT INTO effects (occurrence_id, attempt) VALUES ($1, $2)", occurrence.occurrence_id, occurrence.attempt)
+        await conn.execute(
+            "INSERT INTO effects (occurrence_id, attempt) VALUES ($1, $2)", occurrence.occurrence_id, occurrence.attempt
+        )
 
     async with Running(app):
         await committed.wait()
         await wait_for(lambda: state_is(pool, sent.occurrence_id, "RUNNING"))
-        clock.advance(31)                                              # past the 30 s lease, no heartbeat
+        clock.advance(31)  # past the 30 s lease, no heartbeat
         await wait_for(lambda: state_is(pool, sent.occurrence_id, "DEAD"))
-        resume.set()                                                   # its late "succeeded" is fenced
+        resume.set()  # its late "succeeded" is fenced
         (first,) = await attempt_rows(pool, sent.occurrence_id)
         await attempt_events(kafka_bootstrap, sent.occurrence_id, 2)  # started, succeeded (late)
         await asyncio.sleep(0.5)
@@ -173,7 +206,8 @@ async def test_a_replayed_occurrence_whose_effect_exists_is_not_applied_again(
 
 
 async def test_an_unreachable_app_database_does_not_consume_an_attempt(
-        engine, pool, clock, kafka_bootstrap, consumer_db, effects, target, servers):
+    engine, pool, clock, kafka_bootstrap, consumer_db, effects, target, servers
+):
     sent = await due_occurrence(pool, "acme", target, clock.now(), max_attempts=1)
     database = urlsplit(consumer_db).path.lstrip("/")
     admin = await asyncpg.connect(servers.admin_url)
@@ -184,17 +218,21 @@ async def test_an_unreachable_app_database_does_not_consume_an_attempt(
     async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
         if not entered.is_set():
             entered.set()
-            await outage.wait()                  # the database goes away under the running handler
-        await conn.execute("INSERT INTO effects (occurrence_id, attempt) VALUES ($1, $2)", occurrence.occurrence_id, occurrence.attempt)
+            await outage.wait()  # the database goes away under the running handler
+        await conn.execute(
+            "INSERT INTO effects (occurrence_id, attempt) VALUES ($1, $2)", occurrence.occurrence_id, occurrence.attempt
+        )
 
     try:
         async with Running(app):
             await entered.wait()
             await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
-            await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1"
-                                " AND pid <> pg_backend_pid()", database)
+            await admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+                database,
+            )
             outage.set()
-            await wait_for(lambda: app.stats.infrastructure_errors >= 2)     # retried in place, with backoff
+            await wait_for(lambda: app.stats.infrastructure_errors >= 2)  # retried in place, with backoff
             await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
             await wait_for(lambda: state_is(pool, sent.occurrence_id, "SUCCEEDED", 1))
     finally:
@@ -209,11 +247,12 @@ async def test_an_unreachable_app_database_does_not_consume_an_attempt(
 
 
 async def test_an_unavailable_broker_for_reports_does_not_consume_an_attempt(
-        engine, pool, clock, kafka_bootstrap, consumer_db, effects, target, monkeypatch):
+    engine, pool, clock, kafka_bootstrap, consumer_db, effects, target, monkeypatch
+):
     sent = await due_occurrence(pool, "acme", target, clock.now(), max_attempts=1)
     real_send, refusals = AttemptReporter.send, [2]
 
-    async def flaky_send(self, event):               # the broker refuses the first two reports ("started")
+    async def flaky_send(self, event):  # the broker refuses the first two reports ("started")
         if refusals[0] > 0:
             refusals[0] -= 1
             raise InfrastructureError("broker unavailable")
@@ -226,7 +265,9 @@ async def test_an_unavailable_broker_for_reports_does_not_consume_an_attempt(
     @app.handler(target)
     async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
         calls.append(occurrence.attempt)
-        await conn.execute("INSERT INTO effects (occurrence_id, attempt) VALUES ($1, $2)", occurrence.occurrence_id, occurrence.attempt)
+        await conn.execute(
+            "INSERT INTO effects (occurrence_id, attempt) VALUES ($1, $2)", occurrence.occurrence_id, occurrence.attempt
+        )
 
     async with Running(app):
         await wait_for(lambda: state_is(pool, sent.occurrence_id, "SUCCEEDED", 1))
@@ -236,9 +277,10 @@ async def test_an_unavailable_broker_for_reports_does_not_consume_an_attempt(
 
 
 async def test_concurrent_handlers_are_bounded_and_offsets_never_pass_an_unfinished_message(
-        kafka_bootstrap, consumer_db, target):
+    kafka_bootstrap, consumer_db, target
+):
     sent = [occurrence_message(target, when=datetime(2026, 11, 29, 10, i, tzinfo=UTC)) for i in range(6)]
-    await produce(kafka_bootstrap, occurrence_topic(target), [m.encode() for m in sent])   # one partition
+    await produce(kafka_bootstrap, occurrence_topic(target), [m.encode() for m in sent])  # one partition
     app = new_app(consumer_db, kafka_bootstrap)
     running: set[uuid.UUID] = set()
     release = {m.occurrence_id: asyncio.Event() for m in sent}
@@ -258,15 +300,15 @@ async def test_concurrent_handlers_are_bounded_and_offsets_never_pass_an_unfinis
 
     async with Running(app):
         await wait_for(lambda: len(running) == 3)
-        assert running == {m.occurrence_id for m in sent[:3]}              # started in offset order
+        assert running == {m.occurrence_id for m in sent[:3]}  # started in offset order
         release[sent[1].occurrence_id].set()
         release[sent[2].occurrence_id].set()
         await wait_for(lambda: app.stats.applied == 2)
-        await wait_for(lambda: len(running) == 3)                          # two more started
+        await wait_for(lambda: len(running) == 3)  # two more started
         await asyncio.sleep(0.3)
-        assert await committed() in (None, 0)          # message 0 still runs: the commit never passes it
+        assert await committed() in (None, 0)  # message 0 still runs: the commit never passes it
         release[sent[0].occurrence_id].set()
-        await wait_for(lambda: committed_is(committed, 3))                 # 0, 1, 2 done; 3 still runs
+        await wait_for(lambda: committed_is(committed, 3))  # 0, 1, 2 done; 3 still runs
         for m in sent[3:]:
             release[m.occurrence_id].set()
         await wait_for(lambda: committed_is(committed, 6))
@@ -299,7 +341,8 @@ async def test_timeouts_and_mapped_permanent_errors_are_reported_as_failures(kaf
 
 
 async def test_obsolete_versions_are_skipped_and_a_canceled_schedule_interrupts_its_running_handler(
-        kafka_bootstrap, consumer_db, effects, target):
+    kafka_bootstrap, consumer_db, effects, target
+):
     at = datetime(2026, 11, 29, 10, tzinfo=UTC)
     stale, doomed = occurrence_message(target), occurrence_message(target, when=datetime(2026, 11, 29, 11, tzinfo=UTC))
     updated = ScheduleStateMessage(stale.schedule_id, "acme", 2, "active", at)
@@ -311,9 +354,11 @@ async def test_obsolete_versions_are_skipped_and_a_canceled_schedule_interrupts_
     @app.handler(target)
     async def handle(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
         calls.append(occurrence.occurrence_id)
-        await conn.execute("INSERT INTO effects (occurrence_id, attempt) VALUES ($1, $2)", occurrence.occurrence_id, occurrence.attempt)
+        await conn.execute(
+            "INSERT INTO effects (occurrence_id, attempt) VALUES ($1, $2)", occurrence.occurrence_id, occurrence.attempt
+        )
         started.set()
-        await occurrence.cancellation.wait()         # a long job that checks its signal
+        await occurrence.cancellation.wait()  # a long job that checks its signal
         occurrence.cancellation.raise_if_canceled()
 
     async with Running(app):
@@ -322,10 +367,10 @@ async def test_obsolete_versions_are_skipped_and_a_canceled_schedule_interrupts_
         canceled = ScheduleStateMessage(doomed.schedule_id, "acme", 2, "canceled", at)
         await produce(kafka_bootstrap, SCHEDULE_STATES_TOPIC, [canceled.encode()], key=canceled.key)
         await wait_for(lambda: app.stats.canceled == 2)
-    assert calls == [doomed.occurrence_id]                         # the obsolete version never ran
+    assert calls == [doomed.occurrence_id]  # the obsolete version never ran
     (skip,) = await attempt_events(kafka_bootstrap, stale.occurrence_id, 1)
     assert (skip.event, skip.reason, skip.lease_token) == ("canceled", "stale_version", None)
     _, interrupted = await attempt_events(kafka_bootstrap, doomed.occurrence_id, 2)
     assert (interrupted.event, interrupted.reason) == ("canceled", "cooperative")
     assert interrupted.lease_token is not None
-    assert await effects.fetchval("SELECT count(*) FROM effects") == 0      # rolled back
+    assert await effects.fetchval("SELECT count(*) FROM effects") == 0  # rolled back

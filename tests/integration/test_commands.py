@@ -38,8 +38,13 @@ def record(value: bytes, signature: str | None) -> ConsumerRecord:
 
 
 def signed(tenant, clock, action: str, **fields) -> ConsumerRecord:
-    command = Command(fields.pop("command_id", uuid.uuid4()), fields.pop("tenant_id", tenant.tenant.tenant_id),
-                      action, fields.pop("issued_at", clock.now()), **fields)
+    command = Command(
+        fields.pop("command_id", uuid.uuid4()),
+        fields.pop("tenant_id", tenant.tenant.tenant_id),
+        action,
+        fields.pop("issued_at", clock.now()),
+        **fields,
+    )
     value = command.encode()
     return record(value, sign(tenant.tenant.signing_key, value))
 
@@ -56,11 +61,12 @@ async def test_a_command_is_applied_once_even_when_replayed(processor, tenants, 
     assert first.status == "applied" and first.schedule["version"] == 1
     assert replay == first
     assert await pool.fetchval("SELECT count(*) FROM schedules") == 1
-    assert await results_in_outbox(pool) == 2          # the replay is answered again, with the same outcome
+    assert await results_in_outbox(pool) == 2  # the replay is answered again, with the same outcome
 
     sid = first.schedule["schedule_id"]
-    updated = await processor.process(signed(acme, clock, "update", schedule_id=uuid.UUID(sid),
-                                             body={"expression": "0 10 * * *"}))
+    updated = await processor.process(
+        signed(acme, clock, "update", schedule_id=uuid.UUID(sid), body={"expression": "0 10 * * *"})
+    )
     assert (updated.status, updated.schedule["version"]) == ("applied", 2)
     for action, state in (("pause", "paused"), ("resume", "active"), ("cancel", "canceled")):
         result = await processor.process(signed(acme, clock, action, schedule_id=uuid.UUID(sid)))
@@ -77,11 +83,12 @@ async def test_invalid_definitions_are_rejected_with_the_field_and_write_nothing
 
 
 async def test_forged_and_unsigned_commands_change_nothing_and_cannot_burn_a_command_id(
-        processor, tenants, clock, pool):
+    processor, tenants, clock, pool
+):
     acme, globex = tenants
     command_id = uuid.uuid4()
     value = Command(command_id, "acme", "create", clock.now(), body=DAILY).encode()
-    forged = await processor.process(record(value, sign(globex.tenant.signing_key, value)))   # globex's key
+    forged = await processor.process(record(value, sign(globex.tenant.signing_key, value)))  # globex's key
     unsigned = await processor.process(record(value, None))
     assert forged.status == unsigned.status == "rejected"
     assert forged.error["code"] == "unauthorized"
@@ -101,8 +108,9 @@ async def test_a_tenant_cannot_change_another_tenants_schedule_by_command(proces
     assert await pool.fetchval("SELECT version FROM schedules") == 1
 
 
-@pytest.mark.parametrize("value", [b"\x00 garbage", b"[]", b'{"format": 1, "action": "explode"}',
-                                   b'{"format": 1, "command_id": "x"}'])
+@pytest.mark.parametrize(
+    "value", [b"\x00 garbage", b"[]", b'{"format": 1, "action": "explode"}', b'{"format": 1, "command_id": "x"}']
+)
 async def test_malformed_commands_are_answered_and_skipped(processor, tenants, clock, pool, value):
     result = await processor.process(record(value, "00"))
     assert result.status == "rejected" and result.error["code"] == "malformed"
@@ -112,8 +120,9 @@ async def test_malformed_commands_are_answered_and_skipped(processor, tenants, c
 async def test_stale_commands_are_refused(processor, tenants, clock, pool):
     acme, _ = tenants
     old = await processor.process(signed(acme, clock, "create", body=DAILY, issued_at=clock.now() - timedelta(days=8)))
-    future = await processor.process(signed(acme, clock, "create", body=DAILY,
-                                            issued_at=clock.now() + timedelta(hours=1)))
+    future = await processor.process(
+        signed(acme, clock, "create", body=DAILY, issued_at=clock.now() + timedelta(hours=1))
+    )
     assert old.error["code"] == future.error["code"] == "stale"
     assert await pool.fetchval("SELECT count(*) FROM schedules") == 0
 
@@ -121,8 +130,11 @@ async def test_stale_commands_are_refused(processor, tenants, clock, pool):
 async def test_commands_over_kafka_with_results_on_the_results_topic(engine_db, pool, kafka_bootstrap, tenants):
     acme, _ = tenants
     config = fast_services(roles=PIPELINE_ROLES - {Role.MATERIALIZER} | {Role.COMMANDS})
-    async with services_running(engine_db, kafka_bootstrap, config), CommandResults(kafka_bootstrap) as results, \
-            CommandProducer(kafka_bootstrap, "acme", acme.tenant.signing_key.hex()) as commands:
+    async with (
+        services_running(engine_db, kafka_bootstrap, config),
+        CommandResults(kafka_bootstrap) as results,
+        CommandProducer(kafka_bootstrap, "acme", acme.tenant.signing_key.hex()) as commands,
+    ):
         garbage_first = await commands.producer.send_and_wait("chronoq.commands", b"not json", key=b"acme")
         assert garbage_first is not None
         created = await results.wait_for(await commands.send("create", body=DAILY, idempotency_key="k"))

@@ -21,19 +21,29 @@ from tests.support.kafka import (
 from tests.support.waiting import wait_for
 
 
-def effect_app(consumer_db, kafka_bootstrap, target, fail_times: int = 0, group: str | None = None,
-               **config) -> Any:
+def effect_app(consumer_db, kafka_bootstrap, target, fail_times: int = 0, group: str | None = None, **config) -> Any:
     """A ConsumerApp whose handler records the effect; ``app.calls["n"]`` counts its calls."""
-    app: Any = ConsumerApp(ConsumerConfig(group or f"group-{uuid.uuid4().hex[:8]}", kafka_bootstrap, consumer_db,
-                                          redelivery_backoff=0.05, session_timeout=2.0, heartbeat_interval=0.4,
-                                          **config))
+    app: Any = ConsumerApp(
+        ConsumerConfig(
+            group or f"group-{uuid.uuid4().hex[:8]}",
+            kafka_bootstrap,
+            consumer_db,
+            redelivery_backoff=0.05,
+            session_timeout=2.0,
+            heartbeat_interval=0.4,
+            **config,
+        )
+    )
     calls = {"n": 0}
 
     @app.handler(target)
     async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
         calls["n"] += 1
-        await conn.execute("INSERT INTO effects (occurrence_id, amount) VALUES ($1, $2)", occurrence.occurrence_id,
-                           occurrence.payload["amount"])
+        await conn.execute(
+            "INSERT INTO effects (occurrence_id, amount) VALUES ($1, $2)",
+            occurrence.occurrence_id,
+            occurrence.payload["amount"],
+        )
         if calls["n"] <= fail_times:
             raise RuntimeError("downstream unavailable")
 
@@ -73,7 +83,8 @@ async def test_the_same_message_delivered_twice_applies_the_effect_once(consumer
 
 
 async def test_a_failed_handler_leaves_no_effect_and_the_occurrence_comes_again(
-        consumer_db, kafka_bootstrap, target, effects):
+    consumer_db, kafka_bootstrap, target, effects
+):
     """The runtime reports the failure; the engine's retry (attempt 2, same occurrence) is applied once."""
     first = occurrence_message(target)
     await produce(kafka_bootstrap, occurrence_topic(target), [first.encode()])
@@ -82,12 +93,16 @@ async def test_a_failed_handler_leaves_no_effect_and_the_occurrence_comes_again(
     task = asyncio.create_task(app.run(stop))
     try:
         await wait_for(lambda: app.stats.failures == 1)
-        assert await effects.fetchval("SELECT count(*) FROM effects") == 0          # rolled back: no effect
-        assert await effects.fetchval("SELECT count(*) FROM chronoq_consumer_dedupe") == 0   # and no dedupe row
+        assert await effects.fetchval("SELECT count(*) FROM effects") == 0  # rolled back: no effect
+        assert await effects.fetchval("SELECT count(*) FROM chronoq_consumer_dedupe") == 0  # and no dedupe row
         started, failed = await attempt_events(kafka_bootstrap, first.occurrence_id, 2)
         assert (failed.event, failed.lease_token, failed.error_class, failed.permanent) == (
-            "failed", started.lease_token, "RuntimeError", False)
-        assert app.calls["n"] == 1                         # no retry in place: retries are the engine's
+            "failed",
+            started.lease_token,
+            "RuntimeError",
+            False,
+        )
+        assert app.calls["n"] == 1  # no retry in place: retries are the engine's
 
         retry = OccurrenceMessage(**{**first.__dict__, "attempt": 2})
         await produce(kafka_bootstrap, occurrence_topic(target), [retry.encode()])
@@ -99,13 +114,13 @@ async def test_a_failed_handler_leaves_no_effect_and_the_occurrence_comes_again(
     assert await effects.fetch("SELECT occurrence_id, amount FROM effects") == [(first.occurrence_id, 7)]
     assert await effects.fetchval("SELECT count(*) FROM chronoq_consumer_dedupe") == 1
     events = await attempt_events(kafka_bootstrap, first.occurrence_id, 4)
-    assert [(e.event, e.attempt) for e in events] == [("started", 1), ("failed", 1), ("started", 2),
-                                                       ("succeeded", 2)]
-    assert events[0].lease_token != events[2].lease_token     # every attempt has its own token
+    assert [(e.event, e.attempt) for e in events] == [("started", 1), ("failed", 1), ("started", 2), ("succeeded", 2)]
+    assert events[0].lease_token != events[2].lease_token  # every attempt has its own token
 
 
 async def test_a_restarted_group_member_resumes_after_the_committed_offset(
-        consumer_db, kafka_bootstrap, target, effects):
+    consumer_db, kafka_bootstrap, target, effects
+):
     first, second = occurrence_message(target), occurrence_message(target)
     await produce(kafka_bootstrap, occurrence_topic(target), [first.encode()])
     app = effect_app(consumer_db, kafka_bootstrap, target)
@@ -118,11 +133,14 @@ async def test_a_restarted_group_member_resumes_after_the_committed_offset(
 
     assert (again.stats.applied, again.stats.duplicates) == (1, 0)
     assert {r[0] for r in await effects.fetch("SELECT occurrence_id FROM effects")} == {
-        first.occurrence_id, second.occurrence_id}
+        first.occurrence_id,
+        second.occurrence_id,
+    }
 
 
 async def test_poison_messages_go_to_the_dead_letter_topic_and_do_not_block(
-        consumer_db, kafka_bootstrap, target, effects):
+    consumer_db, kafka_bootstrap, target, effects
+):
     good = occurrence_message(target)
     await produce(kafka_bootstrap, occurrence_topic(target), [b"\x00garbage", good.encode()])
     app = effect_app(consumer_db, kafka_bootstrap, target)
@@ -130,8 +148,11 @@ async def test_poison_messages_go_to_the_dead_letter_topic_and_do_not_block(
     await run_until(app, lambda: app.stats.applied == 1)
 
     assert app.stats.dead_lettered == 1
-    dead = [r for r in await read_topic(kafka_bootstrap, DEAD_LETTER_TOPIC, expected=1, settle=0.2)
-            if r.value == b"\x00garbage"]
+    dead = [
+        r
+        for r in await read_topic(kafka_bootstrap, DEAD_LETTER_TOPIC, expected=1, settle=0.2)
+        if r.value == b"\x00garbage"
+    ]
     assert len(dead) == 1
     assert b"not JSON" in dict(dead[0].headers)[HEADER_REASON]
     assert await effects.fetchval("SELECT count(*) FROM effects") == 1
@@ -142,8 +163,18 @@ async def test_concurrent_twins_of_one_occurrence_apply_once(consumer_db, kafka_
     app = effect_app(consumer_db, kafka_bootstrap, target)
     await app.start()
     try:
-        record = type("Record", (), {"value": occurrence_message(target).encode(), "headers": [], "topic": "t",
-                                     "partition": 0, "offset": 0, "key": b"acme"})()
+        record = type(
+            "Record",
+            (),
+            {
+                "value": occurrence_message(target).encode(),
+                "headers": [],
+                "topic": "t",
+                "partition": 0,
+                "offset": 0,
+                "key": b"acme",
+            },
+        )()
         outcomes = await asyncio.gather(*(app.handle_record(record) for _ in range(32)))
     finally:
         await app.stop()

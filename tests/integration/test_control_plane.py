@@ -28,8 +28,9 @@ def materializer(pool, clock, horizon: float = 30) -> Materializer:
 
 
 async def states(pool, schedule_id) -> dict[str, int]:
-    rows = await pool.fetch("SELECT state, count(*) FROM occurrences WHERE schedule_id = $1::uuid GROUP BY state",
-                            schedule_id)
+    rows = await pool.fetch(
+        "SELECT state, count(*) FROM occurrences WHERE schedule_id = $1::uuid GROUP BY state", schedule_id
+    )
     return dict(rows)
 
 
@@ -41,42 +42,47 @@ async def state_messages(pool, schedule_id) -> list:
 async def test_update_creates_version_two_and_cancels_the_pending_version_one_occurrence(control, pool, clock):
     schedule = await control.create_schedule("acme", {**EVERY_MINUTE, "payload": {"plan": "basic"}})
     clock.advance(timedelta(seconds=45))
-    await materializer(pool, clock).run_once()                       # v1 @ 10:01 is pending in the outbox
+    await materializer(pool, clock).run_once()  # v1 @ 10:01 is pending in the outbox
     assert await states(pool, schedule["schedule_id"]) == {"SCHEDULED": 1}
 
     updated = await control.update_schedule("acme", schedule["schedule_id"], {"payload": {"plan": "pro"}})
 
     assert updated["version"] == 2 and updated["canceled_occurrences"] == 1
     assert updated["payload"] == {"plan": "pro"} and updated["next_run_at"] == "2026-11-29T10:01:00Z"
-    old = await pool.fetchrow("SELECT o.state, b.discarded_at FROM occurrences o JOIN outbox b USING"
-                              " (occurrence_id) WHERE o.schedule_version = 1")
+    old = await pool.fetchrow(
+        "SELECT o.state, b.discarded_at FROM occurrences o JOIN outbox b USING"
+        " (occurrence_id) WHERE o.schedule_version = 1"
+    )
     assert old["state"] == "CANCELED" and old["discarded_at"] is not None
-    await materializer(pool, clock).run_once()                       # the same instant, as version 2
+    await materializer(pool, clock).run_once()  # the same instant, as version 2
     rows = await pool.fetch("SELECT schedule_version, state FROM occurrences ORDER BY schedule_version")
     assert [tuple(r) for r in rows] == [(1, "CANCELED"), (2, "SCHEDULED")]
     history = await control.schedule_history("acme", schedule["schedule_id"])
     assert [(h["version"], h["change"]) for h in history] == [(1, "create"), (2, "update")]
     assert history[0]["definition"]["payload"] == {"plan": "basic"}
     assert [(m.version, m.state) for m in await state_messages(pool, schedule["schedule_id"])] == [
-        (1, "active"), (2, "active")]
+        (1, "active"),
+        (2, "active"),
+    ]
 
 
 async def test_pause_stops_fires_and_resume_applies_the_misfire_policy(control, pool, clock):
-    schedule = await control.create_schedule("acme", {**EVERY_MINUTE, "misfire_policy": "fire_once",
-                                                      "max_lateness": "30s"})
+    schedule = await control.create_schedule(
+        "acme", {**EVERY_MINUTE, "misfire_policy": "fire_once", "max_lateness": "30s"}
+    )
     paused = await control.pause_schedule("acme", schedule["schedule_id"])
     assert (paused["state"], paused["version"]) == ("paused", 2)
-    again = await control.pause_schedule("acme", schedule["schedule_id"])          # retry-safe: no new version
+    again = await control.pause_schedule("acme", schedule["schedule_id"])  # retry-safe: no new version
     assert again["version"] == 2
 
     clock.advance(timedelta(minutes=10))
-    assert (await materializer(pool, clock).run_once()).schedules == 0              # no fires while paused
+    assert (await materializer(pool, clock).run_once()).schedules == 0  # no fires while paused
 
     resumed = await control.resume_schedule("acme", schedule["schedule_id"])
     assert (resumed["state"], resumed["version"]) == ("active", 3)
     await materializer(pool, clock, horizon=0).run_once()
     counts = await states(pool, schedule["schedule_id"])
-    assert counts == {"SCHEDULED": 1, "MISSED": 9}      # 10:01..10:10: nine missed, the latest fires once
+    assert counts == {"SCHEDULED": 1, "MISSED": 9}  # 10:01..10:10: nine missed, the latest fires once
     enqueued = await pool.fetchval("SELECT scheduled_for FROM occurrences WHERE state = 'SCHEDULED'")
     assert enqueued == datetime(2026, 11, 29, 10, 10, tzinfo=UTC)
 
@@ -84,7 +90,7 @@ async def test_pause_stops_fires_and_resume_applies_the_misfire_policy(control, 
 async def test_pause_rewinds_the_cursor_over_canceled_occurrences(control, pool, clock):
     schedule = await control.create_schedule("acme", EVERY_MINUTE)
     clock.advance(timedelta(seconds=45))
-    await materializer(pool, clock).run_once()                       # 10:01 materialized, cursor 10:02
+    await materializer(pool, clock).run_once()  # 10:01 materialized, cursor 10:02
     paused = await control.pause_schedule("acme", schedule["schedule_id"])
     assert paused["canceled_occurrences"] == 1 and paused["next_run_at"] == "2026-11-29T10:01:00Z"
 
@@ -113,8 +119,14 @@ async def test_another_tenant_sees_nothing_and_changes_nothing(control, pool, cl
     await create_tenant(pool, "globex")
     schedule = await control.create_schedule("acme", EVERY_MINUTE)
     sid = schedule["schedule_id"]
-    for operation in (control.get_schedule, control.pause_schedule, control.resume_schedule,
-                      control.cancel_schedule, control.list_occurrences, control.schedule_history):
+    for operation in (
+        control.get_schedule,
+        control.pause_schedule,
+        control.resume_schedule,
+        control.cancel_schedule,
+        control.list_occurrences,
+        control.schedule_history,
+    ):
         with pytest.raises(NotFound):
             await operation("globex", sid)
     with pytest.raises(NotFound):
@@ -144,8 +156,9 @@ async def test_listing_pages_through_all_schedules_with_filters(control, clock):
 
 
 async def test_quotas_reject_with_a_clear_error_and_write_nothing(pool, clock):
-    await create_tenant(pool, "small", TenantQuotas(max_active_schedules=2, max_fires_per_minute=3,
-                                                    max_payload_bytes=100))
+    await create_tenant(
+        pool, "small", TenantQuotas(max_active_schedules=2, max_fires_per_minute=3, max_payload_bytes=100)
+    )
     control = ControlPlane(pool, clock)
     hourly = {"kind": "cron", "expression": "0 * * * *", "target": "x"}
     await control.create_schedule("small", hourly)
@@ -169,8 +182,7 @@ async def test_unknown_tenants_are_refused(pool, clock):
 
 
 async def test_tokens_are_stored_hashed_and_authenticate_their_tenant(pool, acme):
-    assert await pool.fetchval("SELECT count(*) FROM tenants WHERE api_token_hash = $1",
-                               acme.api_token.encode()) == 0
+    assert await pool.fetchval("SELECT count(*) FROM tenants WHERE api_token_hash = $1", acme.api_token.encode()) == 0
     tenant = await authenticate(pool, acme.api_token)
     assert tenant is not None and tenant.tenant_id == "acme"
     assert await authenticate(pool, acme.api_token + "x") is None
@@ -195,7 +207,7 @@ async def test_pause_never_rewinds_over_occurrences_already_published(control, p
     """A published occurrence may already have run: re-materializing its slot would run it twice."""
     schedule = await control.create_schedule("acme", EVERY_MINUTE)
     clock.advance(timedelta(seconds=45))
-    await materializer(pool, clock).run_once()                       # 10:01 materialized, cursor 10:02
+    await materializer(pool, clock).run_once()  # 10:01 materialized, cursor 10:02
     await pool.execute("UPDATE occurrences SET state = 'ENQUEUED'")  # as the relay does after the broker's ack
     paused = await control.pause_schedule("acme", schedule["schedule_id"])
     assert paused["canceled_occurrences"] == 1 and paused["next_run_at"] == "2026-11-29T10:02:00Z"

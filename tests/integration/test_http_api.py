@@ -14,8 +14,13 @@ from engine.client import ApiError, ChronoqClient
 from engine.control.schedules import ControlPlane
 from engine.control.tenants import create_tenant
 
-DAILY = {"kind": "cron", "expression": "0 9 * * *", "time_zone": "Europe/Berlin", "target": "billing.invoice",
-         "payload": {"plan": "pro"}}
+DAILY = {
+    "kind": "cron",
+    "expression": "0 9 * * *",
+    "time_zone": "Europe/Berlin",
+    "target": "billing.invoice",
+    "payload": {"plan": "pro"},
+}
 
 
 @pytest.fixture
@@ -64,14 +69,17 @@ async def test_the_lifecycle_over_http(clients):
     assert [s["schedule_id"] for s in listed["items"]] == [sid]
 
 
-@pytest.mark.parametrize("body, field", [
-    ({**DAILY, "expression": "0 0 30 2 *"}, "expression"),
-    ({**DAILY, "time_zone": "Mars/Base"}, "time_zone"),
-    ({**DAILY, "payload": {"x": "y" * 70000}}, "payload"),
-    ({**DAILY, "target": "no spaces please"}, "target"),
-    ({**DAILY, "misfire_policy": "sometimes"}, "misfire_policy"),
-    ({**DAILY, "payload": {"note": "nul \x00 inside"}}, "payload"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({**DAILY, "expression": "0 0 30 2 *"}, "expression"),
+        ({**DAILY, "time_zone": "Mars/Base"}, "time_zone"),
+        ({**DAILY, "payload": {"x": "y" * 70000}}, "payload"),
+        ({**DAILY, "target": "no spaces please"}, "target"),
+        ({**DAILY, "misfire_policy": "sometimes"}, "misfire_policy"),
+        ({**DAILY, "payload": {"note": "nul \x00 inside"}}, "payload"),
+    ],
+)
 async def test_invalid_input_is_a_422_naming_the_field_and_writes_nothing(clients, pool, body, field):
     acme, _ = clients
     with pytest.raises(ApiError) as caught:
@@ -83,9 +91,15 @@ async def test_invalid_input_is_a_422_naming_the_field_and_writes_nothing(client
 async def test_another_tenants_schedule_is_a_404_on_every_path(clients):
     acme, globex = clients
     sid = (await acme.create_schedule(DAILY))["schedule_id"]
-    calls = [globex.get_schedule(sid), globex.update_schedule(sid, {"payload": {}}), globex.pause_schedule(sid),
-             globex.resume_schedule(sid), globex.cancel_schedule(sid), globex.list_occurrences(sid),
-             globex.request("GET", f"/v1/schedules/{sid}/versions")]
+    calls = [
+        globex.get_schedule(sid),
+        globex.update_schedule(sid, {"payload": {}}),
+        globex.pause_schedule(sid),
+        globex.resume_schedule(sid),
+        globex.cancel_schedule(sid),
+        globex.list_occurrences(sid),
+        globex.request("GET", f"/v1/schedules/{sid}/versions"),
+    ]
     for call in calls:
         with pytest.raises(ApiError) as caught:
             await call
@@ -103,20 +117,34 @@ async def test_requests_without_a_valid_token_are_401(api_url, clients):
 
 async def test_preview_and_openapi(api_url, clients):
     acme, _ = clients
-    fires = await acme.preview({"kind": "cron", "expression": "30 1 * * *", "time_zone": "America/New_York",
-                                "from": "2026-10-31T12:00:00Z", "count": 2})
-    assert fires == [{"utc": "2026-11-01T05:30:00Z", "local": "2026-11-01T01:30:00-04:00"},
-                     {"utc": "2026-11-02T06:30:00Z", "local": "2026-11-02T01:30:00-05:00"}]
+    fires = await acme.preview(
+        {
+            "kind": "cron",
+            "expression": "30 1 * * *",
+            "time_zone": "America/New_York",
+            "from": "2026-10-31T12:00:00Z",
+            "count": 2,
+        }
+    )
+    assert fires == [
+        {"utc": "2026-11-01T05:30:00Z", "local": "2026-11-01T01:30:00-04:00"},
+        {"utc": "2026-11-02T06:30:00Z", "local": "2026-11-02T01:30:00-05:00"},
+    ]
     document = orjson.loads(await asyncio.to_thread(lambda: urllib.request.urlopen(api_url + "/openapi.json").read()))
     assert document["openapi"].startswith("3.") and "/v1/schedules/{id}/pause" in document["paths"]
 
 
 async def test_malformed_bodies_and_unknown_routes_are_client_errors(clients):
     acme, _ = clients
-    for method, path, body in [("POST", "/v1/schedules", "not an object"), ("PATCH", "/v1/schedules/x", {}),
-                               ("GET", "/v1/nothing", None), ("DELETE", "/v1/schedules", None),
-                               ("GET", "/v1/schedules?limit=ten", None), ("GET", "/v1/occurrences/nope", None),
-                               ("GET", "/v1/schedules?target=a%00b", None)]:
+    for method, path, body in [
+        ("POST", "/v1/schedules", "not an object"),
+        ("PATCH", "/v1/schedules/x", {}),
+        ("GET", "/v1/nothing", None),
+        ("DELETE", "/v1/schedules", None),
+        ("GET", "/v1/schedules?limit=ten", None),
+        ("GET", "/v1/occurrences/nope", None),
+        ("GET", "/v1/schedules?target=a%00b", None),
+    ]:
         with pytest.raises(ApiError) as caught:
             await acme.request(method, path, body)
         assert 400 <= caught.value.status < 500, (method, path, caught.value)
@@ -133,13 +161,15 @@ async def test_dead_letters_are_listed_and_replayed_per_tenant(clients, pool, cl
     acme, globex = clients
     dead = await due_occurrence(pool, "acme", "billing.invoice", clock.now())
     token = uuid_module.uuid4()
-    await AttemptProcessor(pool, clock=clock, rng=random.Random(1)).apply_events([
-        AttemptEvent.started(dead.occurrence_id, 1, token, 30.0),
-        AttemptEvent.failed(dead.occurrence_id, 1, token, "InvoiceRejected", "no such customer", permanent=True)])
+    await AttemptProcessor(pool, clock=clock, rng=random.Random(1)).apply_events(
+        [
+            AttemptEvent.started(dead.occurrence_id, 1, token, 30.0),
+            AttemptEvent.failed(dead.occurrence_id, 1, token, "InvoiceRejected", "no such customer", permanent=True),
+        ]
+    )
 
     page = await acme.request("GET", "/v1/dead-letters?limit=10")
-    assert [(d["occurrence_id"], d["reason"]) for d in page["items"]] == [(str(dead.occurrence_id),
-                                                                           "permanent_error")]
+    assert [(d["occurrence_id"], d["reason"]) for d in page["items"]] == [(str(dead.occurrence_id), "permanent_error")]
     assert (await globex.request("GET", "/v1/dead-letters"))["items"] == []
     with pytest.raises(ApiError) as caught:
         await globex.request("POST", f"/v1/occurrences/{dead.occurrence_id}/replay")
@@ -147,5 +177,5 @@ async def test_dead_letters_are_listed_and_replayed_per_tenant(clients, pool, cl
     replayed = await acme.request("POST", f"/v1/occurrences/{dead.occurrence_id}/replay")
     assert (replayed["occurrence_id"], replayed["state"]) == (str(dead.occurrence_id), "RETRY_WAIT")
     with pytest.raises(ApiError) as caught:
-        await acme.request("POST", f"/v1/occurrences/{dead.occurrence_id}/replay")   # not DEAD any more
+        await acme.request("POST", f"/v1/occurrences/{dead.occurrence_id}/replay")  # not DEAD any more
     assert caught.value.status == 409

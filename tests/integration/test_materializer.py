@@ -28,20 +28,20 @@ def at(hour: int, minute: int, second: int = 0) -> datetime:
 
 
 async def occurrences(pool, schedule_id):
-    return await pool.fetch("SELECT * FROM occurrences WHERE schedule_id = $1 ORDER BY scheduled_for",
-                            schedule_id)
+    return await pool.fetch("SELECT * FROM occurrences WHERE schedule_id = $1 ORDER BY scheduled_for", schedule_id)
 
 
 async def test_a_cron_schedule_yields_consecutive_occurrences_with_distinct_ids(pool, clock, target):
     control = ControlPlane(pool, clock)
-    schedule = await control.create_schedule("acme", {"kind": "cron", "expression": "* * * * *",
-                                                      "target": target, "payload": {"k": 1}})
+    schedule = await control.create_schedule(
+        "acme", {"kind": "cron", "expression": "* * * * *", "target": target, "payload": {"k": 1}}
+    )
     assert schedule["next_run_at"] == "2026-11-29T10:01:00Z" and schedule["version"] == 1
     materializer = Materializer(pool, MaterializerConfig(horizon=timedelta(seconds=30)), clock)
 
-    assert (await materializer.run_once()).schedules == 0          # 10:01 is beyond the horizon
+    assert (await materializer.run_once()).schedules == 0  # 10:01 is beyond the horizon
     for minute in (1, 2, 3):
-        clock.set(at(10, minute) - timedelta(seconds=20))          # within the 30 s horizon
+        clock.set(at(10, minute) - timedelta(seconds=20))  # within the 30 s horizon
         assert (await materializer.run_once()).occurrences == 1
 
     rows = await occurrences(pool, schedule["schedule_id"])
@@ -72,8 +72,9 @@ async def test_overlapping_materializers_never_duplicate_an_occurrence(pool, clo
 
 async def test_a_one_time_schedule_fires_once_then_completes(pool, clock, target):
     control = ControlPlane(pool, clock)
-    schedule = await control.create_schedule("acme", {"kind": "once", "expression": "2026-11-29T10:00:05Z",
-                                                      "target": target})
+    schedule = await control.create_schedule(
+        "acme", {"kind": "once", "expression": "2026-11-29T10:00:05Z", "target": target}
+    )
     materializer = Materializer(pool, MaterializerConfig(), clock)
     assert (await materializer.run_once()).occurrences == 1
     clock.advance(timedelta(hours=1))
@@ -82,17 +83,23 @@ async def test_a_one_time_schedule_fires_once_then_completes(pool, clock, target
     assert stored["state"] == "completed" and stored["next_run_at"] is None
 
 
-@pytest.mark.parametrize("policy, enqueued, missed", [
-    ("skip", 0, 60),
-    ("fire_once", 1, 59),
-    ("catch_up:5", 5, 55),
-])
+@pytest.mark.parametrize(
+    "policy, enqueued, missed",
+    [
+        ("skip", 0, 60),
+        ("fire_once", 1, 59),
+        ("catch_up:5", 5, 55),
+    ],
+)
 async def test_an_outage_is_resolved_by_the_misfire_policy_from_the_durable_cursor(
-        pool, clock, target, policy, enqueued, missed):
+    pool, clock, target, policy, enqueued, missed
+):
     control = ControlPlane(pool, clock)
-    await control.create_schedule("acme", {"kind": "cron", "expression": "* * * * *", "target": target,
-                                           "misfire_policy": policy, "max_lateness": "30s"})
-    clock.set(at(11, 0, 40))   # the engine was down from 10:00 to 11:00:40: 60 fires are late
+    await control.create_schedule(
+        "acme",
+        {"kind": "cron", "expression": "* * * * *", "target": target, "misfire_policy": policy, "max_lateness": "30s"},
+    )
+    clock.set(at(11, 0, 40))  # the engine was down from 10:00 to 11:00:40: 60 fires are late
     materializer = Materializer(pool, MaterializerConfig(horizon=timedelta(0)), clock)
     report = await materializer.run_once()
     states = await pool.fetch("SELECT state, count(*) FROM occurrences GROUP BY state")
@@ -110,16 +117,18 @@ async def test_idempotent_create_returns_the_same_schedule_and_rejects_a_differe
     assert again == first
     with pytest.raises(Conflict):
         await control.create_schedule("acme", {**body, "expression": "0 10 * * *"}, "key-1")
-    other_tenant = await control.create_schedule("globex", body, "key-1")   # keys are scoped by tenant
+    other_tenant = await control.create_schedule("globex", body, "key-1")  # keys are scoped by tenant
     assert other_tenant["schedule_id"] != first["schedule_id"]
     assert await pool.fetchval("SELECT count(*) FROM schedules") == 2
 
 
 async def test_rejected_requests_write_nothing(pool, clock, target):
     control = ControlPlane(pool, clock)
-    for bad in ({"kind": "cron", "expression": "0 0 30 2 *", "target": target},
-                {"kind": "cron", "expression": "0 9 * * *", "time_zone": "Nowhere/City", "target": target},
-                {"kind": "once", "expression": "2020-01-01T00:00:00Z", "target": target}):
+    for bad in (
+        {"kind": "cron", "expression": "0 0 30 2 *", "target": target},
+        {"kind": "cron", "expression": "0 9 * * *", "time_zone": "Nowhere/City", "target": target},
+        {"kind": "once", "expression": "2020-01-01T00:00:00Z", "target": target},
+    ):
         with pytest.raises(InvalidInput):
             await control.create_schedule("acme", bad)
     assert await pool.fetchval("SELECT count(*) FROM schedules") == 0
@@ -127,12 +136,21 @@ async def test_rejected_requests_write_nothing(pool, clock, target):
 
 async def test_flexible_schedules_get_deterministic_jitter_inside_the_window(pool, clock, target):
     control = ControlPlane(pool, clock)
-    await control.create_schedule("acme", {"kind": "cron", "expression": "*/5 * * * *", "target": target,
-                                           "priority": "flexible", "flexible_window": "5m"})
+    await control.create_schedule(
+        "acme",
+        {
+            "kind": "cron",
+            "expression": "*/5 * * * *",
+            "target": target,
+            "priority": "flexible",
+            "flexible_window": "5m",
+        },
+    )
     clock.set(at(10, 4, 50))
     await Materializer(pool, MaterializerConfig(horizon=timedelta(seconds=30)), clock).run_once()
     row = await pool.fetchrow("SELECT * FROM occurrences")
     offset = row["available_at"] - row["scheduled_for"]
     assert timedelta(0) <= offset < timedelta(minutes=5)
     from engine.rules.timing import jitter_offset
+
     assert offset == jitter_offset(row["occurrence_id"], timedelta(minutes=5))

@@ -19,15 +19,19 @@ from schemas.connections import connect
 from schemas.queries import QUERIES
 
 
-@pytest.mark.parametrize("record, source", [
-    (Schedule, "SELECT * FROM schedules"),                 # whole rows: every column, no more
-    (Occurrence, "SELECT * FROM occurrences"),
-    (Attempt, "SELECT * FROM attempts"),
-    (ScheduleVersion, "SELECT * FROM schedule_versions"),
-    (DueSchedule, QUERIES.claim_due_schedules.sql),        # query rows: exactly the query's columns
-    (LockedOccurrence, QUERIES.lock_occurrence.sql),
-    (DeadLetter, QUERIES.list_dead_letters.sql),
-], ids=lambda value: getattr(value, "__name__", "query"))
+@pytest.mark.parametrize(
+    "record, source",
+    [
+        (Schedule, "SELECT * FROM schedules"),  # whole rows: every column, no more
+        (Occurrence, "SELECT * FROM occurrences"),
+        (Attempt, "SELECT * FROM attempts"),
+        (ScheduleVersion, "SELECT * FROM schedule_versions"),
+        (DueSchedule, QUERIES.claim_due_schedules.sql),  # query rows: exactly the query's columns
+        (LockedOccurrence, QUERIES.lock_occurrence.sql),
+        (DeadLetter, QUERIES.list_dead_letters.sql),
+    ],
+    ids=lambda value: getattr(value, "__name__", "query"),
+)
 async def test_a_record_declares_exactly_the_columns_its_query_returns(engine_db, record, source):
     conn = await connect(engine_db)
     try:

@@ -31,7 +31,8 @@ def make_relay(pool, publisher, clock, telemetry=None, **config):
 
 
 async def test_publishes_due_rows_marks_them_sent_and_records_schedule_lag(
-        pool, publisher, clock, target, kafka_bootstrap, telemetry):
+    pool, publisher, clock, target, kafka_bootstrap, telemetry
+):
     now = clock.now()
     due = [await due_occurrence(pool, "acme", target, now - timedelta(seconds=i)) for i in range(3)]
     later = await due_occurrence(pool, "acme", target, now + timedelta(minutes=5))
@@ -47,9 +48,11 @@ async def test_publishes_due_rows_marks_them_sent_and_records_schedule_lag(
         assert headers[HEADER_OCCURRENCE_ID].decode() == str(decode_occurrence(record.value).occurrence_id)
         assert "traceparent" in headers
         assert record.key == b"acme"
-    rows = await pool.fetch("SELECT o.state, o.enqueued_at, b.sent_at FROM occurrences o"
-                            " JOIN outbox b USING (occurrence_id) WHERE o.occurrence_id = ANY($1)",
-                            [m.occurrence_id for m in due])
+    rows = await pool.fetch(
+        "SELECT o.state, o.enqueued_at, b.sent_at FROM occurrences o"
+        " JOIN outbox b USING (occurrence_id) WHERE o.occurrence_id = ANY($1)",
+        [m.occurrence_id for m in due],
+    )
     assert {(r["state"], r["enqueued_at"], r["sent_at"]) for r in rows} == {("ENQUEUED", now, now)}
     assert await pool.fetchval("SELECT sent_at FROM outbox WHERE occurrence_id = $1", later.occurrence_id) is None
     (lag,) = telemetry.points(obs.SCHEDULE_LAG)
@@ -65,8 +68,8 @@ async def test_a_row_committed_after_a_later_id_is_still_published(pool, publish
     async with pool.acquire() as slow:
         transaction = slow.transaction()
         await transaction.start()
-        first = await due_occurrence(slow, "acme", target, clock.now())      # takes the lower id
-        second = await due_occurrence(pool, "acme", target, clock.now())     # commits first
+        first = await due_occurrence(slow, "acme", target, clock.now())  # takes the lower id
+        second = await due_occurrence(pool, "acme", target, clock.now())  # commits first
         assert (await relay.run_once()).published == 1
         await transaction.commit()
     assert (await relay.run_once()).published == 1
@@ -77,19 +80,18 @@ async def test_a_row_committed_after_a_later_id_is_still_published(pool, publish
 async def test_a_relay_that_lost_its_claim_cannot_mark_rows(pool, publisher, clock, target, telemetry):
     message = await due_occurrence(pool, "acme", target, clock.now())
     paused = OutboxStore(pool, clock)
-    claim = await paused.claim(10, timedelta(seconds=60))       # relay A claims, then stalls
+    claim = await paused.claim(10, timedelta(seconds=60))  # relay A claims, then stalls
     assert len(claim.rows) == 1
-    clock.advance(timedelta(seconds=61))                       # its claim expires
+    clock.advance(timedelta(seconds=61))  # its claim expires
     other = make_relay(pool, publisher, clock)
-    assert (await other.run_once()).published == 1            # relay B publishes and marks
+    assert (await other.run_once()).published == 1  # relay B publishes and marks
     sent_at = await pool.fetchval("SELECT sent_at FROM outbox WHERE occurrence_id = $1", message.occurrence_id)
 
     clock.advance(timedelta(seconds=5))
-    late = await paused.mark_sent(claim.token, [row.id for row in claim.rows])   # A wakes up
+    late = await paused.mark_sent(claim.token, [row.id for row in claim.rows])  # A wakes up
 
     assert late.marked == 0
-    assert await pool.fetchval("SELECT sent_at FROM outbox WHERE occurrence_id = $1",
-                               message.occurrence_id) == sent_at
+    assert await pool.fetchval("SELECT sent_at FROM outbox WHERE occurrence_id = $1", message.occurrence_id) == sent_at
 
 
 async def test_unexpired_claims_are_not_published_twice(pool, publisher, clock, target):

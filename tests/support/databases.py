@@ -13,7 +13,7 @@ TEMPLATE = "chronoq_test_template"
 
 @dataclass
 class Servers:
-    admin_url: str          # a URL on the server with rights to create databases
+    admin_url: str  # a URL on the server with rights to create databases
     kafka_bootstrap: str
 
     def url(self, database: str) -> str:

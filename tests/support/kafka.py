@@ -18,13 +18,22 @@ from tests.support.waiting import wait_for
 SCHEDULED = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 
 
-def occurrence_message(target: str, tenant: str = "acme", when: datetime = SCHEDULED,
-                       attempt: int = 1) -> OccurrenceMessage:
+def occurrence_message(
+    target: str, tenant: str = "acme", when: datetime = SCHEDULED, attempt: int = 1
+) -> OccurrenceMessage:
     """An occurrence message of a schedule that exists nowhere (consumer tests produce it directly)."""
     schedule_id = uuid.uuid4()
-    return OccurrenceMessage(occurrence_id=occurrence_id(schedule_id, 1, when), schedule_id=schedule_id,
-                             schedule_version=1, tenant_id=tenant, target=target, scheduled_for=when,
-                             available_at=when, attempt=attempt, payload={"amount": 7})
+    return OccurrenceMessage(
+        occurrence_id=occurrence_id(schedule_id, 1, when),
+        schedule_id=schedule_id,
+        schedule_version=1,
+        tenant_id=tenant,
+        target=target,
+        scheduled_for=when,
+        available_at=when,
+        attempt=attempt,
+        payload={"amount": 7},
+    )
 
 
 async def produce(bootstrap: str, topic: str, values: list[bytes], key: bytes = b"acme") -> None:
@@ -39,20 +48,22 @@ async def produce(bootstrap: str, topic: str, values: list[bytes], key: bytes = 
 
 async def attempt_events(bootstrap: str, ident: uuid.UUID, expected: int, timeout: float = 15.0) -> list[AttemptEvent]:
     """The attempt events reported for one occurrence, once at least ``expected`` arrived."""
+
     async def found() -> list[AttemptEvent] | None:
         records = await read_topic(bootstrap, ATTEMPTS_TOPIC, expected=0, settle=0.1)
         events = [decode_attempt_event(r.value) for r in records]
         matching = [e for e in events if e.occurrence_id == ident]
         return matching if len(matching) >= expected else None
+
     result: list[AttemptEvent] = await wait_for(found, timeout, interval=0.2)
     return result
 
 
-async def read_topic(bootstrap: str, topic: str, expected: int, timeout: float = 15.0,
-                     settle: float = 0.5) -> list[ConsumerRecord]:
+async def read_topic(
+    bootstrap: str, topic: str, expected: int, timeout: float = 15.0, settle: float = 0.5
+) -> list[ConsumerRecord]:
     """All records of ``topic`` once at least ``expected`` arrived (then ``settle`` s more for extras)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                auto_offset_reset="earliest")
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
     await consumer.start()
     records: list[ConsumerRecord] = []
     try:

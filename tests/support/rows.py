@@ -17,46 +17,91 @@ from schemas.messages import OccurrenceMessage
 from schemas.topics import occurrence_topic, partition_key
 
 
-async def insert_schedule(conn: asyncpg.Connection | asyncpg.Pool, tenant: str, target: str, at: datetime, *,
-                          max_attempts: int = 3, base: float = 1.0, cap: float = 300.0,
-                          deadline_s: int | None = None, overlap: str = "allow", kind: str = "once",
-                          expression: str | None = None) -> uuid.UUID:
+async def insert_schedule(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    tenant: str,
+    target: str,
+    at: datetime,
+    *,
+    max_attempts: int = 3,
+    base: float = 1.0,
+    cap: float = 300.0,
+    deadline_s: int | None = None,
+    overlap: str = "allow",
+    kind: str = "once",
+    expression: str | None = None,
+) -> uuid.UUID:
     schedule_id = uuid.uuid4()
     await conn.execute(
         "INSERT INTO schedules (schedule_id, tenant_id, kind, expression, target, next_run_at, shard,"
         " retry_max_attempts, retry_base_s, retry_cap_s, deadline_s, overlap_policy)"
         " VALUES ($1, $2, $3, $4, $5, $6, 0, $7, $8, $9, $10, $11)",
-        schedule_id, tenant, kind, expression or at.isoformat(), target, at, max_attempts, base, cap, deadline_s,
+        schedule_id,
+        tenant,
+        kind,
+        expression or at.isoformat(),
+        target,
+        at,
+        max_attempts,
+        base,
+        cap,
+        deadline_s,
         overlap,
     )
     return schedule_id
 
 
-async def insert_occurrence(conn: asyncpg.Connection | asyncpg.Pool, schedule_id: uuid.UUID, tenant: str,
-                            target: str, at: datetime, *, version: int = 1, deadline_s: int | None = None,
-                            payload: object = None, state: str = "SCHEDULED") -> OccurrenceMessage:
+async def insert_occurrence(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    schedule_id: uuid.UUID,
+    tenant: str,
+    target: str,
+    at: datetime,
+    *,
+    version: int = 1,
+    deadline_s: int | None = None,
+    payload: object = None,
+    state: str = "SCHEDULED",
+) -> OccurrenceMessage:
     """One occurrence of ``schedule_id`` at ``at`` with its outbox row (attempt 1)."""
     message = OccurrenceMessage(
-        occurrence_id=occurrence_id(schedule_id, version, at), schedule_id=schedule_id, schedule_version=version,
-        tenant_id=tenant, target=target, scheduled_for=at, available_at=at,
+        occurrence_id=occurrence_id(schedule_id, version, at),
+        schedule_id=schedule_id,
+        schedule_version=version,
+        tenant_id=tenant,
+        target=target,
+        scheduled_for=at,
+        available_at=at,
         deadline=at + timedelta(seconds=deadline_s) if deadline_s else None,
         payload=payload if payload is not None else {"n": 1},
     )
     await conn.execute(
         "INSERT INTO occurrences (occurrence_id, schedule_id, schedule_version, tenant_id, target, scheduled_for,"
         " available_at, state) VALUES ($1, $2, $3, $4, $5, $6, $6, $7)",
-        message.occurrence_id, schedule_id, version, tenant, target, at, state,
+        message.occurrence_id,
+        schedule_id,
+        version,
+        tenant,
+        target,
+        at,
+        state,
     )
     await conn.execute(
         "INSERT INTO outbox (occurrence_id, tenant_id, topic, message_key, message, scheduled_for, available_at)"
         " VALUES ($1, $2, $3, $4, $5, $6, $6)",
-        message.occurrence_id, tenant, occurrence_topic(target), partition_key(tenant), message.encode(), at,
+        message.occurrence_id,
+        tenant,
+        occurrence_topic(target),
+        partition_key(tenant),
+        message.encode(),
+        at,
     )
     return message
 
 
-async def due_occurrence(conn: asyncpg.Connection | asyncpg.Pool, tenant: str, target: str, at: datetime,
-                         **policy: object) -> OccurrenceMessage:
+async def due_occurrence(
+    conn: asyncpg.Connection | asyncpg.Pool, tenant: str, target: str, at: datetime, **policy: object
+) -> OccurrenceMessage:
     """A schedule with the given policy and one due occurrence of it."""
     deadline_s = policy.get("deadline_s")
     schedule_id = await insert_schedule(conn, tenant, target, at, **policy)  # type: ignore[arg-type]
@@ -68,8 +113,9 @@ async def occurrence_row(pool: asyncpg.Pool, ident: uuid.UUID) -> asyncpg.Record
 
 
 async def attempt_rows(pool: asyncpg.Pool, ident: uuid.UUID) -> list[asyncpg.Record]:
-    return await pool.fetch("SELECT * FROM attempts WHERE occurrence_id = $1 ORDER BY started_at, attempt_number",
-                            ident)
+    return await pool.fetch(
+        "SELECT * FROM attempts WHERE occurrence_id = $1 ORDER BY started_at, attempt_number", ident
+    )
 
 
 async def outbox_rows(pool: asyncpg.Pool, ident: uuid.UUID) -> list[asyncpg.Record]:

@@ -23,14 +23,17 @@ def fast_services(**overrides: Any) -> ServiceConfig:
     base: dict[str, Any] = dict(
         attempts=AttemptProcessorConfig(session_timeout=2.0, heartbeat_interval=0.4),
         commands=CommandConfig(session_timeout=2.0, heartbeat_interval=0.4),
-        reaper=ReaperConfig(interval=0.05), relay=RelayConfig(idle_interval=0.05),
-        overlap_gate=OverlapGateConfig(interval=0.05))
+        reaper=ReaperConfig(interval=0.05),
+        relay=RelayConfig(idle_interval=0.05),
+        overlap_gate=OverlapGateConfig(interval=0.05),
+    )
     return ServiceConfig(**{**base, **overrides})
 
 
 @contextlib.asynccontextmanager
-async def services_running(engine_db: str, kafka_bootstrap: str, config: ServiceConfig,
-                           clock: Clock | None = None) -> AsyncIterator[asyncio.Event]:
+async def services_running(
+    engine_db: str, kafka_bootstrap: str, config: ServiceConfig, clock: Clock | None = None
+) -> AsyncIterator[asyncio.Event]:
     """The configured roles, running in this test's event loop until the block ends."""
     stop = asyncio.Event()
     services = asyncio.create_task(run_services(engine_db, kafka_bootstrap, stop, config, clock))

@@ -22,8 +22,10 @@ class Telemetry:
         self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.exporter))
 
     def instruments(self, component: str) -> dict[str, Any]:
-        return {"meter": self.meter_provider.get_meter(f"chronoq.{component}"),
-                "tracer": self.tracer_provider.get_tracer(f"chronoq.{component}")}
+        return {
+            "meter": self.meter_provider.get_meter(f"chronoq.{component}"),
+            "tracer": self.tracer_provider.get_tracer(f"chronoq.{component}"),
+        }
 
     def points(self, name: str) -> list[Any]:
         data = self.reader.get_metrics_data()

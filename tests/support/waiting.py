@@ -7,8 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 
-async def wait_for(predicate: Callable[[], Any | Awaitable[Any]], timeout: float = 20.0,
-                   interval: float = 0.05) -> Any:
+async def wait_for(predicate: Callable[[], Any | Awaitable[Any]], timeout: float = 20.0, interval: float = 0.05) -> Any:
     """Await ``predicate()`` (sync or async) until truthy and return its value; fail after ``timeout`` seconds."""
     deadline = asyncio.get_running_loop().time() + timeout
     while True:

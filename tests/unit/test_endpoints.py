@@ -11,8 +11,9 @@ def test_no_env_means_embedded_stack():
 
 
 def test_both_urls_select_the_external_stack_and_consumer_db_defaults_to_it():
-    endpoints = stack_endpoints.external_endpoints({"CHRONOQ_DATABASE_URL": "postgresql://db/x",
-                                             "CHRONOQ_KAFKA_BOOTSTRAP": "k:9092"})
+    endpoints = stack_endpoints.external_endpoints(
+        {"CHRONOQ_DATABASE_URL": "postgresql://db/x", "CHRONOQ_KAFKA_BOOTSTRAP": "k:9092"}
+    )
     assert endpoints is not None
     assert endpoints.database_url == "postgresql://db/x"
     assert endpoints.kafka_bootstrap == "k:9092"
@@ -25,8 +26,9 @@ def test_half_configured_external_stack_is_an_error_naming_the_missing_variable(
 
 
 def test_state_file_round_trip_and_liveness(tmp_path):
-    state = stack_endpoints.StackState(pid=os.getpid(), database_url="postgresql://a", kafka_bootstrap="b:1",
-                                consumer_database_url="postgresql://c")
+    state = stack_endpoints.StackState(
+        pid=os.getpid(), database_url="postgresql://a", kafka_bootstrap="b:1", consumer_database_url="postgresql://c"
+    )
     stack_endpoints.write_state(state, tmp_path)
     assert stack_endpoints.read_state(tmp_path) == state
     env = {"CHRONOQ_HOME": str(tmp_path)}
@@ -34,24 +36,28 @@ def test_state_file_round_trip_and_liveness(tmp_path):
 
 
 def test_state_of_a_dead_process_is_ignored(tmp_path):
-    dead_pid = 2 ** 22 + 12345  # above the default pid_max: never a live process
-    stack_endpoints.write_state(stack_endpoints.StackState(dead_pid, "postgresql://a", "b:1", "postgresql://c"), tmp_path)
+    dead_pid = 2**22 + 12345  # above the default pid_max: never a live process
+    stack_endpoints.write_state(
+        stack_endpoints.StackState(dead_pid, "postgresql://a", "b:1", "postgresql://c"), tmp_path
+    )
     assert stack_endpoints.read_state(tmp_path) is None
     with pytest.raises(StackError, match="chronoq up"):
         stack_endpoints.resolve_endpoints({"CHRONOQ_HOME": str(tmp_path)})
 
 
 def test_a_consumer_needs_only_kafka_and_its_own_database():
-    endpoints = stack_endpoints.resolve_consumer_endpoints({"CHRONOQ_KAFKA_BOOTSTRAP": "k:9092",
-                                                     "CHRONOQ_CONSUMER_DATABASE_URL": "postgresql://app/db"})
+    endpoints = stack_endpoints.resolve_consumer_endpoints(
+        {"CHRONOQ_KAFKA_BOOTSTRAP": "k:9092", "CHRONOQ_CONSUMER_DATABASE_URL": "postgresql://app/db"}
+    )
     assert endpoints.consumer_database_url == "postgresql://app/db" and endpoints.database_url == ""
 
 
 def test_database_only_commands_need_only_the_database_url(tmp_path):
     # chronoq api, migrate, tenant, schedule and dlq never contact Kafka: a database URL alone is enough.
     assert stack_endpoints.resolve_database_url({"CHRONOQ_DATABASE_URL": "postgresql://db/x"}) == "postgresql://db/x"
-    state = stack_endpoints.StackState(pid=os.getpid(), database_url="postgresql://a", kafka_bootstrap="b:1",
-                                       consumer_database_url="postgresql://c")
+    state = stack_endpoints.StackState(
+        pid=os.getpid(), database_url="postgresql://a", kafka_bootstrap="b:1", consumer_database_url="postgresql://c"
+    )
     stack_endpoints.write_state(state, tmp_path)
     assert stack_endpoints.resolve_database_url({"CHRONOQ_HOME": str(tmp_path)}) == "postgresql://a"
     with pytest.raises(StackError, match="CHRONOQ_DATABASE_URL"):

@@ -25,66 +25,74 @@ from schemas.messages import MalformedMessage
 pg = asyncpg.exceptions
 
 
-@pytest.mark.parametrize("error", [
-    pg.ConnectionDoesNotExistError("connection was closed in the middle of operation"),   # 08003
-    pg.ConnectionFailureError("connection failure"),                                       # 08006
-    pg.PostgresConnectionError("connection exception"),                                    # 08000
-    pg.CannotConnectNowError("the database system is starting up"),                        # 57P03
-    pg.AdminShutdownError("terminating connection due to administrator command"),          # 57P01
-    pg.QueryCanceledError("canceling statement due to statement timeout"),                 # 57014
-    pg.TooManyConnectionsError("sorry, too many clients already"),                         # 53300
-    pg.SerializationError("could not serialize access"),                                   # 40001
-    pg.DeadlockDetectedError("deadlock detected"),                                         # 40P01
-    pg.LockNotAvailableError("canceling statement due to lock timeout"),                   # 55P03
-    pg.IdleInTransactionSessionTimeoutError("terminating connection due to idle-in-transaction timeout"),
-    asyncpg.InterfaceError("connection is closed"),
-    asyncpg.InternalClientError("protocol state lost"),
-    pg.ProtocolError("unexpected message"),
-    ConnectionResetError("reset by peer"),
-    ConnectionRefusedError("refused"),
-    OSError("network unreachable"),
-    TimeoutError(),
-    TimeoutError("timed out"),
-    kafka_errors.KafkaConnectionError("broker unreachable"),
-    kafka_errors.KafkaTimeoutError(),
-    kafka_errors.RequestTimedOutError(),
-    kafka_errors.NodeNotReadyError(),
-    kafka_errors.NotLeaderForPartitionError(),
-    kafka_errors.UnknownTopicOrPartitionError(),
-    InfrastructureError("app database unreachable"),
-    ApiError(503, "unavailable", "the database is unavailable"),
-    ApiError(429, "quota_exceeded", "quota"),
-], ids=lambda error: type(error).__name__)
+@pytest.mark.parametrize(
+    "error",
+    [
+        pg.ConnectionDoesNotExistError("connection was closed in the middle of operation"),  # 08003
+        pg.ConnectionFailureError("connection failure"),  # 08006
+        pg.PostgresConnectionError("connection exception"),  # 08000
+        pg.CannotConnectNowError("the database system is starting up"),  # 57P03
+        pg.AdminShutdownError("terminating connection due to administrator command"),  # 57P01
+        pg.QueryCanceledError("canceling statement due to statement timeout"),  # 57014
+        pg.TooManyConnectionsError("sorry, too many clients already"),  # 53300
+        pg.SerializationError("could not serialize access"),  # 40001
+        pg.DeadlockDetectedError("deadlock detected"),  # 40P01
+        pg.LockNotAvailableError("canceling statement due to lock timeout"),  # 55P03
+        pg.IdleInTransactionSessionTimeoutError("terminating connection due to idle-in-transaction timeout"),
+        asyncpg.InterfaceError("connection is closed"),
+        asyncpg.InternalClientError("protocol state lost"),
+        pg.ProtocolError("unexpected message"),
+        ConnectionResetError("reset by peer"),
+        ConnectionRefusedError("refused"),
+        OSError("network unreachable"),
+        TimeoutError(),
+        TimeoutError("timed out"),
+        kafka_errors.KafkaConnectionError("broker unreachable"),
+        kafka_errors.KafkaTimeoutError(),
+        kafka_errors.RequestTimedOutError(),
+        kafka_errors.NodeNotReadyError(),
+        kafka_errors.NotLeaderForPartitionError(),
+        kafka_errors.UnknownTopicOrPartitionError(),
+        InfrastructureError("app database unreachable"),
+        ApiError(503, "unavailable", "the database is unavailable"),
+        ApiError(429, "quota_exceeded", "quota"),
+    ],
+    ids=lambda error: type(error).__name__,
+)
 def test_transient_errors(error: BaseException) -> None:
     assert is_transient(error)
 
 
-@pytest.mark.parametrize("error", [
-    pg.UniqueViolationError("duplicate key"),                                              # 23505
-    pg.CheckViolationError("check constraint"),                                            # 23514
-    pg.UndefinedTableError("relation does not exist"),                                     # 42P01
-    pg.PostgresSyntaxError("syntax error"),                                                # 42601
-    pg.CharacterNotInRepertoireError("invalid byte sequence"),                             # 22021
-    pg.DataError("data exception"),                                                        # 22000
-    asyncpg.exceptions._base.DataError("invalid input for query argument $1"),  # an InterfaceError and ValueError
-    pg.UnsupportedClientFeatureError("feature"),
-    kafka_errors.CommitFailedError("rebalanced"),
-    kafka_errors.TopicAuthorizationFailedError(),
-    kafka_errors.IllegalStateError("bug"),
-    InvalidInput("expression", "is empty"),
-    NotFound("schedule", "x"),
-    Conflict("stale"),
-    QuotaExceeded("max_active_schedules", 1, 2),
-    StackError("not started"),
-    MalformedMessage("not json"),
-    IllegalTransition(State.DEAD, Event.STARTED),
-    PermanentError("bad payload"),
-    OccurrenceCanceled("canceled"),
-    ApiError(422, "invalid_input", "bad", "expression"),
-    KeyError("a bug"),
-    ValueError("a bug"),
-    RuntimeError("a bug"),
-], ids=lambda error: type(error).__name__)
+@pytest.mark.parametrize(
+    "error",
+    [
+        pg.UniqueViolationError("duplicate key"),  # 23505
+        pg.CheckViolationError("check constraint"),  # 23514
+        pg.UndefinedTableError("relation does not exist"),  # 42P01
+        pg.PostgresSyntaxError("syntax error"),  # 42601
+        pg.CharacterNotInRepertoireError("invalid byte sequence"),  # 22021
+        pg.DataError("data exception"),  # 22000
+        asyncpg.exceptions._base.DataError("invalid input for query argument $1"),  # an InterfaceError and ValueError
+        pg.UnsupportedClientFeatureError("feature"),
+        kafka_errors.CommitFailedError("rebalanced"),
+        kafka_errors.TopicAuthorizationFailedError(),
+        kafka_errors.IllegalStateError("bug"),
+        InvalidInput("expression", "is empty"),
+        NotFound("schedule", "x"),
+        Conflict("stale"),
+        QuotaExceeded("max_active_schedules", 1, 2),
+        StackError("not started"),
+        MalformedMessage("not json"),
+        IllegalTransition(State.DEAD, Event.STARTED),
+        PermanentError("bad payload"),
+        OccurrenceCanceled("canceled"),
+        ApiError(422, "invalid_input", "bad", "expression"),
+        KeyError("a bug"),
+        ValueError("a bug"),
+        RuntimeError("a bug"),
+    ],
+    ids=lambda error: type(error).__name__,
+)
 def test_permanent_errors(error: BaseException) -> None:
     assert not is_transient(error)
 
@@ -109,20 +117,23 @@ def test_every_sqlstate_of_a_transient_class_is_transient() -> None:
     assert "23505" in by_class[False] and "42P01" in by_class[False]
 
 
-@pytest.mark.parametrize("error, status, code, field", [
-    (InvalidInput("time_zone", "unknown zone"), 422, "invalid_input", "time_zone"),
-    (NotFound("schedule", "x"), 404, "not_found", None),
-    (Conflict("cannot pause a canceled schedule"), 409, "conflict", None),
-    (QuotaExceeded("max_fires_per_minute", 10, 11), 429, "quota_exceeded", "max_fires_per_minute"),
-    (IllegalTransition(State.DEAD, Event.STARTED), 400, "error", None),
-    (ChronoqError("anything else"), 400, "error", None),
-])
+@pytest.mark.parametrize(
+    "error, status, code, field",
+    [
+        (InvalidInput("time_zone", "unknown zone"), 422, "invalid_input", "time_zone"),
+        (NotFound("schedule", "x"), 404, "not_found", None),
+        (Conflict("cannot pause a canceled schedule"), 409, "conflict", None),
+        (QuotaExceeded("max_fires_per_minute", 10, 11), 429, "quota_exceeded", "max_fires_per_minute"),
+        (IllegalTransition(State.DEAD, Event.STARTED), 400, "error", None),
+        (ChronoqError("anything else"), 400, "error", None),
+    ],
+)
 def test_api_and_command_results_map_errors_from_their_attributes(error, status, code, field) -> None:
     response = _to_response(error)
     assert response.status == status
     expected = {"code": code, "message": str(error), **({"field": field} if field else {})}
     assert response.body == {"error": expected}
-    assert _error_of(error) == expected   # a rejected command carries the same error as the API
+    assert _error_of(error) == expected  # a rejected command carries the same error as the API
 
 
 def test_client_error_reflects_the_server_answer() -> None:

@@ -47,27 +47,39 @@ def scripted(*results):
     return run_pass
 
 
-@pytest.mark.parametrize("result, wait", [
-    (PassOutcome({"published": 5}), 0.25),                        # less than a full batch: idle
-    (PassOutcome({"published": 5000}, more=True), 0.0),           # a full batch: at once
-    (PassOutcome({"failed": 3}, retry_later=True), 2.0),          # work left for later: back off
-    (asyncpg.exceptions.ConnectionDoesNotExistError("gone"), 2.0),  # transient: back off, keep going
-    (KeyError("a bug"), 2.0),                                     # a bug: back off, keep going
-])
+@pytest.mark.parametrize(
+    "result, wait",
+    [
+        (PassOutcome({"published": 5}), 0.25),  # less than a full batch: idle
+        (PassOutcome({"published": 5000}, more=True), 0.0),  # a full batch: at once
+        (PassOutcome({"failed": 3}, retry_later=True), 2.0),  # work left for later: back off
+        (asyncpg.exceptions.ConnectionDoesNotExistError("gone"), 2.0),  # transient: back off, keep going
+        (KeyError("a bug"), 2.0),  # a bug: back off, keep going
+    ],
+)
 async def test_a_pass_decides_the_wait_and_no_error_ends_the_loop(result, wait) -> None:
     loop = PeriodicLoop("relay", scripted(result), TIMING, logging.getLogger("test.loop"), monotonic=FakeTime())
     assert await loop.step() == wait
 
 
 async def test_transient_failures_are_warnings_and_others_errors_with_traceback(caplog) -> None:
-    loop = PeriodicLoop("reaper", scripted(asyncpg.exceptions.AdminShutdownError("terminating"), ValueError("bug")),
-                        TIMING, logging.getLogger("test.loop"), monotonic=FakeTime())
+    loop = PeriodicLoop(
+        "reaper",
+        scripted(asyncpg.exceptions.AdminShutdownError("terminating"), ValueError("bug")),
+        TIMING,
+        logging.getLogger("test.loop"),
+        monotonic=FakeTime(),
+    )
     with caplog.at_level(logging.INFO, logger="test.loop"):
         await loop.step()
         await loop.step()
     transient, bug = caplog.records
     assert (transient.levelno, transient.action, transient.transient, transient.exc_info) == (
-        logging.WARNING, "reaper.error", True, None)
+        logging.WARNING,
+        "reaper.error",
+        True,
+        None,
+    )
     assert (bug.levelno, bug.transient) == (logging.ERROR, False) and bug.exc_info is not None
 
 
@@ -77,14 +89,23 @@ async def test_the_summary_line_counts_passes_since_the_last_line_with_gauges_an
     async def gauges() -> dict[str, int]:
         return {"backlog": 12}
 
-    loop = PeriodicLoop("relay", scripted(PassOutcome({"published": 3, "failed": 0}), OSError("refused"),
-                                          PassOutcome({"published": 4, "failed": 1}, retry_later=True),
-                                          PassOutcome({"published": 1, "failed": 0})),
-                        TIMING, logging.getLogger("test.loop"), gauges=gauges, monotonic=clock)
+    loop = PeriodicLoop(
+        "relay",
+        scripted(
+            PassOutcome({"published": 3, "failed": 0}),
+            OSError("refused"),
+            PassOutcome({"published": 4, "failed": 1}, retry_later=True),
+            PassOutcome({"published": 1, "failed": 0}),
+        ),
+        TIMING,
+        logging.getLogger("test.loop"),
+        gauges=gauges,
+        monotonic=clock,
+    )
     with caplog.at_level(logging.INFO, logger="test.loop"):
         for _ in range(3):
             await loop.step()
-            assert await loop.summary.maybe_log() is None      # not due yet
+            assert await loop.summary.maybe_log() is None  # not due yet
         clock.now += 30
         assert await loop.summary.maybe_log() == "relay: passes=3 published=7 failed=1 backlog=12 errors=1"
         await loop.step()
@@ -109,8 +130,10 @@ async def test_a_summary_survives_an_unreadable_gauge_and_can_be_switched_off() 
 
 
 def test_summary_lines_put_passes_or_records_first_and_errors_last() -> None:
-    assert summary_line("attempts", {"accepted": 2, "errors": 1, "records": 3}) == \
-        "attempts: records=3 accepted=2 errors=1"
+    assert (
+        summary_line("attempts", {"accepted": 2, "errors": 1, "records": 3})
+        == "attempts: records=3 accepted=2 errors=1"
+    )
 
 
 async def test_the_loop_stops_when_stop_is_set_even_while_waiting() -> None:
@@ -160,8 +183,9 @@ def kafka_loop(handled: list[int], fail_at: int | None, unit: str) -> KafkaProce
         handled.extend(r.offset for r in records)
         return {"applied": len(records)}
 
-    return KafkaProcessorLoop("commands", "unused:9092", SETTINGS, handle, logging.getLogger("test.loop"),
-                              unit=unit, monotonic=FakeTime())  # type: ignore[arg-type]
+    return KafkaProcessorLoop(
+        "commands", "unused:9092", SETTINGS, handle, logging.getLogger("test.loop"), unit=unit, monotonic=FakeTime()
+    )  # type: ignore[arg-type]
 
 
 async def test_record_units_commit_past_what_was_handled_and_rewind_to_the_failed_record() -> None:
@@ -178,7 +202,8 @@ async def test_a_failed_batch_unit_is_read_again_from_its_first_record_and_commi
     handled: list[int] = []
     consumer = FakeConsumer()
     await kafka_loop(handled, fail_at=12, unit="batch").process(
-        consumer, TP, [Record(10), Record(11), Record(12)], asyncio.Event())
+        consumer, TP, [Record(10), Record(11), Record(12)], asyncio.Event()
+    )
     assert handled == [] and consumer.seeks == [(TP, 10)] and consumer.commits == []
 
 
@@ -193,7 +218,7 @@ def test_roles_say_what_each_process_runs() -> None:
     assert Role.RELAY not in ENGINE_ROLES and Role.API not in ENGINE_ROLES
     assert ALL_ROLES == ENGINE_ROLES | {Role.RELAY, Role.API}
     assert {Role.COMMANDS, Role.API}.isdisjoint(PIPELINE_ROLES)
-    ServiceConfig(roles=frozenset({Role.API}), api_socket=object()).validate(None)   # type: ignore[arg-type]
+    ServiceConfig(roles=frozenset({Role.API}), api_socket=object()).validate(None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="attempts, commands, relay need a Kafka bootstrap"):
         ServiceConfig(roles=frozenset({Role.RELAY, Role.ATTEMPTS, Role.COMMANDS})).validate(None)
     with pytest.raises(ValueError, match="api role and api_socket"):

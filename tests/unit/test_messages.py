@@ -20,10 +20,17 @@ UTC = UTC
 
 def sample(**overrides):
     fields: dict[str, Any] = dict(
-        occurrence_id=uuid.uuid4(), schedule_id=uuid.uuid4(), schedule_version=3, tenant_id="acme",
-        target="billing.invoice", scheduled_for=datetime(2026, 11, 1, 5, 30, tzinfo=UTC),
-        available_at=datetime(2026, 11, 1, 5, 30, 12, 500000, tzinfo=UTC), attempt=2, priority="flexible",
-        deadline=None, payload={"invoice": 42, "items": [1, 2]},
+        occurrence_id=uuid.uuid4(),
+        schedule_id=uuid.uuid4(),
+        schedule_version=3,
+        tenant_id="acme",
+        target="billing.invoice",
+        scheduled_for=datetime(2026, 11, 1, 5, 30, tzinfo=UTC),
+        available_at=datetime(2026, 11, 1, 5, 30, 12, 500000, tzinfo=UTC),
+        attempt=2,
+        priority="flexible",
+        deadline=None,
+        payload={"invoice": 42, "items": [1, 2]},
     )
     fields.update(overrides)
     return OccurrenceMessage(**fields)
@@ -61,9 +68,17 @@ def test_undecodable_messages_say_why(value, fragment):
         decode_occurrence(value)
 
 
-@pytest.mark.parametrize("field, bad", [("occurrence_id", "nope"), ("scheduled_for", "yesterday"),
-                                        ("scheduled_for", "2026-01-01T00:00:00"), ("attempt", 0),
-                                        ("tenant_id", ""), ("schedule_version", "1")])
+@pytest.mark.parametrize(
+    "field, bad",
+    [
+        ("occurrence_id", "nope"),
+        ("scheduled_for", "yesterday"),
+        ("scheduled_for", "2026-01-01T00:00:00"),
+        ("attempt", 0),
+        ("tenant_id", ""),
+        ("schedule_version", "1"),
+    ],
+)
 def test_invalid_field_is_named(field, bad):
     data = orjson.loads(sample().encode())
     data[field] = bad

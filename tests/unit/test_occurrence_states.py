@@ -21,38 +21,44 @@ from engine.rules.occurrence_states import (
 S, E = State, Event
 
 
-@pytest.mark.parametrize("state, event, expected", [
-    (S.SCHEDULED, E.PUBLISHED, S.ENQUEUED),
-    (S.SCHEDULED, E.STARTED, S.RUNNING),          # a start can overtake the relay's mark
-    (S.SCHEDULED, E.SKIP_OVERLAP, S.SKIPPED_OVERLAP),
-    (S.ENQUEUED, E.STARTED, S.RUNNING),
-    (S.ENQUEUED, E.CANCEL, S.CANCELED),
-    (S.RUNNING, E.STARTED, S.RUNNING),            # takeover of the same delivery
-    (S.RUNNING, E.SUCCEEDED, S.SUCCEEDED),
-    (S.RUNNING, E.RETRY, S.RETRY_WAIT),
-    (S.RUNNING, E.DIE, S.DEAD),
-    (S.RUNNING, E.ALREADY_APPLIED, S.SUCCEEDED),
-    (S.RETRY_WAIT, E.PUBLISHED, S.ENQUEUED),
-    (S.RETRY_WAIT, E.STARTED, S.RUNNING),
-    (S.DEAD, E.REPLAY, S.RETRY_WAIT),
-    (S.DEAD, E.ALREADY_APPLIED, S.SUCCEEDED),
-])
+@pytest.mark.parametrize(
+    "state, event, expected",
+    [
+        (S.SCHEDULED, E.PUBLISHED, S.ENQUEUED),
+        (S.SCHEDULED, E.STARTED, S.RUNNING),  # a start can overtake the relay's mark
+        (S.SCHEDULED, E.SKIP_OVERLAP, S.SKIPPED_OVERLAP),
+        (S.ENQUEUED, E.STARTED, S.RUNNING),
+        (S.ENQUEUED, E.CANCEL, S.CANCELED),
+        (S.RUNNING, E.STARTED, S.RUNNING),  # takeover of the same delivery
+        (S.RUNNING, E.SUCCEEDED, S.SUCCEEDED),
+        (S.RUNNING, E.RETRY, S.RETRY_WAIT),
+        (S.RUNNING, E.DIE, S.DEAD),
+        (S.RUNNING, E.ALREADY_APPLIED, S.SUCCEEDED),
+        (S.RETRY_WAIT, E.PUBLISHED, S.ENQUEUED),
+        (S.RETRY_WAIT, E.STARTED, S.RUNNING),
+        (S.DEAD, E.REPLAY, S.RETRY_WAIT),
+        (S.DEAD, E.ALREADY_APPLIED, S.SUCCEEDED),
+    ],
+)
 def test_legal_moves(state, event, expected):
     assert transition(state, event) is expected
-    assert transition(state.value, event.value) is expected      # plain strings from the database
+    assert transition(state.value, event.value) is expected  # plain strings from the database
 
 
-@pytest.mark.parametrize("state, event", [
-    (S.ENQUEUED, E.SUCCEEDED),      # no success without a start
-    (S.ENQUEUED, E.RETRY),
-    (S.RETRY_WAIT, E.SUCCEEDED),
-    (S.DEAD, E.STARTED),            # a dead letter comes back only by replay
-    (S.SUCCEEDED, E.ALREADY_APPLIED),
-    (S.CANCELED, E.STARTED),
-    (S.RUNNING, E.SKIP_OVERLAP),    # overlap is decided before dispatch only
-    (S.ENQUEUED, E.REPLAY),
-    (S.MISSED, E.PUBLISHED),
-])
+@pytest.mark.parametrize(
+    "state, event",
+    [
+        (S.ENQUEUED, E.SUCCEEDED),  # no success without a start
+        (S.ENQUEUED, E.RETRY),
+        (S.RETRY_WAIT, E.SUCCEEDED),
+        (S.DEAD, E.STARTED),  # a dead letter comes back only by replay
+        (S.SUCCEEDED, E.ALREADY_APPLIED),
+        (S.CANCELED, E.STARTED),
+        (S.RUNNING, E.SKIP_OVERLAP),  # overlap is decided before dispatch only
+        (S.ENQUEUED, E.REPLAY),
+        (S.MISSED, E.PUBLISHED),
+    ],
+)
 def test_illegal_moves_raise(state, event):
     with pytest.raises(IllegalTransition) as caught:
         transition(state, event)

@@ -29,17 +29,20 @@ def test_the_ceiling_doubles_up_to_the_cap(attempt, ceiling):
     assert backoff_ceiling(POLICY, attempt) == timedelta(seconds=ceiling)
 
 
-@pytest.mark.parametrize("attempt, permanent, deadline, rnd, expected", [
-    (1, False, None, 0.5, RetryDecision(True, timedelta(seconds=1))),
-    (3, False, None, 0.25, RetryDecision(True, timedelta(seconds=2))),
-    (1, False, None, 0.0, RetryDecision(True, timedelta(0))),                   # full jitter reaches zero
-    (1, True, None, 0.5, RetryDecision.dead("permanent_error")),               # permanent wins over everything
-    (5, False, None, 0.5, RetryDecision.dead("max_attempts")),                 # 5 of 5 used
-    (6, False, None, 0.5, RetryDecision.dead("max_attempts")),
-    (4, False, NOW + timedelta(seconds=7), 0.5, RetryDecision.dead("deadline")),   # 8 s > 7 s left
-    (4, False, NOW + timedelta(seconds=8), 0.5, RetryDecision(True, timedelta(seconds=8))),  # exactly at it
-    (1, False, NOW - timedelta(seconds=1), 0.0, RetryDecision.dead("deadline")),
-])
+@pytest.mark.parametrize(
+    "attempt, permanent, deadline, rnd, expected",
+    [
+        (1, False, None, 0.5, RetryDecision(True, timedelta(seconds=1))),
+        (3, False, None, 0.25, RetryDecision(True, timedelta(seconds=2))),
+        (1, False, None, 0.0, RetryDecision(True, timedelta(0))),  # full jitter reaches zero
+        (1, True, None, 0.5, RetryDecision.dead("permanent_error")),  # permanent wins over everything
+        (5, False, None, 0.5, RetryDecision.dead("max_attempts")),  # 5 of 5 used
+        (6, False, None, 0.5, RetryDecision.dead("max_attempts")),
+        (4, False, NOW + timedelta(seconds=7), 0.5, RetryDecision.dead("deadline")),  # 8 s > 7 s left
+        (4, False, NOW + timedelta(seconds=8), 0.5, RetryDecision(True, timedelta(seconds=8))),  # exactly at it
+        (1, False, NOW - timedelta(seconds=1), 0.0, RetryDecision.dead("deadline")),
+    ],
+)
 def test_decisions(attempt, permanent, deadline, rnd, expected):
     assert decide_retry(POLICY, attempt, permanent, NOW, deadline, fixed(rnd)) == expected
 
@@ -53,11 +56,16 @@ def test_the_tenant_budget_turns_a_retry_into_a_dead_letter():
     assert spend_budget(retry, granted=True) == retry
     assert spend_budget(retry, granted=False) == RetryDecision.dead("retry_budget")
     dead = RetryDecision.dead("max_attempts")
-    assert spend_budget(dead, granted=False) == dead          # a dead letter keeps its own reason
+    assert spend_budget(dead, granted=False) == dead  # a dead letter keeps its own reason
 
 
-@given(attempt=st.integers(1, 200), rnd=st.floats(0, 1, exclude_max=True),
-       base=st.floats(0.001, 100), extra=st.floats(0, 10_000), max_attempts=st.integers(1, 100))
+@given(
+    attempt=st.integers(1, 200),
+    rnd=st.floats(0, 1, exclude_max=True),
+    base=st.floats(0.001, 100),
+    extra=st.floats(0, 10_000),
+    max_attempts=st.integers(1, 100),
+)
 def test_delays_are_within_zero_and_the_capped_exponential(attempt, rnd, base, extra, max_attempts):
     policy = RetryPolicy(max_attempts, timedelta(seconds=base), timedelta(seconds=base + extra))
     decision = decide_retry(policy, attempt, False, NOW, None, fixed(rnd))

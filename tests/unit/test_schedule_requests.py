@@ -27,27 +27,30 @@ def test_flexible_priority_gets_the_five_minute_window_by_default():
     assert parse_schedule_request(body(priority="flexible")).flexible_window == timedelta(minutes=5)
 
 
-@pytest.mark.parametrize("overrides, field", [
-    ({"expression": "0 0 30 2 *"}, "expression"),
-    ({"expression": "61 * * * *"}, "expression"),
-    ({"expression": None}, "expression"),
-    ({"time_zone": "Mars/Olympus"}, "time_zone"),
-    ({"target": None}, "target"),
-    ({"target": "has space"}, "target"),
-    ({"kind": "weekly"}, "kind"),
-    ({"kind": None}, "kind"),
-    ({"payload": {"blob": "x" * (64 * 1024)}}, "payload"),
-    ({"priority": "urgent"}, "priority"),
-    ({"misfire_policy": "catch_up"}, "misfire_policy"),
-    ({"overlap_policy": "sometimes"}, "overlap_policy"),
-    ({"max_attempts": 0}, "max_attempts"),
-    ({"retry_base": "0s"}, "retry_base"),
-    ({"flexible_window": "5m"}, "flexible_window"),
-    ({"colour": "blue"}, "colour"),
-    ({"payload": {"note": "a\x00b"}}, "payload"),        # jsonb cannot store NUL: a 422, not a 500
-    ({"payload": {"a\x00": [1]}}, "payload"),
-    ({"payload": [{"deep": ["\x00"]}]}, "payload"),
-])
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        ({"expression": "0 0 30 2 *"}, "expression"),
+        ({"expression": "61 * * * *"}, "expression"),
+        ({"expression": None}, "expression"),
+        ({"time_zone": "Mars/Olympus"}, "time_zone"),
+        ({"target": None}, "target"),
+        ({"target": "has space"}, "target"),
+        ({"kind": "weekly"}, "kind"),
+        ({"kind": None}, "kind"),
+        ({"payload": {"blob": "x" * (64 * 1024)}}, "payload"),
+        ({"priority": "urgent"}, "priority"),
+        ({"misfire_policy": "catch_up"}, "misfire_policy"),
+        ({"overlap_policy": "sometimes"}, "overlap_policy"),
+        ({"max_attempts": 0}, "max_attempts"),
+        ({"retry_base": "0s"}, "retry_base"),
+        ({"flexible_window": "5m"}, "flexible_window"),
+        ({"colour": "blue"}, "colour"),
+        ({"payload": {"note": "a\x00b"}}, "payload"),  # jsonb cannot store NUL: a 422, not a 500
+        ({"payload": {"a\x00": [1]}}, "payload"),
+        ({"payload": [{"deep": ["\x00"]}]}, "payload"),
+    ],
+)
 def test_invalid_requests_name_the_field(overrides, field):
     with pytest.raises(InvalidInput) as caught:
         parse_schedule_request(body(**overrides))

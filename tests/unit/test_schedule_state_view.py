@@ -23,15 +23,18 @@ def state(version: int, value: str, schedule_id: uuid.UUID = SID) -> ScheduleSta
     return ScheduleStateMessage(schedule_id, "acme", version, value, AT)
 
 
-@pytest.mark.parametrize("messages, version, expected", [
-    ([], 1, None),                                               # never heard of it: run
-    ([state(1, "active")], 1, None),
-    ([state(1, "active"), state(2, "active")], 1, STALE_VERSION),   # updated: version 1 is obsolete
-    ([state(1, "active"), state(2, "paused")], 1, STALE_VERSION),
-    ([state(2, "active")], 3, None),                            # the view lags behind: run
-    ([state(1, "active"), state(2, "canceled")], 1, SCHEDULE_CANCELED),
-    ([state(3, "active"), state(2, "canceled")], 3, None),      # an older message arriving late changes nothing
-])
+@pytest.mark.parametrize(
+    "messages, version, expected",
+    [
+        ([], 1, None),  # never heard of it: run
+        ([state(1, "active")], 1, None),
+        ([state(1, "active"), state(2, "active")], 1, STALE_VERSION),  # updated: version 1 is obsolete
+        ([state(1, "active"), state(2, "paused")], 1, STALE_VERSION),
+        ([state(2, "active")], 3, None),  # the view lags behind: run
+        ([state(1, "active"), state(2, "canceled")], 1, SCHEDULE_CANCELED),
+        ([state(3, "active"), state(2, "canceled")], 3, None),  # an older message arriving late changes nothing
+    ],
+)
 def test_verdicts(messages, version, expected):
     view = ScheduleStateView()
     for message in messages:
@@ -45,14 +48,14 @@ def test_a_running_handler_is_signalled_when_its_schedule_is_canceled():
     signal, other = Cancellation(), Cancellation()
     with view.watch(SID, signal), view.watch(uuid.uuid4(), other):
         view.apply(state(2, "paused"))
-        assert not signal.is_canceled                          # pause/update do not interrupt a running handler
+        assert not signal.is_canceled  # pause/update do not interrupt a running handler
         view.apply(state(3, "canceled"))
         assert signal.is_canceled and signal.reason == SCHEDULE_CANCELED
         assert not other.is_canceled
         with pytest.raises(OccurrenceCanceled):
             signal.raise_if_canceled()
     later = Cancellation()
-    with view.watch(SID, later):                                # watching an already canceled schedule
+    with view.watch(SID, later):  # watching an already canceled schedule
         assert later.is_canceled
 
 
@@ -66,14 +69,17 @@ def test_config_defaults_tie_the_transaction_limits_to_the_lease():
     assert (cfg.renew_interval, cfg.idle_timeout, cfg.lock_timeout) == (4.0, 12.0, 12.0)
 
 
-@pytest.mark.parametrize("overrides", [
-    {"lease_ttl": 0},
-    {"lease_ttl": 10, "lease_renew_interval": 6},       # one lost heartbeat would expire the lease
-    {"concurrency": 0},
-    {"max_in_flight": 0},
-    {"session_timeout": 1.0, "heartbeat_interval": 1.0},
-    {"shutdown_grace": -1},
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"lease_ttl": 0},
+        {"lease_ttl": 10, "lease_renew_interval": 6},  # one lost heartbeat would expire the lease
+        {"concurrency": 0},
+        {"max_in_flight": 0},
+        {"session_timeout": 1.0, "heartbeat_interval": 1.0},
+        {"shutdown_grace": -1},
+    ],
+)
 def test_config_rejects_inconsistent_settings(overrides):
     with pytest.raises(ValueError):
         config(**overrides).validate()

@@ -37,9 +37,11 @@ def fires(spec: TimeSpec, low: str, high: str) -> list[str]:
 def test_new_york_spring_forward_skips_the_missing_half_hour() -> None:
     spec = build_time_spec("cron", "30 2 * * *", "America/New_York")
     assert fires(spec, "2026-03-06T00:00Z", "2026-03-10T23:59Z") == [
-        "2026-03-06T07:30:00Z", "2026-03-07T07:30:00Z",  # 02:30 EST
+        "2026-03-06T07:30:00Z",
+        "2026-03-07T07:30:00Z",  # 02:30 EST
         # 2026-03-08: 02:00 EST jumps to 03:00 EDT; 02:30 does not exist
-        "2026-03-09T06:30:00Z", "2026-03-10T06:30:00Z",  # 02:30 EDT
+        "2026-03-09T06:30:00Z",
+        "2026-03-10T06:30:00Z",  # 02:30 EDT
     ]
 
 
@@ -56,7 +58,10 @@ def test_shift_collapses_several_missing_times_and_a_regular_fire_onto_one() -> 
     # 02:00, 02:15, 02:30, 02:45 do not exist; 03:00 does. All five fire once at 03:00 EDT.
     spec = build_time_spec("cron", "*/15 2,3 * * *", "America/New_York", dst_gap="shift")
     assert fires(spec, "2026-03-08T06:00Z", "2026-03-08T07:50Z") == [
-        "2026-03-08T07:00:00Z", "2026-03-08T07:15:00Z", "2026-03-08T07:30:00Z", "2026-03-08T07:45:00Z",
+        "2026-03-08T07:00:00Z",
+        "2026-03-08T07:15:00Z",
+        "2026-03-08T07:30:00Z",
+        "2026-03-08T07:45:00Z",
     ]
 
 
@@ -77,12 +82,18 @@ def test_both_interleaves_the_repeated_hour_in_instant_order() -> None:
     # 01:00 EDT, 01:20 EDT, 01:40 EDT, then the clock repeats: 01:00 EST, 01:20 EST, 01:40 EST.
     spec = build_time_spec("cron", "0,20,40 1 * * *", "America/New_York", dst_repeat="both")
     assert fires(spec, "2026-11-01T04:00Z", "2026-11-01T07:00Z") == [
-        "2026-11-01T05:00:00Z", "2026-11-01T05:20:00Z", "2026-11-01T05:40:00Z",
-        "2026-11-01T06:00:00Z", "2026-11-01T06:20:00Z", "2026-11-01T06:40:00Z",
+        "2026-11-01T05:00:00Z",
+        "2026-11-01T05:20:00Z",
+        "2026-11-01T05:40:00Z",
+        "2026-11-01T06:00:00Z",
+        "2026-11-01T06:20:00Z",
+        "2026-11-01T06:40:00Z",
     ]
     first_only = build_time_spec("cron", "0,20,40 1 * * *", "America/New_York")
     assert fires(first_only, "2026-11-01T04:00Z", "2026-11-01T07:00Z") == [
-        "2026-11-01T05:00:00Z", "2026-11-01T05:20:00Z", "2026-11-01T05:40:00Z",
+        "2026-11-01T05:00:00Z",
+        "2026-11-01T05:20:00Z",
+        "2026-11-01T05:40:00Z",
     ]
 
 
@@ -101,38 +112,115 @@ def test_after_inside_the_repeated_hour_gives_the_second_pass_with_both() -> Non
     ("zone", "expression", "repeat", "gap", "low", "high", "expected"),
     [
         # Lord Howe moves by 30 minutes: 02:00 -> 02:30 on 2026-10-04, 02:00 -> 01:30 on 2026-04-05.
-        ("Australia/Lord_Howe", "15 2 * * *", "first", "skip", "2026-10-02T12:00Z", "2026-10-05T12:00Z",
-         ["2026-10-02T15:45:00Z", "2026-10-04T15:15:00Z"]),  # 10-04 02:15 does not exist
-        ("Australia/Lord_Howe", "15 2 * * *", "first", "shift", "2026-10-03T12:00Z", "2026-10-04T12:00Z",
-         ["2026-10-03T15:30:00Z"]),
-        ("Australia/Lord_Howe", "45 1 * * *", "both", "skip", "2026-04-04T12:00Z", "2026-04-05T12:00Z",
-         ["2026-04-04T14:45:00Z", "2026-04-04T15:15:00Z"]),
-        ("Australia/Lord_Howe", "45 1 * * *", "first", "skip", "2026-04-04T12:00Z", "2026-04-05T12:00Z",
-         ["2026-04-04T14:45:00Z"]),
+        (
+            "Australia/Lord_Howe",
+            "15 2 * * *",
+            "first",
+            "skip",
+            "2026-10-02T12:00Z",
+            "2026-10-05T12:00Z",
+            ["2026-10-02T15:45:00Z", "2026-10-04T15:15:00Z"],
+        ),  # 10-04 02:15 does not exist
+        (
+            "Australia/Lord_Howe",
+            "15 2 * * *",
+            "first",
+            "shift",
+            "2026-10-03T12:00Z",
+            "2026-10-04T12:00Z",
+            ["2026-10-03T15:30:00Z"],
+        ),
+        (
+            "Australia/Lord_Howe",
+            "45 1 * * *",
+            "both",
+            "skip",
+            "2026-04-04T12:00Z",
+            "2026-04-05T12:00Z",
+            ["2026-04-04T14:45:00Z", "2026-04-04T15:15:00Z"],
+        ),
+        (
+            "Australia/Lord_Howe",
+            "45 1 * * *",
+            "first",
+            "skip",
+            "2026-04-04T12:00Z",
+            "2026-04-05T12:00Z",
+            ["2026-04-04T14:45:00Z"],
+        ),
         # Europe/Dublin's tzdata uses negative DST (IST is standard); offsets are what count.
-        ("Europe/Dublin", "30 1 * * *", "first", "skip", "2026-03-28T00:00Z", "2026-03-30T01:00Z",
-         ["2026-03-28T01:30:00Z", "2026-03-30T00:30:00Z"]),
-        ("Europe/Dublin", "30 1 * * *", "both", "skip", "2026-10-24T12:00Z", "2026-10-25T12:00Z",
-         ["2026-10-25T00:30:00Z", "2026-10-25T01:30:00Z"]),
+        (
+            "Europe/Dublin",
+            "30 1 * * *",
+            "first",
+            "skip",
+            "2026-03-28T00:00Z",
+            "2026-03-30T01:00Z",
+            ["2026-03-28T01:30:00Z", "2026-03-30T00:30:00Z"],
+        ),
+        (
+            "Europe/Dublin",
+            "30 1 * * *",
+            "both",
+            "skip",
+            "2026-10-24T12:00Z",
+            "2026-10-25T12:00Z",
+            ["2026-10-25T00:30:00Z", "2026-10-25T01:30:00Z"],
+        ),
         # America/Havana changes at midnight: 00:00 -> 01:00 on 2026-03-08, 01:00 -> 00:00 on 2026-11-01.
-        ("America/Havana", "0 0 * * *", "first", "skip", "2026-03-07T00:00Z", "2026-03-09T12:00Z",
-         ["2026-03-07T05:00:00Z", "2026-03-09T04:00:00Z"]),
-        ("America/Havana", "0 0 * * *", "first", "shift", "2026-03-07T12:00Z", "2026-03-08T12:00Z",
-         ["2026-03-08T05:00:00Z"]),
-        ("America/Havana", "30 0 * * *", "both", "skip", "2026-10-31T12:00Z", "2026-11-01T12:00Z",
-         ["2026-11-01T04:30:00Z", "2026-11-01T05:30:00Z"]),
+        (
+            "America/Havana",
+            "0 0 * * *",
+            "first",
+            "skip",
+            "2026-03-07T00:00Z",
+            "2026-03-09T12:00Z",
+            ["2026-03-07T05:00:00Z", "2026-03-09T04:00:00Z"],
+        ),
+        (
+            "America/Havana",
+            "0 0 * * *",
+            "first",
+            "shift",
+            "2026-03-07T12:00Z",
+            "2026-03-08T12:00Z",
+            ["2026-03-08T05:00:00Z"],
+        ),
+        (
+            "America/Havana",
+            "30 0 * * *",
+            "both",
+            "skip",
+            "2026-10-31T12:00Z",
+            "2026-11-01T12:00Z",
+            ["2026-11-01T04:30:00Z", "2026-11-01T05:30:00Z"],
+        ),
         # Pacific/Chatham (+12:45/+13:45) springs forward at 02:45 local.
-        ("Pacific/Chatham", "0 3 * * *", "first", "skip", "2026-09-26T00:00Z", "2026-09-27T00:00Z",
-         []),
-        ("Pacific/Chatham", "0 3 * * *", "first", "shift", "2026-09-26T00:00Z", "2026-09-27T00:00Z",
-         ["2026-09-26T14:00:00Z"]),
+        ("Pacific/Chatham", "0 3 * * *", "first", "skip", "2026-09-26T00:00Z", "2026-09-27T00:00Z", []),
+        (
+            "Pacific/Chatham",
+            "0 3 * * *",
+            "first",
+            "shift",
+            "2026-09-26T00:00Z",
+            "2026-09-27T00:00Z",
+            ["2026-09-26T14:00:00Z"],
+        ),
         # America/St_Johns (-03:30/-02:30).
-        ("America/St_Johns", "30 1 * * *", "both", "skip", "2026-10-31T12:00Z", "2026-11-01T12:00Z",
-         ["2026-11-01T04:00:00Z", "2026-11-01T05:00:00Z"]),
+        (
+            "America/St_Johns",
+            "30 1 * * *",
+            "both",
+            "skip",
+            "2026-10-31T12:00Z",
+            "2026-11-01T12:00Z",
+            ["2026-11-01T04:00:00Z", "2026-11-01T05:00:00Z"],
+        ),
     ],
 )
-def test_transitions_in_several_zones(zone: str, expression: str, repeat: str, gap: str, low: str, high: str,
-                                      expected: list[str]) -> None:
+def test_transitions_in_several_zones(
+    zone: str, expression: str, repeat: str, gap: str, low: str, high: str, expected: list[str]
+) -> None:
     spec = build_time_spec("cron", expression, zone, dst_repeat=repeat, dst_gap=gap)
     got = fires(spec, low, high)
     assert got == expected
@@ -150,7 +238,8 @@ def test_santiago_midnight_transition_skips_midnight() -> None:
     for candidate in (spec, shift):
         low, high = at("2026-09-03T00:00Z"), at("2026-09-08T00:00Z")
         assert fire_times(candidate, low, 100, high) == oracle_fire_times(
-            "0 0 * * *", "America/Santiago", low, high, "first", candidate.dst_gap)
+            "0 0 * * *", "America/Santiago", low, high, "first", candidate.dst_gap
+        )
 
 
 # --------------------------------------------------------------------------- rate and once
@@ -159,8 +248,7 @@ def test_santiago_midnight_transition_skips_midnight() -> None:
 def test_rate_keeps_elapsed_time_across_transitions() -> None:
     spec = build_time_spec("rate", "1h30m", "America/New_York", anchor="2026-03-07T12:00:00Z")
     got = fire_times(spec, at("2026-03-08T05:00Z"), 4)
-    assert got == [at("2026-03-08T06:00Z"), at("2026-03-08T07:30Z"), at("2026-03-08T09:00Z"),
-                   at("2026-03-08T10:30Z")]
+    assert got == [at("2026-03-08T06:00Z"), at("2026-03-08T07:30Z"), at("2026-03-08T09:00Z"), at("2026-03-08T10:30Z")]
     assert {b - a for a, b in pairwise(got)} == {timedelta(minutes=90)}
     local = [p.local.strftime("%H:%M%z") for p in preview(spec, at("2026-03-08T05:00Z"), 3)]
     assert local == ["01:00-0500", "03:30-0400", "05:00-0400"]  # wall clock jumps, elapsed time does not
@@ -209,14 +297,21 @@ def test_day_fields_or_rule() -> None:
     spec = build_time_spec("cron", "0 0 13 * FRI", "UTC")
     got = fire_times(spec, at("2026-02-01T00:00Z"), 6)
     assert [t.date().isoformat() for t in got] == [
-        "2026-02-06", "2026-02-13", "2026-02-20", "2026-02-27", "2026-03-06", "2026-03-13",
+        "2026-02-06",
+        "2026-02-13",
+        "2026-02-20",
+        "2026-02-27",
+        "2026-03-06",
+        "2026-03-13",
     ]
     # A day field starting with "*" makes it AND: the 13th that is a Friday.
     both = build_time_spec("cron", "0 0 */1 * FRI", "UTC")
     assert all(t.weekday() == 4 for t in fire_times(both, at("2026-02-01T00:00Z"), 5))
     friday_13 = build_time_spec("cron", "0 0 13 * */5", "UTC")  # */5 = Sunday, Friday
     assert [t.date().isoformat() for t in fire_times(friday_13, at("2026-01-01T00:00Z"), 2)] == [
-        "2026-02-13", "2026-03-13"]
+        "2026-02-13",
+        "2026-03-13",
+    ]
     # "30 2" never exists, yet "0 0 30 2 1" fires on every Monday of February (OR rule).
     mondays = build_time_spec("cron", "0 0 30 2 1", "UTC")
     assert [t.day for t in fire_times(mondays, at("2026-01-01T00:00Z"), 4)] == [2, 9, 16, 23]
@@ -224,9 +319,11 @@ def test_day_fields_or_rule() -> None:
 
 def test_names_sunday_seven_and_aliases() -> None:
     low = at("2026-01-01T00:00Z")
-    assert fire_times(build_time_spec("cron", "0 0 * * 7", "UTC"), low, 3) == \
-        fire_times(build_time_spec("cron", "0 0 * * SUN", "UTC"), low, 3) == \
-        fire_times(build_time_spec("cron", "@weekly", "UTC"), low, 3)
+    assert (
+        fire_times(build_time_spec("cron", "0 0 * * 7", "UTC"), low, 3)
+        == fire_times(build_time_spec("cron", "0 0 * * SUN", "UTC"), low, 3)
+        == fire_times(build_time_spec("cron", "@weekly", "UTC"), low, 3)
+    )
     assert fire_times(build_time_spec("cron", "0 9 * jan-mar mon-fri", "UTC"), low, 1) == [at("2026-01-01T09:00Z")]
     assert fire_times(build_time_spec("cron", "@yearly", "Asia/Tokyo"), low, 1) == [at("2026-12-31T15:00Z")]
     assert next_fire_after(build_time_spec("cron", "@hourly", "Asia/Kolkata"), low) == at("2026-01-01T00:30Z")
@@ -255,8 +352,11 @@ def test_start_exactly_on_a_fire_time_yields_the_strictly_next_one() -> None:
 def test_cached_and_uncached_agree_and_after_may_be_any_zone() -> None:
     spec = build_time_spec("cron", "17 */3 * * *", "Asia/Kathmandu")
     paris = datetime(2026, 6, 1, 12, 0, tzinfo=__import__("zoneinfo").ZoneInfo("Europe/Paris"))
-    assert next_fire_after(spec, paris) == next_fire_after(spec, paris, cached=False) == \
-        next_fire_after(spec, paris.astimezone(UTC))
+    assert (
+        next_fire_after(spec, paris)
+        == next_fire_after(spec, paris, cached=False)
+        == next_fire_after(spec, paris.astimezone(UTC))
+    )
 
 
 def test_naive_after_is_a_programming_error() -> None:

@@ -60,23 +60,27 @@ class Entry:
         return found
 
     def key(self) -> dict[str, object]:
-        return {"expression": self.expression, "time_zone": self.time_zone, "dst_repeat": self.dst_repeat,
-                "dst_gap": self.dst_gap,
-                "windows": [[_iso(low), _iso(high)] for low, high in self.windows()]}
+        return {
+            "expression": self.expression,
+            "time_zone": self.time_zone,
+            "dst_repeat": self.dst_repeat,
+            "dst_gap": self.dst_gap,
+            "windows": [[_iso(low), _iso(high)] for low, high in self.windows()],
+        }
 
 
 CORPUS = [
     # Daily, whole two years.
     Entry("0 9 * * *", "America/New_York"),
-    Entry("30 2 * * *", "America/New_York"),                       # in the spring gap: skipped
-    Entry("30 2 * * *", "America/New_York", dst_gap="shift"),      # in the spring gap: 03:00
-    Entry("30 1 * * *", "America/New_York", dst_repeat="both"),    # in the repeated hour: twice
-    Entry("0 0 * * *", "America/Santiago", dst_gap="shift"),       # midnight transitions
-    Entry("30 0 * * *", "America/Havana", dst_repeat="both"),      # midnight transitions
-    Entry("0 0 * * *", "Asia/Beirut"),                             # midnight transitions
-    Entry("15 2 * * *", "Australia/Lord_Howe", "both", "shift"),   # 30-minute DST
-    Entry("45 2 * * *", "Pacific/Chatham"),                        # +12:45, gap 02:45-03:45
-    Entry("30 1 * * *", "Europe/Dublin", dst_repeat="both"),       # negative DST in tzdata
+    Entry("30 2 * * *", "America/New_York"),  # in the spring gap: skipped
+    Entry("30 2 * * *", "America/New_York", dst_gap="shift"),  # in the spring gap: 03:00
+    Entry("30 1 * * *", "America/New_York", dst_repeat="both"),  # in the repeated hour: twice
+    Entry("0 0 * * *", "America/Santiago", dst_gap="shift"),  # midnight transitions
+    Entry("30 0 * * *", "America/Havana", dst_repeat="both"),  # midnight transitions
+    Entry("0 0 * * *", "Asia/Beirut"),  # midnight transitions
+    Entry("15 2 * * *", "Australia/Lord_Howe", "both", "shift"),  # 30-minute DST
+    Entry("45 2 * * *", "Pacific/Chatham"),  # +12:45, gap 02:45-03:45
+    Entry("30 1 * * *", "Europe/Dublin", dst_repeat="both"),  # negative DST in tzdata
     Entry("0 12 * * MON-FRI", "Europe/London"),
     # Weekly, monthly, yearly, calendar edges.
     Entry("0 1 * * 0", "Europe/Berlin"),
@@ -84,8 +88,8 @@ CORPUS = [
     Entry("@monthly", "Asia/Tokyo"),
     Entry("0 0 31 * *", "Europe/Berlin"),
     Entry("0 12 29 2 *", "UTC"),
-    Entry("0 0 13 * 5", "America/Chicago"),                        # OR rule: the 13th or any Friday
-    Entry("0 8 1-7 * MON", "Australia/Sydney"),                     # OR rule, not "first Monday"
+    Entry("0 0 13 * 5", "America/Chicago"),  # OR rule: the 13th or any Friday
+    Entry("0 8 1-7 * MON", "Australia/Sydney"),  # OR rule, not "first Monday"
     # Sub-daily, only around the transitions.
     Entry("*/30 * * * *", "America/St_Johns", dst_repeat="both", around=NORTH_AMERICA),
     Entry("0 * * * *", "Pacific/Chatham", dst_gap="shift", around=CHATHAM),
@@ -106,8 +110,12 @@ def _iso(instant: datetime) -> str:
 
 def dump(content: dict[str, object]) -> str:
     """JSON with one fire per line, so a diff shows exactly which instants moved."""
-    lines = ["{", f' "about": {json.dumps(content["about"])},',
-             f' "generated_with": {json.dumps(content["generated_with"])},', ' "entries": [']
+    lines = [
+        "{",
+        f' "about": {json.dumps(content["about"])},',
+        f' "generated_with": {json.dumps(content["generated_with"])},',
+        ' "entries": [',
+    ]
     entries = content["entries"]
     assert isinstance(entries, list)
     for number, entry in enumerate(entries):
@@ -119,8 +127,9 @@ def dump(content: dict[str, object]) -> str:
 
 
 def compute(entry: Entry) -> list[str]:
-    spec = build_time_spec("cron", entry.expression, entry.time_zone, dst_repeat=entry.dst_repeat,
-                           dst_gap=entry.dst_gap)
+    spec = build_time_spec(
+        "cron", entry.expression, entry.time_zone, dst_repeat=entry.dst_repeat, dst_gap=entry.dst_gap
+    )
     fires: list[str] = []
     for low, high in entry.windows():
         fires.extend(_iso(t) for t in fire_times(spec, low, 100_000, high))
@@ -144,14 +153,13 @@ def tzdata_version() -> str:
 
 
 def versions() -> dict[str, str]:
-    return {"tzdata": tzdata_version(), "croniter": metadata.version("croniter"),
-            "python": platform.python_version()}
+    return {"tzdata": tzdata_version(), "croniter": metadata.version("croniter"), "python": platform.python_version()}
 
 
 def generate() -> dict[str, object]:
     return {
         "about": "Fire times (UTC) per (expression, zone, DST options); see tests/unit/test_timing_golden.py."
-                 f" Regenerate: {REGENERATE}",
+        f" Regenerate: {REGENERATE}",
         "generated_with": versions(),
         "entries": [{**entry.key(), "fires": compute(entry)} for entry in CORPUS],
     }
@@ -161,25 +169,30 @@ def test_golden_fire_times() -> None:
     golden = json.loads(GOLDEN.read_text(encoding="utf-8"))
     entries = golden["entries"]
     assert [{k: v for k, v in e.items() if k != "fires"} for e in entries] == [e.key() for e in CORPUS], (
-        f"The corpus in test_timing_golden.py no longer matches {GOLDEN.name}; regenerate it: {REGENERATE}")
+        f"The corpus in test_timing_golden.py no longer matches {GOLDEN.name}; regenerate it: {REGENERATE}"
+    )
     problems = []
     for entry, stored in zip(CORPUS, entries, strict=True):
         now = compute(entry)
         if now == stored["fires"]:
             continue
-        index = next((i for i, (a, b) in enumerate(zip(now, stored["fires"], strict=False)) if a != b),
-                     min(len(now), len(stored["fires"])))
+        index = next(
+            (i for i, (a, b) in enumerate(zip(now, stored["fires"], strict=False)) if a != b),
+            min(len(now), len(stored["fires"])),
+        )
         problems.append(
             f"  {entry.expression!r} in {entry.time_zone} ({entry.dst_repeat}/{entry.dst_gap}):"
             f" {len(stored['fires'])} fires stored, {len(now)} now; first difference at #{index}:"
             f" stored {stored['fires'][index] if index < len(stored['fires']) else 'nothing'},"
-            f" now {now[index] if index < len(now) else 'nothing'}")
+            f" now {now[index] if index < len(now) else 'nothing'}"
+        )
     assert not problems, (
         "FIRE TIMES CHANGED. A tzdata or croniter upgrade (or a change to engine/timing.py) moved when"
         " schedules fire; running schedules would fire at different instants.\n"
         f"  generated with: {golden['generated_with']}\n  running with:   {versions()}\n"
         + "\n".join(problems)
-        + f"\nIf the change is intended, regenerate and commit the file with the reason: {REGENERATE}")
+        + f"\nIf the change is intended, regenerate and commit the file with the reason: {REGENERATE}"
+    )
 
 
 def test_golden_file_stays_small() -> None:

@@ -16,12 +16,21 @@ NAMESPACE = uuid.UUID("2f0f8a5e-8f0e-4a8e-9c1b-0f6d6f3f9a11")
     ("occurrence_id", "window", "expected"),
     [
         # Fixed vectors: if these change, every flexible occurrence moves. Don't update them casually.
-        ("00000000-0000-0000-0000-000000000000", timedelta(minutes=5),
-         timedelta(minutes=4, seconds=54, milliseconds=69)),
-        ("00000000-0000-0000-0000-000000000000", timedelta(hours=24), timedelta(hours=20, minutes=39, seconds=54,
-                                                                              milliseconds=69)),
-        ("6f1c2a9e-3b7d-4c1e-9a51-2f0e8d7c6b5a", timedelta(minutes=5),
-         timedelta(minutes=1, seconds=12, milliseconds=82)),
+        (
+            "00000000-0000-0000-0000-000000000000",
+            timedelta(minutes=5),
+            timedelta(minutes=4, seconds=54, milliseconds=69),
+        ),
+        (
+            "00000000-0000-0000-0000-000000000000",
+            timedelta(hours=24),
+            timedelta(hours=20, minutes=39, seconds=54, milliseconds=69),
+        ),
+        (
+            "6f1c2a9e-3b7d-4c1e-9a51-2f0e8d7c6b5a",
+            timedelta(minutes=5),
+            timedelta(minutes=1, seconds=12, milliseconds=82),
+        ),
         ("6f1c2a9e-3b7d-4c1e-9a51-2f0e8d7c6b5a", timedelta(seconds=1), timedelta(milliseconds=82)),
     ],
 )

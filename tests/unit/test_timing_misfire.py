@@ -41,11 +41,11 @@ OVER = at(10, 5, 0, 1)
     ("text", "now", "enqueue", "missed"),
     [
         ("skip", UNDER, [at(10)], []),
-        ("skip", EXACT, [at(10)], []),            # exactly at the threshold is on time
+        ("skip", EXACT, [at(10)], []),  # exactly at the threshold is on time
         ("skip", OVER, [], [at(10)]),
         ("fire_once", UNDER, [at(10)], []),
         ("fire_once", EXACT, [at(10)], []),
-        ("fire_once", OVER, [at(10)], []),        # late, but the one catch-up run
+        ("fire_once", OVER, [at(10)], []),  # late, but the one catch-up run
         ("catch_up:2", UNDER, [at(10)], []),
         ("catch_up:2", EXACT, [at(10)], []),
         ("catch_up:2", OVER, [at(10)], []),
@@ -91,8 +91,9 @@ def test_fire_once_with_only_future_on_time_fires_still_runs_once() -> None:
 
 
 def test_horizon_and_record_limit() -> None:
-    decision = decide_misfire(HOURLY, at(6), at(10, 2), policy("catch_up:2"), horizon=timedelta(hours=1),
-                              record_limit=1)
+    decision = decide_misfire(
+        HOURLY, at(6), at(10, 2), policy("catch_up:2"), horizon=timedelta(hours=1), record_limit=1
+    )
     assert decision.enqueue == [at(8), at(9), at(10), at(11)]
     assert decision.missed == [at(6)]
     assert decision.missed_unlisted == 1
@@ -136,8 +137,8 @@ def test_thirty_day_outage_every_second_is_bounded_and_exact() -> None:
     began = time.perf_counter()
     decision = decide_misfire(spec, start, now, policy("catch_up:5", "1m"), record_limit=1000)
     elapsed = time.perf_counter() - began
-    total = 30 * 86_400 + 1            # every second in [start, now]
-    on_time = 61                       # now - 60 s ... now
+    total = 30 * 86_400 + 1  # every second in [start, now]
+    on_time = 61  # now - 60 s ... now
     assert len(decision.enqueue) == on_time + 5
     assert len(decision.missed) == 1000
     assert decision.missed[0] == start
@@ -189,11 +190,18 @@ SPECS = [
 
 
 @settings(max_examples=150, deadline=None, database=None)
-@given(spec=st.sampled_from(SPECS), cursor_minutes=st.integers(0, 3 * 1440), outage_minutes=st.integers(0, 2 * 1440),
-       text=st.sampled_from(["skip", "fire_once", "catch_up:1", "catch_up:4"]),
-       lateness=st.integers(0, 240), horizon=st.integers(0, 120), record_limit=st.integers(0, 6))
-def test_nothing_is_silently_dropped(spec: TimeSpec, cursor_minutes: int, outage_minutes: int, text: str,
-                                     lateness: int, horizon: int, record_limit: int) -> None:
+@given(
+    spec=st.sampled_from(SPECS),
+    cursor_minutes=st.integers(0, 3 * 1440),
+    outage_minutes=st.integers(0, 2 * 1440),
+    text=st.sampled_from(["skip", "fire_once", "catch_up:1", "catch_up:4"]),
+    lateness=st.integers(0, 240),
+    horizon=st.integers(0, 120),
+    record_limit=st.integers(0, 6),
+)
+def test_nothing_is_silently_dropped(
+    spec: TimeSpec, cursor_minutes: int, outage_minutes: int, text: str, lateness: int, horizon: int, record_limit: int
+) -> None:
     base = datetime(2026, 3, 6, tzinfo=UTC)
     cursor = base + timedelta(minutes=cursor_minutes)
     now = cursor + timedelta(minutes=outage_minutes, seconds=17)
@@ -215,7 +223,7 @@ def test_nothing_is_silently_dropped(spec: TimeSpec, cursor_minutes: int, outage
     if chosen.kind == "skip":
         assert late_enqueued == []
     elif chosen.kind == "catch_up":
-        assert late_enqueued == late[-chosen.catch_up_limit:] if late else late_enqueued == []
+        assert late_enqueued == late[-chosen.catch_up_limit :] if late else late_enqueued == []
     elif any(t <= now for t in on_time) or not late:
         assert late_enqueued == []
     else:

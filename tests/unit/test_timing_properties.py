@@ -32,21 +32,25 @@ from tests.unit.time_oracle import oracle_fire_times, transitions
 UTC = UTC
 # CHRONOQ_PROPERTY_EXAMPLES=5000 for a long bug hunt; the default keeps the unit suite fast.
 EXAMPLES = int(os.environ.get("CHRONOQ_PROPERTY_EXAMPLES", "120"))
-PROPERTY = settings(max_examples=EXAMPLES, deadline=None, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+PROPERTY = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 ZONES = [
-    "America/New_York",      # classic
+    "America/New_York",  # classic
     "Europe/London",
-    "Australia/Lord_Howe",   # 30-minute DST
-    "Europe/Dublin",         # negative DST in tzdata
-    "America/Santiago",      # transitions at midnight
-    "America/Havana",        # transitions at midnight
-    "Asia/Beirut",           # transitions at midnight
-    "Pacific/Chatham",       # +12:45 / +13:45
-    "America/St_Johns",      # -03:30 / -02:30
-    "Australia/Sydney",      # southern hemisphere
-    "Asia/Kolkata",          # no DST, half-hour offset
+    "Australia/Lord_Howe",  # 30-minute DST
+    "Europe/Dublin",  # negative DST in tzdata
+    "America/Santiago",  # transitions at midnight
+    "America/Havana",  # transitions at midnight
+    "Asia/Beirut",  # transitions at midnight
+    "Pacific/Chatham",  # +12:45 / +13:45
+    "America/St_Johns",  # -03:30 / -02:30
+    "Australia/Sydney",  # southern hemisphere
+    "Asia/Kolkata",  # no DST, half-hour offset
     "UTC",
 ]
 MONTHS = ["JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC"]
@@ -113,8 +117,13 @@ def spec_or_reject(expression: str, zone: str, repeat: str, gap: str):
 
 
 @PROPERTY
-@given(data=st.data(), expression=cron_expressions(), zone=any_zone(),
-       repeat=st.sampled_from(["first", "both"]), gap=st.sampled_from(["skip", "shift"]))
+@given(
+    data=st.data(),
+    expression=cron_expressions(),
+    zone=any_zone(),
+    repeat=st.sampled_from(["first", "both"]),
+    gap=st.sampled_from(["skip", "shift"]),
+)
 def test_fire_times_match_the_oracle(data: st.DataObject, expression: str, zone: str, repeat: str, gap: str) -> None:
     spec = spec_or_reject(expression, zone, repeat, gap)
     low, high = data.draw(windows(zone))
@@ -130,10 +139,16 @@ def test_fire_times_match_the_oracle(data: st.DataObject, expression: str, zone:
 
 
 @PROPERTY
-@given(data=st.data(), expression=cron_expressions(), zone=st.sampled_from(ZONES),
-       repeat=st.sampled_from(["first", "both"]), gap=st.sampled_from(["skip", "shift"]))
-def test_missed_count_matches_the_oracle(data: st.DataObject, expression: str, zone: str, repeat: str,
-                                         gap: str) -> None:
+@given(
+    data=st.data(),
+    expression=cron_expressions(),
+    zone=st.sampled_from(ZONES),
+    repeat=st.sampled_from(["first", "both"]),
+    gap=st.sampled_from(["skip", "shift"]),
+)
+def test_missed_count_matches_the_oracle(
+    data: st.DataObject, expression: str, zone: str, repeat: str, gap: str
+) -> None:
     """decide_misfire counts unlisted missed cron fires by calendar arithmetic; it must equal enumeration."""
     spec = spec_or_reject(expression, zone, repeat, gap)
     low, high = data.draw(windows(zone))
@@ -150,11 +165,14 @@ def test_missed_count_matches_the_oracle(data: st.DataObject, expression: str, z
 
 
 @PROPERTY
-@given(expression=cron_expressions(), zone=st.sampled_from(ZONES), repeat=st.sampled_from(["first", "both"]),
-       gap=st.sampled_from(["skip", "shift"]),
-       instant=st.datetimes(datetime(2000, 1, 1), datetime(2040, 1, 1), timezones=st.just(UTC)))
-def test_previous_and_next_are_consistent(expression: str, zone: str, repeat: str, gap: str,
-                                          instant: datetime) -> None:
+@given(
+    expression=cron_expressions(),
+    zone=st.sampled_from(ZONES),
+    repeat=st.sampled_from(["first", "both"]),
+    gap=st.sampled_from(["skip", "shift"]),
+    instant=st.datetimes(datetime(2000, 1, 1), datetime(2040, 1, 1), timezones=st.just(UTC)),
+)
+def test_previous_and_next_are_consistent(expression: str, zone: str, repeat: str, gap: str, instant: datetime) -> None:
     spec = spec_or_reject(expression, zone, repeat, gap)
     following = next_fire_after(spec, instant)
     if following is None:

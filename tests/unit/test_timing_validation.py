@@ -20,8 +20,9 @@ from schemas.errors import InvalidInput
 UTC = UTC
 
 
-def rejects(field: str, call: Callable[..., object], *args: object, match: str | None = None,
-            **kwargs: object) -> InvalidInput:
+def rejects(
+    field: str, call: Callable[..., object], *args: object, match: str | None = None, **kwargs: object
+) -> InvalidInput:
     with pytest.raises(InvalidInput) as caught:
         call(*args, **kwargs)
     error = caught.value
@@ -78,9 +79,9 @@ def test_bad_cron_expressions(expression: str, match: str) -> None:
 
 
 def test_never_firing_check_respects_leap_years_and_the_or_rule() -> None:
-    build_time_spec("cron", "0 0 29 2 *")   # leap years
-    build_time_spec("cron", "0 0 30 2 1")   # every Monday of February (OR rule)
-    build_time_spec("cron", "0 0 31 * *")   # some months have 31 days
+    build_time_spec("cron", "0 0 29 2 *")  # leap years
+    build_time_spec("cron", "0 0 30 2 1")  # every Monday of February (OR rule)
+    build_time_spec("cron", "0 0 31 * *")  # some months have 31 days
 
 
 def test_expression_length_is_capped_before_parsing() -> None:
@@ -157,9 +158,17 @@ def test_bad_rates(expression: str, match: str) -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("90s", timedelta(seconds=90)), ("15m", timedelta(minutes=15)), ("1h", timedelta(hours=1)),
-     ("1d", timedelta(days=1)), ("1h30m", timedelta(minutes=90)), ("2d12h", timedelta(hours=60)),
-     (" 1H 30M ", timedelta(minutes=90)), ("0s", timedelta(0)), ("1d2h3m4s", timedelta(days=1, seconds=7384))],
+    [
+        ("90s", timedelta(seconds=90)),
+        ("15m", timedelta(minutes=15)),
+        ("1h", timedelta(hours=1)),
+        ("1d", timedelta(days=1)),
+        ("1h30m", timedelta(minutes=90)),
+        ("2d12h", timedelta(hours=60)),
+        (" 1H 30M ", timedelta(minutes=90)),
+        ("0s", timedelta(0)),
+        ("1d2h3m4s", timedelta(days=1, seconds=7384)),
+    ],
 )
 def test_parse_duration(text: str, expected: timedelta) -> None:
     assert parse_duration(text) == expected
@@ -184,14 +193,34 @@ def test_anchor_and_bounds() -> None:
     rejects("anchor", build_time_spec, "rate", "5m", anchor="2027-01-01T00:00:00", match="add an offset or Z")
     rejects("anchor", build_time_spec, "rate", "5m", anchor=datetime(2027, 1, 1), match="add an offset or Z")
     rejects("start_at", build_time_spec, "cron", "0 9 * * *", start_at="yesterday")
-    rejects("end_at", build_time_spec, "cron", "0 9 * * *", start_at="2027-01-02T00:00:00Z",
-            end_at="2027-01-01T00:00:00Z", match="before start_at")
-    rejects("end_at", build_time_spec, "cron", "0 9 * * *", "UTC", start_at="2027-01-01T10:00:00Z",
-            end_at="2027-01-02T08:00:00Z", match="no fire time")
+    rejects(
+        "end_at",
+        build_time_spec,
+        "cron",
+        "0 9 * * *",
+        start_at="2027-01-02T00:00:00Z",
+        end_at="2027-01-01T00:00:00Z",
+        match="before start_at",
+    )
+    rejects(
+        "end_at",
+        build_time_spec,
+        "cron",
+        "0 9 * * *",
+        "UTC",
+        start_at="2027-01-01T10:00:00Z",
+        end_at="2027-01-02T08:00:00Z",
+        match="no fire time",
+    )
     rejects("end_at", build_time_spec, "once", "2027-01-05T00:00:00Z", end_at="2027-01-01T00:00:00Z")
     rejects("start_at", build_time_spec, "once", "2027-01-05T00:00:00Z", start_at="2027-02-01T00:00:00Z")
-    spec = build_time_spec("cron", "0 9 * * *", "Asia/Tokyo", start_at="2027-01-01T09:00:00+09:00",
-                           end_at=datetime(2027, 1, 1, 0, 0, tzinfo=UTC))
+    spec = build_time_spec(
+        "cron",
+        "0 9 * * *",
+        "Asia/Tokyo",
+        start_at="2027-01-01T09:00:00+09:00",
+        end_at=datetime(2027, 1, 1, 0, 0, tzinfo=UTC),
+    )
     assert spec.start_at == spec.end_at == datetime(2027, 1, 1, 0, 0, tzinfo=UTC)
     assert spec.start_at is not None and spec.start_at.tzinfo is UTC
 
@@ -218,8 +247,9 @@ def test_parse_misfire_policy(text: str, lateness: str | timedelta | None, expec
     assert parse_misfire_policy(text, lateness) == expected
 
 
-@pytest.mark.parametrize("text", ["", "later", "catch_up", "catch_up:0", "catch_up:1001", "catch_up:-1",
-                                  "catch_up:x", "catch_up:99999999"])
+@pytest.mark.parametrize(
+    "text", ["", "later", "catch_up", "catch_up:0", "catch_up:1001", "catch_up:-1", "catch_up:x", "catch_up:99999999"]
+)
 def test_bad_misfire_policies(text: str) -> None:
     rejects("misfire_policy", parse_misfire_policy, text)
 

@@ -25,8 +25,13 @@ MINUTE = timedelta(minutes=1)
 MONTHS = ["JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC"]
 DAYS = ["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"]
 SHORTHANDS = {
-    "@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *", "@weekly": "0 0 * * 0",
-    "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@hourly": "0 * * * *",
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
 }
 
 
@@ -81,8 +86,9 @@ class OracleCron:
         return (dom_ok or dow_ok) if self.either_day else (dom_ok and dow_ok)
 
 
-def oracle_fire_times(expression: str, zone: str, low: datetime, high: datetime,
-                      dst_repeat: str = "first", dst_gap: str = "skip") -> list[datetime]:
+def oracle_fire_times(
+    expression: str, zone: str, low: datetime, high: datetime, dst_repeat: str = "first", dst_gap: str = "skip"
+) -> list[datetime]:
     """Every fire instant t with low < t <= high (aware UTC), by walking minutes."""
     cron = OracleCron(expression)
     tz = ZoneInfo(zone)

@@ -24,8 +24,15 @@ from engine.cli.embedded.processes import free_loopback_port
 from engine.cli.embedded.tansu import EmbeddedKafka
 from engine.cli.endpoints import Endpoints
 
-__all__ = ["CONSUMER_DATABASE", "ENGINE_DATABASE", "EmbeddedKafka", "EmbeddedPostgres", "EmbeddedStack",
-           "Endpoints", "free_loopback_port"]
+__all__ = [
+    "CONSUMER_DATABASE",
+    "ENGINE_DATABASE",
+    "EmbeddedKafka",
+    "EmbeddedPostgres",
+    "EmbeddedStack",
+    "Endpoints",
+    "free_loopback_port",
+]
 
 ENGINE_DATABASE = "chronoq"
 CONSUMER_DATABASE = "chronoq_consumer"

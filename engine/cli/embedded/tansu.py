@@ -40,12 +40,23 @@ class EmbeddedKafka:
             log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
             try:
                 process = subprocess.Popen(
-                    [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-                     "--storage-engine", "memory://tansu/"],
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                    [
+                        binary,
+                        "broker",
+                        "--listener-url",
+                        url,
+                        "--advertised-listener-url",
+                        url,
+                        "--storage-engine",
+                        "memory://tansu/",
+                    ],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
                     # Its own session: a Ctrl-C meant for `chronoq up` must not kill
                     # the broker before the relay and consumers have shut down.
-                    start_new_session=True, preexec_fn=die_with_parent,
+                    start_new_session=True,
+                    preexec_fn=die_with_parent,
                 )
             finally:
                 if not isinstance(log, int):

@@ -89,7 +89,7 @@ class CronSource:
         month_days = self.cron.month_days
         year, month = first_day.year, first_day.month
         numbers = month_days(year, month)
-        numbers = numbers[bisect_left(numbers, first_day.day):]
+        numbers = numbers[bisect_left(numbers, first_day.day) :]
         while True:
             for number in numbers:
                 current = date(year, month, number)
@@ -107,7 +107,7 @@ class CronSource:
         month_days = self.cron.month_days
         year, month = last_day.year, last_day.month
         numbers = month_days(year, month)
-        numbers = numbers[:bisect_right(numbers, last_day.day)]
+        numbers = numbers[: bisect_right(numbers, last_day.day)]
         while True:
             for number in reversed(numbers):
                 current = date(year, month, number)
@@ -231,9 +231,12 @@ class CronSource:
         midnight = datetime(day.year, day.month, day.day)
         offset = midnight.replace(tzinfo=zone).utcoffset()
         following = midnight + DAY
-        if (offset is None or midnight.replace(tzinfo=zone, fold=1).utcoffset() != offset
-                or following.replace(tzinfo=zone).utcoffset() != offset
-                or following.replace(tzinfo=zone, fold=1).utcoffset() != offset):
+        if (
+            offset is None
+            or midnight.replace(tzinfo=zone, fold=1).utcoffset() != offset
+            or following.replace(tzinfo=zone).utcoffset() != offset
+            or following.replace(tzinfo=zone, fold=1).utcoffset() != offset
+        ):
             return None
         instant = midnight - offset
         for step in _OFFSET_SAMPLES[:3]:  # 6h, 12h, 18h: no transition went there and back
@@ -261,8 +264,8 @@ class CronSource:
                     # The transition days before this plain one: enumerate them.
                     total += self._count_by_enumeration(cursor, min(span_start, high))
                 if day.day in self.cron.month_days(day.year, day.month):
-                    below = (cursor + offset - midnight) // _MINUTE        # minutes m with m <= below are out
-                    above = -((midnight - high - offset) // _MINUTE)     # minutes m with m >= above are out
+                    below = (cursor + offset - midnight) // _MINUTE  # minutes m with m <= below are out
+                    above = -((midnight - high - offset) // _MINUTE)  # minutes m with m >= above are out
                     total += max(0, bisect_left(times, above) - bisect_right(times, below))
                 cursor = max(cursor, span_start + DAY - MICROSECOND)
                 if cursor >= high:
@@ -308,6 +311,7 @@ _PLAIN_DAYS: dict[ZoneInfo, dict[date, timedelta | None]] = {}
 @lru_cache(maxsize=65_536)
 def _gap_end(zone: ZoneInfo, before: datetime, after: datetime) -> datetime:
     """The first whole second in (before, after] with the post-transition offset."""
+
     def offset(instant: datetime) -> timedelta | None:
         return zone.fromutc(instant.replace(tzinfo=zone)).utcoffset()
 
@@ -326,7 +330,6 @@ def _gap_end(zone: ZoneInfo, before: datetime, after: datetime) -> datetime:
 def cron_source(expression: str, time_zone: str, both: bool, shift: bool) -> CronSource:
     """Compiled once per (expression, zone, DST options) and shared by every schedule using them."""
     return CronSource(parse_cron(expression), zone_info(time_zone), both, shift)
-
 
 
 def clear_cron_caches() -> None:

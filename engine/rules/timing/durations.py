@@ -31,12 +31,11 @@ def parse_duration(text: object, field: str = "expression") -> timedelta:
         raise InvalidInput(field, f"{shown!r} is fractional or below one second; the smallest unit is 1s", "1s")
     match = _DURATION.match(raw)
     if match is None or not any(match.groups()):
-        raise InvalidInput(field, f"{shown!r} is not a duration; write numbers with units d, h, m, s in that"
-                           " order", "1h30m")
+        raise InvalidInput(
+            field, f"{shown!r} is not a duration; write numbers with units d, h, m, s in that order", "1h30m"
+        )
     days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
     total = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
     if total > MAX_DURATION:
         raise InvalidInput(field, f"{shown!r} is longer than the limit of {MAX_DURATION.days}d", "30d")
     return total
-
-

@@ -20,8 +20,9 @@ from engine.rules.timing.spec import FirePreview, TimeSpec
 from engine.rules.timing.zones import zone_info
 
 
-def _next_cron_fire_uncached(expression: str, time_zone: str, both: bool, shift: bool,
-                             after: datetime) -> datetime | None:
+def _next_cron_fire_uncached(
+    expression: str, time_zone: str, both: bool, shift: bool, after: datetime
+) -> datetime | None:
     """The unbounded next cron fire after an aware UTC instant, aware UTC."""
     low = after.replace(tzinfo=None)
     if low < FLOOR:

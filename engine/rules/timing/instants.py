@@ -16,9 +16,9 @@ UTC = UTC
 EPOCH = datetime(1970, 1, 1)
 MICROSECOND = timedelta(microseconds=1)
 DAY = timedelta(days=1)
-FLOOR = datetime(1800, 1, 1)    # instants considered: [FLOOR, CEILING]
+FLOOR = datetime(1800, 1, 1)  # instants considered: [FLOOR, CEILING]
 CEILING = datetime(9000, 1, 1)
-_INPUT_YEARS = (1900, 8999)     # accepted years of user-given instants
+_INPUT_YEARS = (1900, 8999)  # accepted years of user-given instants
 
 
 def parse_instant(value: object, field: str) -> datetime:
@@ -49,7 +49,6 @@ def iso(instant: datetime) -> str:
     return instant.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-
 def naive_utc(instant: datetime, name: str) -> datetime:
     if instant.tzinfo is None:
         raise ValueError(f"{name} must be an aware datetime (UTC), got naive {instant!r}")
@@ -58,11 +57,9 @@ def naive_utc(instant: datetime, name: str) -> datetime:
     return instant.replace(tzinfo=None)
 
 
-
 def aware_utc(instant: datetime, name: str) -> datetime:
     if instant.tzinfo is UTC:
         return instant
     if instant.tzinfo is None or instant.utcoffset() is None:
         raise ValueError(f"{name} must be an aware datetime (UTC), got naive {instant!r}")
     return instant.astimezone(UTC)
-

@@ -29,7 +29,7 @@ class MisfirePolicy:
     """What to do with fire instants that are more than ``max_lateness`` late."""
 
     kind: Literal["skip", "fire_once", "catch_up"]
-    catch_up_limit: int = 0           # K for catch_up
+    catch_up_limit: int = 0  # K for catch_up
     max_lateness: timedelta = timedelta(minutes=1)
 
 
@@ -37,8 +37,8 @@ class MisfirePolicy:
 class MisfireDecision:
     """What a materializer does with the fire instants from the durable cursor up to now + horizon."""
 
-    enqueue: list[datetime]      # scheduled_for instants to materialize as occurrences (oldest first)
-    missed: list[datetime]       # instants to record as MISSED (at most record_limit of them, oldest first)
+    enqueue: list[datetime]  # scheduled_for instants to materialize as occurrences (oldest first)
+    missed: list[datetime]  # instants to record as MISSED (at most record_limit of them, oldest first)
     missed_unlisted: int | None  # how many further missed instants were not listed (None = more, count unknown)
     next_run_at: datetime | None  # the durable cursor after this decision: first fire strictly after `until`
 
@@ -51,22 +51,27 @@ def parse_misfire_policy(text: str, max_lateness: object = None) -> MisfirePolic
     """
     example = "catch_up:3"
     if not isinstance(text, str):
-        raise InvalidInput("misfire_policy", f"must be skip, fire_once or catch_up:K, got {type(text).__name__}",
-                           example)
+        raise InvalidInput(
+            "misfire_policy", f"must be skip, fire_once or catch_up:K, got {type(text).__name__}", example
+        )
     raw = text.strip().lower()
     if raw in ("skip", "fire_once"):
         kind, limit = raw, 0
     elif raw.startswith("catch_up"):
         match = re.fullmatch(r"catch_up:(\d{1,7})", raw)
         if match is None:
-            raise InvalidInput("misfire_policy", f"{text.strip()[:30]!r}: catch_up needs a bound K, written"
-                               f" catch_up:K with K from 1 to {MAX_CATCH_UP}", example)
+            raise InvalidInput(
+                "misfire_policy",
+                f"{text.strip()[:30]!r}: catch_up needs a bound K, written catch_up:K with K from 1 to {MAX_CATCH_UP}",
+                example,
+            )
         kind, limit = "catch_up", int(match.group(1))
         if not 1 <= limit <= MAX_CATCH_UP:
             raise InvalidInput("misfire_policy", f"catch_up bound {limit} must be from 1 to {MAX_CATCH_UP}", example)
     else:
-        raise InvalidInput("misfire_policy", f"{text.strip()[:30]!r} is not a policy; use skip, fire_once or"
-                           " catch_up:K", example)
+        raise InvalidInput(
+            "misfire_policy", f"{text.strip()[:30]!r} is not a policy; use skip, fire_once or catch_up:K", example
+        )
     if max_lateness is None:
         lateness = timedelta(minutes=1)
     elif isinstance(max_lateness, timedelta):
@@ -80,8 +85,14 @@ def parse_misfire_policy(text: str, max_lateness: object = None) -> MisfirePolic
     return MisfirePolicy(kind, limit, lateness)  # type: ignore[arg-type]
 
 
-def decide_misfire(spec: TimeSpec, next_fire: datetime, now: datetime, policy: MisfirePolicy,
-                   horizon: timedelta = timedelta(0), record_limit: int = 1000) -> MisfireDecision:
+def decide_misfire(
+    spec: TimeSpec,
+    next_fire: datetime,
+    now: datetime,
+    policy: MisfirePolicy,
+    horizon: timedelta = timedelta(0),
+    record_limit: int = 1000,
+) -> MisfireDecision:
     """Decide every fire instant t with next_fire <= t <= now + horizon; nothing is silently dropped.
 
     An instant is late when ``now - t > max_lateness`` (exactly at the

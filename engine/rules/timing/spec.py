@@ -21,19 +21,18 @@ class TimeSpec:
     """
 
     kind: Kind
-    expression: str               # cron text, ISO-8601 instant, or duration like "15m"/"1h30m"
-    time_zone: str = "UTC"        # IANA key
+    expression: str  # cron text, ISO-8601 instant, or duration like "15m"/"1h30m"
+    time_zone: str = "UTC"  # IANA key
     dst_repeat: Literal["first", "both"] = "first"
     dst_gap: Literal["skip", "shift"] = "skip"
-    anchor: datetime | None = None     # rate only: fires at anchor + k*period
-    start_at: datetime | None = None   # inclusive bound (aware UTC)
-    end_at: datetime | None = None     # inclusive bound (aware UTC)
+    anchor: datetime | None = None  # rate only: fires at anchor + k*period
+    start_at: datetime | None = None  # inclusive bound (aware UTC)
+    end_at: datetime | None = None  # inclusive bound (aware UTC)
 
 
 @dataclass(frozen=True, slots=True)
 class FirePreview:
     """One fire: the UTC instant and the same instant on the schedule's local clock."""
 
-    utc: datetime    # aware UTC
+    utc: datetime  # aware UTC
     local: datetime  # aware, in the schedule's zone, with the right fold/offset
-

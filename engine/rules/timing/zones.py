@@ -35,12 +35,9 @@ def validate_zone(value: object) -> str:
     return key
 
 
-
-
 @lru_cache(maxsize=1024)
 def zone_info(key: str) -> ZoneInfo:
     """The ZoneInfo of a key (memoized); a key that is not a zone raises InvalidInput("time_zone")."""
     if key not in zone_keys():  # specs can be built without build_time_spec (e.g. from a database row)
         validate_zone(key)
     return ZoneInfo(key)
-
