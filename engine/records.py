@@ -24,12 +24,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from functools import lru_cache
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from engine.rules import timing
 from engine.rules.retry_policy import RetryPolicy
 
 R = TypeVar("R")
+DstRepeat = Literal["first", "both"]
+DstGap = Literal["skip", "shift"]
 
 
 _COLUMNS: dict[type, tuple[str, ...]] = {}
@@ -63,11 +65,11 @@ class _TimedSchedule(_Record):
     """What a schedule record knows about when it fires and how it is delivered (fields of the subclasses)."""
 
     __slots__ = ()
-    kind: str
+    kind: timing.Kind
     expression: str
     time_zone: str
-    dst_repeat: str
-    dst_gap: str
+    dst_repeat: DstRepeat
+    dst_gap: DstGap
     anchor: datetime | None
     start_at: datetime | None
     end_at: datetime | None
@@ -84,12 +86,12 @@ class _TimedSchedule(_Record):
             self.kind,
             self.expression,
             self.time_zone,
-            self.dst_repeat,  # type: ignore[arg-type]
+            self.dst_repeat,
             self.dst_gap,
             self.anchor,
             self.start_at,
             self.end_at,
-        )  # type: ignore[arg-type]
+        )
 
     @property
     def misfire(self) -> timing.MisfirePolicy:
@@ -116,11 +118,11 @@ class DueSchedule(_TimedSchedule):
 
     schedule_id: uuid.UUID
     tenant_id: str
-    kind: str
+    kind: timing.Kind
     expression: str
     time_zone: str
-    dst_repeat: str
-    dst_gap: str
+    dst_repeat: DstRepeat
+    dst_gap: DstGap
     anchor: datetime | None
     start_at: datetime | None
     end_at: datetime | None
@@ -142,11 +144,11 @@ class Schedule(_TimedSchedule):
 
     schedule_id: uuid.UUID
     tenant_id: str
-    kind: str
+    kind: timing.Kind
     expression: str
     time_zone: str
-    dst_repeat: str
-    dst_gap: str
+    dst_repeat: DstRepeat
+    dst_gap: DstGap
     anchor: datetime | None
     start_at: datetime | None
     end_at: datetime | None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from typing import Literal
 
 import asyncpg
 import pytest
@@ -176,7 +177,7 @@ TP = TopicPartition("chronoq.commands", 0)
 SETTINGS = KafkaLoopSettings("group", "chronoq.commands", ("chronoq.commands",), 10.0, 3.0, error_backoff=0.0)
 
 
-def kafka_loop(handled: list[int], fail_at: int | None, unit: str) -> KafkaProcessorLoop:
+def kafka_loop(handled: list[int], fail_at: int | None, unit: Literal["batch", "record"]) -> KafkaProcessorLoop:
     async def handle(records) -> dict[str, int]:
         if fail_at is not None and any(r.offset == fail_at for r in records):
             raise asyncpg.exceptions.ConnectionDoesNotExistError("gone")
@@ -185,7 +186,7 @@ def kafka_loop(handled: list[int], fail_at: int | None, unit: str) -> KafkaProce
 
     return KafkaProcessorLoop(
         "commands", "unused:9092", SETTINGS, handle, logging.getLogger("test.loop"), unit=unit, monotonic=FakeTime()
-    )  # type: ignore[arg-type]
+    )
 
 
 async def test_record_units_commit_past_what_was_handled_and_rewind_to_the_failed_record() -> None:
