@@ -213,6 +213,8 @@ class Occurrence(_Record):
     last_error_class: str | None
     last_error_message: str | None
     dead_reason: str | None
+    origin: str  # schedule (its own slots) | backfill | manual (trigger now)
+    requested_by: str | None  # backfill / manual: the principal that asked
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,12 +47,19 @@ def stop_on_signals(stop: asyncio.Event) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from engine.cli import consume_command, dlq_commands, schedule_commands, stack_commands, tenant_commands
+    from engine.cli import (
+        consume_command,
+        dlq_commands,
+        operator_commands,
+        schedule_commands,
+        stack_commands,
+        tenant_commands,
+    )
 
     parser = argparse.ArgumentParser(prog="chronoq", description="Multi-tenant distributed job scheduler.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for area in (stack_commands, tenant_commands, schedule_commands, consume_command, dlq_commands):
+    for area in (stack_commands, tenant_commands, operator_commands, schedule_commands, consume_command, dlq_commands):
         area.register(commands)
     return parser
 

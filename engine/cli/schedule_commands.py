@@ -266,3 +266,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     listing.add_argument("--limit", type=int, default=50)
     listing.add_argument("--json", action="store_true", help="print compact JSON")
     listing.set_defaults(func=cmd_list)
+
+    from engine.cli import schedule_operations  # backfill, trigger, timeline, import (imports this module)
+
+    schedule_operations.register(actions)

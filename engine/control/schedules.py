@@ -117,7 +117,7 @@ class ControlPlane:
                     *QUERIES.insert_schedule(
                         schedule_id=schedule_id,
                         tenant_id=tenant_id,
-                        **_definition_columns(request),
+                        **definition_columns(request),
                         next_run_at=next_run_at,
                         state="active",
                         shard=shard_of(schedule_id),
@@ -246,7 +246,7 @@ class ControlPlane:
                     *QUERIES.replace_schedule(
                         schedule_id=row.schedule_id,
                         tenant_id=tenant_id,
-                        **_definition_columns(request),
+                        **definition_columns(request),
                         next_run_at=next_run_at,
                         state=state,
                         fires_per_minute=rate,
@@ -352,7 +352,7 @@ class ControlPlane:
         )
 
 
-def _definition_columns(request: ScheduleRequest) -> dict[str, Any]:
+def definition_columns(request: ScheduleRequest) -> dict[str, Any]:
     """The schedules columns a request defines (insert_schedule and replace_schedule take them by name)."""
     spec = request.spec
     return {

@@ -95,6 +95,8 @@ def occurrence_to_json(occurrence: Occurrence) -> dict[str, Any]:
         "enqueued_at": instant(occurrence.enqueued_at),
         "created_at": instant(occurrence.created_at),
         "updated_at": instant(occurrence.updated_at),
+        "origin": occurrence.origin,
+        "requested_by": occurrence.requested_by,
     }
 
 

@@ -121,16 +121,25 @@ def fires_per_minute(spec: TimeSpec, after: datetime) -> float:
         return 0.0
     if spec.kind == "rate":
         return 60.0 / rate_period(spec.expression).total_seconds()
-    cron = cron_source(spec.expression, spec.time_zone, spec.dst_repeat == "both", spec.dst_gap == "shift").cron
     day = first.astimezone(zone_info(spec.time_zone)).date()
+    return _cron_rate(spec.expression, spec.time_zone, spec.dst_repeat == "both", spec.dst_gap == "shift", day)
+
+
+@lru_cache(maxsize=16_384)
+def _cron_rate(expression: str, time_zone: str, both: bool, shift: bool, day: date) -> float:
+    """Fires per minute of a cron expression averaged over the 1461 local days from ``day`` (memoized: a
+    batch import repeats a few expressions thousands of times)."""
+    cron = cron_source(expression, time_zone, both, shift).cron
     window = 1461
     end = day + timedelta(days=window)
     matching = 0
     year, month = day.year, day.month
     while (year, month) <= (end.year, end.month):
-        for number in cron.month_days(year, month):
-            if day <= date(year, month, number) < end:
-                matching += 1
+        days = cron.month_days(year, month)
+        if (year, month) in ((day.year, day.month), (end.year, end.month)):
+            matching += sum(1 for number in days if day <= date(year, month, number) < end)
+        else:  # a month wholly inside the window: every matching day counts (no date per day)
+            matching += len(days)
         month += 1
         if month == 13:
             year, month = year + 1, 1
@@ -146,5 +155,6 @@ def next_fire_cache_info() -> dict[str, int]:
 def clear_time_caches() -> None:
     """Forget memoized fires and compiled expressions (tests; after a tzdata reload)."""
     _next_cron_fire.cache_clear()
+    _cron_rate.cache_clear()
     clear_cron_caches()
     parse_cron.cache_clear()
