@@ -149,6 +149,138 @@ def _lifecycle(summary: str) -> dict[str, Any]:
     }
 
 
+_BACKFILL_WINDOW = {
+    "type": "object",
+    "required": ["from", "to"],
+    "additionalProperties": False,
+    "properties": {"from": _INSTANT, "to": {**_INSTANT, "description": "not in the future"}},
+}
+
+#: The operator features' schemas and routes (engine/api/operator_routes.py, docs/console.md).
+_OPERATOR_SCHEMAS: dict[str, Any] = {
+    "BatchRequest": {
+        "type": "object",
+        "required": ["items"],
+        "additionalProperties": False,
+        "properties": {
+            "items": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 1000,
+                "items": {
+                    "type": "object",
+                    "required": ["idempotency_key", "schedule"],
+                    "properties": {
+                        "idempotency_key": {"type": "string", "minLength": 1, "maxLength": 200},
+                        "schedule": {"$ref": "#/components/schemas/ScheduleCreate"},
+                    },
+                },
+            }
+        },
+    },
+    "BatchResult": {
+        "type": "object",
+        "required": ["results", "statuses"],
+        "properties": {
+            "results": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["index", "status"],
+                    "properties": {
+                        "index": {"type": "integer"},
+                        "status": {"type": "integer", "enum": [200, 201, 409, 422, 429]},
+                        "schedule": {"type": "object"},
+                        "error": {"type": "object"},
+                    },
+                },
+            },
+            "statuses": {"type": "object", "additionalProperties": {"type": "integer"}},
+        },
+    },
+    "BackfillRequest": _BACKFILL_WINDOW,
+    "Backfill": {
+        "type": "object",
+        "required": ["slots", "created", "refired", "present"],
+        "properties": {
+            "schedule_id": {"type": "string", "format": "uuid"},
+            "version": {"type": "integer"},
+            "slots": {"type": "integer"},
+            "created": {"type": "integer"},
+            "refired": {"type": "integer"},
+            "present": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "first_release": _NULLABLE_INSTANT,
+            "last_release": _NULLABLE_INSTANT,
+        },
+    },
+    "Timeline": {
+        "type": "object",
+        "required": ["entries", "counts", "truncated"],
+        "properties": {
+            "from": _INSTANT,
+            "to": _INSTANT,
+            "truncated": {"type": "boolean"},
+            "counts": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "entries": {"type": "array", "items": {"type": "object"}},
+        },
+    },
+}
+
+_OPERATOR_PATHS: dict[str, Any] = {
+    "/v1/schedules/batch": {
+        "post": {
+            "summary": "Create up to 1,000 schedules, each with its own idempotency key and result",
+            "requestBody": {"required": True, **_json("BatchRequest")},
+            "responses": {
+                "200": {"description": "one result per item", **_json("BatchResult")},
+                **_errors(404, 409, 413, *_COMMON),
+            },
+        }
+    },
+    "/v1/schedules/{id}/backfill": {
+        "post": {
+            "summary": "Fire the past slots of a window that never ran (same occurrence ids; paced by the"
+            " tenant's catch-up quota)",
+            "parameters": [_ID],
+            "requestBody": {"required": True, **_json("BackfillRequest")},
+            "responses": {
+                "200": {"description": "what each slot got", **_json("Backfill")},
+                **_errors(404, 409, 429, *_COMMON),
+            },
+        }
+    },
+    "/v1/schedules/{id}/trigger": {
+        "post": {
+            "summary": "Run the schedule now: one manual occurrence (the overlap policy applies)",
+            "parameters": [
+                _ID,
+                {
+                    "name": "Idempotency-Key",
+                    "in": "header",
+                    "schema": {"type": "string", "minLength": 1, "maxLength": 200},
+                },
+            ],
+            "responses": {
+                "201": {"description": "created", **_json("Occurrence")},
+                "200": {"description": "the key was used before", **_json("Occurrence")},
+                **_errors(404, 409, *_COMMON),
+            },
+        }
+    },
+    "/v1/schedules/{id}/timeline": {
+        "get": {
+            "summary": "Every expected slot in a window and what happened to it",
+            "parameters": [
+                _ID,
+                {"name": "from", "in": "query", "schema": _INSTANT},
+                {"name": "to", "in": "query", "schema": _INSTANT},
+            ],
+            "responses": {"200": {"description": "the timeline", **_json("Timeline")}, **_errors(404, *_COMMON)},
+        }
+    },
+}
+
+
 def openapi_document() -> dict[str, Any]:
     return {
         "openapi": "3.0.3",
@@ -162,6 +294,7 @@ def openapi_document() -> dict[str, Any]:
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": {
+                **_OPERATOR_SCHEMAS,
                 "ScheduleCreate": {
                     "type": "object",
                     "required": ["kind", "expression", "target"],
@@ -356,6 +489,7 @@ def openapi_document() -> dict[str, Any]:
                     },
                 }
             },
+            **_OPERATOR_PATHS,
             "/v1/preview": {
                 "post": {
                     "summary": "The next fire instants of a definition, UTC and local",
