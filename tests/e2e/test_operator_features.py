@@ -137,3 +137,33 @@ async def test_the_cli_backfills_an_hour_twice_and_imports_idempotently(
     assert (repeat["created"], repeat["replayed"]) == (0, 2500)
     assert await pool.fetchval("SELECT count(*) FROM schedules WHERE target = 'cli.import'") == 2500
     assert Path(path).exists()
+
+
+def test_engine_serves_its_metrics_on_metrics_port(engine_db, kafka_bootstrap):
+    env = cli_env(engine_db, kafka_bootstrap)
+    engine = subprocess.Popen(
+        [*CHRONOQ, "engine", "--metrics-port", "0"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert engine.stdout is not None
+        line = engine.stdout.readline()
+        assert line.startswith("metrics on http://"), line
+        url = line.split(" ", 2)[2].strip()
+        text = ""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _metric(text, "chronoq_due_backlog") is None:
+            text = requests.get(url, timeout=5).text
+            time.sleep(0.2)
+        # The backlog pass recorded the engine database's backlogs (empty here: zero, but recorded).
+        assert _metric(text, "chronoq_due_backlog") == 0.0
+        assert _metric(text, "chronoq_queue_age_seconds") == 0.0
+        assert requests.post(url, timeout=5).status_code == 405
+    finally:
+        engine.send_signal(signal.SIGTERM)
+        engine.communicate(timeout=60)
+    assert engine.returncode == 0
