@@ -235,3 +235,33 @@ async def test_operator_routes_over_the_api(site, tenants, clock):
         "GET", f"/v1/schedules/{sid}/timeline?from=2026-11-29T00:00:00Z&to=2026-12-02T10:00:00Z"
     )
     assert [e["origin"] for e in timeline["entries"]].count("backfill") == 2
+
+
+async def test_a_dead_letter_is_replayed_from_the_console_with_its_id_and_not_by_another_tenant(
+    site, tenants, pool, clock
+):
+    from tests.support.rows import due_occurrence
+
+    message = await due_occurrence(pool, "acme", "billing.invoice", clock.now())
+    await pool.execute(
+        "UPDATE occurrences SET state = 'DEAD', attempt_count = 3, dead_reason = 'max_attempts',"
+        " finished_at = $2 WHERE occurrence_id = $1",
+        message.occurrence_id,
+        clock.now(),
+    )
+    other = Browser(site)
+    other_csrf = await other.sign_in(tenants[1].api_token)
+    assert str(message.occurrence_id) not in (await other.get("/ui/dead-letters")).text
+    refused = await other.post(f"/ui/occurrences/{message.occurrence_id}/replay", data={"csrf_token": other_csrf})
+    assert refused.status_code == 404
+    browser = Browser(site)
+    csrf = await browser.sign_in(tenants[0].api_token)
+    assert str(message.occurrence_id)[:8] in (await browser.get("/ui/dead-letters")).text
+    replayed = await browser.post(f"/ui/occurrences/{message.occurrence_id}/replay", data={"csrf_token": csrf})
+    assert replayed.status_code == 303 and replayed.headers["location"].endswith("?done=replayed")
+    page = (await browser.get(replayed.headers["location"])).text
+    assert "Replayed with the same occurrence id." in page
+    assert (
+        await pool.fetchval("SELECT state FROM occurrences WHERE occurrence_id = $1", message.occurrence_id)
+        == "RETRY_WAIT"
+    )
