@@ -3,7 +3,7 @@
 Read from the engine database, not from one process's metrics, so the
 console of any API process shows the whole system (materializers and relays
 run elsewhere in production). Scoped by tenant (None: every tenant). The
-last-hour reads use the (tenant_id, scheduled_for) index of migration 0009.
+last-hour reads use the (tenant_id, scheduled_for) index of migration 0004.
 """
 
 from __future__ import annotations

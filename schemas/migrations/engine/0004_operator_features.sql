@@ -1,4 +1,4 @@
--- chronoq engine, migration 0009: operator features — where an occurrence came
+-- chronoq engine, migration 0004: operator features — where an occurrence came
 -- from (the schedule's own slots, a backfill, a manual "trigger now") and who
 -- asked for it; operator tokens and console sessions; the pacing of a tenant's
 -- catch-up work (backfills); an index for the console's last-hour views.
