@@ -136,6 +136,14 @@ class DueSchedule(_TimedSchedule):
     max_lateness_s: int
     deadline_s: int | None
     overlap_policy: str
+    calendar_id: uuid.UUID | None
+    max_runs: int | None
+    runs: int
+
+    @property
+    def runs_left(self) -> int | None:
+        """Runs ``max_runs`` still allows (None: no limit)."""
+        return max(self.max_runs - self.runs, 0) if self.max_runs is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +180,10 @@ class Schedule(_TimedSchedule):
     updated_at: datetime
     fires_per_minute: float
     request_hash: str | None
+    calendar_id: uuid.UUID | None
+    calendar_name: str | None
+    max_runs: int | None
+    runs: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,9 @@ BACKFILLED_OCCURRENCES = (
 MANUAL_TRIGGERS = "chronoq.manual_triggers"  # counter: manual occurrences (trigger now)
 BATCH_SCHEDULES = "chronoq.batch_schedules"  # counter, attr status: items of batch creates (201|200|409|422|429)
 OVERLAP_HELD = "chronoq.overlap_held"  # gauge: outbox rows the overlap gate holds
+EXCLUDED_SLOTS = "chronoq.excluded_slots"  # counter: fires an exclusion calendar removed at materialization
+SCHEDULES_COMPLETED = "chronoq.schedules_completed"  # counter, attr reason: exhausted|max_runs
+CALENDAR_CHANGES = "chronoq.calendar_changes"  # counter, attr change: create|update|import|delete
 
 # Span names.
 SPAN_MATERIALIZE = "chronoq.materialize"

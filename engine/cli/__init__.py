@@ -9,7 +9,8 @@ embedded PostgreSQL and broker (``engine.cli.embedded``).
 
 Each module registers one area's subcommands: ``stack_commands`` (up, api,
 migrate, engine, relay), ``tenant_commands`` (tenant create),
-``schedule_commands`` (schedule ...), ``dlq_commands`` (dlq list, replay) and
+``schedule_commands`` (schedule ...), ``calendar_commands`` (calendar ...),
+``dlq_commands`` (dlq list, replay) and
 ``consume_command`` (consume).
 
 Exit status: 0 on success, 2 for invalid input (one line naming the field,
@@ -48,6 +49,7 @@ def stop_on_signals(stop: asyncio.Event) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from engine.cli import (
+        calendar_commands,
         consume_command,
         dlq_commands,
         operator_commands,
@@ -59,7 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chronoq", description="Multi-tenant distributed job scheduler.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for area in (stack_commands, tenant_commands, operator_commands, schedule_commands, consume_command, dlq_commands):
+    for area in (
+        stack_commands,
+        tenant_commands,
+        operator_commands,
+        schedule_commands,
+        calendar_commands,
+        consume_command,
+        dlq_commands,
+    ):
         area.register(commands)
     return parser
 

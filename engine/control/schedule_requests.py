@@ -21,12 +21,14 @@ from typing import Any
 
 import orjson
 
+from engine.control.calendar_requests import validate_calendar_name
 from engine.rules import timing
 from engine.rules.cron_expression import MAX_EXPRESSION_LENGTH, normalize_cron, parse_cron
+from engine.rules.exclusion_calendars import ExclusionCalendar
 from engine.rules.overlap_policy import POLICIES as OVERLAP_POLICIES
-from engine.rules.timing.instants import DAY, MICROSECOND, iso, parse_instant
+from engine.rules.timing.instants import CEILING, DAY, MICROSECOND, UTC, iso, parse_instant
 from engine.rules.timing.spec import DST_GAP_CHOICES, DST_REPEAT_CHOICES, KINDS, Kind, TimeSpec
-from engine.rules.timing.zones import validate_zone
+from engine.rules.timing.zones import validate_zone, zone_info
 from schemas.errors import InvalidInput
 from schemas.messages import format_instant
 from schemas.topics import validate_target
@@ -57,6 +59,24 @@ SCHEDULE_FIELDS = frozenset(
         "start_at",
         "end_at",
         "anchor",
+        "exclusion_calendar",
+        "max_runs",
+    }
+)
+MAX_RUNS = 1_000_000_000
+#: The fields a preview of a definition takes (besides ``from`` and ``count``).
+PREVIEW_FIELDS = frozenset(
+    {
+        "kind",
+        "expression",
+        "time_zone",
+        "dst_repeat",
+        "dst_gap",
+        "anchor",
+        "start_at",
+        "end_at",
+        "exclusion_calendar",
+        "max_runs",
     }
 )
 
@@ -77,6 +97,8 @@ class ScheduleRequest:
     retry_base: timedelta = timedelta(seconds=1)
     retry_cap: timedelta = timedelta(minutes=5)
     deadline: timedelta | None = None
+    calendar_name: str | None = None  # the tenant's exclusion calendar, resolved by the control plane
+    max_runs: int | None = None  # the schedule completes after this many runs
 
 
 def parse_schedule_request(raw: Mapping[str, Any], *, max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> ScheduleRequest:
@@ -125,7 +147,15 @@ def parse_schedule_request(raw: Mapping[str, Any], *, max_payload_bytes: int = M
         retry_base=retry_base,
         retry_cap=retry_cap,
         deadline=deadline,
+        calendar_name=_calendar_name(raw),
+        max_runs=parse_max_runs(raw.get("max_runs")),
     )
+
+
+def _calendar_name(raw: Mapping[str, Any]) -> str | None:
+    """The name of the tenant's exclusion calendar (resolved, tenant-scoped, by the control plane)."""
+    name = raw.get("exclusion_calendar")
+    return validate_calendar_name(name, "exclusion_calendar") if name is not None else None
 
 
 def _flexible_window(raw: Mapping[str, Any], priority: str) -> timedelta:
@@ -168,6 +198,15 @@ def _retries(raw: Mapping[str, Any]) -> tuple[int, timedelta, timedelta, timedel
     if deadline is not None and deadline <= timedelta(0):
         raise InvalidInput("deadline", "must be positive", "1h")
     return max_attempts, retry_base, retry_cap, deadline
+
+
+def parse_max_runs(value: object) -> int | None:
+    """``max_runs``: absent/null (no limit) or an integer from 1 to 10^9."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_RUNS:
+        raise InvalidInput("max_runs", f"must be an integer from 1 to {MAX_RUNS} (or null for no limit)", "12")
+    return value
 
 
 def check_changes(changes: Mapping[str, Any]) -> None:
@@ -265,13 +304,23 @@ def validate_payload(payload: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> Any:
     return payload
 
 
-def preview_fires(raw: Mapping[str, Any], after: datetime, count: int) -> list[dict[str, str]]:
-    """The next ``count`` fires strictly after ``after`` of a schedule definition.
+def preview_fires(
+    raw: Mapping[str, Any], after: datetime, count: int, *, calendar: ExclusionCalendar | None = None, runs: int = 0
+) -> dict[str, Any]:
+    """The next ``count`` fires strictly after ``after`` of a schedule definition, and what is excluded.
 
     Uses the same rules as create: a rate without an anchor is anchored at
     ``after`` (whole seconds), as a schedule created at that instant would be.
-    Each fire is ``{"utc": ..., "local": ...}`` in ISO 8601 (local with its
-    offset in the schedule's zone).
+    ``calendar`` is the definition's exclusion calendar (the caller resolves
+    ``exclusion_calendar`` in the tenant); ``runs`` are the runs already
+    counted against ``max_runs`` (a stored schedule's).
+
+    Returns ``{"fires": [{"utc", "local", "rule"}], "excluded": [{"utc",
+    "local", "date", "label"}], "excluded_dates": [{"start", "end", "label"}]}``
+    and, with ``max_runs``, ``"runs_left"``. Local times carry their offset in
+    the schedule's zone; ``excluded`` lists the fires the calendar removes in
+    the window the fires span (at most :data:`MAX_PREVIEW`),
+    ``excluded_dates`` the calendar's entries in that window.
     """
     if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_PREVIEW:
         raise InvalidInput("count", f"must be an integer from 1 to {MAX_PREVIEW}", "10")
@@ -285,7 +334,7 @@ def preview_fires(raw: Mapping[str, Any], after: datetime, count: int) -> list[d
     anchor = raw.get("anchor")
     if kind == "rate" and anchor is None:
         anchor = after.replace(microsecond=0)
-    spec = build_time_spec(
+    plain = build_time_spec(
         kind,
         expression,
         raw.get("time_zone"),
@@ -295,10 +344,39 @@ def preview_fires(raw: Mapping[str, Any], after: datetime, count: int) -> list[d
         start_at=raw.get("start_at"),
         end_at=raw.get("end_at"),
     )
-    return [
-        {"utc": format_instant(fire.utc), "local": fire.local.isoformat()}
-        for fire in timing.preview(spec, after, count)
-    ]
+    max_runs = parse_max_runs(raw.get("max_runs"))
+    runs_left = max(max_runs - runs, 0) if max_runs is not None else None
+    spec = dataclasses.replace(plain, calendar=calendar)
+    fires = timing.preview(spec, after, min(count, runs_left) if runs_left is not None else count)
+    result: dict[str, Any] = {
+        "fires": [{"utc": format_instant(f.utc), "local": f.local.isoformat(), "rule": f.rule} for f in fires]
+    }
+    if runs_left is not None:
+        result["runs_left"] = runs_left
+    result["excluded"], result["excluded_dates"] = [], []
+    if calendar is not None:
+        window_end: datetime | None = fires[-1].utc if fires else None
+        if len(fires) < count and (runs_left is None or len(fires) < runs_left):
+            # Exhausted before `count` fires: the window reaches the last slot the definition has.
+            window_end = timing.previous_fire_before(plain, CEILING.replace(tzinfo=UTC)) or window_end
+        if window_end is not None:
+            slots = timing.excluded_slots(spec, calendar, after, window_end, limit=MAX_PREVIEW)
+            result["excluded"] = [
+                {
+                    "utc": format_instant(s.utc),
+                    "local": s.local.isoformat(),
+                    "date": s.date.isoformat(),
+                    "label": s.label,
+                }
+                for s in slots
+            ]
+            clock = zone_info(calendar.zone_for(plain.time_zone))
+            first, last = after.astimezone(clock).date(), window_end.astimezone(clock).date()
+            result["excluded_dates"] = [
+                {"start": e.start.isoformat(), "end": e.end.isoformat(), "label": e.label}
+                for e in calendar.entries_between(first, last)
+            ]
+    return result
 
 
 def build_time_spec(

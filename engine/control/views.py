@@ -58,6 +58,9 @@ def schedule_to_json(schedule: Schedule) -> dict[str, Any]:
         "retry_base": schedule.retry_base_s,
         "retry_cap": schedule.retry_cap_s,
         "deadline": schedule.deadline_s,
+        "exclusion_calendar": schedule.calendar_name,
+        "max_runs": schedule.max_runs,
+        "runs": schedule.runs,
         "created_at": instant(schedule.created_at),
         "updated_at": instant(schedule.updated_at),
     }

@@ -34,6 +34,9 @@ def due_row(**overrides):
         "max_lateness_s": 120,
         "deadline_s": 3600,
         "overlap_policy": "queue_one",
+        "calendar_id": None,
+        "max_runs": None,
+        "runs": 0,
         "column_added_later": "ignored",
     }
     return {**row, **overrides}
@@ -50,6 +53,12 @@ def test_a_due_schedule_knows_its_spec_policies_and_windows():
     )
     plain = DueSchedule.from_row(due_row(deadline_s=None, overlap_policy="allow"))
     assert (plain.deadline, plain.gated) == (None, False)
+
+
+def test_a_due_schedule_knows_its_runs_left():
+    assert DueSchedule.from_row(due_row()).runs_left is None
+    assert DueSchedule.from_row(due_row(max_runs=5, runs=3)).runs_left == 2
+    assert DueSchedule.from_row(due_row(max_runs=5, runs=7)).runs_left == 0  # lowered below what ran: none left
 
 
 def test_a_locked_occurrence_knows_whether_it_is_obsolete_and_its_retry_policy():

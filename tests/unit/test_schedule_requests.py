@@ -76,7 +76,7 @@ def test_once_in_the_past_beyond_lateness_is_rejected_but_just_late_fires_now():
 def test_preview_of_a_rate_is_anchored_like_a_schedule_created_at_that_instant():
     from engine.control.schedule_requests import preview_fires
 
-    fires = preview_fires({"kind": "rate", "expression": "90m"}, NOW.replace(microsecond=123), 2)
+    fires = preview_fires({"kind": "rate", "expression": "90m"}, NOW.replace(microsecond=123), 2)["fires"]
     assert [f["utc"] for f in fires] == ["2026-11-29T11:30:00Z", "2026-11-29T13:00:00Z"]
 
 

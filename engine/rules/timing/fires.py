@@ -14,6 +14,8 @@ from itertools import islice, pairwise
 
 from engine.rules.cron_expression import parse_cron
 from engine.rules.timing.cron_source import clear_cron_caches, cron_source
+from engine.rules.timing.exclusions import clear_exclusion_caches, exclusions_of
+from engine.rules.timing.fire_reasons import fire_reason
 from engine.rules.timing.instants import CEILING, FLOOR, MICROSECOND, UTC, aware_utc, naive_utc
 from engine.rules.timing.sources import backward_fires, forward_fires, rate_period
 from engine.rules.timing.spec import FirePreview, TimeSpec
@@ -55,7 +57,17 @@ def next_fire_after(spec: TimeSpec, after: datetime, *, cached: bool = True) -> 
             after = start  # bounds shift the question, not the memo key: bounded specs share the memo
     if spec.kind == "cron":
         compute = _next_cron_fire if cached else _next_cron_fire_uncached
-        found = compute(spec.expression, spec.time_zone, spec.dst_repeat == "both", spec.dst_gap == "shift", after)
+        both, shift = spec.dst_repeat == "both", spec.dst_gap == "shift"
+        found = compute(spec.expression, spec.time_zone, both, shift, after)
+        exclusions = exclusions_of(spec)
+        while found is not None and exclusions is not None:
+            # An excluded fire: ask again from the end of its interval (still through the shared memo).
+            interval = exclusions.containing(found.replace(tzinfo=None))
+            if interval is None:
+                break
+            found = compute(
+                spec.expression, spec.time_zone, both, shift, (interval[1] - MICROSECOND).replace(tzinfo=UTC)
+            )
     else:
         following = next(forward_fires(spec, after.replace(tzinfo=None)), None)
         found = following.replace(tzinfo=UTC) if following is not None else None
@@ -85,9 +97,13 @@ def previous_fire_before(spec: TimeSpec, before: datetime) -> datetime | None:
 
 
 def preview(spec: TimeSpec, after: datetime, count: int) -> list[FirePreview]:
-    """The next ``count`` fires with their local wall-clock time (fold set for a repeated hour)."""
+    """The next ``count`` fires with their local wall-clock time (fold set for a repeated hour) and the
+    rule that produced each (:func:`~engine.rules.timing.fire_reasons.fire_reason`)."""
     zone = zone_info(spec.time_zone)
-    return [FirePreview(instant, instant.astimezone(zone)) for instant in fire_times(spec, after, count)]
+    return [
+        FirePreview(instant, instant.astimezone(zone), fire_reason(spec, instant))
+        for instant in fire_times(spec, after, count)
+    ]
 
 
 def smallest_gap(spec: TimeSpec, after: datetime, sample: int = 1000) -> timedelta | None:
@@ -153,8 +169,9 @@ def next_fire_cache_info() -> dict[str, int]:
 
 
 def clear_time_caches() -> None:
-    """Forget memoized fires and compiled expressions (tests; after a tzdata reload)."""
+    """Forget memoized fires, compiled expressions and excluded intervals (tests; after a tzdata reload)."""
     _next_cron_fire.cache_clear()
     _cron_rate.cache_clear()
     clear_cron_caches()
+    clear_exclusion_caches()
     parse_cron.cache_clear()
