@@ -14,7 +14,9 @@ keeps working when a migration adds one.
 * :class:`LockedOccurrence` — an occurrence locked for an attempt decision, with its schedule's
   retry policy and its tenant's retry budget;
 * :class:`Attempt` — a whole ``attempts`` row;
-* :class:`DeadLetter` — a DEAD occurrence as the dead-letter list shows it.
+* :class:`DeadLetter` — a DEAD occurrence as the dead-letter list shows it;
+* :class:`Calendar` — a whole ``calendars`` row (an exclusion calendar, without its dates);
+* :class:`CalendarVersion` — one version of a calendar with its dates.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from functools import lru_cache
 from typing import Any, Literal, TypeVar
 
 from engine.rules import timing
+from engine.rules.exclusion_calendars import CalendarEntry, entries_from_stored
 from engine.rules.retry_policy import RetryPolicy
 
 R = TypeVar("R")
@@ -312,3 +315,37 @@ class DeadLetter(_Record):
     last_error_class: str | None
     last_error_message: str | None
     finished_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Calendar(_Record):
+    """A whole ``calendars`` row; its dates are in the current version (:class:`CalendarVersion`)."""
+
+    calendar_id: uuid.UUID
+    tenant_id: str
+    name: str
+    version: int
+    time_zone: str | None
+    description: str
+    entry_count: int
+    created_at: datetime
+    updated_at: datetime
+    deleted_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class CalendarVersion(_Record):
+    """One version of a calendar, as ``calendar_versions`` records it (``entries`` in their stored form)."""
+
+    calendar_id: uuid.UUID
+    version: int
+    tenant_id: str
+    change: str
+    time_zone: str | None
+    description: str
+    entries: list[list[Any]]
+    changed_at: datetime
+
+    @property
+    def dates(self) -> tuple[CalendarEntry, ...]:
+        return entries_from_stored(self.entries)

@@ -29,10 +29,11 @@ from engine.control.calendar_requests import (
     validate_calendar_name,
 )
 from engine.control.icalendar_import import parse_icalendar_dates
-from engine.control.pagination import decode_cursor, key_of, page_size, split_page
+from engine.control.pagination import decode_cursor, page_size, split_page
 from engine.control.tenants import lock_tenant
 from engine.control.views import Page
-from engine.rules.exclusion_calendars import ExclusionCalendar, entries_from_stored, entries_to_stored
+from engine.records import Calendar, CalendarVersion
+from engine.rules.exclusion_calendars import CalendarEntry, ExclusionCalendar, entries_from_stored, entries_to_stored
 from engine.rules.timing.zones import validate_zone
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock
@@ -43,30 +44,37 @@ from schemas.queries import QUERIES
 log = logging.getLogger("chronoq.calendars")
 
 
-def calendar_to_json(row: Mapping[str, Any], *, with_dates: bool = True) -> dict[str, Any]:
+def calendar_to_json(calendar: Calendar, dates: tuple[CalendarEntry, ...] | None = None) -> dict[str, Any]:
     """The public representation of a calendar (API field names); listings leave the dates out."""
     data: dict[str, Any] = {
-        "name": row["name"],
-        "calendar_id": str(row["calendar_id"]),
-        "tenant_id": row["tenant_id"],
-        "version": row["version"],
-        "time_zone": row["time_zone"],
-        "description": row["description"],
-        "date_count": row["entry_count"],
-        "created_at": format_instant(row["created_at"]),
-        "updated_at": format_instant(row["updated_at"]),
+        "name": calendar.name,
+        "calendar_id": str(calendar.calendar_id),
+        "tenant_id": calendar.tenant_id,
+        "version": calendar.version,
+        "time_zone": calendar.time_zone,
+        "description": calendar.description,
+        "date_count": calendar.entry_count,
+        "created_at": format_instant(calendar.created_at),
+        "updated_at": format_instant(calendar.updated_at),
     }
-    if with_dates:
-        data["dates"] = entries_to_json(entries_from_stored(row["entries"]))
+    if dates is not None:
+        data["dates"] = entries_to_json(dates)
     return data
 
 
-def calendar_value(row: Mapping[str, Any]) -> ExclusionCalendar:
-    """The immutable calendar value of a row that carries its version's entries."""
-    return ExclusionCalendar(row["name"], row["version"], row["time_zone"], entries_from_stored(row["entries"]))
+def _with_dates(row: asyncpg.Record | None) -> tuple[Calendar, tuple[CalendarEntry, ...]] | None:
+    """A row of get_calendar / get_calendar_by_id: the calendar and its current version's dates."""
+    if row is None:
+        return None
+    return Calendar.from_row(row), entries_from_stored(row["entries"])
 
 
-async def reference_calendar(conn: asyncpg.Connection, tenant_id: str, name: str) -> asyncpg.Record:
+def calendar_value(calendar: Calendar, dates: tuple[CalendarEntry, ...]) -> ExclusionCalendar:
+    """The immutable value the timing rules take."""
+    return ExclusionCalendar(calendar.name, calendar.version, calendar.time_zone, dates)
+
+
+async def reference_calendar(conn: asyncpg.Connection, tenant_id: str, name: str) -> Calendar:
     """The tenant's live calendar ``name``, share-locked for a schedule that starts referencing it.
 
     NotFound for a name no live calendar of this tenant has, including
@@ -77,17 +85,17 @@ async def reference_calendar(conn: asyncpg.Connection, tenant_id: str, name: str
     )
     if row is None:
         raise NotFound("calendar", name)
-    return row
+    return Calendar.from_row(row)
 
 
 async def calendar_by_id(
     conn: asyncpg.Connection | asyncpg.Pool, tenant_id: str, calendar_id: uuid.UUID
 ) -> ExclusionCalendar:
     """The current version of a schedule's calendar as a value (for previews of a stored schedule)."""
-    row = await conn.fetchrow(*QUERIES.get_calendar_by_id(tenant_id=tenant_id, calendar_id=calendar_id))
-    if row is None:
+    found = _with_dates(await conn.fetchrow(*QUERIES.get_calendar_by_id(tenant_id=tenant_id, calendar_id=calendar_id)))
+    if found is None:
         raise NotFound("calendar", calendar_id)
-    return calendar_value(row)
+    return calendar_value(*found)
 
 
 class Calendars:
@@ -118,7 +126,7 @@ class Calendars:
     async def _create(
         self, conn: asyncpg.Connection, tenant_id: str, request: CalendarRequest, change: str
     ) -> dict[str, Any]:
-        await _require_tenant(conn, tenant_id)
+        await lock_tenant(conn, tenant_id)  # the tenant must exist and be active
         row = await conn.fetchrow(
             *QUERIES.insert_calendar(
                 calendar_id=uuid.uuid4(),
@@ -135,22 +143,24 @@ class Calendars:
                 f"calendar {request.name} already exists; change it with PATCH"
                 f" /v1/calendars/{request.name} or choose another name"
             )
-        stored = entries_to_stored(request.entries)
-        await self._record(conn, row, change, stored)
-        return calendar_to_json({**row, "entries": stored})
+        calendar = Calendar.from_row(row)
+        await self._record(conn, calendar, change, request.entries)
+        return calendar_to_json(calendar, request.entries)
 
     async def get_calendar(self, tenant_id: str, name: str) -> dict[str, Any]:
-        row = await self.pool.fetchrow(*QUERIES.get_calendar(tenant_id=tenant_id, name=_name(name)))
-        if row is None:
-            raise NotFound("calendar", name)
-        return calendar_to_json(row)
+        return calendar_to_json(*await self._current(self.pool, tenant_id, name))
 
     async def get_calendar_value(self, tenant_id: str, name: str) -> ExclusionCalendar:
         """The current version of the tenant's calendar as a value (previews)."""
-        row = await self.pool.fetchrow(*QUERIES.get_calendar(tenant_id=tenant_id, name=_name(name)))
-        if row is None:
+        return calendar_value(*await self._current(self.pool, tenant_id, name))
+
+    async def _current(
+        self, conn: asyncpg.Connection | asyncpg.Pool, tenant_id: str, name: str
+    ) -> tuple[Calendar, tuple[CalendarEntry, ...]]:
+        found = _with_dates(await conn.fetchrow(*QUERIES.get_calendar(tenant_id=tenant_id, name=_name(name))))
+        if found is None:
             raise NotFound("calendar", name)
-        return calendar_value(row)
+        return found
 
     async def list_calendars(self, tenant_id: str, *, cursor: str | None = None, limit: int = 50) -> Page:
         """A tenant's live calendars in creation order, without their dates (``date_count`` says how many)."""
@@ -159,23 +169,25 @@ class Calendars:
         rows = await self.pool.fetch(
             *QUERIES.list_calendars(tenant_id=tenant_id, after_at=after_at, after_id=after_id, limit=limit + 1)
         )
-        page, next_cursor = split_page(rows, limit, key_of("created_at", "calendar_id"))
-        return Page([calendar_to_json(r, with_dates=False) for r in page], next_cursor)
+        calendars = [Calendar.from_row(row) for row in rows]
+        page, next_cursor = split_page(calendars, limit, lambda c: (c.created_at, c.calendar_id))
+        return Page([calendar_to_json(c) for c in page], next_cursor)
 
     async def calendar_history(self, tenant_id: str, name: str) -> list[dict[str, Any]]:
         rows = await self.pool.fetch(*QUERIES.list_calendar_versions(tenant_id=tenant_id, name=_name(name)))
         if not rows:
             raise NotFound("calendar", name)
+        versions = [CalendarVersion.from_row(row) for row in rows]
         return [
             {
-                "version": r["version"],
-                "change": r["change"],
-                "time_zone": r["time_zone"],
-                "description": r["description"],
-                "dates": entries_to_json(entries_from_stored(r["entries"])),
-                "changed_at": format_instant(r["changed_at"]),
+                "version": v.version,
+                "change": v.change,
+                "time_zone": v.time_zone,
+                "description": v.description,
+                "dates": entries_to_json(v.dates),
+                "changed_at": format_instant(v.changed_at),
             }
-            for r in rows
+            for v in versions
         ]
 
     async def update_calendar(
@@ -188,17 +200,18 @@ class Calendars:
         """
         changes = parse_calendar_changes(raw)
         async with self._transaction(conn) as conn:
-            row = await self._lock(conn, tenant_id, name)
-            if changes.expected_version is not None and changes.expected_version != row["version"]:
+            calendar = await self._lock(conn, tenant_id, name)
+            if changes.expected_version is not None and changes.expected_version != calendar.version:
                 raise Conflict(
-                    f"calendar {row['name']} is at version {row['version']}, not"
+                    f"calendar {calendar.name} is at version {calendar.version}, not"
                     f" {changes.expected_version}; read it again and reapply your change"
                 )
-            current = await conn.fetchrow(*QUERIES.get_calendar(tenant_id=tenant_id, name=row["name"]))
-            entries = changes.entries if changes.entries is not None else entries_from_stored(current["entries"])
-            time_zone = changes.time_zone if changes.time_zone_set else row["time_zone"]
-            description = changes.description if changes.description is not None else row["description"]
-            return await self._new_version(conn, row, time_zone, description, entries, "update")
+            entries = changes.entries
+            if entries is None:
+                entries = (await self._current(conn, tenant_id, calendar.name))[1]
+            time_zone = changes.time_zone if changes.time_zone_set else calendar.time_zone
+            description = changes.description if changes.description is not None else calendar.description
+            return await self._new_version(conn, calendar, time_zone, description, entries, "update")
 
     async def import_calendar(
         self,
@@ -226,11 +239,12 @@ class Calendars:
                 request = CalendarRequest(name, zone, description or (imported.calendar_name or ""), imported.entries)
                 created = await self._create(conn, tenant_id, request, "import")
                 return {**created, "imported": report, "created": True}
+            calendar = Calendar.from_row(row)
             updated = await self._new_version(
                 conn,
-                row,
-                zone if time_zone is not None else row["time_zone"],
-                description if description is not None else row["description"],
+                calendar,
+                zone if time_zone is not None else calendar.time_zone,
+                description if description is not None else calendar.description,
                 imported.entries,
                 "import",
             )
@@ -241,62 +255,67 @@ class Calendars:
     ) -> dict[str, Any]:
         """Delete a calendar no live schedule references (Conflict naming some that do)."""
         async with self._transaction(conn) as conn:
-            row = await self._lock(conn, tenant_id, name)
-            users = await conn.fetchrow(*QUERIES.calendar_users(calendar_id=row["calendar_id"]))
+            calendar = await self._lock(conn, tenant_id, name)
+            users = await conn.fetchrow(*QUERIES.calendar_users(calendar_id=calendar.calendar_id))
             if users["schedules"]:
                 some = ", ".join(str(s) for s in users["some"])
                 raise Conflict(
-                    f"calendar {row['name']} is used by {users['schedules']} live schedule(s) ({some});"
+                    f"calendar {calendar.name} is used by {users['schedules']} live schedule(s) ({some});"
                     " remove exclusion_calendar from them or cancel them first"
                 )
-            deleted = await conn.fetchrow(
-                *QUERIES.delete_calendar(calendar_id=row["calendar_id"], tenant_id=tenant_id, now=self.clock.now())
+            deleted = Calendar.from_row(
+                await conn.fetchrow(
+                    *QUERIES.delete_calendar(
+                        calendar_id=calendar.calendar_id, tenant_id=tenant_id, now=self.clock.now()
+                    )
+                )
             )
-            await self._record(conn, deleted, "delete", [])
-        return {**calendar_to_json(deleted, with_dates=False), "deleted": True}
+            await self._record(conn, deleted, "delete", ())
+        return {**calendar_to_json(deleted), "deleted": True}
 
-    async def _lock(self, conn: asyncpg.Connection, tenant_id: str, name: str) -> asyncpg.Record:
+    async def _lock(self, conn: asyncpg.Connection, tenant_id: str, name: str) -> Calendar:
         row = await conn.fetchrow(*QUERIES.lock_calendar(tenant_id=tenant_id, name=_name(name)))
         if row is None:
             raise NotFound("calendar", name)
-        return row
+        return Calendar.from_row(row)
 
     async def _new_version(
         self,
         conn: asyncpg.Connection,
-        row: asyncpg.Record,
+        calendar: Calendar,
         time_zone: str | None,
         description: str,
-        entries: tuple[Any, ...],
+        entries: tuple[CalendarEntry, ...],
         change: str,
     ) -> dict[str, Any]:
-        updated = await conn.fetchrow(
-            *QUERIES.update_calendar(
-                calendar_id=row["calendar_id"],
-                tenant_id=row["tenant_id"],
-                time_zone=time_zone,
-                description=description,
-                entry_count=len(entries),
-                now=self.clock.now(),
+        updated = Calendar.from_row(
+            await conn.fetchrow(
+                *QUERIES.update_calendar(
+                    calendar_id=calendar.calendar_id,
+                    tenant_id=calendar.tenant_id,
+                    time_zone=time_zone,
+                    description=description,
+                    entry_count=len(entries),
+                    now=self.clock.now(),
+                )
             )
         )
-        stored = entries_to_stored(entries)
-        await self._record(conn, updated, change, stored)
-        return calendar_to_json({**updated, "entries": stored})
+        await self._record(conn, updated, change, entries)
+        return calendar_to_json(updated, entries)
 
     async def _record(
-        self, conn: asyncpg.Connection, row: asyncpg.Record, change: str, stored: list[list[Any]]
+        self, conn: asyncpg.Connection, calendar: Calendar, change: str, entries: tuple[CalendarEntry, ...]
     ) -> None:
         """The version's history row, in the change's transaction (the metric and log follow it)."""
         await conn.execute(
             *QUERIES.insert_calendar_version(
-                calendar_id=row["calendar_id"],
-                version=row["version"],
-                tenant_id=row["tenant_id"],
+                calendar_id=calendar.calendar_id,
+                version=calendar.version,
+                tenant_id=calendar.tenant_id,
                 change=change,
-                time_zone=row["time_zone"],
-                description=row["description"],
-                entries=stored,
+                time_zone=calendar.time_zone,
+                description=calendar.description,
+                entries=entries_to_stored(entries),
                 now=self.clock.now(),
             )
         )
@@ -305,10 +324,10 @@ class Calendars:
             "calendar changed",
             extra={
                 "action": f"calendar.{change}",
-                "tenant_id": row["tenant_id"],
-                "calendar": row["name"],
-                "version": row["version"],
-                "dates": len(stored),
+                "tenant_id": calendar.tenant_id,
+                "calendar": calendar.name,
+                "version": calendar.version,
+                "dates": len(entries),
             },
         )
 
@@ -319,7 +338,3 @@ def _name(name: str) -> str:
         return validate_calendar_name(name)
     except InvalidInput as err:
         raise NotFound("calendar", str(name)[:70]) from err
-
-
-async def _require_tenant(conn: asyncpg.Connection, tenant_id: str) -> None:
-    await lock_tenant(conn, tenant_id)  # the tenant must exist and be active

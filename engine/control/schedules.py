@@ -435,7 +435,7 @@ async def _calendar_columns(conn: asyncpg.Connection, tenant_id: str, request: S
     if request.calendar_name is None:
         return {"calendar_id": None, "calendar_name": None, "max_runs": request.max_runs}
     calendar = await reference_calendar(conn, tenant_id, request.calendar_name)
-    return {"calendar_id": calendar["calendar_id"], "calendar_name": calendar["name"], "max_runs": request.max_runs}
+    return {"calendar_id": calendar.calendar_id, "calendar_name": calendar.name, "max_runs": request.max_runs}
 
 
 def _replayed(existing: Schedule, request_hash: str, key: str) -> dict[str, Any]:
