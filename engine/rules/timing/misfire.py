@@ -15,6 +15,7 @@ from itertools import islice
 from typing import Literal
 
 from engine.rules.timing.durations import MAX_DURATION, parse_duration
+from engine.rules.timing.exclusions import exclusions_of
 from engine.rules.timing.fires import next_fire_after
 from engine.rules.timing.instants import MICROSECOND, UTC, naive_utc
 from engine.rules.timing.sources import backward_fires, count_fires, forward_fires
@@ -175,8 +176,9 @@ def _excluded_count(spec: TimeSpec, slots: TimeSpec, cursor: datetime, until: da
 
     O(days + calendar intervals), like the missed count; None when a count is unknown.
     """
-    if spec.calendar is None or cursor > until:
-        return 0
+    exclusions = exclusions_of(spec)
+    if exclusions is None or cursor > until or not exclusions.overlapping(cursor - MICROSECOND, until + MICROSECOND):
+        return 0  # the common case: no listed date in the range, nothing to count
     every = count_fires(slots, cursor - MICROSECOND, until + MICROSECOND)
     kept = count_fires(spec, cursor - MICROSECOND, until + MICROSECOND)
     return every - kept if every is not None and kept is not None else None
