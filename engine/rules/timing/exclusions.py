@@ -19,11 +19,15 @@ from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, datetime
+from typing import TYPE_CHECKING
 
 from engine.rules.exclusion_calendars import ExclusionCalendar, Interval, excluded_intervals
 from engine.rules.timing.instants import MICROSECOND, UTC, naive_utc
 from engine.rules.timing.spec import TimeSpec
 from engine.rules.timing.zones import zone_info
+
+if TYPE_CHECKING:  # sources wraps its sources with ExcludingSource, so it imports this module
+    from engine.rules.timing.sources import Source
 
 
 class Exclusions:
@@ -90,14 +94,14 @@ class ExcludingSource:
 
     __slots__ = ("inner", "exclusions")
 
-    def __init__(self, inner: object, exclusions: Exclusions) -> None:
+    def __init__(self, inner: Source, exclusions: Exclusions) -> None:
         self.inner = inner
         self.exclusions = exclusions
 
     def forward(self, after: datetime, until: datetime | None) -> Iterator[datetime]:
         cursor = after
         while True:
-            for instant in self.inner.forward(cursor, until):  # type: ignore[attr-defined]
+            for instant in self.inner.forward(cursor, until):
                 interval = self.exclusions.containing(instant)
                 if interval is None:
                     yield instant
@@ -112,7 +116,7 @@ class ExcludingSource:
     def backward(self, before: datetime, since: datetime | None) -> Iterator[datetime]:
         cursor = before
         while True:
-            for instant in self.inner.backward(cursor, since):  # type: ignore[attr-defined]
+            for instant in self.inner.backward(cursor, since):
                 interval = self.exclusions.containing(instant)
                 if interval is None:
                     yield instant
@@ -125,11 +129,11 @@ class ExcludingSource:
                 return
 
     def count(self, low: datetime, high: datetime) -> int | None:
-        total = self.inner.count(low, high)  # type: ignore[attr-defined]
+        total = self.inner.count(low, high)
         if total is None:
             return None
         for start, end in self.exclusions.overlapping(low, high):
-            excluded = self.inner.count(max(low, start - MICROSECOND), min(high, end))  # type: ignore[attr-defined]
+            excluded = self.inner.count(max(low, start - MICROSECOND), min(high, end))
             if excluded is None:
                 return None
             total -= excluded

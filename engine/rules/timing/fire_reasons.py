@@ -11,6 +11,7 @@ the arithmetic. Pure; the text is for people, not for parsing.
 from __future__ import annotations
 
 from datetime import date, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 from engine.rules.cron_expression import CronExpression, parse_cron
 from engine.rules.timing.instants import EPOCH, UTC, iso
@@ -70,10 +71,10 @@ def fire_reason(spec: TimeSpec, instant: datetime) -> str:
     return "; ".join([day_rule or cron.describe_day(wall.year, wall.month, wall.day), *notes])
 
 
-def _skipped_wall_times(cron: CronExpression, zone: object, instant: datetime) -> list[datetime]:
+def _skipped_wall_times(cron: CronExpression, zone: ZoneInfo, instant: datetime) -> list[datetime]:
     """Matching wall times inside the gap that ends exactly at ``instant`` (none if it ends no gap)."""
-    before = (instant - _SECOND).astimezone(zone)  # type: ignore[arg-type]
-    after = instant.astimezone(zone)  # type: ignore[arg-type]
+    before = (instant - _SECOND).astimezone(zone)
+    after = instant.astimezone(zone)
     offset_before, offset_after = before.utcoffset(), after.utcoffset()
     if offset_before is None or offset_after is None or offset_after <= offset_before:
         return []
