@@ -21,6 +21,7 @@ policy like any other fire. Each occurrence carries ``origin`` and
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from typing import Any
 import asyncpg
 from opentelemetry import metrics
 
+from engine.control.calendars import calendar_by_id
 from engine.control.identifiers import as_uuid
 from engine.control.views import instant, occurrence_to_json
 from engine.loops.overlap_gate import OVERLAP_GATE_TOKEN
@@ -70,6 +72,7 @@ class BackfillResult:
     present: dict[str, int] = field(default_factory=dict)  # slots left alone, by the state they are in
     first_release: datetime | None = None
     last_release: datetime | None = None
+    excluded: int = 0  # slots the schedule's exclusion calendar removes (not fired by a backfill either)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -82,6 +85,7 @@ class BackfillResult:
             "created": self.created,
             "refired": self.refired,
             "present": self.present,
+            "excluded": self.excluded,
             "first_release": instant(self.first_release),
             "last_release": instant(self.last_release),
         }
@@ -121,7 +125,20 @@ class RequestedOccurrences:
                     f"schedule {schedule.schedule_id} is {schedule.state}: resume it before"
                     " a backfill (its occurrences would be canceled or skipped)"
                 )
-            slots = timing.fire_times(schedule.spec, window_from - _MICROSECOND, MAX_BACKFILL_SLOTS + 1, window_to)
+            # The calendar's current version applies: a backfill fires what the schedule would have, and
+            # the slots of listed dates are excluded from it too (counted, not fired).
+            calendar = (
+                await calendar_by_id(conn, schedule.tenant_id, schedule.calendar_id)
+                if schedule.calendar_id is not None
+                else None
+            )
+            spec = dataclasses.replace(schedule.spec, calendar=calendar)
+            slots = timing.fire_times(spec, window_from - _MICROSECOND, MAX_BACKFILL_SLOTS + 1, window_to)
+            excluded = (
+                len(timing.excluded_slots(spec, None, window_from - _MICROSECOND, window_to, MAX_BACKFILL_SLOTS))
+                if calendar is not None
+                else 0
+            )
             if len(slots) > MAX_BACKFILL_SLOTS:
                 raise InvalidInput(
                     "to",
@@ -147,6 +164,7 @@ class RequestedOccurrences:
                 len(plan.create),
                 len(plan.refire),
                 dict(sorted(plan.present.items())),
+                excluded=excluded,
             )
             if plan.released:
                 release = await self._release(conn, schedule, plan, now, requested_by)

@@ -14,7 +14,8 @@ an update replaced). Each entry gets one verdict and a sentence:
 * ``CANCELED`` by version N (the change that invalidated it);
 * ``HELD`` — by the overlap gate, or by the tenant's catch-up quota until T;
 * in flight: ``SCHEDULED``, ``ENQUEUED``, ``RUNNING``, ``RETRY_WAIT``;
-* no occurrence: ``PAUSED`` (not fired while paused), ``UPCOMING``, ``PENDING``
+* no occurrence: ``EXCLUDED`` (its date is listed in the schedule's exclusion
+  calendar, version N), ``PAUSED`` (not fired while paused), ``UPCOMING``, ``PENDING``
   (due, the materializer has not reached it) or ``ABSENT`` — expected but
   absent although the schedule's cursor passed it, which no healthy engine
   produces (the reconciler's finding).
@@ -37,8 +38,11 @@ from engine.control.identifiers import as_uuid
 from engine.control.schedule_requests import build_time_spec
 from engine.control.views import instant
 from engine.records import Schedule, ScheduleVersion
+from engine.rules.exclusion_calendars import ExclusionCalendar, entries_from_stored
 from engine.rules.expected_slots import ExpectedSlot, VersionSpan, expected_slots
 from engine.rules.timing import parse_duration
+from engine.rules.timing.exclusions import excluding_version
+from engine.rules.timing.zones import zone_info
 from schemas.errors import InvalidInput, NotFound
 from schemas.queries import QUERIES
 
@@ -126,8 +130,14 @@ def explain_timeline(
     slots: Sequence[ExpectedSlot],
     now: datetime,
     catch_up_per_minute: int | None = None,
+    excluded: Mapping[datetime, str] | None = None,
 ) -> list[TimelineEntry]:
-    """One entry per expected slot and per occurrence no slot explains, oldest first. Pure."""
+    """One entry per expected slot and per occurrence no slot explains, oldest first. Pure.
+
+    ``excluded`` explains the slots the schedule's exclusion calendar removed:
+    such a slot with no occurrence is EXCLUDED, not ABSENT.
+    """
+    excluded = excluded or {}
     versions = {row.version: row for row in version_rows}
     at: dict[datetime, list[Mapping[str, Any]]] = {}
     manual: list[Mapping[str, Any]] = []
@@ -139,6 +149,9 @@ def explain_timeline(
     entries: list[TimelineEntry] = []
     for slot in slots:
         found = at.pop(slot.scheduled_for, [])
+        if not found and slot.scheduled_for in excluded:
+            entries.append(TimelineEntry(slot.scheduled_for, "EXCLUDED", excluded[slot.scheduled_for], slot.version))
+            continue
         entries.append(
             _entry(schedule, versions, slot.scheduled_for, slot.version, slot.paused, found, now, catch_up_per_minute)
         )
@@ -345,7 +358,8 @@ async def schedule_timeline(
         )
     )
     quota = await pool.fetchval(*QUERIES.tenant_catch_up_quota(tenant_id=schedule.tenant_id))
-    entries = explain_timeline(schedule, versions, occurrences[:MAX_ENTRIES], expected.slots, now, quota)
+    excluded = await _excluded_slots(pool, schedule, versions, expected.slots)
+    entries = explain_timeline(schedule, versions, occurrences[:MAX_ENTRIES], expected.slots, now, quota, excluded)
     return Timeline(
         str(sid),
         window_from,
@@ -354,3 +368,39 @@ async def schedule_timeline(
         expected.truncated or len(occurrences) > MAX_ENTRIES,
         count_verdicts(entries),
     )
+
+
+async def _excluded_slots(
+    pool: asyncpg.Pool, schedule: Schedule, versions: Sequence[ScheduleVersion], slots: Sequence[ExpectedSlot]
+) -> dict[datetime, str]:
+    """The expected slots the schedule's calendar excluded, each with the sentence that says why.
+
+    A slot is judged by the calendar version in force at it (the materializer
+    read the version current when it materialized the slot, at most its
+    horizon earlier), and only if the schedule version in force at it named
+    that same calendar.
+    """
+    if schedule.calendar_id is None or schedule.calendar_name is None:
+        return {}
+    rows = await pool.fetch(
+        *QUERIES.calendar_history_by_id(tenant_id=schedule.tenant_id, calendar_id=schedule.calendar_id)
+    )
+    history = [
+        (r["changed_at"], ExclusionCalendar(r["name"], r["version"], r["time_zone"], entries_from_stored(r["entries"])))
+        for r in rows
+    ]
+    named = {v.version: v.definition.get("exclusion_calendar") for v in versions}
+    found: dict[datetime, str] = {}
+    for slot in slots:
+        if named.get(slot.version) != schedule.calendar_name:
+            continue
+        calendar = excluding_version(history, schedule.time_zone, slot.scheduled_for)
+        if calendar is None:
+            continue
+        day = slot.scheduled_for.astimezone(zone_info(calendar.zone_for(schedule.time_zone))).date()
+        label = calendar.label_for(day)
+        found[slot.scheduled_for] = (
+            f"not fired: {day.isoformat()} is listed in the exclusion calendar {schedule.calendar_name}"
+            f" (version {calendar.version}{': ' + label if label else ''})"
+        )
+    return found

@@ -90,3 +90,11 @@ SELECT v.calendar_id, v.version, v.time_zone, v.entries
 FROM calendar_versions v
 JOIN unnest(:calendar_ids::uuid[], :versions::int[]) AS wanted(calendar_id, version)
   ON wanted.calendar_id = v.calendar_id AND wanted.version = v.version;
+
+-- name: calendar_history_by_id
+-- Every version of a tenant's calendar (deleted or not) with its name, oldest first: what a timeline needs
+-- to tell which version was in force at a slot.
+SELECT c.name, v.*
+FROM calendar_versions v JOIN calendars c ON c.calendar_id = v.calendar_id
+WHERE c.tenant_id = :tenant_id AND c.calendar_id = :calendar_id
+ORDER BY v.version;

@@ -308,3 +308,62 @@ async def test_preview_of_a_stored_schedule_counts_its_runs_left(pool, clock, ca
         {"utc": "2026-12-01T08:00:00Z", "local": "2026-12-01T09:00:00+01:00", "date": "2026-12-01", "label": "closed"}
     ]
     assert preview["fires"][0]["rule"] == "day-of-week MON-FRI"
+
+
+# --------------------------------------------------------------------------- timeline and backfill
+
+
+async def test_the_timeline_shows_excluded_slots_as_excluded_not_absent(pool, clock, calendars, control, target):
+    from engine.control.timeline import schedule_timeline
+
+    await calendars.create_calendar("acme", {"name": "h", "dates": [{"date": "2026-12-02", "label": "closed"}]})
+    schedule = await control.create_schedule("acme", weekday_schedule(target, exclusion_calendar="h"))
+    await Materializer(pool, MaterializerConfig(horizon=timedelta(days=4)), clock).run_once()  # 30 Nov - 3 Dec
+    # On 3 December at 09:30 version 2 also lists 3 December (materialized already: it stays, no exclusion)
+    # and 4 December (not yet materialized: excluded).
+    clock.set(datetime(2026, 12, 3, 9, 30, tzinfo=UTC))
+    await calendars.update_calendar("acme", "h", {"dates": ["2026-12-02", "2026-12-03", "2026-12-04"]})
+    clock.set(datetime(2026, 12, 5, 12, tzinfo=UTC))
+    timeline = await schedule_timeline(
+        pool,
+        "acme",
+        schedule["schedule_id"],
+        datetime(2026, 11, 30, tzinfo=UTC),
+        datetime(2026, 12, 5, tzinfo=UTC),
+        clock.now(),
+    )
+    verdicts = {
+        e.scheduled_for.astimezone(BERLIN).date().isoformat(): (e.verdict, e.explanation) for e in timeline.entries
+    }
+    assert verdicts["2026-12-02"] == (
+        "EXCLUDED",
+        "not fired: 2026-12-02 is listed in the exclusion calendar h (version 1: closed)",
+    )
+    assert verdicts["2026-12-03"][0] == "SCHEDULED"
+    # 4 December was never materialized (no materializer ran since) and version 2 lists it.
+    assert verdicts["2026-12-04"][0] == "EXCLUDED" and "(version 2)" in verdicts["2026-12-04"][1]
+    assert "ABSENT" not in timeline.counts
+
+
+async def test_a_backfill_does_not_fire_excluded_slots(pool, clock, calendars, control, target):
+    from engine.control.requested_occurrences import RequestedOccurrences
+
+    await calendars.create_calendar("acme", {"name": "h", "dates": ["2026-12-02"]})
+    schedule = await control.create_schedule("acme", weekday_schedule(target, exclusion_calendar="h"))
+    clock.set(datetime(2026, 12, 5, tzinfo=UTC))
+    result = await RequestedOccurrences(pool, clock).backfill(
+        "acme",
+        schedule["schedule_id"],
+        datetime(2026, 11, 30, tzinfo=UTC),
+        datetime(2026, 12, 4, 12, tzinfo=UTC),
+        "tenant:acme",
+    )
+    assert (result.slots, result.created, result.excluded) == (4, 4, 1)
+    assert await fired_dates(pool, schedule["schedule_id"]) == [
+        date(2026, 11, 30),
+        date(2026, 12, 1),
+        date(2026, 12, 3),
+        date(2026, 12, 4),
+    ]
+    # Backfilled occurrences are asked for, not the schedule's own fires: they are not runs.
+    assert (await control.get_schedule("acme", schedule["schedule_id"]))["runs"] == 0

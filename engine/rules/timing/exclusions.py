@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 from typing import TYPE_CHECKING
@@ -188,3 +188,25 @@ def excluded_slots(
                 break
         cursor = interval[1] - MICROSECOND
     return found
+
+
+def excluding_version(
+    history: Sequence[tuple[datetime, ExclusionCalendar]], schedule_zone: str, instant: datetime
+) -> ExclusionCalendar | None:
+    """The calendar version in force at ``instant`` if it excludes that instant, else None.
+
+    ``history`` is (changed_at, version) in ascending order; the version in
+    force is the last one changed at or before the instant (the first one for
+    instants before it existed). For a reconciler or a timeline that must tell
+    an excluded slot from a missing one: the materializer used the version
+    current when it materialized the slot, at most its horizon earlier.
+    """
+    if not history:
+        return None
+    in_force = history[0][1]
+    for changed_at, calendar in history:
+        if changed_at > instant:
+            break
+        in_force = calendar
+    exclusions = _exclusions(in_force, in_force.zone_for(schedule_zone))
+    return in_force if exclusions.containing(naive_utc(instant, "instant")) is not None else None
