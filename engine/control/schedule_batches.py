@@ -43,7 +43,7 @@ from engine.records import Schedule
 from engine.rules import timing
 from engine.rules.shards import shard_of
 from schemas import observability as obs
-from schemas.errors import ChronoqError, Conflict, InvalidInput, QuotaExceeded
+from schemas.errors import ChronoqError, Conflict, InvalidInput, NotFound, QuotaExceeded
 from schemas.messages import ScheduleStateMessage
 from schemas.queries import QUERIES
 from schemas.topics import SCHEDULE_STATES_TOPIC
@@ -111,6 +111,9 @@ _COLUMNS = {
     "created_by_keys": "created_by_key",
     "fires_per_minutes": "fires_per_minute",
     "request_hashes": "request_hash",
+    "calendar_ids": "calendar_id",
+    "calendar_names": "calendar_name",
+    "max_runss": "max_runs",
 }
 
 
@@ -164,6 +167,7 @@ class ScheduleBatches:
             return {}
         async with self.pool.acquire() as conn, conn.transaction():
             quotas: TenantQuotas = (await lock_tenant(conn, tenant_id)).quotas
+            prepared = await _resolve_calendars(conn, tenant_id, prepared, results)
             usage = await conn.fetchrow(*QUERIES.tenant_live_usage(tenant_id=tenant_id))
             columns, order = _admit(prepared, quotas, usage["schedules"], usage["fires_per_minute"], results)
             if not order:
@@ -209,6 +213,27 @@ class ScheduleBatches:
 
 
 Prepared = tuple[int, str, dict[str, Any], float]  # (item index, key, schedules columns, trigger rate)
+
+
+async def _resolve_calendars(
+    conn: asyncpg.Connection, tenant_id: str, prepared: list[Prepared], results: list[dict[str, Any] | None]
+) -> list[Prepared]:
+    """The items with their exclusion calendar's id; an item naming a calendar the tenant lacks gets its 404."""
+    names = sorted({values["calendar_name"] for _, _, values, _ in prepared if values["calendar_name"] is not None})
+    if not names:
+        return prepared
+    found = {
+        row["name"]: row["calendar_id"]
+        for row in await conn.fetch(*QUERIES.share_calendars_by_names(tenant_id=tenant_id, names=names))
+    }
+    kept: list[Prepared] = []
+    for index, key, values, rate in prepared:
+        name = values["calendar_name"]
+        if name is not None and name not in found:
+            results[index] = _error(404, NotFound("calendar", name), index)
+            continue
+        kept.append((index, key, {**values, "calendar_id": found.get(name) if name else None}, rate))
+    return kept
 
 
 def _keyed(
@@ -273,6 +298,9 @@ def _prepare(
             "created_by_key": key,
             "fires_per_minute": rate,
             "request_hash": hashes[index],
+            "calendar_id": None,  # resolved in the tenant, under the tenant's lock (_resolve_calendars)
+            "calendar_name": request.calendar_name,
+            "max_runs": request.max_runs,
         }
         prepared.append((index, key, columns, rate))
     return prepared

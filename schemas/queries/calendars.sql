@@ -98,3 +98,11 @@ SELECT c.name, v.*
 FROM calendar_versions v JOIN calendars c ON c.calendar_id = v.calendar_id
 WHERE c.tenant_id = :tenant_id AND c.calendar_id = :calendar_id
 ORDER BY v.version;
+
+-- name: share_calendars_by_names
+-- The tenant's live calendars of the given names, share-locked while a batch of schedules starts referencing
+-- them (a name another tenant uses is simply not found).
+SELECT calendar_id, name
+FROM calendars
+WHERE tenant_id = :tenant_id AND name = ANY (:names::text[]) AND deleted_at IS NULL
+FOR SHARE;

@@ -18,23 +18,24 @@ INSERT INTO schedules (
     schedule_id, tenant_id, kind, expression, time_zone, dst_repeat, dst_gap, anchor, start_at, end_at,
     next_run_at, state, target, payload, priority, flexible_window_s, misfire_policy, max_lateness_s,
     overlap_policy, retry_max_attempts, retry_base_s, retry_cap_s, deadline_s, shard, created_by_key,
-    fires_per_minute, request_hash, created_at, updated_at)
+    fires_per_minute, request_hash, calendar_id, calendar_name, max_runs, created_at, updated_at)
 SELECT t.schedule_id, :tenant_id, t.kind, t.expression, t.time_zone, t.dst_repeat, t.dst_gap, t.anchor,
        t.start_at, t.end_at, t.next_run_at, 'active', t.target, t.payload, t.priority, t.flexible_window_s,
        t.misfire_policy, t.max_lateness_s, t.overlap_policy, t.retry_max_attempts, t.retry_base_s, t.retry_cap_s,
-       t.deadline_s, t.shard, t.created_by_key, t.fires_per_minute, t.request_hash,
-       coalesce(:now::timestamptz, now()), coalesce(:now::timestamptz, now())
+       t.deadline_s, t.shard, t.created_by_key, t.fires_per_minute, t.request_hash, t.calendar_id, t.calendar_name,
+       t.max_runs, coalesce(:now::timestamptz, now()), coalesce(:now::timestamptz, now())
 FROM unnest(:schedule_ids::uuid[], :kinds::text[], :expressions::text[], :time_zones::text[], :dst_repeats::text[],
             :dst_gaps::text[], :anchors::timestamptz[], :start_ats::timestamptz[], :end_ats::timestamptz[],
             :next_run_ats::timestamptz[], :targets::text[], :payloads::jsonb[], :priorities::text[],
             :flexible_window_ss::int[], :misfire_policies::text[], :max_lateness_ss::int[],
             :overlap_policies::text[], :retry_max_attemptss::int[], :retry_base_ss::double precision[],
             :retry_cap_ss::double precision[], :deadline_ss::int[], :shards::int[], :created_by_keys::text[],
-            :fires_per_minutes::double precision[], :request_hashes::text[])
+            :fires_per_minutes::double precision[], :request_hashes::text[], :calendar_ids::uuid[],
+            :calendar_names::text[], :max_runss::int[])
      AS t(schedule_id, kind, expression, time_zone, dst_repeat, dst_gap, anchor, start_at, end_at, next_run_at,
           target, payload, priority, flexible_window_s, misfire_policy, max_lateness_s, overlap_policy,
           retry_max_attempts, retry_base_s, retry_cap_s, deadline_s, shard, created_by_key, fires_per_minute,
-          request_hash)
+          request_hash, calendar_id, calendar_name, max_runs)
 ON CONFLICT (tenant_id, created_by_key) DO NOTHING
 RETURNING *;
 

@@ -367,3 +367,25 @@ async def test_a_backfill_does_not_fire_excluded_slots(pool, clock, calendars, c
     ]
     # Backfilled occurrences are asked for, not the schedule's own fires: they are not runs.
     assert (await control.get_schedule("acme", schedule["schedule_id"]))["runs"] == 0
+
+
+async def test_a_batch_create_resolves_calendars_in_the_tenant_and_keeps_run_limits(pool, clock, calendars, target):
+    from engine.control.schedule_batches import BatchItem, ScheduleBatches
+
+    await calendars.create_calendar("acme", {"name": "h", "dates": ["2026-12-02"]})
+    await calendars.create_calendar("globex", {"name": "theirs", "dates": []})
+    items = [
+        BatchItem("a", weekday_schedule(target, exclusion_calendar="h", max_runs=7)),
+        BatchItem("b", weekday_schedule(target, exclusion_calendar="theirs")),  # another tenant's
+        BatchItem("c", weekday_schedule(target, exclusion_calendar="nope")),
+        BatchItem("d", weekday_schedule(target)),
+    ]
+    results = await ScheduleBatches(ControlPlane(pool, clock)).create_schedules("acme", items)
+    assert [r["status"] for r in results] == [201, 404, 404, 201]
+    assert "calendar theirs not found" in results[1]["error"]["message"]
+    stored = await pool.fetch("SELECT calendar_name, max_runs FROM schedules ORDER BY created_by_key")
+    assert [(r["calendar_name"], r["max_runs"]) for r in stored] == [("h", 7), (None, None)]
+    definition = await pool.fetchval(
+        "SELECT v.definition FROM schedule_versions v JOIN schedules s USING (schedule_id) WHERE s.created_by_key = 'a'"
+    )
+    assert (definition["exclusion_calendar"], definition["max_runs"]) == ("h", 7)
