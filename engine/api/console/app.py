@@ -28,6 +28,7 @@ from engine.api.console.markup import Markup, query
 from engine.api.console.preview import preview_with_dst
 from engine.api.console.sessions import COOKIE, Session, session_cookie, session_of, sign_in, sign_out
 from engine.control import dead_letters
+from engine.control.calendars import calendar_by_id
 from engine.control.health import read_health
 from engine.control.identifiers import as_uuid
 from engine.control.pagination import decode_cursor, encode_cursor
@@ -410,6 +411,7 @@ class Console:
                 },
                 row.next_run_at - timedelta(microseconds=1),
                 10,
+                await calendar_by_id(self.pool, row.tenant_id, row.calendar_id) if row.calendar_id else None,
             )
         window = {"from": format_instant(window_from), "to": format_instant(window_to)}
         return html(

@@ -8,6 +8,7 @@ the spring-forward day has no 02:30.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from datetime import datetime, time, timedelta
 from typing import Any
@@ -15,6 +16,7 @@ from zoneinfo import ZoneInfo
 
 from engine.control.schedule_requests import build_time_spec
 from engine.rules import timing
+from engine.rules.exclusion_calendars import ExclusionCalendar
 from schemas.errors import InvalidInput
 from schemas.messages import format_instant
 
@@ -29,8 +31,13 @@ def dst_change(zone: ZoneInfo, day: datetime) -> timedelta | None:
     return end - start
 
 
-def preview_with_dst(definition: Mapping[str, Any], after: datetime, count: int) -> list[dict[str, Any]]:
-    """The next ``count`` fires strictly after ``after``: ``{"utc", "local", "dst"}`` (dst None or a note)."""
+def preview_with_dst(
+    definition: Mapping[str, Any], after: datetime, count: int, calendar: ExclusionCalendar | None = None
+) -> list[dict[str, Any]]:
+    """The next ``count`` fires strictly after ``after``: ``{"utc", "local", "dst", "rule"}`` (dst None or a note).
+
+    ``calendar`` is the schedule's exclusion calendar: fires on its dates are not listed.
+    """
     kind, expression = definition.get("kind"), definition.get("expression")
     if not isinstance(kind, str) or not isinstance(expression, str) or not expression.strip():
         raise InvalidInput("expression", "is required", "0 9 * * MON-FRI")
@@ -47,6 +54,7 @@ def preview_with_dst(definition: Mapping[str, Any], after: datetime, count: int)
         start_at=definition.get("start_at"),
         end_at=definition.get("end_at"),
     )
+    spec = dataclasses.replace(spec, calendar=calendar)
     zone = ZoneInfo(spec.time_zone)
     fires = []
     for fire in timing.preview(spec, after, count):
@@ -57,5 +65,5 @@ def preview_with_dst(definition: Mapping[str, Any], after: datetime, count: int)
             note = f"DST day: clocks {'spring forward' if hours > 0 else 'fall back'} {abs(hours):g}h"
             if fire.local.fold:
                 note += " (second of the repeated hour)"
-        fires.append({"utc": format_instant(fire.utc), "local": fire.local.isoformat(), "dst": note})
+        fires.append({"utc": format_instant(fire.utc), "local": fire.local.isoformat(), "dst": note, "rule": fire.rule})
     return fires
