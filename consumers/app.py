@@ -35,7 +35,8 @@ import logging
 import re
 import signal
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
@@ -50,11 +51,11 @@ from consumers.attempt_runner import (
     ConsumerMetrics,
     ConsumerStats,
     Handler,
-    HandlerRegistration,
     Outcome,
 )
 from consumers.config import ConsumerConfig
 from consumers.dead_letters import send_to_dead_letters
+from consumers.handlers import HandlerRegistry
 from consumers.offsets import PartitionOffsets
 from consumers.schedule_states import ScheduleStateView
 from schemas import observability as obs
@@ -68,7 +69,6 @@ from schemas.topics import (
     OCCURRENCE_TOPIC_PREFIX,
     SCHEDULE_STATES_TOPIC,
     create_missing_topics,
-    occurrence_topic,
     validate_target,
 )
 
@@ -91,7 +91,7 @@ class _Lane:
 
 
 class _Rebalance(ConsumerRebalanceListener):
-    def __init__(self, app: "ConsumerApp") -> None:
+    def __init__(self, app: ConsumerApp) -> None:
         self.app = app
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
@@ -114,8 +114,7 @@ class ConsumerApp:
         config.validate()
         self.config = config
         self.hooks = hooks or ConsumerHooks()
-        self._handlers: dict[str, HandlerRegistration] = {}
-        self._fallback: HandlerRegistration | None = None
+        self.handlers = HandlerRegistry(config.handler_timeout, config.concurrency)
         self.stats = ConsumerStats()
         self.meters = ConsumerMetrics(meter or obs.get_meter("consumer"))
         self.tracer = tracer or obs.get_tracer("consumer")
@@ -149,12 +148,10 @@ class ConsumerApp:
         permanent_errors: the app's exception types that mean "never retry", besides ``PermanentError``.
         """
         validate_target(target)
-        registration = self._registration(timeout, concurrency, permanent_errors)
+        registration = self.handlers.limits(timeout, concurrency, permanent_errors)
 
         def register(fn: Handler) -> Handler:
-            if target in self._handlers:
-                raise ValueError(f"target {target!r} already has a handler")
-            self._handlers[target] = registration(fn)
+            self.handlers.add(target, registration(fn))
             return fn
 
         return register
@@ -172,30 +169,18 @@ class ConsumerApp:
         The app then subscribes to all occurrence topics by pattern, including
         topics created after it started (found within ``metadata_refresh``).
         """
-        self._fallback = self._registration(timeout, concurrency, permanent_errors)(fn)
+        self.handlers.fallback = self.handlers.limits(timeout, concurrency, permanent_errors)(fn)
         return fn
-
-    def _registration(
-        self, timeout: float | None, concurrency: int | None, permanent_errors: tuple[type[BaseException], ...]
-    ) -> Callable[[Handler], HandlerRegistration]:
-        timeout = self.config.handler_timeout if timeout is None else timeout
-        concurrency = self.config.concurrency if concurrency is None else concurrency
-        if timeout <= 0 or concurrency < 1:
-            raise ValueError("a handler needs a positive timeout and a concurrency of at least 1")
-        return lambda fn: HandlerRegistration(fn, timeout, concurrency, tuple(permanent_errors))
 
     @property
     def topics(self) -> list[str]:
-        return sorted(occurrence_topic(t) for t in self._handlers)
-
-    def _registration_for(self, target: str) -> HandlerRegistration | None:
-        return self._handlers.get(target, self._fallback)
+        return self.handlers.topics
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Migrate the app database, create topics, read schedule states, join the group."""
-        if not self._handlers and self._fallback is None:
+        if not self.handlers:
             raise ValueError("register at least one handler with @app.handler(target) before run()")
         cfg = self.config
         self._pool = await create_pool(cfg.database_url, min_size=1, max_size=max(4, min(cfg.max_in_flight, 32) + 2))
@@ -231,7 +216,7 @@ class ConsumerApp:
         )
         await self._consumer.start()
         listener = _Rebalance(self)
-        if self._fallback is not None:
+        if self.handlers.fallback is not None:
             self._consumer.subscribe(pattern=re.escape(OCCURRENCE_TOPIC_PREFIX) + ".*", listener=listener)
         else:
             self._consumer.subscribe(self.topics, listener=listener)
@@ -346,7 +331,7 @@ class ConsumerApp:
                     continue
                 if max_applied is not None and self.stats.applied + len(self._tasks) >= max_applied:
                     return
-                registration = self._registration_for(lane.target)
+                registration = self.handlers.for_target(lane.target)
                 limit = registration.concurrency if registration else 1
                 if self._running_per_target[lane.target] >= limit:
                     continue
@@ -470,7 +455,7 @@ class ConsumerApp:
         assert self._runner is not None, "call start() first"
         try:
             message = decode_occurrence(record.value)
-            registration = self._registration_for(message.target)
+            registration = self.handlers.for_target(message.target)
             if registration is None:
                 raise MalformedMessage(f"no handler for target {message.target!r} in this app")
         except MalformedMessage as err:

@@ -33,6 +33,6 @@ class AttemptReporter:
                 self.producer.send_and_wait(ATTEMPTS_TOPIC, event.encode(), key=event.key, headers=event.headers()),
                 self.timeout,
             )
-        except (KafkaError, asyncio.TimeoutError) as err:
+        except (TimeoutError, KafkaError) as err:
             raise InfrastructureError(f"could not report {event.event} for {event.occurrence_id}: {err!r}") from err
         self.sent += 1

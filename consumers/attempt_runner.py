@@ -38,8 +38,8 @@ import enum
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
 
 import asyncpg
 from opentelemetry import metrics
@@ -211,7 +211,7 @@ class AttemptRunner:
             return await self._skip(message, obsolete, None)
         try:
             conn = await self.pool.acquire()
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, asyncio.TimeoutError) as err:
+        except (TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
             raise InfrastructureError(f"app database unreachable: {err!r}") from err
         try:
             return await self._in_transaction(conn, message, registration)

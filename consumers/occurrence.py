@@ -78,7 +78,7 @@ class Occurrence:
         received_at: datetime,
         lease_token: uuid.UUID | None = None,
         cancellation: Cancellation | None = None,
-    ) -> "Occurrence":
+    ) -> Occurrence:
         return cls(
             occurrence_id=message.occurrence_id,
             schedule_id=message.schedule_id,

@@ -11,7 +11,8 @@ database.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 import asyncpg
 import orjson

@@ -26,8 +26,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 

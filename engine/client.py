@@ -21,7 +21,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from schemas.commands import HEADER_SIGNATURE, Command, CommandResult, decode_command_result, sign
@@ -101,14 +101,53 @@ class ChronoqClient:
         return await self.request("GET", f"/v1/occurrences/{_segment(occurrence_id)}")
 
     async def preview(self, body: dict[str, Any]) -> list[dict[str, str]]:
+        """The next fires of a definition (``preview_exclusions`` for what its calendar removes too)."""
         return (await self.request("POST", "/v1/preview", body))["fires"]
+
+    async def preview_exclusions(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The whole preview: ``fires`` (with ``rule``), ``excluded``, ``excluded_dates``, ``runs_left``."""
+        return await self.request("POST", "/v1/preview", body)
+
+    async def preview_schedule(self, schedule_id: str, count: int = 10, after: str | None = None) -> dict[str, Any]:
+        query = urllib.parse.urlencode({k: v for k, v in {"count": count, "from": after}.items() if v is not None})
+        return await self.request("GET", f"/v1/schedules/{_segment(schedule_id)}/preview?{query}")
+
+    async def create_calendar(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await self.request("POST", "/v1/calendars", body)
+
+    async def get_calendar(self, name: str) -> dict[str, Any]:
+        return await self.request("GET", f"/v1/calendars/{_segment(name)}")
+
+    async def list_calendars(self, cursor: str | None = None, limit: int | None = None) -> dict[str, Any]:
+        query = {k: v for k, v in {"cursor": cursor, "limit": limit}.items() if v is not None}
+        return await self.request("GET", "/v1/calendars?" + urllib.parse.urlencode(query))
+
+    async def update_calendar(self, name: str, changes: dict[str, Any]) -> dict[str, Any]:
+        return await self.request("PATCH", f"/v1/calendars/{_segment(name)}", changes)
+
+    async def delete_calendar(self, name: str) -> dict[str, Any]:
+        return await self.request("DELETE", f"/v1/calendars/{_segment(name)}")
+
+    async def import_calendar(
+        self, name: str, ics: bytes, time_zone: str | None = None, description: str | None = None
+    ) -> dict[str, Any]:
+        """Replace (or create) the calendar's dates from an iCalendar file of all-day events."""
+        query = urllib.parse.urlencode(
+            {k: v for k, v in {"time_zone": time_zone, "description": description}.items() if v is not None}
+        )
+        return await self.request(
+            "POST", f"/v1/calendars/{_segment(name)}/import?{query}", ics, {"Content-Type": "text/calendar"}
+        )
+
+    async def calendar_versions(self, name: str) -> list[dict[str, Any]]:
+        return (await self.request("GET", f"/v1/calendars/{_segment(name)}/versions"))["items"]
 
     async def request(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
         """One API call; raises ApiError with the server's error details on 4xx/5xx."""
         return await asyncio.to_thread(self._request, method, path, body, headers or {})
 
     def _request(self, method: str, path: str, body: Any, headers: dict[str, str]) -> Any:
-        data = None if body is None else json.dumps(body).encode()
+        data = body if isinstance(body, bytes) else None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(
             self.base_url + path,
             data=data,
@@ -145,7 +184,7 @@ class CommandProducer:
         self.signing_key = bytes.fromhex(signing_key) if isinstance(signing_key, str) else signing_key
         self.producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", enable_idempotence=False)
 
-    async def __aenter__(self) -> "CommandProducer":
+    async def __aenter__(self) -> CommandProducer:
         await self.producer.start()
         return self
 
@@ -166,7 +205,7 @@ class CommandProducer:
             command_id or uuid.uuid4(),
             self.tenant_id,
             action,
-            datetime.now(timezone.utc),
+            datetime.now(UTC),
             uuid.UUID(str(schedule_id)) if schedule_id else None,
             idempotency_key,
             body,
@@ -195,7 +234,7 @@ class CommandResults:
         self.kafka_bootstrap = kafka_bootstrap
         self._seen: dict[uuid.UUID, CommandResult] = {}
 
-    async def __aenter__(self) -> "CommandResults":
+    async def __aenter__(self) -> CommandResults:
         from aiokafka import TopicPartition
 
         await create_missing_topics(self.kafka_bootstrap, [COMMANDS_TOPIC, COMMAND_RESULTS_TOPIC])

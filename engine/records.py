@@ -14,26 +14,38 @@ keeps working when a migration adds one.
 * :class:`LockedOccurrence` — an occurrence locked for an attempt decision, with its schedule's
   retry policy and its tenant's retry budget;
 * :class:`Attempt` — a whole ``attempts`` row;
-* :class:`DeadLetter` — a DEAD occurrence as the dead-letter list shows it.
+* :class:`DeadLetter` — a DEAD occurrence as the dead-letter list shows it;
+* :class:`Calendar` — a whole ``calendars`` row (an exclusion calendar, without its dates);
+* :class:`CalendarVersion` — one version of a calendar with its dates.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from functools import lru_cache
-from typing import Any, Mapping, TypeVar
+from typing import Any, Literal, TypeVar
 
 from engine.rules import timing
+from engine.rules.exclusion_calendars import CalendarEntry, entries_from_stored
 from engine.rules.retry_policy import RetryPolicy
 
 R = TypeVar("R")
+DstRepeat = Literal["first", "both"]
+DstGap = Literal["skip", "shift"]
 
 
-@lru_cache(maxsize=64)
+_COLUMNS: dict[type, tuple[str, ...]] = {}
+
+
 def _columns(cls: type) -> tuple[str, ...]:
-    return tuple(item.name for item in fields(cls))
+    """The field names of a record class (memoized: from_row runs once per fetched row)."""
+    names = _COLUMNS.get(cls)
+    if names is None:
+        names = _COLUMNS[cls] = tuple(item.name for item in fields(cls))
+    return names
 
 
 class _Record:
@@ -56,11 +68,11 @@ class _TimedSchedule(_Record):
     """What a schedule record knows about when it fires and how it is delivered (fields of the subclasses)."""
 
     __slots__ = ()
-    kind: str
+    kind: timing.Kind
     expression: str
     time_zone: str
-    dst_repeat: str
-    dst_gap: str
+    dst_repeat: DstRepeat
+    dst_gap: DstGap
     anchor: datetime | None
     start_at: datetime | None
     end_at: datetime | None
@@ -77,12 +89,12 @@ class _TimedSchedule(_Record):
             self.kind,
             self.expression,
             self.time_zone,
-            self.dst_repeat,  # type: ignore[arg-type]
+            self.dst_repeat,
             self.dst_gap,
             self.anchor,
             self.start_at,
             self.end_at,
-        )  # type: ignore[arg-type]
+        )
 
     @property
     def misfire(self) -> timing.MisfirePolicy:
@@ -109,11 +121,11 @@ class DueSchedule(_TimedSchedule):
 
     schedule_id: uuid.UUID
     tenant_id: str
-    kind: str
+    kind: timing.Kind
     expression: str
     time_zone: str
-    dst_repeat: str
-    dst_gap: str
+    dst_repeat: DstRepeat
+    dst_gap: DstGap
     anchor: datetime | None
     start_at: datetime | None
     end_at: datetime | None
@@ -127,6 +139,14 @@ class DueSchedule(_TimedSchedule):
     max_lateness_s: int
     deadline_s: int | None
     overlap_policy: str
+    calendar_id: uuid.UUID | None
+    max_runs: int | None
+    runs: int
+
+    @property
+    def runs_left(self) -> int | None:
+        """Runs ``max_runs`` still allows (None: no limit)."""
+        return max(self.max_runs - self.runs, 0) if self.max_runs is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,11 +155,11 @@ class Schedule(_TimedSchedule):
 
     schedule_id: uuid.UUID
     tenant_id: str
-    kind: str
+    kind: timing.Kind
     expression: str
     time_zone: str
-    dst_repeat: str
-    dst_gap: str
+    dst_repeat: DstRepeat
+    dst_gap: DstGap
     anchor: datetime | None
     start_at: datetime | None
     end_at: datetime | None
@@ -163,6 +183,10 @@ class Schedule(_TimedSchedule):
     updated_at: datetime
     fires_per_minute: float
     request_hash: str | None
+    calendar_id: uuid.UUID | None
+    calendar_name: str | None
+    max_runs: int | None
+    runs: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +228,8 @@ class Occurrence(_Record):
     last_error_class: str | None
     last_error_message: str | None
     dead_reason: str | None
+    origin: str  # schedule (its own slots) | backfill | manual (trigger now)
+    requested_by: str | None  # backfill / manual: the principal that asked
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,3 +315,37 @@ class DeadLetter(_Record):
     last_error_class: str | None
     last_error_message: str | None
     finished_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Calendar(_Record):
+    """A whole ``calendars`` row; its dates are in the current version (:class:`CalendarVersion`)."""
+
+    calendar_id: uuid.UUID
+    tenant_id: str
+    name: str
+    version: int
+    time_zone: str | None
+    description: str
+    entry_count: int
+    created_at: datetime
+    updated_at: datetime
+    deleted_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class CalendarVersion(_Record):
+    """One version of a calendar, as ``calendar_versions`` records it (``entries`` in their stored form)."""
+
+    calendar_id: uuid.UUID
+    version: int
+    tenant_id: str
+    change: str
+    time_zone: str | None
+    description: str
+    entries: list[list[Any]]
+    changed_at: datetime
+
+    @property
+    def dates(self) -> tuple[CalendarEntry, ...]:
+        return entries_from_stored(self.entries)

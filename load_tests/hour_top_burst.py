@@ -28,15 +28,15 @@ import sys
 import tempfile
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from engine.loops.materializer import Materializer, MaterializerConfig
 from engine.cli.embedded import EmbeddedPostgres
 from engine.cli.embedded.brokers import BROKER_KINDS, Broker, start_broker
+from engine.loops.materializer import Materializer, MaterializerConfig
 from relay.dispatcher import Relay, RelayConfig
 from relay.outbox import OutboxStore
 from relay.publisher import KafkaPublisher, PublisherConfig
@@ -44,7 +44,7 @@ from schemas.clock import ManualClock
 from schemas.connections import create_pool
 from schemas.migrations import apply_migrations
 
-TOP = datetime(2027, 1, 4, 9, 0, tzinfo=timezone.utc)
+TOP = datetime(2027, 1, 4, 9, 0, tzinfo=UTC)
 
 
 async def seed(pool: asyncpg.Pool, schedules: int, tenants: int, targets: int) -> None:

@@ -17,13 +17,13 @@ import json
 import random
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from engine.control.schedule_requests import build_time_spec
 from engine.rules import timing
 
-UTC = timezone.utc
+UTC = UTC
 ZONES = [
     "UTC",
     "America/New_York",
@@ -120,7 +120,7 @@ def run(schedules: int, pairs: int, afters: int, sample: int, seed: int) -> dict
     timing.clear_time_caches()
     next_fire_after = timing.next_fire_after
     began = time.perf_counter()
-    results = [next_fire_after(spec, cursor) for spec, cursor in zip(specs, cursors)]
+    results = [next_fire_after(spec, cursor) for spec, cursor in zip(specs, cursors, strict=True)]
     cached_seconds = time.perf_counter() - began
     info = timing.next_fire_cache_info()
 
@@ -130,7 +130,7 @@ def run(schedules: int, pairs: int, afters: int, sample: int, seed: int) -> dict
     began = time.perf_counter()
     uncached = [next_fire_after(specs[i], cursors[i], cached=False) for i in picks]
     uncached_seconds = time.perf_counter() - began
-    mismatches = sum(1 for i, found in zip(picks, uncached) if results[i] != found)
+    mismatches = sum(1 for i, found in zip(picks, uncached, strict=True) if results[i] != found)
     exhausted = sum(1 for r in results if r is None)
 
     cached_rate = schedules / cached_seconds

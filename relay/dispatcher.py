@@ -16,9 +16,9 @@ before the mark republishes them (a duplicate with the same occurrence_id).
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Awaitable, Callable
 
 import asyncpg
 from aiokafka.errors import KafkaError
@@ -103,7 +103,7 @@ class Relay:
         config: RelayConfig | None = None,
         clock: Clock | None = None,
         **kwargs: object,
-    ) -> "Relay":
+    ) -> Relay:
         return cls(OutboxStore(pool, clock or DatabaseClock()), publisher, config, **kwargs)  # type: ignore[arg-type]
 
     async def run_once(self) -> RelayReport:

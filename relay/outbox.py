@@ -10,9 +10,9 @@ row unsent and it is published again (a duplicate, never a loss).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Sequence
 
 import asyncpg
 

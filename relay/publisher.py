@@ -21,8 +21,9 @@ only; duplicates across relay restarts remain, and consumers dedupe those.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Hashable, Iterable, Sequence
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
@@ -98,46 +99,62 @@ class KafkaPublisher:
         """Publish all records; return ref → None (acknowledged) or the error."""
         outcome: Outcome = {}
         await self.ensure_topics({r.topic for r in records})
-        groups: dict[tuple[str, int], list[OutgoingRecord]] = {}
-        for record in records:
-            partitions = sorted(await self.producer.partitions_for(record.topic))
-            partition = self._partitioner(record.key, partitions, partitions)
-            groups.setdefault((record.topic, partition), []).append(record)
-
         pending: dict[asyncio.Future[Any], list[OutgoingRecord]] = {}
-
-        async def submit(batch: Any, topic: str, partition: int, members: list[OutgoingRecord]) -> None:
-            try:
-                future = await self.producer.send_batch(batch, topic, partition=partition)
-            except KafkaError as err:
-                outcome.update((record.ref, err) for record in members)
-            else:
-                pending[future] = members
-
-        for (topic, partition), group in groups.items():
-            batch, members = self.producer.create_batch(), []
+        for (topic, partition), group in (await self._partition_groups(records)).items():
+            batch, members = self.producer.create_batch(), list[OutgoingRecord]()
             for record in group:
                 if not _append(batch, record):
                     if members:
-                        await submit(batch, topic, partition, members)
+                        await self._submit(batch, topic, partition, members, pending, outcome)
                     batch, members = self.producer.create_batch(), []
                     if not _append(batch, record):
                         outcome[record.ref] = ValueError("record larger than max_batch_bytes")
                         continue
                 members.append(record)
             if members:
-                await submit(batch, topic, partition, members)
-
+                await self._submit(batch, topic, partition, members, pending, outcome)
         if pending:
-            done, not_done = await asyncio.wait(pending, timeout=self.config.ack_timeout)
-            for future in done:
-                error = future.exception()
-                outcome.update((record.ref, error) for record in pending[future])
-            for future in not_done:
-                future.cancel()
-                unknown = TimeoutError("no acknowledgement within ack_timeout: outcome unknown")
-                outcome.update((record.ref, unknown) for record in pending[future])
+            await self._await_acknowledgements(pending, outcome)
         return outcome
+
+    async def _partition_groups(self, records: Sequence[OutgoingRecord]) -> dict[tuple[str, int], list[OutgoingRecord]]:
+        """Records by (topic, partition), each partition chosen by Kafka's murmur2 partitioner."""
+        groups: dict[tuple[str, int], list[OutgoingRecord]] = {}
+        for record in records:
+            partitions = sorted(await self.producer.partitions_for(record.topic))
+            partition = self._partitioner(record.key, partitions, partitions)
+            groups.setdefault((record.topic, partition), []).append(record)
+        return groups
+
+    async def _submit(
+        self,
+        batch: Any,
+        topic: str,
+        partition: int,
+        members: list[OutgoingRecord],
+        pending: dict[asyncio.Future[Any], list[OutgoingRecord]],
+        outcome: Outcome,
+    ) -> None:
+        """Send one batch: its future joins ``pending``, or a refusal is every member's outcome."""
+        try:
+            future = await self.producer.send_batch(batch, topic, partition=partition)
+        except KafkaError as err:
+            outcome.update((record.ref, err) for record in members)
+        else:
+            pending[future] = members
+
+    async def _await_acknowledgements(
+        self, pending: dict[asyncio.Future[Any], list[OutgoingRecord]], outcome: Outcome
+    ) -> None:
+        """Each batch's acknowledgement or error; unanswered within ack_timeout is an unknown outcome."""
+        done, not_done = await asyncio.wait(pending, timeout=self.config.ack_timeout)
+        for future in done:
+            error = future.exception()
+            outcome.update((record.ref, error) for record in pending[future])
+        for future in not_done:
+            future.cancel()
+            unknown = TimeoutError("no acknowledgement within ack_timeout: outcome unknown")
+            outcome.update((record.ref, unknown) for record in pending[future])
 
 
 def _append(batch: Any, record: OutgoingRecord) -> bool:

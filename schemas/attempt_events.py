@@ -104,17 +104,17 @@ class AttemptEvent:
         lease_ttl: float,
         consumer_group: str | None = None,
         worker: str | None = None,
-    ) -> "AttemptEvent":
+    ) -> AttemptEvent:
         return cls(STARTED, occurrence_id, attempt, lease_token, lease_ttl, consumer_group, worker)
 
     @classmethod
     def heartbeat(
         cls, occurrence_id: uuid.UUID, attempt: int, lease_token: uuid.UUID, lease_ttl: float
-    ) -> "AttemptEvent":
+    ) -> AttemptEvent:
         return cls(HEARTBEAT, occurrence_id, attempt, lease_token, lease_ttl)
 
     @classmethod
-    def succeeded(cls, occurrence_id: uuid.UUID, attempt: int, lease_token: uuid.UUID) -> "AttemptEvent":
+    def succeeded(cls, occurrence_id: uuid.UUID, attempt: int, lease_token: uuid.UUID) -> AttemptEvent:
         return cls(SUCCEEDED, occurrence_id, attempt, lease_token)
 
     @classmethod
@@ -126,7 +126,7 @@ class AttemptEvent:
         error_class: str,
         error_message: str,
         permanent: bool = False,
-    ) -> "AttemptEvent":
+    ) -> AttemptEvent:
         return cls(
             FAILED,
             occurrence_id,
@@ -145,13 +145,13 @@ class AttemptEvent:
         reason: str,
         lease_token: uuid.UUID | None = None,
         consumer_group: str | None = None,
-    ) -> "AttemptEvent":
+    ) -> AttemptEvent:
         return cls(CANCELED, occurrence_id, attempt, lease_token, consumer_group=consumer_group, reason=reason)
 
     @classmethod
     def already_applied(
         cls, occurrence_id: uuid.UUID, attempt: int, applied_by: uuid.UUID | None, consumer_group: str | None = None
-    ) -> "AttemptEvent":
+    ) -> AttemptEvent:
         return cls(ALREADY_APPLIED, occurrence_id, attempt, consumer_group=consumer_group, applied_by=applied_by)
 
     @property

@@ -9,8 +9,7 @@ that in production the database's clock rules and in tests a
 from __future__ import annotations
 
 import asyncio
-
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 
@@ -32,7 +31,7 @@ class ManualClock:
     def __init__(self, start: datetime) -> None:
         if start.tzinfo is None:
             raise ValueError("ManualClock needs an aware datetime (UTC)")
-        self._now = start.astimezone(timezone.utc)
+        self._now = start.astimezone(UTC)
 
     def now(self) -> datetime:
         return self._now
@@ -46,7 +45,7 @@ class ManualClock:
     def set(self, instant: datetime) -> None:
         if instant.tzinfo is None:
             raise ValueError("ManualClock needs an aware datetime (UTC)")
-        self._now = instant.astimezone(timezone.utc)
+        self._now = instant.astimezone(UTC)
 
 
 async def pause(stop: asyncio.Event, seconds: float) -> None:
@@ -57,5 +56,5 @@ async def pause(stop: asyncio.Event, seconds: float) -> None:
     """
     try:
         await asyncio.wait_for(stop.wait(), seconds)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass

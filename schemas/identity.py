@@ -8,11 +8,11 @@ replay always carries the same id and consumers can dedupe on it.
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 # Fixed namespace for uuid5; changing it would change every occurrence id.
 OCCURRENCE_NAMESPACE = uuid.UUID("6f1c2a0e-4d0b-5c8e-9a51-63686f6e6f71")
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
 
@@ -24,6 +24,6 @@ def occurrence_id(schedule_id: uuid.UUID, schedule_version: int, scheduled_for: 
     """
     if scheduled_for.tzinfo is None:
         raise ValueError("scheduled_for must be timezone-aware")
-    instant = scheduled_for.astimezone(timezone.utc)
+    instant = scheduled_for.astimezone(UTC)
     micros = (instant - _EPOCH) // _MICROSECOND
     return uuid.uuid5(OCCURRENCE_NAMESPACE, f"{schedule_id}/{schedule_version}/{micros}")

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -90,7 +90,7 @@ def format_instant(instant: datetime) -> str:
     """UTC ISO-8601 with a trailing Z (microseconds only when present)."""
     if instant.tzinfo is None:
         raise ValueError("instants on the wire must be timezone-aware")
-    return instant.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+    return instant.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def _instant(data: dict[str, Any], name: str, *, optional: bool = False) -> datetime | None:
@@ -105,7 +105,7 @@ def _instant(data: dict[str, Any], name: str, *, optional: bool = False) -> date
         raise MalformedMessage(f"field {name!r} is not an ISO-8601 instant: {raw[:60]!r}") from err
     if value.tzinfo is None:
         raise MalformedMessage(f"field {name!r} has no UTC offset: {raw[:60]!r}")
-    return value.astimezone(timezone.utc)
+    return value.astimezone(UTC)
 
 
 def _uuid(data: dict[str, Any], name: str) -> uuid.UUID:

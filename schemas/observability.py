@@ -7,13 +7,15 @@ providers); by default they use the process-wide providers that
 :func:`configure_telemetry` installs once per process.
 
 OTLP export is enabled only when the standard ``OTEL_EXPORTER_OTLP_ENDPOINT``
-is set; otherwise metrics and spans are recorded in-process and dropped.
+is set. Metrics are also readable in the Prometheus text format: the
+OpenTelemetry Prometheus exporter's reader feeds ``/metrics`` (the API
+process's port, or ``--metrics-port`` of engine and relay processes).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.context import Context
@@ -35,7 +37,7 @@ HANDLER_FAILURES = "chronoq.handler_failures"  # counter
 HANDLER_DURATION = "chronoq.handler_duration"  # histogram, s
 POISON_MESSAGES = "chronoq.poison_messages"  # counter: sent to the dead-letter topic
 COMMANDS_PROCESSED = "chronoq.commands_processed"  # counter by status (applied|rejected) and action
-QUEUE_AGE = "chronoq.queue_age"  # histogram, s: received - available_at
+QUEUE_AGE = "chronoq.queue_age"  # gauge, s: now - available_at of the oldest due, unsent outbox row
 # Attempts, retries and dead letters (engine side unless noted).
 ATTEMPTS = "chronoq.attempts"  # counter, attr result: succeeded|failed|timed_out|canceled|fenced
 RETRIES = "chronoq.retries"  # counter: retries scheduled (RETRY_WAIT + outbox row)
@@ -46,6 +48,16 @@ LEASE_TIMEOUTS = "chronoq.lease_timeouts"  # counter: RUNNING attempts the reape
 OVERLAP_SKIPS = "chronoq.overlap_skips"  # counter: occurrences SKIPPED_OVERLAP
 CANCELED_DELIVERIES = "chronoq.canceled_deliveries"  # counter (consumer): skipped, older version or canceled
 CONSUMER_LAG = "chronoq.consumer_lag"  # gauge (consumer), per partition: high water - committable
+# Operator features.
+BACKFILLED_OCCURRENCES = (
+    "chronoq.backfilled_occurrences"  # counter: past slots a backfill released (created or refired)
+)
+MANUAL_TRIGGERS = "chronoq.manual_triggers"  # counter: manual occurrences (trigger now)
+BATCH_SCHEDULES = "chronoq.batch_schedules"  # counter, attr status: items of batch creates (201|200|409|422|429)
+OVERLAP_HELD = "chronoq.overlap_held"  # gauge: outbox rows the overlap gate holds
+EXCLUDED_SLOTS = "chronoq.excluded_slots"  # counter: fires an exclusion calendar removed at materialization
+SCHEDULES_COMPLETED = "chronoq.schedules_completed"  # counter, attr reason: exhausted|max_runs
+CALENDAR_CHANGES = "chronoq.calendar_changes"  # counter, attr change: create|update|import|delete
 
 # Span names.
 SPAN_MATERIALIZE = "chronoq.materialize"
@@ -57,18 +69,23 @@ SPAN_REAP = "chronoq.engine.reap"
 _configured = False
 
 
-def configure_telemetry(service_name: str) -> None:
-    """Install this process's meter and tracer providers (once; later calls do nothing)."""
+def configure_telemetry(service_name: str, prometheus: bool = True) -> None:
+    """Install this process's meter and tracer providers (once; later calls do nothing).
+
+    With ``prometheus`` the OpenTelemetry Prometheus exporter's reader is added beside OTLP: it serves the
+    same instruments to ``prometheus_client``'s default registry, which ``/metrics`` renders.
+    """
     global _configured
     if _configured:
         return
     _configured = True
     from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricReader
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
 
     resource = Resource.create({"service.name": service_name})
-    readers = []
+    readers: list[MetricReader] = []
     tracer_provider = TracerProvider(resource=resource)
     if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
@@ -78,6 +95,10 @@ def configure_telemetry(service_name: str) -> None:
 
         readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
         tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    if prometheus:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+
+        readers.append(PrometheusMetricReader())
     metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
     trace.set_tracer_provider(tracer_provider)
 

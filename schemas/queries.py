@@ -25,10 +25,11 @@ within its registry.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from types import MappingProxyType
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 _HEADER = re.compile(r"^--\s*name:\s*([a-z0-9_]+)\s*$", re.MULTILINE)
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -142,7 +143,7 @@ def parse_queries(text: str, file: str) -> dict[str, Query]:
     parts = _HEADER.split(text)
     queries: dict[str, Query] = {}
     # parts = [preamble, name1, body1, name2, body2, ...]
-    for name, body in zip(parts[1::2], parts[2::2]):
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in queries:
             raise ValueError(f"query {name!r} defined twice in {file}.sql")
         source = body.strip()

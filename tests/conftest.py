@@ -23,9 +23,9 @@ import gc
 import shutil
 import tempfile
 import uuid
-from datetime import datetime, timezone
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import AsyncIterator, Iterator
 
 import asyncpg
 import pytest
@@ -182,7 +182,7 @@ def target() -> str:
 
 @pytest.fixture
 def clock() -> ManualClock:
-    return ManualClock(datetime(2026, 11, 29, 10, 0, 0, tzinfo=timezone.utc))
+    return ManualClock(datetime(2026, 11, 29, 10, 0, 0, tzinfo=UTC))
 
 
 @pytest.fixture

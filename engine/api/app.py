@@ -15,17 +15,20 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import parse_qs
 
 import asyncpg
 import orjson
 
-from engine.control import dead_letters
 from engine.api.openapi import openapi_document
-from engine.control.schedule_requests import preview_fires
+from engine.control import dead_letters
+from engine.control.calendar_requests import validate_calendar_name
+from engine.control.calendars import Calendars
+from engine.control.schedule_requests import PREVIEW_FIELDS, preview_fires
 from engine.control.schedules import ControlPlane
 from engine.control.tenants import Tenant, authenticate
 from schemas.error_classification import is_transient
@@ -106,6 +109,7 @@ class Api:
     ) -> None:
         self.pool = pool
         self.control = control
+        self.calendars = Calendars(pool, control.clock)
         routes: list[tuple[str, str, Handler]] = [
             ("POST", "/v1/schedules", self.create_schedule),
             ("GET", "/v1/schedules", self.list_schedules),
@@ -117,7 +121,15 @@ class Api:
             ("GET", "/v1/schedules/{id}/occurrences", self.list_occurrences),
             ("GET", "/v1/schedules/{id}/versions", self.schedule_versions),
             ("GET", "/v1/occurrences/{id}", self.get_occurrence),
+            ("GET", "/v1/schedules/{id}/preview", self.preview_schedule),
             ("POST", "/v1/preview", self.preview),
+            ("POST", "/v1/calendars", self.create_calendar),
+            ("GET", "/v1/calendars", self.list_calendars),
+            ("GET", "/v1/calendars/{name}", self.get_calendar),
+            ("PATCH", "/v1/calendars/{name}", self.update_calendar),
+            ("DELETE", "/v1/calendars/{name}", self.delete_calendar),
+            ("POST", "/v1/calendars/{name}/import", self.import_calendar),
+            ("GET", "/v1/calendars/{name}/versions", self.calendar_versions),
             ("GET", "/v1/dead-letters", self.list_dead_letters),
             ("POST", "/v1/occurrences/{id}/replay", self.replay_dead_letter),
             *(extra_routes or []),
@@ -285,32 +297,97 @@ class Api:
         return Response(200, occurrence)
 
     async def preview(self, request: Request) -> Response:
+        assert request.tenant is not None
         body = request.json_object()
         after_raw = body.pop("from", None)
         count = body.pop("count", 10)
-        if after_raw is None:
-            after = await self.control.now()
-        elif isinstance(after_raw, str):
-            try:
-                after = datetime.fromisoformat(after_raw.replace("Z", "+00:00"))
-            except ValueError as err:
-                raise InvalidInput("from", "is not an ISO-8601 instant", "2026-03-07T00:00:00Z") from err
-            if after.tzinfo is None:
-                raise InvalidInput("from", "needs an offset or Z", "2026-03-07T00:00:00Z")
-            after = after.astimezone(timezone.utc)
-        else:
-            raise InvalidInput("from", "must be an ISO-8601 string", "2026-03-07T00:00:00Z")
-        unknown = sorted(set(body) - _PREVIEW_FIELDS)
+        after = await self._instant_or_now(after_raw, "from")
+        unknown = sorted(set(body) - PREVIEW_FIELDS)
         if unknown:
             raise InvalidInput(
-                unknown[0], f"is not a preview field; known: from, count, {', '.join(sorted(_PREVIEW_FIELDS))}"
+                unknown[0], f"is not a preview field; known: from, count, {', '.join(sorted(PREVIEW_FIELDS))}"
             )
-        return Response(200, {"fires": preview_fires(body, after, count)})
+        calendar_name = body.pop("exclusion_calendar", None)
+        calendar = None
+        if calendar_name is not None:
+            # Resolved in the caller's tenant: another tenant's calendar is a 404 here too.
+            calendar = await self.calendars.get_calendar_value(
+                request.tenant.tenant_id, validate_calendar_name(calendar_name, "exclusion_calendar")
+            )
+        return Response(200, preview_fires(body, after, count, calendar=calendar))
 
+    async def preview_schedule(self, request: Request) -> Response:
+        assert request.tenant is not None
+        after = await self._instant_or_now(request.query.get("from"), "from")
+        return Response(
+            200,
+            await self.control.preview_schedule(
+                request.tenant.tenant_id, request.params["id"], after=after, count=request.int_query("count", 10)
+            ),
+        )
 
-_PREVIEW_FIELDS = frozenset(
-    {"kind", "expression", "time_zone", "dst_repeat", "dst_gap", "anchor", "start_at", "end_at"}
-)
+    async def _instant_or_now(self, raw: object, field_name: str) -> datetime:
+        if raw is None:
+            return await self.control.now()
+        if not isinstance(raw, str):
+            raise InvalidInput(field_name, "must be an ISO-8601 string", "2026-03-07T00:00:00Z")
+        try:
+            after = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+        except ValueError as err:
+            raise InvalidInput(field_name, "is not an ISO-8601 instant", "2026-03-07T00:00:00Z") from err
+        if after.tzinfo is None:
+            raise InvalidInput(field_name, "needs an offset or Z", "2026-03-07T00:00:00Z")
+        return after.astimezone(UTC)
+
+    # ----------------------------------------------------------------- calendars
+
+    async def create_calendar(self, request: Request) -> Response:
+        assert request.tenant is not None
+        return Response(201, await self.calendars.create_calendar(request.tenant.tenant_id, request.json_object()))
+
+    async def list_calendars(self, request: Request) -> Response:
+        assert request.tenant is not None
+        page = await self.calendars.list_calendars(
+            request.tenant.tenant_id, cursor=request.query.get("cursor"), limit=request.int_query("limit", 50)
+        )
+        return Response(200, page.to_json())
+
+    async def get_calendar(self, request: Request) -> Response:
+        assert request.tenant is not None
+        return Response(200, await self.calendars.get_calendar(request.tenant.tenant_id, request.params["name"]))
+
+    async def update_calendar(self, request: Request) -> Response:
+        assert request.tenant is not None
+        return Response(
+            200,
+            await self.calendars.update_calendar(
+                request.tenant.tenant_id, request.params["name"], request.json_object()
+            ),
+        )
+
+    async def delete_calendar(self, request: Request) -> Response:
+        assert request.tenant is not None
+        return Response(200, await self.calendars.delete_calendar(request.tenant.tenant_id, request.params["name"]))
+
+    async def import_calendar(self, request: Request) -> Response:
+        """The body is the iCalendar file itself (text/calendar); ?time_zone= and ?description= are optional."""
+        assert request.tenant is not None
+        if not request.body:
+            raise InvalidInput("ics", "is empty; send the .ics file as the request body (Content-Type: text/calendar)")
+        result = await self.calendars.import_calendar(
+            request.tenant.tenant_id,
+            request.params["name"],
+            request.body,
+            time_zone=request.query.get("time_zone"),
+            description=request.query.get("description"),
+        )
+        return Response(201 if result["created"] else 200, result)
+
+    async def calendar_versions(self, request: Request) -> Response:
+        assert request.tenant is not None
+        return Response(
+            200, {"items": await self.calendars.calendar_history(request.tenant.tenant_id, request.params["name"])}
+        )
 
 
 def _compile(path: str) -> re.Pattern[str]:

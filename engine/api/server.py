@@ -11,7 +11,8 @@ import asyncio
 import contextlib
 import logging
 import socket
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import uvicorn
 

@@ -9,8 +9,9 @@ embedded PostgreSQL and broker (``engine.cli.embedded``).
 
 Each module registers one area's subcommands: ``stack_commands`` (up, api,
 migrate, engine, relay), ``tenant_commands`` (tenant create),
-``schedule_commands`` (schedule ...), ``dlq_commands`` (dlq list, replay),
-``consume_command`` (consume) and ``kafka_command`` (kafka fetch).
+``schedule_commands`` (schedule ...), ``calendar_commands`` (calendar ...),
+``dlq_commands`` (dlq list, replay), ``consume_command`` (consume) and
+``kafka_command`` (kafka fetch).
 
 Exit status: 0 on success, 2 for invalid input (one line naming the field,
 nothing written), 1 for any other chronoq error.
@@ -23,7 +24,8 @@ import asyncio
 import logging
 import signal
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import orjson
 
@@ -47,9 +49,11 @@ def stop_on_signals(stop: asyncio.Event) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from engine.cli import (
+        calendar_commands,
         consume_command,
         dlq_commands,
         kafka_command,
+        operator_commands,
         schedule_commands,
         stack_commands,
         tenant_commands,
@@ -58,7 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chronoq", description="Multi-tenant distributed job scheduler.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for area in (stack_commands, tenant_commands, schedule_commands, consume_command, dlq_commands, kafka_command):
+    for area in (
+        stack_commands,
+        tenant_commands,
+        operator_commands,
+        schedule_commands,
+        calendar_commands,
+        consume_command,
+        dlq_commands,
+        kafka_command,
+    ):
         area.register(commands)
     return parser
 

@@ -7,9 +7,9 @@ import asyncio
 
 from consumers.app import ConsumerConfig
 from consumers.printer import printing_consumer
-from engine.cli.endpoints import resolve_consumer_endpoints
 from engine.cli import stop_on_signals
 from engine.cli.embedded.stack import Endpoints
+from engine.cli.endpoints import resolve_consumer_endpoints
 from schemas.errors import InvalidInput
 from schemas.observability import configure_telemetry
 

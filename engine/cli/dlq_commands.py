@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-from engine.cli.endpoints import resolve_database_url
 from engine.cli import print_json
+from engine.cli.endpoints import resolve_database_url
 from engine.control.dead_letters import list_dead_letters, replay_dead_letter
 from schemas.connections import create_pool
 from schemas.errors import InvalidInput

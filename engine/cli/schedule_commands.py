@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import orjson
 
-from engine.cli.endpoints import resolve_database_url
 from engine.cli import print_json
+from engine.cli.calendar_commands import calendars_call, read_ics
+from engine.cli.endpoints import resolve_database_url
+from engine.control.icalendar_import import parse_icalendar_dates
 from engine.control.schedule_requests import preview_fires
 from engine.control.schedules import ControlPlane
+from engine.rules.exclusion_calendars import ExclusionCalendar
+from engine.rules.timing.zones import validate_zone
 from schemas.connections import create_pool
 from schemas.errors import InvalidInput
 
@@ -29,6 +34,8 @@ _PASS_THROUGH = (
     "anchor",
     "start_at",
     "end_at",
+    "exclusion_calendar",
+    "max_runs",
 )
 
 
@@ -61,6 +68,11 @@ def fields_from_flags(args: argparse.Namespace, *, create: bool) -> dict[str, An
         value = getattr(args, name, None)
         if value is not None:
             body[name] = value
+    for name, flag in (("exclusion_calendar", "no_calendar"), ("max_runs", "no_max_runs")):
+        if getattr(args, flag, False):
+            if name in body:
+                raise InvalidInput(name, f"give --{flag.replace('_', '-')} or a value, not both")
+            body[name] = None  # update: remove it
     return body
 
 
@@ -97,18 +109,59 @@ def cmd_preview(args: argparse.Namespace) -> int:
         "dst_repeat": args.dst_repeat,
         "dst_gap": args.dst_gap,
         "anchor": args.anchor,
+        "max_runs": args.max_runs,
     }
     if args.from_ is None:
         # A read-only preview needs no database: "now" is this terminal's clock.
-        after = datetime.now(timezone.utc)
+        after = datetime.now(UTC)
     else:
         after = parse_instant(args.from_, "from")
-    fires = preview_fires(body, after, args.n)
+    calendar = None
+    if args.calendar is not None and args.exclude_ics is not None:
+        raise InvalidInput("exclusion_calendar", "give --calendar NAME (stored) or --exclude-ics FILE, not both")
+    if args.calendar is not None:
+        if not args.tenant:
+            raise InvalidInput("tenant", "--calendar reads the tenant's calendar: give --tenant NAME", "--tenant acme")
+        calendar = asyncio.run(calendars_call("get_calendar_value", args.tenant, args.calendar))
+    elif args.exclude_ics is not None:
+        # Offline: the file's all-day events, read on --calendar-tz (default: the schedule's zone).
+        imported = parse_icalendar_dates(read_ics(args.exclude_ics))
+        zone = validate_zone(args.calendar_tz) if args.calendar_tz is not None else None
+        calendar = ExclusionCalendar(Path(args.exclude_ics).name, 0, zone, imported.entries)
+    preview = preview_fires(body, after, args.n, calendar=calendar)
     if args.json:
-        print_json(fires, compact=True)
+        print_json(preview, compact=True)
+        return 0
+    print_preview(preview)
+    return 0
+
+
+def print_preview(preview: dict[str, Any]) -> None:
+    """The fires as ``utc  local  rule`` lines, then what the calendar excluded."""
+    for fire in preview["fires"]:
+        print(f"{fire['utc']}  {fire['local']}  {fire['rule']}")
+    if "runs_left" in preview:
+        print(f"runs left: {preview['runs_left']}")
+    if preview["excluded_dates"]:
+        print("excluded dates in this window:")
+        for entry in preview["excluded_dates"]:
+            span = entry["start"] if entry["start"] == entry["end"] else f"{entry['start']}/{entry['end']}"
+            print(f"  {span}" + (f"  {entry['label']}" if entry["label"] else ""))
+    if preview["excluded"]:
+        print("excluded fires:")
+        for slot in preview["excluded"]:
+            print(f"  {slot['utc']}  {slot['local']}  {slot['date']}" + (f"  {slot['label']}" if slot["label"] else ""))
+
+
+def cmd_upcoming(args: argparse.Namespace) -> int:
+    after = parse_instant(args.from_, "from") if args.from_ is not None else None
+    preview = asyncio.run(
+        control_plane_call("preview_schedule", args.tenant, args.schedule_id, after=after, count=args.n)
+    )
+    if args.json:
+        print_json(preview, compact=True)
     else:
-        for fire in fires:
-            print(f"{fire['utc']}  {fire['local']}")
+        print_preview(preview)
     return 0
 
 
@@ -120,7 +173,7 @@ def parse_instant(text: str, field: str) -> datetime:
         raise InvalidInput(field, f"{text!r} is not an ISO-8601 instant", "2026-03-07T00:00:00Z") from err
     if value.tzinfo is None:
         raise InvalidInput(field, "needs an offset or Z", "2026-03-07T00:00:00Z")
-    return value.astimezone(timezone.utc)
+    return value.astimezone(UTC)
 
 
 def cmd_get(args: argparse.Namespace) -> int:
@@ -190,6 +243,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     create.add_argument("--start-at", dest="start_at", help="no fires before this instant")
     create.add_argument("--end-at", dest="end_at", help="no fires after this instant")
     create.add_argument(
+        "--calendar",
+        dest="exclusion_calendar",
+        help="the tenant's exclusion calendar: no fires on its dates (chronoq calendar ...)",
+    )
+    create.add_argument("--max-runs", dest="max_runs", type=int, help="complete after this many runs")
+    create.add_argument(
         "--idempotency-key", dest="idempotency_key", help="repeat-safe create: the same key returns the same schedule"
     )
     create.add_argument("--json", action="store_true", help="print compact JSON")
@@ -215,7 +274,20 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     preview.add_argument("--from", dest="from_", help="list fires strictly after this instant (default: now)")
     preview.add_argument("-n", type=int, default=10, help="how many fires (default 10, at most 1000)")
-    preview.add_argument("--json", action="store_true", help='a JSON list of {"utc", "local"} objects')
+    preview.add_argument("--max-runs", dest="max_runs", type=int, help="only this many runs")
+    preview.add_argument(
+        "--calendar", help="exclude the dates of the tenant's calendar (needs --tenant and the database)"
+    )
+    preview.add_argument("--tenant", help="tenant of --calendar")
+    preview.add_argument(
+        "--exclude-ics", dest="exclude_ics", help="exclude the all-day events of an .ics file (no database needed)"
+    )
+    preview.add_argument(
+        "--calendar-tz", dest="calendar_tz", help="zone the --exclude-ics dates are read in (default: --tz)"
+    )
+    preview.add_argument(
+        "--json", action="store_true", help='JSON: {"fires": [{"utc", "local", "rule"}], "excluded", "excluded_dates"}'
+    )
     preview.set_defaults(func=cmd_preview)
 
     def one_schedule(name: str, help_text: str, func) -> argparse.ArgumentParser:  # type: ignore[no-untyped-def]
@@ -233,6 +305,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     one_schedule("resume", "fire again from the durable cursor", _lifecycle("resume_schedule"))
     one_schedule("cancel", "stop for good; history stays readable", _lifecycle("cancel_schedule"))
     one_schedule("history", "every version of the schedule", cmd_history)
+    upcoming = one_schedule(
+        "upcoming", "the next fires of a stored schedule, with its calendar and runs left", cmd_upcoming
+    )
+    upcoming.add_argument("-n", type=int, default=10, help="how many fires (default 10, at most 1000)")
+    upcoming.add_argument("--from", dest="from_", help="after this instant (default: now)")
     occurrences = one_schedule("occurrences", "the schedule's occurrences, oldest first", cmd_occurrences)
     occurrences.add_argument("--cursor", help="next_cursor of the previous page")
     occurrences.add_argument("--limit", type=int, default=50)
@@ -257,6 +334,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     update.add_argument("--anchor")
     update.add_argument("--start-at", dest="start_at")
     update.add_argument("--end-at", dest="end_at")
+    update.add_argument("--calendar", dest="exclusion_calendar", help="use this exclusion calendar from now on")
+    update.add_argument("--no-calendar", dest="no_calendar", action="store_true", help="stop excluding dates")
+    update.add_argument("--max-runs", dest="max_runs", type=int, help="complete after this many runs in all")
+    update.add_argument("--no-max-runs", dest="no_max_runs", action="store_true", help="no run limit")
 
     listing = actions.add_parser("list", help="a tenant's schedules, in creation order")
     listing.add_argument("--tenant", required=True)
@@ -266,3 +347,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     listing.add_argument("--limit", type=int, default=50)
     listing.add_argument("--json", action="store_true", help="print compact JSON")
     listing.set_defaults(func=cmd_list)
+
+    from engine.cli import schedule_operations  # backfill, trigger, timeline, import (imports this module)
+
+    schedule_operations.register(actions)

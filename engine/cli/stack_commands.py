@@ -9,6 +9,12 @@ import os
 import socket
 from datetime import timedelta
 
+from consumers.printer import printing_consumer
+from engine.api.server import bind
+from engine.cli import stop_on_signals
+from engine.cli.consume_command import consumer_config
+from engine.cli.embedded.brokers import BROKER_KINDS, BROKER_NAMES, BrokerKind
+from engine.cli.embedded.stack import EmbeddedStack, Endpoints
 from engine.cli.endpoints import (
     STATE_FILE,
     StackState,
@@ -20,15 +26,9 @@ from engine.cli.endpoints import (
     write_state,
 )
 from engine.cli.endpoints import home as stack_home
-from engine.cli import stop_on_signals
-from engine.api.server import bind
-from engine.cli.consume_command import consumer_config
 from engine.control.schedules import ControlPlane
-from engine.loops.service import ALL_ROLES, ENGINE_ROLES, Role, ServiceConfig, migrate, run_services
-from engine.cli.embedded.brokers import BROKER_KINDS, BROKER_NAMES, BrokerKind
-from engine.cli.embedded.stack import EmbeddedStack, Endpoints
 from engine.control.tenants import create_tenant
-from consumers.printer import printing_consumer
+from engine.loops.service import ALL_ROLES, API_ROLES, ENGINE_ROLES, Role, ServiceConfig, migrate, run_services
 from schemas.connections import create_pool
 from schemas.errors import ChronoqError, Conflict
 from schemas.messages import format_instant
@@ -82,6 +82,8 @@ async def _up(demo: bool, api_host: str, api_port: int, kafka: BrokerKind) -> in
             flush=True,
         )
         print(f"  api:       {api_url}  (OpenAPI at {api_url}/openapi.json)", flush=True)
+        print(f"  console:   {api_url}/ui  (sign in with a tenant's API token or `chronoq operator token`)", flush=True)
+        print(f"  metrics:   {api_url}/metrics", flush=True)
         if stack is not None:
             print(f"  state:     {home / STATE_FILE}", flush=True)
         if applied:
@@ -107,7 +109,7 @@ async def _up(demo: bool, api_host: str, api_port: int, kafka: BrokerKind) -> in
         finally:
             stop.set()
             results = await asyncio.gather(*tasks, return_exceptions=True)
-            for task, result in zip(tasks, results):
+            for task, result in zip(tasks, results, strict=True):
                 if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
                     log.error(
                         "component failed",
@@ -175,12 +177,16 @@ async def _run_demo(endpoints: Endpoints, stop: asyncio.Event) -> None:
 
 
 def bind_api(host: str, port: int) -> socket.socket:
+    return bind_port(host, port, "--api-port")
+
+
+def bind_port(host: str, port: int, flag: str) -> socket.socket:
     try:
         return bind(host, port)
     except OSError as err:
         raise ChronoqError(
             f"cannot listen on {host}:{port} ({err.strerror}); is another chronoq running?"
-            " Choose another port with --api-port (0 picks a free one)"
+            f" Choose another port with {flag} (0 picks a free one)"
         ) from err
 
 
@@ -198,7 +204,7 @@ def cmd_api(args: argparse.Namespace) -> int:
         stop_on_signals(stop)
         sock = bind_api(args.api_host, args.api_port)
         print("chronoq api on http://{}:{}".format(*sock.getsockname()[:2]), flush=True)
-        await run_services(database_url, None, stop, ServiceConfig(roles=frozenset({Role.API}), api_socket=sock))
+        await run_services(database_url, None, stop, ServiceConfig(roles=API_ROLES, api_socket=sock))
 
     asyncio.run(main())
     return 0
@@ -210,19 +216,27 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_roles(roles: frozenset[Role], service_name: str) -> int:
-    """Run ``roles`` against the configured stack until SIGINT/SIGTERM."""
+def run_roles(
+    roles: frozenset[Role], service_name: str, metrics_port: int | None = None, metrics_host: str = "127.0.0.1"
+) -> int:
+    """Run ``roles`` against the configured stack until SIGINT/SIGTERM (and /metrics on ``metrics_port``)."""
     configure_telemetry(service_name)
     endpoints = resolve_endpoints()
 
     async def main() -> None:
         stop = asyncio.Event()
         stop_on_signals(stop)
+        metrics_socket = None
+        if metrics_port is not None:
+            metrics_socket = bind_port(metrics_host, metrics_port, "--metrics-port")
+            print("metrics on http://{}:{}/metrics".format(*metrics_socket.getsockname()[:2]), flush=True)
         await run_services(
             endpoints.database_url,
             endpoints.kafka_bootstrap,
             stop,
-            ServiceConfig(roles=roles, idempotent_publisher=endpoints.idempotent_producer),
+            ServiceConfig(
+                roles=roles, metrics_socket=metrics_socket, idempotent_publisher=endpoints.idempotent_producer
+            ),
         )
 
     asyncio.run(main())
@@ -243,9 +257,12 @@ CHRONOQ_KAFKA_BOOTSTRAP, or a running `chronoq up`) until SIGINT or SIGTERM:
   reaper         time out expired attempt leases: retry or dead-letter
   overlap-gate   dispatch, hold or skip occurrences of skip_if_running/queue_one schedules
   commands       apply signed scheduling commands from chronoq.commands
+  gauges         record the backlog gauges (due, outbox, queue age, overlap held, DLQ) every 5 s
 
 The relay (outbox -> Kafka) and the HTTP API run as their own processes:
-`chronoq relay` and `chronoq api`. Several engine processes may run at once."""
+`chronoq relay` and `chronoq api`. Several engine processes may run at once.
+With --metrics-port N the process serves its metrics at http://HOST:N/metrics
+(Prometheus text format; the API serves /metrics on its own port)."""
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -272,15 +289,33 @@ def register(commands: argparse._SubParsersAction) -> None:
     _api_flags(api)
     api.set_defaults(func=cmd_api)
     commands.add_parser("migrate", help="apply the engine's database migrations").set_defaults(func=cmd_migrate)
-    commands.add_parser(
+    engine = commands.add_parser(
         "engine",
         help="run the engine loops: materializer, attempts, reaper, overlap gate, commands",
         description=ENGINE_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    ).set_defaults(func=lambda args: run_roles(ENGINE_ROLES, "chronoq-engine"))
-    commands.add_parser(
+    )
+    _metrics_flags(engine)
+    engine.set_defaults(
+        func=lambda args: run_roles(ENGINE_ROLES, "chronoq-engine", args.metrics_port, args.metrics_host)
+    )
+    relay = commands.add_parser(
         "relay",
         help="run the outbox relay: due outbox rows -> Kafka",
         description="Publish due outbox rows to Kafka, at least once, against the configured stack"
         " (CHRONOQ_DATABASE_URL and CHRONOQ_KAFKA_BOOTSTRAP, or a running `chronoq up`).",
-    ).set_defaults(func=lambda args: run_roles(frozenset({Role.RELAY}), "chronoq-relay"))
+    )
+    _metrics_flags(relay)
+    relay.set_defaults(
+        func=lambda args: run_roles(frozenset({Role.RELAY}), "chronoq-relay", args.metrics_port, args.metrics_host)
+    )
+
+
+def _metrics_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve /metrics (Prometheus text format) on this port (0 = any free port)",
+    )
+    parser.add_argument("--metrics-host", default="127.0.0.1", help="address of /metrics (default 127.0.0.1)")

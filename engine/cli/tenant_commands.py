@@ -6,8 +6,8 @@ import argparse
 import asyncio
 from dataclasses import fields
 
-from engine.cli.endpoints import resolve_database_url
 from engine.cli import print_json
+from engine.cli.endpoints import resolve_database_url
 from engine.control.quotas import TenantQuotas
 from engine.control.tenants import create_tenant
 from schemas.connections import create_pool

@@ -27,9 +27,10 @@ import asyncio
 import logging
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Sequence
+from typing import Any
 
 import asyncpg
 from aiokafka.structs import ConsumerRecord

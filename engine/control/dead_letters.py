@@ -23,11 +23,11 @@ from typing import Any
 import asyncpg
 
 from engine.control.identifiers import as_uuid
-from engine.rules.occurrence_states import Event, State, transition
 from engine.control.pagination import decode_cursor, key_of, page_size, split_page
 from engine.control.views import dead_letter_to_json
-from engine.loops.attempt_ledger import lock_occurrence
+from engine.loops.attempt_outcomes import lock_occurrence
 from engine.records import DeadLetter, Occurrence
+from engine.rules.occurrence_states import Event, State, transition
 from schemas.clock import Clock, DatabaseClock
 from schemas.errors import Conflict, NotFound
 from schemas.messages import MalformedMessage, OccurrenceMessage, decode_occurrence, format_instant

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import base64
 import uuid
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import orjson
 

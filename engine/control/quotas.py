@@ -2,16 +2,18 @@
 
 Enforced today, when a schedule is created or updated (:func:`check_quotas`)
 or attempts are retried: ``max_active_schedules``, ``max_fires_per_minute``,
-``max_payload_bytes`` and ``retry_budget_per_hour``. ``max_running``,
-``catch_up_per_minute`` and ``weight`` are stored with the tenant and shown,
-but nothing enforces them yet.
+``max_payload_bytes`` and ``retry_budget_per_hour``; ``catch_up_per_minute``
+paces backfills (:mod:`engine.rules.catch_up_pacing`; the materializer's
+misfire catch-up does not read it yet). ``max_running`` and ``weight`` are
+stored with the tenant and shown, but nothing enforces them yet.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 import asyncpg
 
@@ -29,7 +31,7 @@ class TenantQuotas:
     max_payload_bytes: encoded JSON payload of one schedule (default 64 KiB).
     retry_budget_per_hour: retries the tenant may spend per UTC hour (the attempt ledger spends them).
     max_running: occurrences of the tenant running at once — stored, NOT enforced yet.
-    catch_up_per_minute: occurrences a misfire catch-up may enqueue per minute — stored, NOT enforced yet.
+    catch_up_per_minute: past slots a backfill may release per minute (the misfire catch-up: not yet).
     weight: the tenant's share in weighted fair dispatch — stored, NOT enforced yet.
     """
 
@@ -51,7 +53,7 @@ class TenantQuotas:
                 )
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> "TenantQuotas":
+    def from_row(cls, row: Mapping[str, Any]) -> TenantQuotas:
         return cls(**{item.name: row[item.name] for item in fields(cls)})
 
 

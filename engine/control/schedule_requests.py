@@ -14,18 +14,21 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Mapping
+from typing import Any
 
 import orjson
 
+from engine.control.calendar_requests import validate_calendar_name
 from engine.rules import timing
 from engine.rules.cron_expression import MAX_EXPRESSION_LENGTH, normalize_cron, parse_cron
+from engine.rules.exclusion_calendars import ExclusionCalendar
 from engine.rules.overlap_policy import POLICIES as OVERLAP_POLICIES
-from engine.rules.timing.instants import DAY, MICROSECOND, iso, parse_instant
+from engine.rules.timing.instants import CEILING, DAY, MICROSECOND, UTC, iso, parse_instant
 from engine.rules.timing.spec import DST_GAP_CHOICES, DST_REPEAT_CHOICES, KINDS, Kind, TimeSpec
-from engine.rules.timing.zones import validate_zone
+from engine.rules.timing.zones import validate_zone, zone_info
 from schemas.errors import InvalidInput
 from schemas.messages import format_instant
 from schemas.topics import validate_target
@@ -56,6 +59,24 @@ SCHEDULE_FIELDS = frozenset(
         "start_at",
         "end_at",
         "anchor",
+        "exclusion_calendar",
+        "max_runs",
+    }
+)
+MAX_RUNS = 1_000_000_000
+#: The fields a preview of a definition takes (besides ``from`` and ``count``).
+PREVIEW_FIELDS = frozenset(
+    {
+        "kind",
+        "expression",
+        "time_zone",
+        "dst_repeat",
+        "dst_gap",
+        "anchor",
+        "start_at",
+        "end_at",
+        "exclusion_calendar",
+        "max_runs",
     }
 )
 
@@ -76,6 +97,8 @@ class ScheduleRequest:
     retry_base: timedelta = timedelta(seconds=1)
     retry_cap: timedelta = timedelta(minutes=5)
     deadline: timedelta | None = None
+    calendar_name: str | None = None  # the tenant's exclusion calendar, resolved by the control plane
+    max_runs: int | None = None  # the schedule completes after this many runs
 
 
 def parse_schedule_request(raw: Mapping[str, Any], *, max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> ScheduleRequest:
@@ -107,6 +130,35 @@ def parse_schedule_request(raw: Mapping[str, Any], *, max_payload_bytes: int = M
     target = validate_target(raw.get("target"))
     payload = validate_payload(raw.get("payload", {}), max_payload_bytes)
     priority = _choice(raw, "priority", PRIORITIES, "strict")
+    window = _flexible_window(raw, priority)
+    misfire_text, misfire = _misfire(raw)
+    overlap = _choice(raw, "overlap_policy", OVERLAP_POLICIES, "allow")
+    max_attempts, retry_base, retry_cap, deadline = _retries(raw)
+    return ScheduleRequest(
+        spec=spec,
+        target=target,
+        payload=payload,
+        priority=priority,
+        flexible_window=window,
+        misfire=misfire,
+        misfire_text=misfire_text,
+        overlap_policy=overlap,
+        max_attempts=max_attempts,
+        retry_base=retry_base,
+        retry_cap=retry_cap,
+        deadline=deadline,
+        calendar_name=_calendar_name(raw),
+        max_runs=parse_max_runs(raw.get("max_runs")),
+    )
+
+
+def _calendar_name(raw: Mapping[str, Any]) -> str | None:
+    """The name of the tenant's exclusion calendar (resolved, tenant-scoped, by the control plane)."""
+    name = raw.get("exclusion_calendar")
+    return validate_calendar_name(name, "exclusion_calendar") if name is not None else None
+
+
+def _flexible_window(raw: Mapping[str, Any], priority: str) -> timedelta:
     window = _duration(raw, "flexible_window", timedelta(0))
     assert window is not None
     if priority == "flexible" and window <= timedelta(0):
@@ -115,14 +167,23 @@ def parse_schedule_request(raw: Mapping[str, Any], *, max_payload_bytes: int = M
         raise InvalidInput("flexible_window", "applies only to priority=flexible", "5m")
     if window > timedelta(hours=24):
         raise InvalidInput("flexible_window", "must be at most 24h", "5m")
+    return window
+
+
+def _misfire(raw: Mapping[str, Any]) -> tuple[str, timing.MisfirePolicy]:
+    """The misfire policy as written (stripped) and parsed, with max_lateness in seconds or as a duration."""
     misfire_text = raw.get("misfire_policy") or "fire_once"
     if not isinstance(misfire_text, str):
         raise InvalidInput("misfire_policy", "must be skip, fire_once or catch_up:K", "catch_up:3")
     max_lateness = raw.get("max_lateness")
     if isinstance(max_lateness, (int, float)) and not isinstance(max_lateness, bool):
         max_lateness = timedelta(seconds=max_lateness)
-    misfire = timing.parse_misfire_policy(misfire_text, max_lateness)
-    overlap = _choice(raw, "overlap_policy", OVERLAP_POLICIES, "allow")
+    # Anything else but a duration string, a timedelta or None is rejected by the parser, naming the field.
+    return misfire_text.strip(), timing.parse_misfire_policy(misfire_text, max_lateness)
+
+
+def _retries(raw: Mapping[str, Any]) -> tuple[int, timedelta, timedelta, timedelta | None]:
+    """max_attempts, retry_base, retry_cap and deadline."""
     max_attempts = raw.get("max_attempts", 3)
     if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or not 1 <= max_attempts <= 100:
         raise InvalidInput("max_attempts", "must be an integer from 1 to 100", "5")
@@ -136,20 +197,16 @@ def parse_schedule_request(raw: Mapping[str, Any], *, max_payload_bytes: int = M
     deadline = _duration(raw, "deadline", None)
     if deadline is not None and deadline <= timedelta(0):
         raise InvalidInput("deadline", "must be positive", "1h")
-    return ScheduleRequest(
-        spec=spec,
-        target=target,
-        payload=payload,
-        priority=priority,
-        flexible_window=window,
-        misfire=misfire,
-        misfire_text=misfire_text.strip(),
-        overlap_policy=overlap,
-        max_attempts=max_attempts,
-        retry_base=retry_base,
-        retry_cap=retry_cap,
-        deadline=deadline,
-    )
+    return max_attempts, retry_base, retry_cap, deadline
+
+
+def parse_max_runs(value: object) -> int | None:
+    """``max_runs``: absent/null (no limit) or an integer from 1 to 10^9."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_RUNS:
+        raise InvalidInput("max_runs", f"must be an integer from 1 to {MAX_RUNS} (or null for no limit)", "12")
+    return value
 
 
 def check_changes(changes: Mapping[str, Any]) -> None:
@@ -247,13 +304,23 @@ def validate_payload(payload: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> Any:
     return payload
 
 
-def preview_fires(raw: Mapping[str, Any], after: datetime, count: int) -> list[dict[str, str]]:
-    """The next ``count`` fires strictly after ``after`` of a schedule definition.
+def preview_fires(
+    raw: Mapping[str, Any], after: datetime, count: int, *, calendar: ExclusionCalendar | None = None, runs: int = 0
+) -> dict[str, Any]:
+    """The next ``count`` fires strictly after ``after`` of a schedule definition, and what is excluded.
 
     Uses the same rules as create: a rate without an anchor is anchored at
     ``after`` (whole seconds), as a schedule created at that instant would be.
-    Each fire is ``{"utc": ..., "local": ...}`` in ISO 8601 (local with its
-    offset in the schedule's zone).
+    ``calendar`` is the definition's exclusion calendar (the caller resolves
+    ``exclusion_calendar`` in the tenant); ``runs`` are the runs already
+    counted against ``max_runs`` (a stored schedule's).
+
+    Returns ``{"fires": [{"utc", "local", "rule"}], "excluded": [{"utc",
+    "local", "date", "label"}], "excluded_dates": [{"start", "end", "label"}]}``
+    and, with ``max_runs``, ``"runs_left"``. Local times carry their offset in
+    the schedule's zone; ``excluded`` lists the fires the calendar removes in
+    the window the fires span (at most :data:`MAX_PREVIEW`),
+    ``excluded_dates`` the calendar's entries in that window.
     """
     if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_PREVIEW:
         raise InvalidInput("count", f"must be an integer from 1 to {MAX_PREVIEW}", "10")
@@ -267,7 +334,7 @@ def preview_fires(raw: Mapping[str, Any], after: datetime, count: int) -> list[d
     anchor = raw.get("anchor")
     if kind == "rate" and anchor is None:
         anchor = after.replace(microsecond=0)
-    spec = build_time_spec(
+    plain = build_time_spec(
         kind,
         expression,
         raw.get("time_zone"),
@@ -277,10 +344,39 @@ def preview_fires(raw: Mapping[str, Any], after: datetime, count: int) -> list[d
         start_at=raw.get("start_at"),
         end_at=raw.get("end_at"),
     )
-    return [
-        {"utc": format_instant(fire.utc), "local": fire.local.isoformat()}
-        for fire in timing.preview(spec, after, count)
-    ]
+    max_runs = parse_max_runs(raw.get("max_runs"))
+    runs_left = max(max_runs - runs, 0) if max_runs is not None else None
+    spec = dataclasses.replace(plain, calendar=calendar)
+    fires = timing.preview(spec, after, min(count, runs_left) if runs_left is not None else count)
+    result: dict[str, Any] = {
+        "fires": [{"utc": format_instant(f.utc), "local": f.local.isoformat(), "rule": f.rule} for f in fires]
+    }
+    if runs_left is not None:
+        result["runs_left"] = runs_left
+    result["excluded"], result["excluded_dates"] = [], []
+    if calendar is not None:
+        window_end: datetime | None = fires[-1].utc if fires else None
+        if len(fires) < count and (runs_left is None or len(fires) < runs_left):
+            # Exhausted before `count` fires: the window reaches the last slot the definition has.
+            window_end = timing.previous_fire_before(plain, CEILING.replace(tzinfo=UTC)) or window_end
+        if window_end is not None:
+            slots = timing.excluded_slots(spec, calendar, after, window_end, limit=MAX_PREVIEW)
+            result["excluded"] = [
+                {
+                    "utc": format_instant(s.utc),
+                    "local": s.local.isoformat(),
+                    "date": s.date.isoformat(),
+                    "label": s.label,
+                }
+                for s in slots
+            ]
+            clock = zone_info(calendar.zone_for(plain.time_zone))
+            first, last = after.astimezone(clock).date(), window_end.astimezone(clock).date()
+            result["excluded_dates"] = [
+                {"start": e.start.isoformat(), "end": e.end.isoformat(), "label": e.label}
+                for e in calendar.entries_between(first, last)
+            ]
+    return result
 
 
 def build_time_spec(
@@ -300,34 +396,10 @@ def build_time_spec(
     past is accepted: whether it is too late is decided with the control
     plane's clock, not here.
     """
-    if not isinstance(kind, str) or kind.strip() not in KINDS:
-        shown = kind.strip()[:40] if isinstance(kind, str) else type(kind).__name__
-        raise InvalidInput("kind", f"must be once, cron or rate; got {shown!r}", "cron")
-    kind_value: Kind = kind.strip()  # type: ignore[assignment]
-    examples = {"cron": "0 9 * * MON-FRI", "rate": "15m", "once": "2027-03-01T09:00:00Z"}
-    if not isinstance(expression, str):
-        raise InvalidInput("expression", f"must be a string, got {type(expression).__name__}", examples[kind_value])
-    stripped = expression.strip()
-    if len(stripped) > MAX_EXPRESSION_LENGTH:
-        raise InvalidInput(
-            "expression",
-            f"is {len(stripped)} characters long; the limit is {MAX_EXPRESSION_LENGTH}",
-            examples[kind_value],
-        )
-    if not stripped:
-        raise InvalidInput("expression", "is empty", examples[kind_value])
+    kind_value = _kind(kind)
+    stripped = _expression_text(expression, kind_value)
     zone_key = validate_zone(time_zone if time_zone is not None else "UTC")
-    repeat = _time_choice("dst_repeat", dst_repeat, DST_REPEAT_CHOICES)
-    gap = _time_choice("dst_gap", dst_gap, DST_GAP_CHOICES)
-    if kind_value != "cron":
-        if repeat != "first":
-            raise InvalidInput(
-                "dst_repeat", f"applies only to kind cron ({kind_value} ignores wall-clock time); leave it out", "first"
-            )
-        if gap != "skip":
-            raise InvalidInput(
-                "dst_gap", f"applies only to kind cron ({kind_value} ignores wall-clock time); leave it out", "skip"
-            )
+    repeat, gap = _dst_options(kind_value, dst_repeat, dst_gap)
     anchor_at = parse_instant(anchor, "anchor") if anchor is not None else None
     if anchor_at is not None and kind_value != "rate":
         raise InvalidInput("anchor", "applies only to kind rate; leave it out", "2027-01-01T00:00:00Z")
@@ -335,26 +407,7 @@ def build_time_spec(
     end = parse_instant(end_at, "end_at") if end_at is not None else None
     if start is not None and end is not None and end < start:
         raise InvalidInput("end_at", f"{iso(end)} is before start_at {iso(start)}", iso(start + DAY))
-
-    if kind_value == "cron":
-        text = normalize_cron(stripped)
-        parse_cron(text)
-    elif kind_value == "rate":
-        text = stripped
-        period = timing.parse_duration(text, "expression")
-        if period <= timedelta(0):
-            raise InvalidInput("expression", "a rate period must be at least 1s", "15m")
-    else:
-        text = stripped
-        instant = parse_instant(text, "expression")
-        if start is not None and instant < start:
-            raise InvalidInput(
-                "start_at", f"is after the one-time instant {iso(instant)}; the schedule could never fire", iso(instant)
-            )
-        if end is not None and instant > end:
-            raise InvalidInput(
-                "end_at", f"is before the one-time instant {iso(instant)}; the schedule could never fire", iso(instant)
-            )
+    text = _normalized_expression(kind_value, stripped, start, end)
     spec = TimeSpec(kind_value, text, zone_key, repeat, gap, anchor_at, start, end)  # type: ignore[arg-type]
     if kind_value != "once" and start is not None and end is not None:
         if timing.next_fire_after(spec, start - MICROSECOND) is None:
@@ -364,6 +417,69 @@ def build_time_spec(
                 iso(end + timedelta(days=30)),
             )
     return spec
+
+
+_EXAMPLES = {"cron": "0 9 * * MON-FRI", "rate": "15m", "once": "2027-03-01T09:00:00Z"}
+
+
+def _kind(kind: object) -> Kind:
+    if not isinstance(kind, str) or kind.strip() not in KINDS:
+        shown = kind.strip()[:40] if isinstance(kind, str) else type(kind).__name__
+        raise InvalidInput("kind", f"must be once, cron or rate; got {shown!r}", "cron")
+    return kind.strip()  # type: ignore[return-value]
+
+
+def _expression_text(expression: object, kind: Kind) -> str:
+    """The expression stripped, or InvalidInput when it is not a string, too long or empty."""
+    if not isinstance(expression, str):
+        raise InvalidInput("expression", f"must be a string, got {type(expression).__name__}", _EXAMPLES[kind])
+    stripped = expression.strip()
+    if len(stripped) > MAX_EXPRESSION_LENGTH:
+        raise InvalidInput(
+            "expression", f"is {len(stripped)} characters long; the limit is {MAX_EXPRESSION_LENGTH}", _EXAMPLES[kind]
+        )
+    if not stripped:
+        raise InvalidInput("expression", "is empty", _EXAMPLES[kind])
+    return stripped
+
+
+def _dst_options(kind: Kind, dst_repeat: object, dst_gap: object) -> tuple[str, str]:
+    """dst_repeat and dst_gap (defaults first/skip); anything else applies only to cron."""
+    repeat = _time_choice("dst_repeat", dst_repeat, DST_REPEAT_CHOICES)
+    gap = _time_choice("dst_gap", dst_gap, DST_GAP_CHOICES)
+    if kind != "cron":
+        if repeat != "first":
+            raise InvalidInput(
+                "dst_repeat", f"applies only to kind cron ({kind} ignores wall-clock time); leave it out", "first"
+            )
+        if gap != "skip":
+            raise InvalidInput(
+                "dst_gap", f"applies only to kind cron ({kind} ignores wall-clock time); leave it out", "skip"
+            )
+    return repeat, gap
+
+
+def _normalized_expression(kind: Kind, stripped: str, start: datetime | None, end: datetime | None) -> str:
+    """The expression as stored: cron normalized and parsed, a rate's period checked, a one-time instant
+    checked against the bounds."""
+    if kind == "cron":
+        text = normalize_cron(stripped)
+        parse_cron(text)
+        return text
+    if kind == "rate":
+        if timing.parse_duration(stripped, "expression") <= timedelta(0):
+            raise InvalidInput("expression", "a rate period must be at least 1s", "15m")
+        return stripped
+    instant = parse_instant(stripped, "expression")
+    if start is not None and instant < start:
+        raise InvalidInput(
+            "start_at", f"is after the one-time instant {iso(instant)}; the schedule could never fire", iso(instant)
+        )
+    if end is not None and instant > end:
+        raise InvalidInput(
+            "end_at", f"is before the one-time instant {iso(instant)}; the schedule could never fire", iso(instant)
+        )
+    return stripped
 
 
 def _time_choice(field: str, value: object, choices: tuple[str, ...]) -> str:

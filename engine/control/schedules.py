@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import uuid
+from collections.abc import AsyncIterator, Mapping
 from datetime import datetime
-from typing import Any, AsyncIterator, Mapping
+from typing import Any
 
 import asyncpg
 
+from engine.control.calendars import calendar_by_id, reference_calendar
 from engine.control.identifiers import as_uuid
 from engine.control.pagination import decode_cursor, key_of, page_size, split_page, text_filter
 from engine.control.quotas import check_quotas
@@ -27,6 +29,7 @@ from engine.control.schedule_requests import (
     first_fire,
     parse_changed_request,
     parse_schedule_request,
+    preview_fires,
     request_hash,
     validate_idempotency_key,
 )
@@ -105,6 +108,7 @@ class ControlPlane:
         async with self._transaction(conn) as conn:
             tenant = await lock_tenant(conn, tenant_id)
             request = parse_schedule_request(raw, max_payload_bytes=tenant.quotas.max_payload_bytes)
+            calendar = await _calendar_columns(conn, tenant_id, request)
             now = await self.now(conn)
             request = anchored(request, now)
             next_run_at = first_fire(request, now)
@@ -116,7 +120,8 @@ class ControlPlane:
                     *QUERIES.insert_schedule(
                         schedule_id=schedule_id,
                         tenant_id=tenant_id,
-                        **_definition_columns(request),
+                        **definition_columns(request),
+                        **calendar,
                         next_run_at=next_run_at,
                         state="active",
                         shard=shard_of(schedule_id),
@@ -133,7 +138,7 @@ class ControlPlane:
                         *QUERIES.get_schedule_by_key(tenant_id=tenant_id, created_by_key=idempotency_key)
                     )
                 )
-                assert existing is not None
+                assert existing is not None and idempotency_key is not None  # no key: no conflict possible
                 return _replayed(existing, body_hash, idempotency_key)
             await self._record(conn, created, "create")
         return schedule_to_json(created)
@@ -235,6 +240,7 @@ class ControlPlane:
             request = parse_changed_request(
                 definition_of(row), changes, max_payload_bytes=tenant.quotas.max_payload_bytes
             )
+            calendar = await _calendar_columns(conn, tenant_id, request)
             now = await self.now(conn)
             request = anchored(request, now)
             next_run_at = first_fire(request, now)
@@ -245,7 +251,8 @@ class ControlPlane:
                     *QUERIES.replace_schedule(
                         schedule_id=row.schedule_id,
                         tenant_id=tenant_id,
-                        **_definition_columns(request),
+                        **definition_columns(request),
+                        **calendar,
                         next_run_at=next_run_at,
                         state=state,
                         fires_per_minute=rate,
@@ -254,6 +261,15 @@ class ControlPlane:
                 )
             )
             canceled = await self._invalidate_older_versions(conn, updated.schedule_id, updated.version)
+            updated = await self._give_back_runs(conn, updated, canceled)
+            if request.max_runs is not None and request.max_runs <= updated.runs:
+                # Raised inside the transaction: the new version and the cancellations roll back.
+                raise InvalidInput(
+                    "max_runs",
+                    f"the schedule has already run {updated.runs} times; give more"
+                    f" than {updated.runs}, or cancel the schedule",
+                    str(updated.runs + 1),
+                )
             await self._record(conn, updated, "update")
         return {**schedule_to_json(updated), "canceled_occurrences": canceled["canceled"]}
 
@@ -301,6 +317,7 @@ class ControlPlane:
                     )
                 )
             )
+            updated = await self._give_back_runs(conn, updated, canceled)
             await self._record(conn, updated, action)
         return {**schedule_to_json(updated), "canceled_occurrences": canceled["canceled"]}
 
@@ -323,6 +340,38 @@ class ControlPlane:
                 schedule_id=schedule_id, new_version=new_version, now=self.clock.now()
             )
         )
+
+    async def _give_back_runs(self, conn: asyncpg.Connection, row: Schedule, canceled: asyncpg.Record) -> Schedule:
+        """Canceled occurrences that never started were not runs: max_runs does not count them."""
+        if not canceled["never_started"]:
+            return row
+        return Schedule.from_row(
+            await conn.fetchrow(*QUERIES.give_back_runs(schedule_id=row.schedule_id, count=canceled["never_started"]))
+        )
+
+    async def preview_schedule(
+        self, tenant_id: str, schedule_id: uuid.UUID | str, *, after: datetime | None = None, count: int = 10
+    ) -> dict[str, Any]:
+        """The next fires of a stored schedule after ``after`` (default: now) under its definition, its
+        calendar's current version and the runs it has left (see ``preview_fires``)."""
+        schedule = _schedule(
+            await self.pool.fetchrow(
+                *QUERIES.get_schedule(schedule_id=as_uuid(schedule_id, "schedule"), tenant_id=tenant_id)
+            )
+        )
+        if schedule is None:
+            raise NotFound("schedule", schedule_id)
+        if after is None:
+            after = await self.now()
+        calendar = (
+            await calendar_by_id(self.pool, tenant_id, schedule.calendar_id)
+            if schedule.calendar_id is not None
+            else None
+        )
+        preview = preview_fires(definition_of(schedule), after, count, calendar=calendar, runs=schedule.runs)
+        if schedule.state not in ("active", "paused"):
+            preview = {**preview, "fires": [], "excluded": []}  # a finished schedule fires no more
+        return {"schedule_id": str(schedule.schedule_id), "state": schedule.state, **preview}
 
     async def _record(self, conn: asyncpg.Connection, row: Schedule, change: str) -> None:
         """Version history row + schedule state message, in the change's transaction."""
@@ -351,7 +400,7 @@ class ControlPlane:
         )
 
 
-def _definition_columns(request: ScheduleRequest) -> dict[str, Any]:
+def definition_columns(request: ScheduleRequest) -> dict[str, Any]:
     """The schedules columns a request defines (insert_schedule and replace_schedule take them by name)."""
     spec = request.spec
     return {
@@ -379,6 +428,14 @@ def _definition_columns(request: ScheduleRequest) -> dict[str, Any]:
 
 def _schedule(row: asyncpg.Record | None) -> Schedule | None:
     return Schedule.from_row(row) if row is not None else None
+
+
+async def _calendar_columns(conn: asyncpg.Connection, tenant_id: str, request: ScheduleRequest) -> dict[str, Any]:
+    """The calendar reference and run limit columns; another tenant's calendar is simply not found (404)."""
+    if request.calendar_name is None:
+        return {"calendar_id": None, "calendar_name": None, "max_runs": request.max_runs}
+    calendar = await reference_calendar(conn, tenant_id, request.calendar_name)
+    return {"calendar_id": calendar.calendar_id, "calendar_name": calendar.name, "max_runs": request.max_runs}
 
 
 def _replayed(existing: Schedule, request_hash: str, key: str) -> dict[str, Any]:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import asyncpg
 
@@ -36,7 +37,7 @@ class Tenant:
     signing_key: bytes
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> "Tenant":
+    def from_row(cls, row: Mapping[str, Any]) -> Tenant:
         return cls(row["tenant_id"], row["state"], TenantQuotas.from_row(row), bytes(row["signing_key"]))
 
     def to_json(self) -> dict[str, Any]:

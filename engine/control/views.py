@@ -58,6 +58,9 @@ def schedule_to_json(schedule: Schedule) -> dict[str, Any]:
         "retry_base": schedule.retry_base_s,
         "retry_cap": schedule.retry_cap_s,
         "deadline": schedule.deadline_s,
+        "exclusion_calendar": schedule.calendar_name,
+        "max_runs": schedule.max_runs,
+        "runs": schedule.runs,
         "created_at": instant(schedule.created_at),
         "updated_at": instant(schedule.updated_at),
     }
@@ -95,6 +98,8 @@ def occurrence_to_json(occurrence: Occurrence) -> dict[str, Any]:
         "enqueued_at": instant(occurrence.enqueued_at),
         "created_at": instant(occurrence.created_at),
         "updated_at": instant(occurrence.updated_at),
+        "origin": occurrence.origin,
+        "requested_by": occurrence.requested_by,
     }
 
 

@@ -1,8 +1,12 @@
-"""The engine side of attempts: consume attempt events, move occurrence and attempt state.
+"""The attempt ledger: what each attempt event does to its occurrence.
 
 Consumer runtimes report every delivery on ``chronoq.attempts`` (see
-``schemas/attempt_events.py``); this processor applies each event to the
-occurrence under a row lock, following ``engine.rules.occurrence_states``:
+``schemas/attempt_events.py``); the attempt processor
+(:mod:`engine.loops.attempt_processor`) hands each event to
+:meth:`AttemptLedger.apply`, which applies it to the occurrence under a row
+lock, following ``engine.rules.occurrence_states`` (how an attempt's end
+becomes a retry, a dead letter or a final state is
+:mod:`engine.loops.attempt_outcomes`, shared with the reaper):
 
 * ``started`` opens an attempt with the consumer's fresh lease token and makes
   it current (ENQUEUED → RUNNING). It is accepted for the next delivery
@@ -35,34 +39,30 @@ after it, so a crash in between re-applies events, which are idempotent.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 import uuid
-from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
-from typing import Any
 
 import asyncpg
-from opentelemetry import metrics
 
-from engine.control.quotas import DEFAULT_RETRY_BUDGET
-from engine.rules.occurrence_states import Event, State, allowed, transition
+from engine.loops.attempt_outcomes import (
+    AttemptMetrics,
+    AttemptOutcomes,
+    AttemptStats,
+    Failure,
+    ids_of,
+    lock_occurrence,
+)
 from engine.records import Attempt, LockedOccurrence
-from engine.rules.retry_policy import RetryDecision, decide_retry, spend_budget
+from engine.rules.occurrence_states import Event, State, allowed, transition
 from schemas import attempt_events as events
-from schemas import observability as obs
 from schemas.attempt_events import AttemptEvent
 from schemas.clock import Clock
-from schemas.dead_letter_messages import DeadOccurrenceMessage
-from schemas.messages import MalformedMessage, OccurrenceMessage, decode_occurrence
 from schemas.queries import QUERIES
-from schemas.topics import DEAD_LETTER_TOPIC, occurrence_topic, partition_key
 
 log = logging.getLogger("chronoq.attempts")
-
-LEASE_EXPIRED = "LeaseExpired"
 
 
 class Verdict(str, Enum):
@@ -73,50 +73,6 @@ class Verdict(str, Enum):
     UNKNOWN = "unknown"  # no such occurrence
 
 
-@dataclass
-class AttemptStats:
-    """Counts since start, by verdict and outcome (tests and ``chronoq`` status read them)."""
-
-    verdicts: dict[str, int] = field(default_factory=dict)
-    fenced_tokens: list[uuid.UUID] = field(default_factory=list)  # the last few, for diagnosis
-    retries: int = 0
-    dead: int = 0
-    poison: int = 0
-
-    def count(self, verdict: Verdict) -> None:
-        self.verdicts[verdict.value] = self.verdicts.get(verdict.value, 0) + 1
-
-    def __getitem__(self, verdict: Verdict) -> int:
-        return self.verdicts.get(verdict.value, 0)
-
-
-class AttemptMetrics:
-    """The instruments the attempt processor and the reaper share."""
-
-    def __init__(self, meter: metrics.Meter) -> None:
-        self.attempts = meter.create_counter(obs.ATTEMPTS, unit="1", description="finished attempts by result")
-        self.retries = meter.create_counter(obs.RETRIES, unit="1")
-        self.dead = meter.create_counter(obs.DEAD_LETTERS, unit="1")
-        self.fenced = meter.create_counter(obs.FENCED_EVENTS, unit="1")
-        self.lease_timeouts = meter.create_counter(obs.LEASE_TIMEOUTS, unit="1")
-        self.poison = meter.create_counter(obs.POISON_MESSAGES, unit="1")
-
-
-@dataclass(frozen=True)
-class Failure:
-    error_class: str
-    error_message: str
-    permanent: bool = False
-
-
-async def lock_occurrence(conn: asyncpg.Connection, occurrence_id: uuid.UUID) -> LockedOccurrence | None:
-    """Lock an occurrence for an attempt decision (None if there is no such occurrence)."""
-    row = await conn.fetchrow(
-        *QUERIES.lock_occurrence(occurrence_id=occurrence_id, default_retry_budget=DEFAULT_RETRY_BUDGET)
-    )
-    return LockedOccurrence.from_row(row) if row is not None else None
-
-
 class AttemptLedger:
     """The decisions about one occurrence's attempts, inside a caller's transaction.
 
@@ -124,10 +80,9 @@ class AttemptLedger:
     """
 
     def __init__(self, clock: Clock, rng: random.Random, meters: AttemptMetrics, stats: AttemptStats) -> None:
-        self.clock = clock
-        self.rng = rng
         self.meters = meters
         self.stats = stats
+        self.outcomes = AttemptOutcomes(clock, rng, meters, stats)
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -167,7 +122,7 @@ class AttemptLedger:
         if not (fresh or takeover):
             return Verdict.FENCED
         if takeover:
-            await self.finish_attempt(
+            await self.outcomes.finish_attempt(
                 conn, occ.lease_token, "fenced", now, Failure("Superseded", f"lease taken over by {event.lease_token}")
             )
         transition(state, Event.STARTED)
@@ -185,7 +140,7 @@ class AttemptLedger:
         )
         log.info(
             "attempt started",
-            extra=_ids(
+            extra=ids_of(
                 occ,
                 action="attempt.started",
                 attempt=event.attempt,
@@ -212,8 +167,8 @@ class AttemptLedger:
     ) -> Verdict:
         if not self._current(occ, event):
             return _repeat_or_fenced(known, "succeeded")
-        await self.finish_attempt(conn, event.lease_token, "succeeded", now)
-        await self._finish(conn, occ, Event.SUCCEEDED, now)
+        await self.outcomes.finish_attempt(conn, event.lease_token, "succeeded", now)
+        await self.outcomes.finish(conn, occ, Event.SUCCEEDED, now)
         return Verdict.ACCEPTED
 
     async def _failed(
@@ -222,8 +177,8 @@ class AttemptLedger:
         if not self._current(occ, event):
             return _repeat_or_fenced(known, "failed")
         failure = Failure(event.error_class or "Error", event.error_message or "", event.permanent)
-        await self.finish_attempt(conn, event.lease_token, "failed", now, failure)
-        await self.conclude_failure(conn, occ, failure, now)
+        await self.outcomes.finish_attempt(conn, event.lease_token, "failed", now, failure)
+        await self.outcomes.conclude_failure(conn, occ, failure, now)
         return Verdict.ACCEPTED
 
     async def _canceled(
@@ -232,8 +187,8 @@ class AttemptLedger:
         state = State(occ.state)
         if event.lease_token is not None:
             if self._current(occ, event):
-                await self.finish_attempt(conn, event.lease_token, "canceled", now)
-                await self._finish(conn, occ, Event.CANCEL, now)
+                await self.outcomes.finish_attempt(conn, event.lease_token, "canceled", now)
+                await self.outcomes.finish(conn, occ, Event.CANCEL, now)
                 return Verdict.ACCEPTED
             if state is State.CANCELED:
                 return Verdict.IGNORED
@@ -242,12 +197,12 @@ class AttemptLedger:
             return Verdict.IGNORED
         obsolete = occ.obsolete
         if state in (State.SCHEDULED, State.ENQUEUED, State.RETRY_WAIT) and obsolete:
-            await self._finish(conn, occ, Event.CANCEL, now)
+            await self.outcomes.finish(conn, occ, Event.CANCEL, now)
             return Verdict.ACCEPTED
         if not obsolete:
             log.warning(
                 "a consumer skipped an occurrence the engine does not consider obsolete",
-                extra=_ids(
+                extra=ids_of(
                     occ, action="attempt.cancel_unconfirmed", reason=event.reason, consumer_group=event.consumer_group
                 ),
             )
@@ -262,221 +217,32 @@ class AttemptLedger:
         if not allowed(state, Event.ALREADY_APPLIED):
             log.warning(
                 "effect applied for an occurrence in a final state",
-                extra=_ids(
+                extra=ids_of(
                     occ, action="occurrence.applied_after_final", state=state.value, applied_by=str(event.applied_by)
                 ),
             )
             return Verdict.IGNORED
         if state is State.RUNNING:
             mine = occ.lease_token == event.applied_by
-            await self.finish_attempt(
+            await self.outcomes.finish_attempt(
                 conn,
                 occ.lease_token,
                 "succeeded" if mine else "fenced",
                 now,
                 None if mine else Failure("AppliedElsewhere", f"effect applied by {event.applied_by}"),
             )
-        await self._finish(conn, occ, Event.ALREADY_APPLIED, now)
+        await self.outcomes.finish(conn, occ, Event.ALREADY_APPLIED, now)
         return Verdict.ACCEPTED
 
     # -- outcomes -------------------------------------------------------------------------------
-
-    async def conclude_failure(
-        self, conn: asyncpg.Connection, occ: LockedOccurrence, failure: Failure, now: datetime
-    ) -> State:
-        """After a failed or timed-out attempt: retry (RETRY_WAIT + outbox row), DEAD, or CANCELED."""
-        if occ.obsolete:
-            # Its schedule changed meanwhile: consumers would skip the retry anyway.
-            await self._finish(conn, occ, Event.CANCEL, now, failure)
-            return State.CANCELED
-        original = await self._original_message(conn, occ)
-        decision = decide_retry(
-            occ.retry_policy, occ.counted_attempts, failure.permanent, now, original.deadline, self.rng.random
-        )
-        if decision.retry:
-            granted = await conn.fetchval(
-                *QUERIES.spend_retry_budget(tenant_id=occ.tenant_id, per_hour=occ.retry_budget_per_hour, now=now)
-            )
-            decision = spend_budget(decision, granted is not None)
-        if decision.retry:
-            await self._schedule_retry(conn, occ, original, decision, failure, now)
-            return State.RETRY_WAIT
-        await self._dead_letter(conn, occ, original, decision, failure, now)
-        return State.DEAD
-
-    async def _schedule_retry(
-        self,
-        conn: asyncpg.Connection,
-        occ: LockedOccurrence,
-        original: OccurrenceMessage,
-        decision: RetryDecision,
-        failure: Failure,
-        now: datetime,
-    ) -> None:
-        transition(occ.state, Event.RETRY)
-        due = now + decision.delay
-        message = dataclasses.replace(original, attempt=occ.attempt_count + 1, available_at=due)
-        await conn.execute(
-            *QUERIES.insert_outbox_row(
-                occurrence_id=occ.occurrence_id,
-                tenant_id=occ.tenant_id,
-                topic=occurrence_topic(occ.target),
-                message_key=partition_key(occ.tenant_id),
-                message=message.encode(),
-                due=due,
-                now=now,
-            )
-        )
-        await conn.execute(
-            *QUERIES.wait_for_retry(
-                occurrence_id=occ.occurrence_id,
-                error_class=failure.error_class,
-                error_message=failure.error_message,
-                now=now,
-            )
-        )
-        self.stats.retries += 1
-        self.meters.retries.add(1)
-        log.info(
-            "retry scheduled",
-            extra=_ids(
-                occ,
-                action="occurrence.retry",
-                attempt=message.attempt,
-                delay_s=round(decision.delay.total_seconds(), 3),
-                error_class=failure.error_class,
-            ),
-        )
-
-    async def _dead_letter(
-        self,
-        conn: asyncpg.Connection,
-        occ: LockedOccurrence,
-        original: OccurrenceMessage,
-        decision: RetryDecision,
-        failure: Failure,
-        now: datetime,
-    ) -> None:
-        record = DeadOccurrenceMessage(
-            original,
-            occ.attempt_count,
-            decision.dead_reason or "max_attempts",
-            failure.error_class,
-            failure.error_message,
-            now,
-        )
-        await conn.execute(
-            *QUERIES.insert_outbox_row(
-                occurrence_id=occ.occurrence_id,
-                tenant_id=occ.tenant_id,
-                topic=DEAD_LETTER_TOPIC,
-                message_key=record.key,
-                message=record.encode(),
-                due=now,
-                now=now,
-            )
-        )
-        await self._finish(conn, occ, Event.DIE, now, failure, decision.dead_reason)
-        self.stats.dead += 1
-        self.meters.dead.add(1, {"reason": record.reason})
-        log.warning(
-            "occurrence is dead",
-            extra=_ids(
-                occ,
-                action="occurrence.dead",
-                reason=record.reason,
-                attempts=occ.attempt_count,
-                error_class=failure.error_class,
-            ),
-        )
-
-    async def _finish(
-        self,
-        conn: asyncpg.Connection,
-        occ: LockedOccurrence,
-        event: Event,
-        now: datetime,
-        failure: Failure | None = None,
-        dead_reason: str | None = None,
-    ) -> None:
-        final = transition(occ.state, event)
-        await conn.execute(
-            *QUERIES.finish_occurrence(
-                occurrence_id=occ.occurrence_id,
-                state=final.value,
-                error_class=failure.error_class if failure else None,
-                error_message=failure.error_message if failure else None,
-                dead_reason=dead_reason,
-                now=now,
-            )
-        )
-        await conn.execute(
-            *QUERIES.discard_pending_deliveries(
-                occurrence_id=occ.occurrence_id, topic=occurrence_topic(occ.target), now=now
-            )
-        )
-        if final is not State.DEAD:  # DEAD is logged with its reason by _dead_letter
-            log.info(
-                "occurrence finished", extra=_ids(occ, action=f"occurrence.{final.value.lower()}", event=event.value)
-            )
-
-    async def finish_attempt(
-        self,
-        conn: asyncpg.Connection,
-        token: uuid.UUID | None,
-        result: str,
-        now: datetime,
-        failure: Failure | None = None,
-    ) -> None:
-        if token is None:
-            return
-        closed = await conn.fetchrow(
-            *QUERIES.finish_attempt(
-                lease_token=token,
-                result=result,
-                error_class=failure.error_class if failure else None,
-                error_message=failure.error_message if failure else None,
-                permanent=failure.permanent if failure else None,
-                now=now,
-            )
-        )
-        if closed is not None:
-            self.meters.attempts.add(1, {"result": result})
-
-    async def _original_message(self, conn: asyncpg.Connection, occ: LockedOccurrence) -> OccurrenceMessage:
-        """The occurrence message as published (retries resend it), rebuilt from the rows if none is left."""
-        raw = await conn.fetchval(
-            *QUERIES.latest_occurrence_message(occurrence_id=occ.occurrence_id, topic=occurrence_topic(occ.target))
-        )
-        if raw:
-            try:
-                return decode_occurrence(raw)
-            except MalformedMessage:
-                log.error(
-                    "stored occurrence message is undecodable; rebuilding it",
-                    extra=_ids(occ, action="attempt.message_rebuilt"),
-                )
-        deadline = occ.deadline
-        return OccurrenceMessage(
-            occurrence_id=occ.occurrence_id,
-            schedule_id=occ.schedule_id,
-            schedule_version=occ.schedule_version,
-            tenant_id=occ.tenant_id,
-            target=occ.target,
-            scheduled_for=occ.scheduled_for,
-            available_at=occ.scheduled_for,
-            attempt=occ.attempt_count,
-            priority=occ.priority,
-            deadline=occ.scheduled_for + deadline if deadline else None,
-            payload=occ.payload,
-        )
 
     def fenced(self, event: AttemptEvent, verdict: Verdict) -> None:
         """Count and log a rejected event (called after the transaction, once per event)."""
         if verdict is not Verdict.FENCED:
             return
         self.meters.fenced.add(1, {"event": event.event})
-        self.stats.fenced_tokens = (self.stats.fenced_tokens + [event.lease_token])[-100:]  # type: ignore[list-item]
+        if event.lease_token is not None:
+            self.stats.fenced_tokens = (self.stats.fenced_tokens + [event.lease_token])[-100:]
         log.warning(
             "attempt event fenced: its lease token is not the current one",
             extra={
@@ -494,12 +260,3 @@ def _repeat_or_fenced(known: Attempt | None, result: str) -> Verdict:
     if known is not None and known.result == result:
         return Verdict.DUPLICATE
     return Verdict.FENCED
-
-
-def _ids(occ: LockedOccurrence, **extra: Any) -> dict[str, Any]:
-    return {
-        "occurrence_id": str(occ.occurrence_id),
-        "schedule_id": str(occ.schedule_id),
-        "tenant_id": occ.tenant_id,
-        **extra,
-    }

@@ -16,15 +16,16 @@ import asyncio
 import logging
 import random
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Sequence
 
 import asyncpg
 from aiokafka.structs import ConsumerRecord
 from opentelemetry import metrics, trace
 
-from engine.loops.attempt_ledger import AttemptLedger, AttemptMetrics, AttemptStats, Verdict
+from engine.loops.attempt_ledger import AttemptLedger, Verdict
+from engine.loops.attempt_outcomes import AttemptMetrics, AttemptStats
 from engine.loops.kafka_processor import KafkaLoopSettings, KafkaProcessorLoop
 from engine.loops.reporting import SUMMARY_EVERY
 from schemas import observability as obs
@@ -118,7 +119,7 @@ class AttemptProcessor:
                         )
                         verdict = Verdict.IGNORED
                     verdicts.append(verdict)
-        for event, verdict in zip(batch, verdicts):
+        for event, verdict in zip(batch, verdicts, strict=True):
             self.stats.count(verdict)
             self.ledger.fenced(event, verdict)
         return verdicts

@@ -16,7 +16,9 @@ after an outage resumes from the durable cursor with the misfire decision
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -24,11 +26,12 @@ from typing import Any
 import asyncpg
 from opentelemetry import metrics, trace
 
+from engine.loops.overlap_gate import OVERLAP_GATE_TOKEN
 from engine.loops.periodic import LoopTiming, PassOutcome, PeriodicLoop
 from engine.loops.reporting import SUMMARY_EVERY
 from engine.records import DueSchedule
 from engine.rules import timing
-from engine.loops.overlap_gate import OVERLAP_GATE_TOKEN
+from engine.rules.exclusion_calendars import ExclusionCalendar, entries_from_stored
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock
 from schemas.identity import occurrence_id
@@ -72,9 +75,48 @@ class MaterializeReport:
     occurrences: int = 0
     missed: int = 0
     missed_unlisted: int = 0
+    excluded: int = 0  # fires exclusion calendars removed
+    completed_by_runs: int = 0  # of `completed`: schedules whose last run (max_runs) was materialized
     conflicts: int = 0
     completed: int = 0
     notes: list[str] = field(default_factory=list)
+
+
+class CalendarVersions:
+    """The calendars a batch references, at their current versions, read in the batch's transaction.
+
+    The calendars' rows are share-locked, so a calendar update is ordered
+    entirely before this transaction (and used) or after it: a change applies
+    to every slot not yet materialized. A version's entries never change, so
+    they are kept across passes (bounded).
+    """
+
+    def __init__(self, capacity: int = 256) -> None:
+        self.capacity = capacity
+        self._values: dict[tuple[uuid.UUID, int], ExclusionCalendar] = {}
+
+    async def for_batch(
+        self, conn: asyncpg.Connection, schedules: list[DueSchedule]
+    ) -> dict[uuid.UUID, ExclusionCalendar]:
+        ids = sorted({s.calendar_id for s in schedules if s.calendar_id is not None})
+        if not ids:
+            return {}
+        current = await conn.fetch(*QUERIES.share_calendars_for_materialization(calendar_ids=ids))
+        wanted = [(r["calendar_id"], r["version"]) for r in current]
+        missing = [key for key in wanted if key not in self._values]
+        if missing:
+            if len(self._values) + len(missing) > self.capacity:
+                self._values.clear()
+            found = await conn.fetch(
+                *QUERIES.calendar_version_entries(
+                    calendar_ids=[key[0] for key in missing], versions=[key[1] for key in missing]
+                )
+            )
+            for r in found:
+                self._values[(r["calendar_id"], r["version"])] = ExclusionCalendar(
+                    str(r["calendar_id"]), r["version"], r["time_zone"], entries_from_stored(r["entries"])
+                )
+        return {key[0]: self._values[key] for key in wanted if key in self._values}
 
 
 class _Batch:
@@ -140,6 +182,7 @@ class Materializer:
     ) -> None:
         self.pool = pool
         self.config = config or MaterializerConfig()
+        self._calendars = CalendarVersions()
         self.config.validate()
         self.clock = clock or DatabaseClock()
         meter = meter or obs.get_meter("engine")
@@ -149,6 +192,8 @@ class Materializer:
         self._missed = meter.create_counter(obs.MISSED_OCCURRENCES, unit="1")
         self._lag = meter.create_histogram(obs.MATERIALIZATION_LAG, unit="s")
         self._backlog = meter.create_gauge(obs.DUE_BACKLOG, unit="1")
+        self._excluded = meter.create_counter(obs.EXCLUDED_SLOTS, unit="1")
+        self._completed = meter.create_counter(obs.SCHEDULES_COMPLETED, unit="1")
 
     async def run_once(self) -> MaterializeReport:
         """Materialize one batch of due schedules in one transaction."""
@@ -170,19 +215,24 @@ class Materializer:
                 ]
                 if not rows:
                     return report
+                calendars = await self._calendars.for_batch(conn, rows)
                 batch = _Batch()
                 cursors: list[datetime | None] = []
                 for schedule in rows:
-                    cursors.append(self._plan(schedule, now, batch, report))
+                    calendar = calendars.get(schedule.calendar_id) if schedule.calendar_id is not None else None
+                    cursors.append(self._plan(schedule, now, batch, report, calendar))
                     report.completed += cursors[-1] is None
                 written = await conn.fetchrow(
                     *QUERIES.insert_occurrences(**batch.columns, gate_token=OVERLAP_GATE_TOKEN, now=self.clock.now())
                 )
+                # Runs are counted from what was really inserted (an existing occurrence is no new run).
+                runs = dict(zip(written["run_schedule_ids"] or (), written["run_counts"] or (), strict=True))
                 await conn.execute(
                     *QUERIES.advance_schedules(
                         schedule_ids=[s.schedule_id for s in rows],
                         versions=[s.version for s in rows],
                         next_run_ats=cursors,
+                        runs=[runs.get(s.schedule_id, 0) for s in rows],
                         now=self.clock.now(),
                     )
                 )
@@ -199,17 +249,30 @@ class Materializer:
             )
         if report.missed or report.missed_unlisted:
             self._missed.add(report.missed + report.missed_unlisted)
+        if report.excluded:
+            self._excluded.add(report.excluded)
+        if report.completed:
+            self._completed.add(report.completed_by_runs, {"reason": "max_runs"})
+            self._completed.add(report.completed - report.completed_by_runs, {"reason": "exhausted"})
         return report
 
-    def _plan(self, schedule: DueSchedule, now: datetime, batch: _Batch, report: MaterializeReport) -> datetime | None:
-        """Add this schedule's occurrences to the batch; return its new cursor."""
+    def _plan(
+        self,
+        schedule: DueSchedule,
+        now: datetime,
+        batch: _Batch,
+        report: MaterializeReport,
+        calendar: ExclusionCalendar | None = None,
+    ) -> datetime | None:
+        """Add this schedule's occurrences to the batch; return its new cursor (None: it completes)."""
         decision = timing.decide_misfire(
-            schedule.spec,
+            dataclasses.replace(schedule.spec, calendar=calendar),
             schedule.next_run_at,
             now,
             schedule.misfire,
             self.config.horizon,
             self.config.missed_record_limit,
+            remaining_runs=schedule.runs_left,
         )
         window, deadline = schedule.flexible_window, schedule.deadline
         for scheduled_for in decision.enqueue:
@@ -236,6 +299,29 @@ class Materializer:
         for scheduled_for in decision.missed:
             batch.add(schedule, scheduled_for, scheduled_for, "MISSED", None)
         report.missed += len(decision.missed)
+        if decision.excluded:
+            report.excluded += decision.excluded
+            log.info(
+                "slots excluded by the schedule's calendar",
+                extra={
+                    "action": "occurrence.excluded",
+                    "schedule_id": str(schedule.schedule_id),
+                    "tenant_id": schedule.tenant_id,
+                    "count": decision.excluded,
+                    "calendar_version": calendar.version if calendar is not None else None,
+                },
+            )
+        if decision.next_run_at is None:
+            report.completed_by_runs += decision.runs_exhausted
+            log.info(
+                "schedule completed",
+                extra={
+                    "action": "schedule.completed",
+                    "schedule_id": str(schedule.schedule_id),
+                    "tenant_id": schedule.tenant_id,
+                    "reason": "max_runs" if decision.runs_exhausted else "exhausted",
+                },
+            )
         if decision.missed or decision.missed_unlisted:
             log.warning(
                 "missed occurrences recorded",
@@ -264,6 +350,7 @@ class Materializer:
                 "occurrences": report.occurrences,
                 "missed": report.missed + report.missed_unlisted,
                 "conflicts": report.conflicts,
+                "excluded": report.excluded,
             },
             more=report.schedules >= self.config.batch_size,
         )

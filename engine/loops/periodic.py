@@ -23,8 +23,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Mapping
 
 from engine.loops.reporting import SUMMARY_EVERY, Gauges, LoopSummary, log_failure
 from schemas.clock import pause

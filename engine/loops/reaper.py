@@ -26,10 +26,10 @@ from dataclasses import dataclass
 import asyncpg
 from opentelemetry import metrics, trace
 
-from engine.loops.attempt_ledger import (
+from engine.loops.attempt_outcomes import (
     LEASE_EXPIRED,
-    AttemptLedger,
     AttemptMetrics,
+    AttemptOutcomes,
     AttemptStats,
     Failure,
     lock_occurrence,
@@ -73,7 +73,7 @@ class Reaper:
         self.stats = AttemptStats()
         self.meters = AttemptMetrics(meter)
         self._dlq_size = meter.create_gauge(obs.DLQ_SIZE, unit="1")
-        self.ledger = AttemptLedger(self.clock, rng or random.Random(), self.meters, self.stats)
+        self.outcomes = AttemptOutcomes(self.clock, rng or random.Random(), self.meters, self.stats)
         self._passes = 0
         self.dead_letters = 0
 
@@ -86,11 +86,10 @@ class Reaper:
                 for row in expired:
                     occ = await lock_occurrence(conn, row["occurrence_id"])
                     assert occ is not None  # expired_leases locked it
-                    failure = Failure(
-                        LEASE_EXPIRED, f"no heartbeat since the lease expired at {occ.lease_expires_at.isoformat()}"
-                    )
-                    await self.ledger.finish_attempt(conn, occ.lease_token, "timed_out", now, failure)
-                    outcome = await self.ledger.conclude_failure(conn, occ, failure, now)
+                    expired_at = occ.lease_expires_at.isoformat() if occ.lease_expires_at else "?"
+                    failure = Failure(LEASE_EXPIRED, f"no heartbeat since the lease expired at {expired_at}")
+                    await self.outcomes.finish_attempt(conn, occ.lease_token, "timed_out", now, failure)
+                    outcome = await self.outcomes.conclude_failure(conn, occ, failure, now)
                     log.warning(
                         "attempt lease expired",
                         extra={

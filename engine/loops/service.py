@@ -16,16 +16,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Awaitable, Callable
+from typing import Any
+
+import asyncpg
 
 from engine.api.app import Api
+from engine.api.console.app import Console
+from engine.api.metrics_endpoint import MetricsEndpoint
+from engine.api.operator_routes import OperatorRoutes
 from engine.api.server import serve as serve_api
+from engine.api.site import Site
 from engine.control.command_processor import CommandConfig, CommandProcessor
 from engine.control.schedules import ControlPlane
 from engine.loops.attempt_processor import AttemptProcessor, AttemptProcessorConfig
+from engine.loops.backlog_gauges import BacklogGauges
 from engine.loops.materializer import Materializer, MaterializerConfig
 from engine.loops.overlap_gate import OverlapGate, OverlapGateConfig
 from engine.loops.periodic import LoopTiming, PassOutcome, PeriodicLoop
@@ -49,7 +57,8 @@ class Role(Enum):
     OVERLAP_GATE = "overlap-gate"  # dispatch, hold or skip deliveries of skip_if_running/queue_one schedules
     COMMANDS = "commands"  # apply signed scheduling commands (chronoq.commands)
     RELAY = "relay"  # due outbox rows -> Kafka
-    API = "api"  # the HTTP API on ServiceConfig.api_socket
+    API = "api"  # the HTTP API, the console (/ui) and /metrics on ServiceConfig.api_socket
+    GAUGES = "gauges"  # record the backlog gauges (due, outbox, queue age, held, DLQ) every few seconds
 
     @property
     def needs_kafka(self) -> bool:
@@ -57,7 +66,9 @@ class Role(Enum):
 
 
 #: What ``chronoq engine`` runs: everything between a stored schedule and a consumer's report, except the relay.
-ENGINE_ROLES = frozenset({Role.MATERIALIZER, Role.ATTEMPTS, Role.REAPER, Role.OVERLAP_GATE, Role.COMMANDS})
+ENGINE_ROLES = frozenset({Role.MATERIALIZER, Role.ATTEMPTS, Role.REAPER, Role.OVERLAP_GATE, Role.COMMANDS, Role.GAUGES})
+#: What ``chronoq api`` runs: the site and the backlog gauges its /metrics shows.
+API_ROLES = frozenset({Role.API, Role.GAUGES})
 #: The occurrence pipeline without commands and API: the default of :class:`ServiceConfig`.
 PIPELINE_ROLES = frozenset({Role.MATERIALIZER, Role.ATTEMPTS, Role.REAPER, Role.OVERLAP_GATE, Role.RELAY})
 #: What ``chronoq up`` runs.
@@ -68,6 +79,8 @@ ALL_ROLES = frozenset(Role)
 class ServiceConfig:
     """roles: what this process runs (default :data:`PIPELINE_ROLES`).
     api_socket: the bound socket the API serves on; required with :attr:`Role.API`.
+    metrics_socket: a bound socket serving only ``/metrics`` (``--metrics-port`` of engine and relay
+        processes; the API serves it on its own port).
     summary_every: seconds between each loop's one-line summary log (0: none).
     idempotent_publisher: the relay uses the idempotent producer (the broker must
         support it: Apache Kafka does, tansu does not; default False).
@@ -76,6 +89,7 @@ class ServiceConfig:
 
     roles: frozenset[Role] = PIPELINE_ROLES
     api_socket: socket.socket | None = None
+    metrics_socket: socket.socket | None = None
     summary_every: float = SUMMARY_EVERY
     idempotent_publisher: bool = False
     materializer: MaterializerConfig = field(default_factory=MaterializerConfig)
@@ -119,7 +133,7 @@ async def run_services(
     async with AsyncExitStack() as resources:
         pool = await create_pool(database_url, min_size=2, max_size=8)
         resources.push_async_callback(pool.close)
-        runs: dict[Role, Callable[[], Awaitable[None]]] = {}
+        runs: dict[Role, Callable[[], Coroutine[Any, Any, None]]] = {}
         roles, every = config.roles, config.summary_every
         if Role.MATERIALIZER in roles:
             materializer = Materializer(pool, config.materializer, clock)
@@ -146,9 +160,14 @@ async def run_services(
             runs[Role.RELAY] = lambda: relay_loop.run(stop)
         if Role.API in roles:
             assert config.api_socket is not None
-            api, api_socket = Api(pool, ControlPlane(pool, clock)), config.api_socket
-            runs[Role.API] = lambda: serve_api(api, api_socket, stop)
+            site, api_socket = api_site(pool, clock), config.api_socket
+            runs[Role.API] = lambda: serve_api(site, api_socket, stop)
+        if Role.GAUGES in roles:
+            gauges = BacklogGauges(pool, clock)
+            runs[Role.GAUGES] = lambda: gauges.run(stop, every)
         tasks = [asyncio.create_task(run(), name=role.value) for role, run in runs.items()]
+        if config.metrics_socket is not None:  # --metrics-port: this process's /metrics on a port of its own
+            tasks.append(asyncio.create_task(serve_api(MetricsEndpoint(), config.metrics_socket, stop), name="metrics"))
         log.info("running %s", ", ".join(sorted(role.value for role in runs)), extra={"action": "service.start"})
         try:
             await asyncio.gather(*tasks)
@@ -157,6 +176,13 @@ async def run_services(
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def api_site(pool: asyncpg.Pool, clock: Clock) -> Site:
+    """What the API role serves on its port: the JSON API with the operator routes, the console, /metrics."""
+    control = ControlPlane(pool, clock)
+    api = Api(pool, control, extra_routes=OperatorRoutes(control).routes())
+    return Site(api, Console(pool, control), MetricsEndpoint())
 
 
 def relay_periodic_loop(relay: Relay, config: RelayConfig, summary_every: float = SUMMARY_EVERY) -> PeriodicLoop:

@@ -39,6 +39,7 @@ class Event(str, Enum):
     CANCEL = "cancel"  # the occurrence's schedule version is obsolete or canceled
     SKIP_OVERLAP = "skip_overlap"  # the overlap gate decided not to dispatch it
     REPLAY = "replay"  # an operator re-enqueued a dead occurrence
+    BACKFILL = "backfill"  # an operator's backfill fires a slot of the current version that never ran
 
 
 class IllegalTransition(ChronoqError):
@@ -75,9 +76,16 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
     # A dead letter leaves only by replay, or when a consumer proves the effect exists.
     (S.DEAD, E.REPLAY): S.RETRY_WAIT,
     (S.DEAD, E.ALREADY_APPLIED): S.SUCCEEDED,
+    # A slot that never ran (the misfire or overlap policy skipped it) is fired again only when an operator
+    # backfills its window: the same occurrence, the same id (engine/rules/backfill_plan.py).
+    (S.MISSED, E.BACKFILL): S.SCHEDULED,
+    (S.SKIPPED_OVERLAP, E.BACKFILL): S.SCHEDULED,
 }
 
+#: Final states: nothing in the engine moves them on (MISSED and SKIPPED_OVERLAP only by an operator's backfill).
 TERMINAL = frozenset({S.SUCCEEDED, S.MISSED, S.CANCELED, S.SKIPPED_OVERLAP})
+#: The events that an operator alone applies to a final state.
+OPERATOR_EVENTS = frozenset({E.BACKFILL})
 #: States in which the occurrence may still be delivered to (or be run by) a consumer.
 IN_FLIGHT = frozenset({S.ENQUEUED, S.RUNNING, S.RETRY_WAIT})
 #: States whose unclaimed delivery the control plane may cancel.

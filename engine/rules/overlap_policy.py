@@ -15,8 +15,8 @@ applies the decision under the schedule's row lock.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 POLICIES = ("allow", "skip_if_running", "queue_one")
 

@@ -22,9 +22,9 @@ Order of the rules:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Callable
 
 #: 2^62 × any positive base already exceeds every cap a schedule may have.
 _MAX_EXPONENT = 62
@@ -52,7 +52,7 @@ class RetryDecision:
     dead_reason: str | None = None  # permanent_error | max_attempts | deadline | retry_budget
 
     @classmethod
-    def dead(cls, reason: str) -> "RetryDecision":
+    def dead(cls, reason: str) -> RetryDecision:
         return cls(False, timedelta(0), reason)
 
 

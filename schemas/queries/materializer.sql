@@ -8,7 +8,7 @@
 -- uniqueness of occurrences stays the final guard.
 SELECT schedule_id, tenant_id, kind, expression, time_zone, dst_repeat, dst_gap, anchor, start_at, end_at,
        version, next_run_at, target, payload, priority, flexible_window_s, misfire_policy, max_lateness_s,
-       deadline_s, overlap_policy
+       deadline_s, overlap_policy, calendar_id, max_runs, runs
 FROM schedules
 WHERE state = 'active'
   AND next_run_at <= coalesce(:now::timestamptz, now()) + make_interval(secs => :horizon_s)
@@ -22,7 +22,8 @@ FOR UPDATE SKIP LOCKED;
 -- An occurrence that already exists (overlapping materializers, replays) is left alone and gets no second
 -- outbox row. Rows flagged in :held (schedules with an overlap policy) are written already held by the
 -- overlap gate: claimed with :gate_token, a claim that never expires, so no relay publishes them before
--- the gate decided. Returns how many occurrences and outbox rows were written.
+-- the gate decided. Returns how many occurrences and outbox rows were written, and per schedule how many
+-- SCHEDULED occurrences were inserted (its new runs).
 WITH input AS (
     SELECT *
     FROM unnest(:occurrence_ids::uuid[], :schedule_ids::uuid[], :schedule_versions::int[], :tenant_ids::text[],
@@ -37,7 +38,9 @@ WITH input AS (
            state, coalesce(:now::timestamptz, now()), coalesce(:now::timestamptz, now())
     FROM input
     ON CONFLICT DO NOTHING
-    RETURNING occurrence_id, state
+    RETURNING occurrence_id, schedule_id, state
+), runs AS (
+    SELECT schedule_id, count(*)::int AS runs FROM inserted WHERE state = 'SCHEDULED' GROUP BY schedule_id
 ), outboxed AS (
     INSERT INTO outbox (occurrence_id, tenant_id, topic, message_key, message, scheduled_for, available_at,
                         claim_token, claim_expires_at, created_at)
@@ -48,16 +51,21 @@ WITH input AS (
     WHERE inserted.state = 'SCHEDULED'
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM inserted) AS occurrences, (SELECT count(*) FROM outboxed) AS outbox_rows;
+SELECT (SELECT count(*) FROM inserted) AS occurrences, (SELECT count(*) FROM outboxed) AS outbox_rows,
+       r.schedule_ids AS run_schedule_ids, r.runs AS run_counts
+FROM (SELECT array_agg(schedule_id ORDER BY schedule_id) AS schedule_ids, array_agg(runs ORDER BY schedule_id) AS runs
+      FROM runs) r;
 
 -- name: advance_schedules
--- Moves each schedule's cursor, only if its version is still the one the materializer read.
--- A NULL cursor means the schedule has no further fires: it becomes completed.
+-- Moves each schedule's cursor and adds its new runs, only if its version is still the one the materializer
+-- read. A NULL cursor means the schedule has no further fires (or no run left): it becomes completed.
 UPDATE schedules s
 SET next_run_at = u.next_run_at,
+    runs = s.runs + u.runs,
     state = CASE WHEN u.next_run_at IS NULL THEN 'completed' ELSE s.state END,
     updated_at = coalesce(:now::timestamptz, now())
-FROM unnest(:schedule_ids::uuid[], :versions::int[], :next_run_ats::timestamptz[]) AS u(schedule_id, version, next_run_at)
+FROM unnest(:schedule_ids::uuid[], :versions::int[], :next_run_ats::timestamptz[], :runs::int[])
+     AS u(schedule_id, version, next_run_at, runs)
 WHERE s.schedule_id = u.schedule_id AND s.version = u.version AND s.state = 'active';
 
 -- name: due_backlog

@@ -9,12 +9,12 @@ INSERT INTO schedules (
     schedule_id, tenant_id, kind, expression, time_zone, dst_repeat, dst_gap, anchor, start_at, end_at,
     next_run_at, state, target, payload, priority, flexible_window_s, misfire_policy, max_lateness_s,
     overlap_policy, retry_max_attempts, retry_base_s, retry_cap_s, deadline_s, shard, created_by_key,
-    fires_per_minute, request_hash, created_at, updated_at)
+    fires_per_minute, request_hash, calendar_id, calendar_name, max_runs, created_at, updated_at)
 VALUES (:schedule_id, :tenant_id, :kind, :expression, :time_zone, :dst_repeat, :dst_gap, :anchor, :start_at,
         :end_at, :next_run_at, :state, :target, :payload, :priority, :flexible_window_s, :misfire_policy,
         :max_lateness_s, :overlap_policy, :retry_max_attempts, :retry_base_s, :retry_cap_s, :deadline_s, :shard,
-        :created_by_key, :fires_per_minute, :request_hash, coalesce(:now::timestamptz, now()),
-        coalesce(:now::timestamptz, now()))
+        :created_by_key, :fires_per_minute, :request_hash, :calendar_id, :calendar_name, :max_runs,
+        coalesce(:now::timestamptz, now()), coalesce(:now::timestamptz, now()))
 ON CONFLICT (tenant_id, created_by_key) DO NOTHING
 RETURNING *;
 
@@ -39,6 +39,7 @@ SET version = version + 1, kind = :kind, expression = :expression, time_zone = :
     flexible_window_s = :flexible_window_s, misfire_policy = :misfire_policy, max_lateness_s = :max_lateness_s,
     overlap_policy = :overlap_policy, retry_max_attempts = :retry_max_attempts, retry_base_s = :retry_base_s,
     retry_cap_s = :retry_cap_s, deadline_s = :deadline_s, fires_per_minute = :fires_per_minute,
+    calendar_id = :calendar_id, calendar_name = :calendar_name, max_runs = :max_runs,
     updated_at = coalesce(:now::timestamptz, now())
 WHERE schedule_id = :schedule_id AND tenant_id = :tenant_id
 RETURNING *;
@@ -54,8 +55,9 @@ RETURNING *;
 -- Invalidates occurrences of versions older than :new_version that no worker has started (SCHEDULED,
 -- ENQUEUED, RETRY_WAIT): they become CANCELED and their unsent outbox rows are discarded. An ENQUEUED one
 -- already in Kafka is skipped by consumers, which check the schedule's version before the effect.
--- Returns how many were canceled and the earliest instant among those never published (SCHEDULED):
--- only those may be re-materialized later without risking a second run of the same slot.
+-- Returns how many were canceled, the earliest instant among those never published (SCHEDULED): only
+-- those may be re-materialized later without risking a second run of the same slot; and how many had
+-- not started (SCHEDULED or ENQUEUED: no attempt ran), which the run count gives back.
 WITH targets AS (
     SELECT occurrence_id, scheduled_for, state
     FROM occurrences
@@ -74,8 +76,14 @@ WITH targets AS (
     WHERE occurrence_id IN (SELECT occurrence_id FROM canceled) AND sent_at IS NULL AND discarded_at IS NULL
     RETURNING 1
 )
-SELECT count(*) AS canceled, min(scheduled_for) FILTER (WHERE was = 'SCHEDULED') AS earliest_unpublished
+SELECT count(*) AS canceled, min(scheduled_for) FILTER (WHERE was = 'SCHEDULED') AS earliest_unpublished,
+       count(*) FILTER (WHERE was IN ('SCHEDULED', 'ENQUEUED')) AS never_started
 FROM canceled;
+
+-- name: give_back_runs
+-- Occurrences canceled before any attempt started were not runs: the schedule's run count gives them back.
+UPDATE schedules SET runs = greatest(runs - :count, 0) WHERE schedule_id = :schedule_id
+RETURNING *;
 
 -- name: insert_schedule_version
 -- Records one version of a schedule in its history.

@@ -18,12 +18,47 @@ CREATE TABLE public.attempts (
     permanent boolean,
     CONSTRAINT attempts_result_check CHECK ((result = ANY (ARRAY['succeeded'::text, 'failed'::text, 'timed_out'::text, 'fenced'::text, 'canceled'::text])))
 );
+CREATE TABLE public.calendar_versions (
+    calendar_id uuid NOT NULL,
+    version integer NOT NULL,
+    tenant_id text NOT NULL,
+    change text NOT NULL,
+    time_zone text,
+    description text DEFAULT ''::text NOT NULL,
+    entries jsonb NOT NULL,
+    changed_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT calendar_versions_change_check CHECK ((change = ANY (ARRAY['create'::text, 'update'::text, 'import'::text, 'delete'::text])))
+);
+CREATE TABLE public.calendars (
+    calendar_id uuid NOT NULL,
+    tenant_id text NOT NULL,
+    name text NOT NULL,
+    version integer DEFAULT 1 NOT NULL,
+    time_zone text,
+    description text DEFAULT ''::text NOT NULL,
+    entry_count integer NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    deleted_at timestamp with time zone,
+    CONSTRAINT calendars_entry_count_check CHECK ((entry_count >= 0)),
+    CONSTRAINT calendars_name_check CHECK ((name ~ '^[a-z0-9][a-z0-9_.-]{0,62}$'::text)),
+    CONSTRAINT calendars_version_check CHECK ((version >= 1))
+);
 CREATE TABLE public.chronoq_migrations (
     migration_set text NOT NULL,
     version integer NOT NULL,
     name text NOT NULL,
     checksum text NOT NULL,
     applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+CREATE TABLE public.console_sessions (
+    session_hash bytea NOT NULL,
+    tenant_id text,
+    operator text,
+    csrf_token text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    CONSTRAINT console_sessions_check CHECK (((tenant_id IS NULL) <> (operator IS NULL)))
 );
 CREATE TABLE public.occurrences (
     occurrence_id uuid NOT NULL,
@@ -47,8 +82,18 @@ CREATE TABLE public.occurrences (
     last_error_class text,
     last_error_message text,
     dead_reason text,
+    origin text DEFAULT 'schedule'::text NOT NULL,
+    requested_by text,
     CONSTRAINT occurrences_dead_reason_check CHECK ((dead_reason = ANY (ARRAY['permanent_error'::text, 'max_attempts'::text, 'deadline'::text, 'retry_budget'::text]))),
+    CONSTRAINT occurrences_origin_check CHECK ((origin = ANY (ARRAY['schedule'::text, 'backfill'::text, 'manual'::text]))),
     CONSTRAINT occurrences_state_check CHECK ((state = ANY (ARRAY['SCHEDULED'::text, 'ENQUEUED'::text, 'RUNNING'::text, 'SUCCEEDED'::text, 'RETRY_WAIT'::text, 'DEAD'::text, 'MISSED'::text, 'CANCELED'::text, 'SKIPPED_OVERLAP'::text])))
+);
+CREATE TABLE public.operator_tokens (
+    token_hash bytea NOT NULL,
+    name text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    revoked_at timestamp with time zone,
+    CONSTRAINT operator_tokens_name_check CHECK ((name ~ '^[A-Za-z0-9][A-Za-z0-9._@-]{0,62}$'::text))
 );
 CREATE TABLE public.outbox (
     id bigint NOT NULL,
@@ -124,18 +169,28 @@ CREATE TABLE public.schedules (
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     fires_per_minute double precision DEFAULT 0 NOT NULL,
     request_hash text,
+    calendar_id uuid,
+    calendar_name text,
+    max_runs integer,
+    runs integer DEFAULT 0 NOT NULL,
     CONSTRAINT schedules_dst_gap_check CHECK ((dst_gap = ANY (ARRAY['skip'::text, 'shift'::text]))),
     CONSTRAINT schedules_dst_repeat_check CHECK ((dst_repeat = ANY (ARRAY['first'::text, 'both'::text]))),
     CONSTRAINT schedules_flexible_window_s_check CHECK ((flexible_window_s >= 0)),
     CONSTRAINT schedules_kind_check CHECK ((kind = ANY (ARRAY['once'::text, 'cron'::text, 'rate'::text]))),
     CONSTRAINT schedules_max_lateness_s_check CHECK ((max_lateness_s >= 0)),
+    CONSTRAINT schedules_max_runs_check CHECK (((max_runs IS NULL) OR (max_runs >= 1))),
     CONSTRAINT schedules_overlap_policy_check CHECK ((overlap_policy = ANY (ARRAY['allow'::text, 'skip_if_running'::text, 'queue_one'::text]))),
     CONSTRAINT schedules_priority_check CHECK ((priority = ANY (ARRAY['strict'::text, 'flexible'::text]))),
     CONSTRAINT schedules_retry_base_s_check CHECK ((retry_base_s > (0)::double precision)),
     CONSTRAINT schedules_retry_cap_s_check CHECK ((retry_cap_s > (0)::double precision)),
     CONSTRAINT schedules_retry_max_attempts_check CHECK ((retry_max_attempts >= 1)),
+    CONSTRAINT schedules_runs_check CHECK ((runs >= 0)),
     CONSTRAINT schedules_state_check CHECK ((state = ANY (ARRAY['active'::text, 'paused'::text, 'canceled'::text, 'completed'::text]))),
     CONSTRAINT schedules_version_check CHECK ((version >= 1))
+);
+CREATE TABLE public.tenant_catch_up (
+    tenant_id text NOT NULL,
+    free_at timestamp with time zone NOT NULL
 );
 CREATE TABLE public.tenant_retry_usage (
     tenant_id text NOT NULL,
@@ -170,12 +225,20 @@ ALTER TABLE ONLY public.attempts
     ADD CONSTRAINT attempts_lease_token_key UNIQUE (lease_token);
 ALTER TABLE ONLY public.attempts
     ADD CONSTRAINT attempts_pkey PRIMARY KEY (attempt_id);
+ALTER TABLE ONLY public.calendar_versions
+    ADD CONSTRAINT calendar_versions_pkey PRIMARY KEY (calendar_id, version);
+ALTER TABLE ONLY public.calendars
+    ADD CONSTRAINT calendars_calendar_id_tenant_id_key UNIQUE (calendar_id, tenant_id);
+ALTER TABLE ONLY public.calendars
+    ADD CONSTRAINT calendars_pkey PRIMARY KEY (calendar_id);
 ALTER TABLE ONLY public.chronoq_migrations
     ADD CONSTRAINT chronoq_migrations_pkey PRIMARY KEY (migration_set, version);
+ALTER TABLE ONLY public.console_sessions
+    ADD CONSTRAINT console_sessions_pkey PRIMARY KEY (session_hash);
 ALTER TABLE ONLY public.occurrences
     ADD CONSTRAINT occurrences_pkey PRIMARY KEY (occurrence_id);
-ALTER TABLE ONLY public.occurrences
-    ADD CONSTRAINT occurrences_schedule_id_schedule_version_scheduled_for_key UNIQUE (schedule_id, schedule_version, scheduled_for);
+ALTER TABLE ONLY public.operator_tokens
+    ADD CONSTRAINT operator_tokens_pkey PRIMARY KEY (token_hash);
 ALTER TABLE ONLY public.outbox
     ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
 ALTER TABLE ONLY public.processed_commands
@@ -186,6 +249,8 @@ ALTER TABLE ONLY public.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (schedule_id);
 ALTER TABLE ONLY public.schedules
     ADD CONSTRAINT schedules_tenant_id_created_by_key_key UNIQUE (tenant_id, created_by_key);
+ALTER TABLE ONLY public.tenant_catch_up
+    ADD CONSTRAINT tenant_catch_up_pkey PRIMARY KEY (tenant_id);
 ALTER TABLE ONLY public.tenant_retry_usage
     ADD CONSTRAINT tenant_retry_usage_pkey PRIMARY KEY (tenant_id, window_start);
 ALTER TABLE ONLY public.tenants
@@ -193,21 +258,34 @@ ALTER TABLE ONLY public.tenants
 ALTER TABLE ONLY public.tenants
     ADD CONSTRAINT tenants_pkey PRIMARY KEY (tenant_id);
 CREATE INDEX attempts_occurrence ON public.attempts USING btree (occurrence_id, attempt_number);
+CREATE UNIQUE INDEX calendars_tenant_name ON public.calendars USING btree (tenant_id, name) WHERE (deleted_at IS NULL);
+CREATE INDEX console_sessions_expiry ON public.console_sessions USING btree (expires_at);
 CREATE INDEX occurrences_dead ON public.occurrences USING btree (tenant_id, finished_at, occurrence_id) WHERE (state = 'DEAD'::text);
 CREATE INDEX occurrences_lease_expiry ON public.occurrences USING btree (lease_expires_at) WHERE (state = 'RUNNING'::text);
 CREATE INDEX occurrences_open ON public.occurrences USING btree (schedule_id) WHERE (state = ANY (ARRAY['SCHEDULED'::text, 'ENQUEUED'::text, 'RUNNING'::text, 'RETRY_WAIT'::text]));
 CREATE INDEX occurrences_schedule ON public.occurrences USING btree (schedule_id, scheduled_for);
+CREATE UNIQUE INDEX occurrences_slot ON public.occurrences USING btree (schedule_id, schedule_version, scheduled_for) WHERE (origin <> 'manual'::text);
+CREATE INDEX occurrences_tenant_time ON public.occurrences USING btree (tenant_id, scheduled_for);
 CREATE INDEX outbox_occurrence ON public.outbox USING btree (occurrence_id);
 CREATE INDEX outbox_overlap_held ON public.outbox USING btree (available_at) WHERE ((claim_expires_at = 'infinity'::timestamp with time zone) AND (sent_at IS NULL) AND (discarded_at IS NULL));
 CREATE INDEX outbox_pending ON public.outbox USING btree (available_at) WHERE ((sent_at IS NULL) AND (discarded_at IS NULL));
+CREATE INDEX schedules_calendar ON public.schedules USING btree (calendar_id) WHERE ((calendar_id IS NOT NULL) AND (state = ANY (ARRAY['active'::text, 'paused'::text])));
 CREATE INDEX schedules_due ON public.schedules USING btree (shard, next_run_at) WHERE (state = 'active'::text);
 CREATE INDEX schedules_tenant ON public.schedules USING btree (tenant_id, created_at, schedule_id);
 CREATE INDEX schedules_tenant_state ON public.schedules USING btree (tenant_id, state);
 ALTER TABLE ONLY public.attempts
     ADD CONSTRAINT attempts_occurrence_id_fkey FOREIGN KEY (occurrence_id) REFERENCES public.occurrences(occurrence_id);
+ALTER TABLE ONLY public.calendar_versions
+    ADD CONSTRAINT calendar_versions_calendar_id_fkey FOREIGN KEY (calendar_id) REFERENCES public.calendars(calendar_id);
+ALTER TABLE ONLY public.console_sessions
+    ADD CONSTRAINT console_sessions_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(tenant_id);
 ALTER TABLE ONLY public.occurrences
     ADD CONSTRAINT occurrences_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.schedules(schedule_id);
 ALTER TABLE ONLY public.outbox
     ADD CONSTRAINT outbox_occurrence_id_fkey FOREIGN KEY (occurrence_id) REFERENCES public.occurrences(occurrence_id);
 ALTER TABLE ONLY public.schedule_versions
     ADD CONSTRAINT schedule_versions_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.schedules(schedule_id);
+ALTER TABLE ONLY public.schedules
+    ADD CONSTRAINT schedules_calendar_of_tenant FOREIGN KEY (calendar_id, tenant_id) REFERENCES public.calendars(calendar_id, tenant_id);
+ALTER TABLE ONLY public.tenant_catch_up
+    ADD CONSTRAINT tenant_catch_up_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(tenant_id);

@@ -21,8 +21,8 @@ import contextlib
 import gc
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
@@ -178,9 +178,7 @@ async def states_topic_compacting_eagerly(bootstrap: str) -> dict[str, str]:
 
 
 def state(schedule_id: uuid.UUID, version: int, value: str) -> ScheduleStateMessage:
-    return ScheduleStateMessage(
-        schedule_id, "acme", version, value, datetime(2026, 11, 29, 10, version, tzinfo=timezone.utc)
-    )
+    return ScheduleStateMessage(schedule_id, "acme", version, value, datetime(2026, 11, 29, 10, version, tzinfo=UTC))
 
 
 async def publish_then_compact(bootstrap: str, published: list[ScheduleStateMessage]) -> dict[uuid.UUID, int]:

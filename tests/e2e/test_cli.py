@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import orjson
@@ -90,7 +90,7 @@ def test_commands_explain_how_to_find_a_stack(tmp_path):
 
 async def test_create_then_consume_prints_the_occurrence_once(engine_db, kafka_bootstrap, consumer_db, target, acme):
     env = cli_env(engine_db, kafka_bootstrap, CHRONOQ_CONSUMER_DATABASE_URL=consumer_db)
-    at = (datetime.now(timezone.utc) + timedelta(seconds=3)).isoformat()
+    at = (datetime.now(UTC) + timedelta(seconds=3)).isoformat()
     created = await asyncio.to_thread(
         run,
         ["schedule", "create", "--tenant", "acme", "--target", target, "--at", at, "--payload", '{"n": 1}', "--json"],
@@ -155,7 +155,7 @@ def test_up_serves_create_and_consume_then_sigterm_leaves_no_process(tmp_path, k
         assert len(bytes.fromhex(secrets["signing_key"])) == 32
         assert secrets["quotas"]["max_active_schedules"] == 5
 
-        at = (datetime.now(timezone.utc) + timedelta(seconds=3)).isoformat()
+        at = (datetime.now(UTC) + timedelta(seconds=3)).isoformat()
         created = run(["schedule", "create", "--tenant", "acme", "--target", "up.test", "--at", at, "--json"], env)
         assert created.returncode == 0, created.stderr
         consumed = run(["consume", "--target", "up.test", "--max", "1", "--json"], env, 60)
@@ -204,7 +204,7 @@ def test_preview_skips_the_nonexistent_spring_forward_time():
         cli_env(),
     )
     assert result.returncode == 0, result.stderr
-    fires = orjson.loads(result.stdout)
+    fires = orjson.loads(result.stdout)["fires"]
     assert [f["utc"] for f in fires] == ["2026-03-07T07:30:00Z", "2026-03-09T06:30:00Z", "2026-03-10T06:30:00Z"]
     assert not any(f["local"].startswith("2026-03-08") for f in fires)
     assert fires[1]["local"] == "2026-03-09T02:30:00-04:00"
@@ -236,8 +236,114 @@ def test_preview_fires_a_repeated_wall_time_once_by_default(repeat, expected):
         cli_env(),
     )
     assert result.returncode == 0, result.stderr
-    fires = orjson.loads(result.stdout)
+    fires = orjson.loads(result.stdout)["fires"]
     assert [f["utc"] for f in fires if f["local"].startswith("2026-11-01")] == expected
+
+
+def test_preview_names_the_rule_and_excludes_an_ics_files_dates_offline():
+    ics = ROOT / "tests" / "unit" / "calendars" / "holidays_berlin_2026.ics"
+    result = run(
+        [
+            "schedule",
+            "preview",
+            "--cron",
+            "0 9 * * TUE#2",
+            "--tz",
+            "Europe/Berlin",
+            "--from",
+            "2026-12-01T00:00:00Z",
+            "-n",
+            "2",
+            "--exclude-ics",
+            str(ics),
+        ],
+        cli_env(),
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[:2] == [
+        "2026-12-08T08:00:00Z  2026-12-08T09:00:00+01:00  day-of-week TUE#2: second Tuesday of the month",
+        "2027-01-12T08:00:00Z  2027-01-12T09:00:00+01:00  day-of-week TUE#2: second Tuesday of the month",
+    ]
+    # The text lists the calendar's entries in the window (none of them a second Tuesday).
+    assert "excluded dates in this window:" in result.stdout and "2026-12-24/2027-01-01" in result.stdout
+
+
+async def test_calendars_from_the_cli_with_tenant_isolation(engine_db, kafka_bootstrap, acme, pool):
+    from engine.control.tenants import create_tenant
+
+    await create_tenant(pool, "globex")
+    env = cli_env(engine_db, kafka_bootstrap)
+    ics = ROOT / "tests" / "unit" / "calendars" / "holidays_berlin_2026.ics"
+
+    async def chronoq(*args: str) -> subprocess.CompletedProcess[str]:
+        return await asyncio.to_thread(run, [*args], env)
+
+    imported = await chronoq(
+        "calendar", "import", "berlin", str(ics), "--tenant", "acme", "--tz", "Europe/Berlin", "--json"
+    )
+    assert imported.returncode == 0, imported.stderr
+    assert orjson.loads(imported.stdout)["imported"]["entries"] == 5
+    created = await chronoq(
+        "calendar",
+        "create",
+        "closures",
+        "--tenant",
+        "acme",
+        "--date",
+        "2026-12-07",
+        "--date",
+        "2026-12-14/2026-12-15",
+        "--json",
+    )
+    assert orjson.loads(created.stdout)["date_count"] == 2
+    schedule = await chronoq(
+        "schedule",
+        "create",
+        "--tenant",
+        "acme",
+        "--target",
+        "ops",
+        "--cron",
+        "0 9 * * MON-FRI",
+        "--tz",
+        "Europe/Berlin",
+        "--calendar",
+        "closures",
+        "--max-runs",
+        "30",
+        "--json",
+    )
+    assert schedule.returncode == 0, schedule.stderr
+    sid = orjson.loads(schedule.stdout)["schedule_id"]
+    upcoming = await chronoq(
+        "schedule", "upcoming", sid, "--tenant", "acme", "-n", "3", "--from", "2026-12-06T00:00:00Z", "--json"
+    )
+    assert [f["local"][:10] for f in orjson.loads(upcoming.stdout)["fires"]] == [
+        "2026-12-08",
+        "2026-12-09",
+        "2026-12-10",
+    ]
+    in_use = await chronoq("calendar", "delete", "closures", "--tenant", "acme")
+    assert in_use.returncode == 1 and "used by 1 live schedule" in in_use.stderr
+    for args in (
+        ("calendar", "get", "closures", "--tenant", "globex"),
+        (
+            "schedule",
+            "create",
+            "--tenant",
+            "globex",
+            "--target",
+            "ops",
+            "--cron",
+            "0 9 * * *",
+            "--calendar",
+            "closures",
+        ),
+    ):
+        other = await chronoq(*args)
+        assert other.returncode == 1 and "calendar closures not found" in other.stderr, other.stderr
+    listed = await chronoq("calendar", "list", "--tenant", "acme", "--json")
+    assert [c["name"] for c in orjson.loads(listed.stdout)["items"]] == ["berlin", "closures"]
 
 
 def test_preview_rejects_an_expression_that_never_fires():

@@ -45,7 +45,7 @@ class ConsumerProcess:
     @classmethod
     async def start(
         cls, tmp_path: Path, kafka_bootstrap: str, consumer_db: str, group: str, target: str, *options: str
-    ) -> "ConsumerProcess":
+    ) -> ConsumerProcess:
         log = tmp_path / f"consumer-{uuid.uuid4().hex[:6]}.log"
         with log.open("wb") as stderr:  # the child keeps its own descriptor
             process = await asyncio.create_subprocess_exec(
@@ -70,11 +70,12 @@ class ConsumerProcess:
 
     async def expect(self, prefix: str, timeout: float = 20.0) -> list[str]:
         """Read stdout until a line starts with ``prefix``; return that line's words."""
-        assert self.process.stdout is not None
+        stdout = self.process.stdout
+        assert stdout is not None
 
         async def read() -> list[str]:
             while True:
-                raw = await self.process.stdout.readline()
+                raw = await stdout.readline()
                 if not raw:
                     raise AssertionError(f"consumer exited before {prefix!r}: {self.lines}\n{self.log.read_text()}")
                 line = raw.decode().strip()

@@ -39,7 +39,7 @@ async def stack(engine_db, pool, consumer_db, kafka_bootstrap, clock, acme, targ
         applied.append(occurrence)
 
     consumer = asyncio.create_task(app.run(stop))
-    client = ChronoqClient("http://127.0.0.1:{}".format(sock.getsockname()[1]), acme.api_token)
+    client = ChronoqClient(f"http://127.0.0.1:{sock.getsockname()[1]}", acme.api_token)
     yield client, applied
     stop.set()
     await asyncio.gather(services, consumer)

@@ -17,8 +17,8 @@ import subprocess
 import sys
 import tempfile
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import AsyncIterator
 
 import psutil
 import pytest
@@ -29,10 +29,10 @@ from aiokafka.structs import ConsumerRecord
 from engine.cli.embedded.apache_kafka import ApacheKafka
 from relay.publisher import KafkaPublisher, OutgoingRecord, PublisherConfig
 from schemas.topics import DEFAULT_PARTITIONS, ensure_topics
-from tests.support.kafka import read_to_end
-from tests.support.waiting import wait_for
 from tests.support.brokers import BROKER_TEST_OVERRIDES, require_apache_kafka
+from tests.support.kafka import read_to_end
 from tests.support.kafka_proxy import KafkaProxy
+from tests.support.waiting import wait_for
 
 #: A topic that compacts as soon as the cleaner looks: segments roll after
 #: 100 ms (on the next append), any dirty fraction is worth cleaning, and
@@ -52,7 +52,12 @@ async def proxied_kafka() -> AsyncIterator[tuple[ApacheKafka, KafkaProxy]]:
     require_apache_kafka()
     base = Path(tempfile.mkdtemp(prefix="chronoq-test-apache-kafka-proxied-"))
     broker: ApacheKafka | None = None
-    proxy = KafkaProxy(lambda: ("127.0.0.1", broker.broker_port))  # type: ignore[union-attr]
+
+    def upstream() -> tuple[str, int]:
+        assert broker is not None and broker.broker_port is not None
+        return "127.0.0.1", broker.broker_port
+
+    proxy = KafkaProxy(upstream)
     await proxy.start()
     broker = ApacheKafka(
         base, overrides={**BROKER_TEST_OVERRIDES, "advertised.listeners": f"PLAINTEXT://{proxy.bootstrap}"}
@@ -277,7 +282,7 @@ async def test_sigterm_is_a_clean_shutdown_and_a_restart_keeps_the_log(own_apach
         assert (own_apache_kafka.log_dir / ".kafka_cleanshutdown").exists()
     finally:
         assert own_apache_kafka.start() == bootstrap
-    values = sorted(record.value for record in await read_to_end(bootstrap, topic))  # type: ignore[arg-type]
+    values = sorted(record.value for record in await read_to_end(bootstrap, topic))
     assert values == sorted(f"kept-{i}".encode() for i in range(20))
 
 

@@ -4,11 +4,12 @@ concurrency and offsets, timeouts, version checks and cooperative cancellation."
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import subprocess
 import sys
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -77,7 +78,7 @@ async def test_a_handler_failing_transiently_twice_succeeds_on_attempt_three_wit
 
     async with Running(app):
         for attempt in (1, 2):
-            await wait_for(lambda: state_is(pool, sent.occurrence_id, "RETRY_WAIT", attempt))
+            await wait_for(functools.partial(state_is, pool, sent.occurrence_id, "RETRY_WAIT", attempt))
             clock.advance(1)  # past the backoff (cap 1 s): the relay publishes the retry
         await wait_for(lambda: state_is(pool, sent.occurrence_id, "SUCCEEDED", 3))
     attempts = await attempt_rows(pool, sent.occurrence_id)
@@ -278,7 +279,7 @@ async def test_an_unavailable_broker_for_reports_does_not_consume_an_attempt(
 async def test_concurrent_handlers_are_bounded_and_offsets_never_pass_an_unfinished_message(
     kafka_bootstrap, consumer_db, target
 ):
-    sent = [occurrence_message(target, when=datetime(2026, 11, 29, 10, i, tzinfo=timezone.utc)) for i in range(6)]
+    sent = [occurrence_message(target, when=datetime(2026, 11, 29, 10, i, tzinfo=UTC)) for i in range(6)]
     await produce(kafka_bootstrap, occurrence_topic(target), [m.encode() for m in sent])  # one partition
     app = new_app(consumer_db, kafka_bootstrap)
     running: set[uuid.UUID] = set()
@@ -294,6 +295,7 @@ async def test_concurrent_handlers_are_bounded_and_offsets_never_pass_an_unfinis
 
     async def committed() -> int | None:
         (tp,) = [lane.tp for lane in app._lanes.values() if lane.offsets.committable() is not None]
+        assert app._consumer is not None
         return await app._consumer.committed(TopicPartition(tp.topic, tp.partition))
 
     async with Running(app):
@@ -318,10 +320,7 @@ async def committed_is(committed, expected: int) -> bool:
 
 
 async def test_timeouts_and_mapped_permanent_errors_are_reported_as_failures(kafka_bootstrap, consumer_db, target):
-    slow, bad = (
-        occurrence_message(target),
-        occurrence_message(target, when=datetime(2026, 11, 29, 11, tzinfo=timezone.utc)),
-    )
+    slow, bad = occurrence_message(target), occurrence_message(target, when=datetime(2026, 11, 29, 11, tzinfo=UTC))
     await produce(kafka_bootstrap, occurrence_topic(target), [slow.encode(), bad.encode()])
     app = new_app(consumer_db, kafka_bootstrap)
 
@@ -344,11 +343,8 @@ async def test_timeouts_and_mapped_permanent_errors_are_reported_as_failures(kaf
 async def test_obsolete_versions_are_skipped_and_a_canceled_schedule_interrupts_its_running_handler(
     kafka_bootstrap, consumer_db, effects, target
 ):
-    at = datetime(2026, 11, 29, 10, tzinfo=timezone.utc)
-    stale, doomed = (
-        occurrence_message(target),
-        occurrence_message(target, when=datetime(2026, 11, 29, 11, tzinfo=timezone.utc)),
-    )
+    at = datetime(2026, 11, 29, 10, tzinfo=UTC)
+    stale, doomed = occurrence_message(target), occurrence_message(target, when=datetime(2026, 11, 29, 11, tzinfo=UTC))
     updated = ScheduleStateMessage(stale.schedule_id, "acme", 2, "active", at)
     await produce(kafka_bootstrap, SCHEDULE_STATES_TOPIC, [updated.encode()], key=updated.key)
     app = new_app(consumer_db, kafka_bootstrap)

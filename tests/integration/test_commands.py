@@ -138,7 +138,7 @@ async def test_commands_over_kafka_with_results_on_the_results_topic(engine_db, 
         garbage_first = await commands.producer.send_and_wait("chronoq.commands", b"not json", key=b"acme")
         assert garbage_first is not None
         created = await results.wait_for(await commands.send("create", body=DAILY, idempotency_key="k"))
-        assert created.status == "applied"
+        assert created.status == "applied" and created.schedule is not None
         paused = await results.wait_for(await commands.send("pause", schedule_id=created.schedule["schedule_id"]))
-        assert paused.schedule["state"] == "paused"
+        assert paused.schedule is not None and paused.schedule["state"] == "paused"
     assert await pool.fetchval("SELECT state FROM schedules") == "paused"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import asyncpg
 
@@ -20,10 +21,9 @@ from tests.support.kafka import (
 from tests.support.waiting import wait_for
 
 
-def effect_app(
-    consumer_db, kafka_bootstrap, target, fail_times: int = 0, group: str | None = None, **config
-) -> ConsumerApp:
-    app = ConsumerApp(
+def effect_app(consumer_db, kafka_bootstrap, target, fail_times: int = 0, group: str | None = None, **config) -> Any:
+    """A ConsumerApp whose handler records the effect; ``app.calls["n"]`` counts its calls."""
+    app: Any = ConsumerApp(
         ConsumerConfig(
             group or f"group-{uuid.uuid4().hex[:8]}",
             kafka_bootstrap,
@@ -47,8 +47,8 @@ def effect_app(
         if calls["n"] <= fail_times:
             raise RuntimeError("downstream unavailable")
 
-    app.calls = calls  # type: ignore[attr-defined]
-    app.apply = apply  # type: ignore[attr-defined]
+    app.calls = calls
+    app.apply = apply
     return app
 
 
@@ -128,7 +128,7 @@ async def test_a_restarted_group_member_resumes_after_the_committed_offset(
 
     await produce(kafka_bootstrap, occurrence_topic(target), [second.encode()])
     again = ConsumerApp(app.config)
-    again.handler(target)(app.apply)  # type: ignore[attr-defined]
+    again.handler(target)(app.apply)
     await run_until(again, lambda: again.stats.applied == 1)
 
     assert (again.stats.applied, again.stats.duplicates) == (1, 0)

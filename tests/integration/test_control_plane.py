@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -14,7 +14,7 @@ from schemas.errors import Conflict, InvalidInput, NotFound, QuotaExceeded
 from schemas.messages import decode_schedule_state
 from schemas.topics import SCHEDULE_STATES_TOPIC
 
-UTC = timezone.utc
+UTC = UTC
 EVERY_MINUTE = {"kind": "cron", "expression": "* * * * *", "target": "billing.invoice"}
 
 
@@ -183,7 +183,8 @@ async def test_unknown_tenants_are_refused(pool, clock):
 
 async def test_tokens_are_stored_hashed_and_authenticate_their_tenant(pool, acme):
     assert await pool.fetchval("SELECT count(*) FROM tenants WHERE api_token_hash = $1", acme.api_token.encode()) == 0
-    assert (await authenticate(pool, acme.api_token)).tenant_id == "acme"
+    tenant = await authenticate(pool, acme.api_token)
+    assert tenant is not None and tenant.tenant_id == "acme"
     assert await authenticate(pool, acme.api_token + "x") is None
     assert await authenticate(pool, "Bearer nonsense") is None
     with pytest.raises(Conflict):

@@ -28,7 +28,7 @@ async def api_url(pool, clock):
     sock = bind("127.0.0.1", 0)
     stop = asyncio.Event()
     task = asyncio.create_task(serve(Api(pool, ControlPlane(pool, clock)), sock, stop))
-    yield "http://127.0.0.1:{}".format(sock.getsockname()[1])
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     stop.set()
     await task
 
@@ -126,9 +126,15 @@ async def test_preview_and_openapi(api_url, clients):
             "count": 2,
         }
     )
-    assert fires == [
+    # The instants and local times of a plain expression are what they always were; each fire now also
+    # names the rule that produced it.
+    assert [{k: f[k] for k in ("utc", "local")} for f in fires] == [
         {"utc": "2026-11-01T05:30:00Z", "local": "2026-11-01T01:30:00-04:00"},
         {"utc": "2026-11-02T06:30:00Z", "local": "2026-11-02T01:30:00-05:00"},
+    ]
+    assert [f["rule"] for f in fires] == [
+        "every day; 01:30 happens twice on 2026-11-01: fires the first time only",
+        "every day",
     ]
     document = orjson.loads(await asyncio.to_thread(lambda: urllib.request.urlopen(api_url + "/openapi.json").read()))
     assert document["openapi"].startswith("3.") and "/v1/schedules/{id}/pause" in document["paths"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -12,7 +12,7 @@ from schemas.errors import Conflict, InvalidInput
 from schemas.identity import occurrence_id
 from schemas.messages import decode_occurrence
 
-UTC = timezone.utc
+UTC = UTC
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import ConsumerRecord
@@ -15,7 +15,7 @@ from schemas.messages import OccurrenceMessage
 from schemas.topics import ATTEMPTS_TOPIC, create_missing_topics, topic_partitions
 from tests.support.waiting import wait_for
 
-SCHEDULED = datetime(2026, 11, 29, 10, 0, tzinfo=timezone.utc)
+SCHEDULED = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 
 
 def occurrence_message(

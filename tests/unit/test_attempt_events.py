@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import orjson
 import pytest
@@ -110,11 +110,12 @@ def test_failed_needs_an_error_class_and_canceled_a_reason():
 
 def test_long_error_messages_are_cut():
     event = AttemptEvent.failed(OCC, 1, TOKEN, "E" * 500, "m" * 10_000)
+    assert event.error_class is not None and event.error_message is not None
     assert len(event.error_class) == 200 and len(event.error_message) == 2000
 
 
 def test_dead_occurrence_records_round_trip_and_poison_is_told_apart():
-    at = datetime(2026, 11, 29, 10, 0, tzinfo=timezone.utc)
+    at = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
     occurrence = OccurrenceMessage(OCC, uuid.uuid4(), 1, "acme", "billing.invoice", at, at, 3, payload={"n": 1})
     record = DeadOccurrenceMessage(occurrence, 3, "max_attempts", "TimeoutError", "slow", at)
     assert decode_dead_occurrence(record.encode()) == record

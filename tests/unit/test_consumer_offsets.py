@@ -49,6 +49,7 @@ def test_the_committable_offset_never_passes_an_unfinished_message(start, count,
         offsets.finish(offset)
         done.add(offset)
         position = offsets.committable()
+        assert position is not None and previous is not None
         assert all(o in done for o in range(start, position))  # everything below it finished
         assert position == start + count or position not in done  # and it points at unfinished work
         assert position >= previous  # it only moves forward

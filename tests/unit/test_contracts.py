@@ -1,8 +1,8 @@
 """Structural contracts: dependency direction, pure rules, named queries, migrations."""
 
 import ast
-import re
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path

@@ -14,6 +14,7 @@ def test_both_urls_select_the_external_stack_and_consumer_db_defaults_to_it():
     endpoints = stack_endpoints.external_endpoints(
         {"CHRONOQ_DATABASE_URL": "postgresql://db/x", "CHRONOQ_KAFKA_BOOTSTRAP": "k:9092"}
     )
+    assert endpoints is not None
     assert endpoints.database_url == "postgresql://db/x"
     assert endpoints.kafka_bootstrap == "k:9092"
     assert endpoints.consumer_database_url == "postgresql://db/x"
@@ -80,8 +81,10 @@ def test_a_running_stack_says_which_broker_it_runs_and_whether_the_relay_may_be_
 
 def test_an_external_broker_is_idempotent_only_when_told():
     external = {"CHRONOQ_DATABASE_URL": "postgresql://db/x", "CHRONOQ_KAFKA_BOOTSTRAP": "k:9092"}
-    assert not stack_endpoints.external_endpoints(external).idempotent_producer
-    assert stack_endpoints.external_endpoints({**external, "CHRONOQ_KAFKA_IDEMPOTENT": "1"}).idempotent_producer
-    assert stack_endpoints.external_endpoints(external).kafka_kind == "external"
+    plain = stack_endpoints.external_endpoints(external)
+    told = stack_endpoints.external_endpoints({**external, "CHRONOQ_KAFKA_IDEMPOTENT": "1"})
+    assert plain is not None and told is not None
+    assert (plain.idempotent_producer, told.idempotent_producer) == (False, True)
+    assert plain.kafka_kind == "external"
     with pytest.raises(StackError, match="CHRONOQ_KAFKA_IDEMPOTENT is 'sometimes': use 1 or 0"):
         stack_endpoints.external_endpoints({**external, "CHRONOQ_KAFKA_IDEMPOTENT": "sometimes"})

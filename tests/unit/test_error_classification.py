@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import asyncpg
 import pytest
 from aiokafka import errors as kafka_errors
@@ -47,7 +45,7 @@ pg = asyncpg.exceptions
         ConnectionResetError("reset by peer"),
         ConnectionRefusedError("refused"),
         OSError("network unreachable"),
-        asyncio.TimeoutError(),
+        TimeoutError(),
         TimeoutError("timed out"),
         kafka_errors.KafkaConnectionError("broker unreachable"),
         kafka_errors.KafkaTimeoutError(),
@@ -102,7 +100,11 @@ def test_permanent_errors(error: BaseException) -> None:
 def test_every_sqlstate_of_a_transient_class_is_transient() -> None:
     # Walk asyncpg's generated classes: the classification follows the SQLSTATE, not a list of types.
     def subclasses(cls: type) -> list[type]:
-        return [cls] + [s for sub in cls.__subclasses__() for s in subclasses(sub)]
+        found: list[type] = [cls]
+        children: list[type] = cls.__subclasses__()
+        for child in children:
+            found.extend(subclasses(child))
+        return found
 
     by_class: dict[bool, set[str]] = {True: set(), False: set()}
     for cls in subclasses(asyncpg.PostgresError):

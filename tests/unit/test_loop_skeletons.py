@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from typing import Literal
 
 import asyncpg
 import pytest
@@ -34,7 +35,7 @@ class FakeTime:
         return self.now
 
 
-def scripted(*results):  # type: ignore[no-untyped-def]
+def scripted(*results):
     """A pass that returns (or raises) the given results in order."""
     queue = list(results)
 
@@ -176,8 +177,8 @@ TP = TopicPartition("chronoq.commands", 0)
 SETTINGS = KafkaLoopSettings("group", "chronoq.commands", ("chronoq.commands",), 10.0, 3.0, error_backoff=0.0)
 
 
-def kafka_loop(handled: list[int], fail_at: int | None, unit: str) -> KafkaProcessorLoop:
-    async def handle(records) -> dict[str, int]:  # type: ignore[no-untyped-def]
+def kafka_loop(handled: list[int], fail_at: int | None, unit: Literal["batch", "record"]) -> KafkaProcessorLoop:
+    async def handle(records) -> dict[str, int]:
         if fail_at is not None and any(r.offset == fail_at for r in records):
             raise asyncpg.exceptions.ConnectionDoesNotExistError("gone")
         handled.extend(r.offset for r in records)
@@ -185,14 +186,14 @@ def kafka_loop(handled: list[int], fail_at: int | None, unit: str) -> KafkaProce
 
     return KafkaProcessorLoop(
         "commands", "unused:9092", SETTINGS, handle, logging.getLogger("test.loop"), unit=unit, monotonic=FakeTime()
-    )  # type: ignore[arg-type]
+    )
 
 
 async def test_record_units_commit_past_what_was_handled_and_rewind_to_the_failed_record() -> None:
     handled: list[int] = []
     consumer = FakeConsumer()
     loop = kafka_loop(handled, fail_at=12, unit="record")
-    await loop.process(consumer, TP, [Record(10), Record(11), Record(12), Record(13)], asyncio.Event())  # type: ignore[arg-type]
+    await loop.process(consumer, TP, [Record(10), Record(11), Record(12), Record(13)], asyncio.Event())
     assert handled == [10, 11]
     assert consumer.seeks == [(TP, 12)] and consumer.commits == [{TP: 12}]
     assert loop.summary.counts == {"records": 2, "applied": 2, "errors": 1}
@@ -203,14 +204,14 @@ async def test_a_failed_batch_unit_is_read_again_from_its_first_record_and_commi
     consumer = FakeConsumer()
     await kafka_loop(handled, fail_at=12, unit="batch").process(
         consumer, TP, [Record(10), Record(11), Record(12)], asyncio.Event()
-    )  # type: ignore[arg-type]
+    )
     assert handled == [] and consumer.seeks == [(TP, 10)] and consumer.commits == []
 
 
 async def test_a_refused_commit_is_logged_and_processing_goes_on() -> None:
     handled: list[int] = []
     consumer = FakeConsumer(refuse_commit=True)
-    await kafka_loop(handled, None, "batch").process(consumer, TP, [Record(1), Record(2)], asyncio.Event())  # type: ignore[arg-type]
+    await kafka_loop(handled, None, "batch").process(consumer, TP, [Record(1), Record(2)], asyncio.Event())
     assert handled == [1, 2] and consumer.seeks == []
 
 

@@ -1,5 +1,6 @@
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from typing import Any
 
 import orjson
 import pytest
@@ -14,11 +15,11 @@ from schemas.messages import (
     format_instant,
 )
 
-UTC = timezone.utc
+UTC = UTC
 
 
 def sample(**overrides):
-    fields = dict(
+    fields: dict[str, Any] = dict(
         occurrence_id=uuid.uuid4(),
         schedule_id=uuid.uuid4(),
         schedule_version=3,

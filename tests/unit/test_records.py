@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from engine.records import DueSchedule, LockedOccurrence
 from engine.rules.retry_policy import RetryPolicy
 from engine.rules.timing import MisfirePolicy, TimeSpec
 
-AT = datetime(2026, 11, 29, 10, 0, tzinfo=timezone.utc)
+AT = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 
 
-def due_row(**overrides):  # type: ignore[no-untyped-def]
+def due_row(**overrides):
     row = {
         "schedule_id": uuid.uuid4(),
         "tenant_id": "acme",
@@ -34,6 +34,9 @@ def due_row(**overrides):  # type: ignore[no-untyped-def]
         "max_lateness_s": 120,
         "deadline_s": 3600,
         "overlap_policy": "queue_one",
+        "calendar_id": None,
+        "max_runs": None,
+        "runs": 0,
         "column_added_later": "ignored",
     }
     return {**row, **overrides}
@@ -50,6 +53,12 @@ def test_a_due_schedule_knows_its_spec_policies_and_windows():
     )
     plain = DueSchedule.from_row(due_row(deadline_s=None, overlap_policy="allow"))
     assert (plain.deadline, plain.gated) == (None, False)
+
+
+def test_a_due_schedule_knows_its_runs_left():
+    assert DueSchedule.from_row(due_row()).runs_left is None
+    assert DueSchedule.from_row(due_row(max_runs=5, runs=3)).runs_left == 2
+    assert DueSchedule.from_row(due_row(max_runs=5, runs=7)).runs_left == 0  # lowered below what ran: none left
 
 
 def test_a_locked_occurrence_knows_whether_it_is_obsolete_and_its_retry_policy():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given
@@ -16,7 +16,7 @@ from engine.rules.retry_policy import (
     spend_budget,
 )
 
-NOW = datetime(2026, 11, 29, 10, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 POLICY = RetryPolicy(max_attempts=5, base=timedelta(seconds=2), cap=timedelta(seconds=30))
 
 

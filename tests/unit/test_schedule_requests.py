@@ -1,13 +1,13 @@
 """Validation of schedule requests: every rejection names its field."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from engine.control.schedule_requests import first_fire, parse_schedule_request
 from schemas.errors import InvalidInput
 
-NOW = datetime(2026, 11, 29, 10, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 
 
 def body(**overrides):
@@ -20,7 +20,7 @@ def test_a_valid_cron_request_has_defaults_a_user_expects():
     request = parse_schedule_request(body())
     assert request.priority == "strict" and request.overlap_policy == "allow"
     assert request.misfire.kind == "fire_once" and request.max_attempts == 3
-    assert first_fire(request, NOW) == datetime(2026, 11, 30, 8, 0, tzinfo=timezone.utc)
+    assert first_fire(request, NOW) == datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 
 
 def test_flexible_priority_gets_the_five_minute_window_by_default():
@@ -66,7 +66,7 @@ def test_payload_that_is_not_json_serializable_is_rejected():
 
 def test_once_in_the_past_beyond_lateness_is_rejected_but_just_late_fires_now():
     late = parse_schedule_request(body(kind="once", expression="2026-11-29T09:59:30Z", time_zone=None))
-    assert first_fire(late, NOW) == datetime(2026, 11, 29, 9, 59, 30, tzinfo=timezone.utc)
+    assert first_fire(late, NOW) == datetime(2026, 11, 29, 9, 59, 30, tzinfo=UTC)
     stale = parse_schedule_request(body(kind="once", expression="2026-11-29T09:00:00Z", time_zone=None))
     with pytest.raises(InvalidInput) as caught:
         first_fire(stale, NOW)
@@ -76,7 +76,7 @@ def test_once_in_the_past_beyond_lateness_is_rejected_but_just_late_fires_now():
 def test_preview_of_a_rate_is_anchored_like_a_schedule_created_at_that_instant():
     from engine.control.schedule_requests import preview_fires
 
-    fires = preview_fires({"kind": "rate", "expression": "90m"}, NOW.replace(microsecond=123), 2)
+    fires = preview_fires({"kind": "rate", "expression": "90m"}, NOW.replace(microsecond=123), 2)["fires"]
     assert [f["utc"] for f in fires] == ["2026-11-29T11:30:00Z", "2026-11-29T13:00:00Z"]
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -15,7 +15,7 @@ from consumers.schedule_states import (
 )
 from schemas.messages import ScheduleStateMessage
 
-AT = datetime(2026, 11, 29, 10, 0, tzinfo=timezone.utc)
+AT = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 SID = uuid.uuid4()
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 
 import pytest
 
@@ -18,7 +19,7 @@ from engine.rules.timing import (
 )
 from tests.unit.time_oracle import oracle_fire_times
 
-UTC = timezone.utc
+UTC = UTC
 
 
 def at(text: str) -> datetime:
@@ -248,7 +249,7 @@ def test_rate_keeps_elapsed_time_across_transitions() -> None:
     spec = build_time_spec("rate", "1h30m", "America/New_York", anchor="2026-03-07T12:00:00Z")
     got = fire_times(spec, at("2026-03-08T05:00Z"), 4)
     assert got == [at("2026-03-08T06:00Z"), at("2026-03-08T07:30Z"), at("2026-03-08T09:00Z"), at("2026-03-08T10:30Z")]
-    assert {b - a for a, b in zip(got, got[1:])} == {timedelta(minutes=90)}
+    assert {b - a for a, b in pairwise(got)} == {timedelta(minutes=90)}
     local = [p.local.strftime("%H:%M%z") for p in preview(spec, at("2026-03-08T05:00Z"), 3)]
     assert local == ["01:00-0500", "03:30-0400", "05:00-0400"]  # wall clock jumps, elapsed time does not
 
@@ -422,7 +423,7 @@ def test_zone_data_meets_the_modules_assumptions() -> None:
     Checked on the installed tzdata through the pure-Python zoneinfo's transition list, so a tzdata
     upgrade that breaks an assumption fails here rather than as a wrong fire time.
     """
-    from zoneinfo import (  # the pure-Python implementation exposes transitions
+    from zoneinfo import (  # type: ignore[attr-defined]  # the pure-Python implementation exposes transitions
         _zoneinfo,
         available_timezones,
     )
@@ -435,7 +436,7 @@ def test_zone_data_meets_the_modules_assumptions() -> None:
         if found is None:
             pytest.skip("this Python's zoneinfo does not expose transitions")
         moments = [t for t in found if t >= floor]
-        for earlier, later in zip(moments, moments[1:]):
+        for earlier, later in pairwise(moments):
             assert later - earlier >= 6 * 3600, (key, datetime.fromtimestamp(earlier, UTC))
         for moment in moments:
             offset = datetime.fromtimestamp(moment, zone).utcoffset()

@@ -19,14 +19,15 @@ import platform
 import sys
 import zoneinfo
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from engine.control.schedule_requests import build_time_spec
 from engine.rules.timing import fire_times
 
-UTC = timezone.utc
+UTC = UTC
 GOLDEN = Path(__file__).parent / "golden" / "fire_times.json"
 FROM = datetime(2027, 1, 1, tzinfo=UTC)
 UNTIL = datetime(2029, 1, 1, tzinfo=UTC)
@@ -171,12 +172,13 @@ def test_golden_fire_times() -> None:
         f"The corpus in test_timing_golden.py no longer matches {GOLDEN.name}; regenerate it: {REGENERATE}"
     )
     problems = []
-    for entry, stored in zip(CORPUS, entries):
+    for entry, stored in zip(CORPUS, entries, strict=True):
         now = compute(entry)
         if now == stored["fires"]:
             continue
         index = next(
-            (i for i, (a, b) in enumerate(zip(now, stored["fires"])) if a != b), min(len(now), len(stored["fires"]))
+            (i for i, (a, b) in enumerate(zip(now, stored["fires"], strict=False)) if a != b),
+            min(len(now), len(stored["fires"])),
         )
         problems.append(
             f"  {entry.expression!r} in {entry.time_zone} ({entry.dst_repeat}/{entry.dst_gap}):"
@@ -204,5 +206,6 @@ if __name__ == "__main__":
     content = generate()
     text = dump(content)
     GOLDEN.write_text(text, encoding="utf-8")
-    fires = sum(len(e["fires"]) for e in content["entries"])  # type: ignore[index,union-attr,misc]
+    entries: Any = content["entries"]
+    fires = sum(len(e["fires"]) for e in entries)
     print(f"wrote {GOLDEN} ({len(text):,} bytes, {len(CORPUS)} entries, {fires:,} fires)")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given, settings
@@ -18,7 +18,7 @@ from engine.rules.timing import (
     parse_misfire_policy,
 )
 
-UTC = timezone.utc
+UTC = UTC
 US = timedelta(microseconds=1)
 HOURLY = build_time_spec("cron", "0 * * * *", "UTC")
 

@@ -37,8 +37,8 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from engine.cli.embedded.processes import die_with_parent, free_loopback_port, wait_for_exit
 from engine.cli.endpoints import java_home_setting, kafka_jars_setting

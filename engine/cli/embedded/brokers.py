@@ -12,8 +12,9 @@ broker is stopped.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal, Mapping, Protocol, get_args
+from typing import Literal, Protocol, get_args
 
 from engine.cli.embedded.apache_kafka import ApacheKafka, fetched, jars_directory, java_binary, missing_jars_message
 from engine.cli.embedded.tansu import EmbeddedKafka
@@ -40,7 +41,7 @@ def broker_kind(value: str) -> BrokerKind:
     """``value`` as a broker kind, or a StackError listing the kinds."""
     if value not in BROKER_KINDS:
         raise StackError(f"unknown broker kind {value!r}: choose one of {', '.join(BROKER_KINDS)}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def apache_kafka_unavailable(env: Mapping[str, str] | None = None) -> str | None:

@@ -59,7 +59,7 @@ class EmbeddedKafka:
                     preexec_fn=die_with_parent,
                 )
             finally:
-                if log is not subprocess.DEVNULL:
+                if not isinstance(log, int):
                     log.close()
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:

@@ -25,7 +25,9 @@ The modules, in the order a fire is computed:
 * :mod:`.cron_source` — cron in local time with the DST rules above;
 * :mod:`.sources` — rate and once sources, and the start/end bounds;
 * :mod:`.fires` — next fire (memoized), fires in a range, previous fire, preview, rates;
-* :mod:`.misfire` — what happens to late fire instants;
+* :mod:`.exclusions` — the fires an exclusion calendar removes (and lists for previews, reconcilers);
+* :mod:`.fire_reasons` — which rule produced a fire, in words;
+* :mod:`.misfire` — what happens to late fire instants (and the run limit);
 * :mod:`.jitter` — the deterministic spread of flexible occurrences.
 
 Validating a request's time fields into a spec is request parsing and lives in
@@ -36,6 +38,8 @@ from __future__ import annotations
 
 from engine.rules.cron_expression import MAX_EXPRESSION_LENGTH
 from engine.rules.timing.durations import MAX_DURATION, parse_duration
+from engine.rules.timing.exclusions import ExcludedSlot, excluded_slots
+from engine.rules.timing.fire_reasons import fire_reason
 from engine.rules.timing.fires import (
     clear_time_caches,
     fire_times,
@@ -84,4 +88,7 @@ __all__ = [
     "decide_misfire",
     "next_fire_cache_info",
     "clear_time_caches",
+    "ExcludedSlot",
+    "excluded_slots",
+    "fire_reason",
 ]

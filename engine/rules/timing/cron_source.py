@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, bisect_right
+from collections.abc import Iterator
 from datetime import date, datetime, timedelta
 from functools import lru_cache
 from itertools import islice
-from typing import Iterator
 from zoneinfo import ZoneInfo
 
 from engine.rules.cron_expression import CronExpression, parse_cron
@@ -179,11 +179,7 @@ class CronSource:
                         if instant != last:  # shifted gap times collapse onto one instant
                             last = instant
                             yield instant
-        while pending:
-            instant = heapq.heappop(pending)
-            if instant != last:
-                last = instant
-                yield instant
+        yield from _drain_ascending(pending, last)
 
     def backward(self, before: datetime, since: datetime | None) -> Iterator[datetime]:
         start = self._start_backward(before)
@@ -216,11 +212,7 @@ class CronSource:
                         if instant != last:
                             last = instant
                             yield instant
-        while pending:
-            instant = EPOCH - heapq.heappop(pending)
-            if instant != last:
-                last = instant
-                yield instant
+        yield from _drain_descending(pending, last)
 
     def plain_offset(self, day: date) -> timedelta | None:
         """The UTC offset of a local day without any transition, or None for a transition day (memoized per zone)."""
@@ -290,6 +282,24 @@ class CronSource:
                 break
             found += 1
         return found
+
+
+def _drain_ascending(pending: list[datetime], last: datetime | None) -> Iterator[datetime]:
+    """What a min-heap of instants still holds, ascending, never repeating ``last`` or an instant."""
+    while pending:
+        instant = heapq.heappop(pending)
+        if instant != last:
+            last = instant
+            yield instant
+
+
+def _drain_descending(pending: list[timedelta], last: datetime | None) -> Iterator[datetime]:
+    """What a max-heap of instants (stored as ``EPOCH - instant``) still holds, descending, without repeats."""
+    while pending:
+        instant = EPOCH - heapq.heappop(pending)
+        if instant != last:
+            last = instant
+            yield instant
 
 
 _UNKNOWN = object()

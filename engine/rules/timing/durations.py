@@ -11,7 +11,7 @@ MAX_DURATION = timedelta(days=3660)
 _DURATION = re.compile(r"^(?:(\d{1,7})d)?(?:(\d{1,7})h)?(?:(\d{1,7})m)?(?:(\d{1,7})s)?$")
 
 
-def parse_duration(text: str, field: str = "expression") -> timedelta:
+def parse_duration(text: object, field: str = "expression") -> timedelta:
     """Parse ``"90s"``, ``"15m"``, ``"1h"``, ``"1d"``, ``"1h30m"``, ``"2d12h"`` (units in d h m s order).
 
     Whole seconds only, zero allowed (callers that need a positive value say so),

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from datetime import date, datetime, timedelta
 from functools import lru_cache
-from itertools import islice
+from itertools import islice, pairwise
 
 from engine.rules.cron_expression import parse_cron
 from engine.rules.timing.cron_source import clear_cron_caches, cron_source
+from engine.rules.timing.exclusions import clear_exclusion_caches, exclusions_of
+from engine.rules.timing.fire_reasons import fire_reason
 from engine.rules.timing.instants import CEILING, FLOOR, MICROSECOND, UTC, aware_utc, naive_utc
 from engine.rules.timing.sources import backward_fires, forward_fires, rate_period
 from engine.rules.timing.spec import FirePreview, TimeSpec
@@ -55,7 +57,17 @@ def next_fire_after(spec: TimeSpec, after: datetime, *, cached: bool = True) -> 
             after = start  # bounds shift the question, not the memo key: bounded specs share the memo
     if spec.kind == "cron":
         compute = _next_cron_fire if cached else _next_cron_fire_uncached
-        found = compute(spec.expression, spec.time_zone, spec.dst_repeat == "both", spec.dst_gap == "shift", after)
+        both, shift = spec.dst_repeat == "both", spec.dst_gap == "shift"
+        found = compute(spec.expression, spec.time_zone, both, shift, after)
+        exclusions = exclusions_of(spec)
+        while found is not None and exclusions is not None:
+            # An excluded fire: ask again from the end of its interval (still through the shared memo).
+            interval = exclusions.containing(found.replace(tzinfo=None))
+            if interval is None:
+                break
+            found = compute(
+                spec.expression, spec.time_zone, both, shift, (interval[1] - MICROSECOND).replace(tzinfo=UTC)
+            )
     else:
         following = next(forward_fires(spec, after.replace(tzinfo=None)), None)
         found = following.replace(tzinfo=UTC) if following is not None else None
@@ -85,9 +97,13 @@ def previous_fire_before(spec: TimeSpec, before: datetime) -> datetime | None:
 
 
 def preview(spec: TimeSpec, after: datetime, count: int) -> list[FirePreview]:
-    """The next ``count`` fires with their local wall-clock time (fold set for a repeated hour)."""
+    """The next ``count`` fires with their local wall-clock time (fold set for a repeated hour) and the
+    rule that produced each (:func:`~engine.rules.timing.fire_reasons.fire_reason`)."""
     zone = zone_info(spec.time_zone)
-    return [FirePreview(instant, instant.astimezone(zone)) for instant in fire_times(spec, after, count)]
+    return [
+        FirePreview(instant, instant.astimezone(zone), fire_reason(spec, instant))
+        for instant in fire_times(spec, after, count)
+    ]
 
 
 def smallest_gap(spec: TimeSpec, after: datetime, sample: int = 1000) -> timedelta | None:
@@ -105,7 +121,7 @@ def smallest_gap(spec: TimeSpec, after: datetime, sample: int = 1000) -> timedel
     fires = list(islice(forward_fires(spec, naive_utc(after, "after")), sample))
     if len(fires) < 2:
         return None
-    return min(later - earlier for earlier, later in zip(fires, fires[1:]))
+    return min(later - earlier for earlier, later in pairwise(fires))
 
 
 def fires_per_minute(spec: TimeSpec, after: datetime) -> float:
@@ -121,16 +137,25 @@ def fires_per_minute(spec: TimeSpec, after: datetime) -> float:
         return 0.0
     if spec.kind == "rate":
         return 60.0 / rate_period(spec.expression).total_seconds()
-    cron = cron_source(spec.expression, spec.time_zone, spec.dst_repeat == "both", spec.dst_gap == "shift").cron
     day = first.astimezone(zone_info(spec.time_zone)).date()
+    return _cron_rate(spec.expression, spec.time_zone, spec.dst_repeat == "both", spec.dst_gap == "shift", day)
+
+
+@lru_cache(maxsize=16_384)
+def _cron_rate(expression: str, time_zone: str, both: bool, shift: bool, day: date) -> float:
+    """Fires per minute of a cron expression averaged over the 1461 local days from ``day`` (memoized: a
+    batch import repeats a few expressions thousands of times)."""
+    cron = cron_source(expression, time_zone, both, shift).cron
     window = 1461
     end = day + timedelta(days=window)
     matching = 0
     year, month = day.year, day.month
     while (year, month) <= (end.year, end.month):
-        for number in cron.month_days(year, month):
-            if day <= date(year, month, number) < end:
-                matching += 1
+        days = cron.month_days(year, month)
+        if (year, month) in ((day.year, day.month), (end.year, end.month)):
+            matching += sum(1 for number in days if day <= date(year, month, number) < end)
+        else:  # a month wholly inside the window: every matching day counts (no date per day)
+            matching += len(days)
         month += 1
         if month == 13:
             year, month = year + 1, 1
@@ -144,7 +169,9 @@ def next_fire_cache_info() -> dict[str, int]:
 
 
 def clear_time_caches() -> None:
-    """Forget memoized fires and compiled expressions (tests; after a tzdata reload)."""
+    """Forget memoized fires, compiled expressions and excluded intervals (tests; after a tzdata reload)."""
     _next_cron_fire.cache_clear()
+    _cron_rate.cache_clear()
     clear_cron_caches()
+    clear_exclusion_caches()
     parse_cron.cache_clear()

@@ -8,11 +8,11 @@ input is accepted for the years 1900 to 8999.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from schemas.errors import InvalidInput
 
-UTC = timezone.utc
+UTC = UTC
 EPOCH = datetime(1970, 1, 1)
 MICROSECOND = timedelta(microseconds=1)
 DAY = timedelta(days=1)

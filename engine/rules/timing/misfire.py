@@ -7,6 +7,7 @@ the outage was.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -14,6 +15,7 @@ from itertools import islice
 from typing import Literal
 
 from engine.rules.timing.durations import MAX_DURATION, parse_duration
+from engine.rules.timing.exclusions import exclusions_of
 from engine.rules.timing.fires import next_fire_after
 from engine.rules.timing.instants import MICROSECOND, UTC, naive_utc
 from engine.rules.timing.sources import backward_fires, count_fires, forward_fires
@@ -41,9 +43,11 @@ class MisfireDecision:
     missed: list[datetime]  # instants to record as MISSED (at most record_limit of them, oldest first)
     missed_unlisted: int | None  # how many further missed instants were not listed (None = more, count unknown)
     next_run_at: datetime | None  # the durable cursor after this decision: first fire strictly after `until`
+    excluded: int | None = 0  # slots the exclusion calendar removed from the decided range (None = unknown)
+    runs_exhausted: bool = False  # next_run_at is None because the last run allowed by max_runs was enqueued
 
 
-def parse_misfire_policy(text: str, max_lateness: str | timedelta | None = None) -> MisfirePolicy:
+def parse_misfire_policy(text: str, max_lateness: object = None) -> MisfirePolicy:
     """Parse ``"skip"``, ``"fire_once"`` or ``"catch_up:K"`` (K from 1 to 1000) and the lateness threshold.
 
     ``max_lateness`` defaults to one minute; ``"0s"`` makes every instant that is
@@ -81,7 +85,7 @@ def parse_misfire_policy(text: str, max_lateness: str | timedelta | None = None)
             raise InvalidInput("max_lateness", f"must be at most {MAX_DURATION.days}d", "5m")
         lateness = max_lateness
     else:
-        lateness = parse_duration(max_lateness, "max_lateness")  # type: ignore[arg-type]
+        lateness = parse_duration(max_lateness, "max_lateness")
     return MisfirePolicy(kind, limit, lateness)  # type: ignore[arg-type]
 
 
@@ -92,6 +96,7 @@ def decide_misfire(
     policy: MisfirePolicy,
     horizon: timedelta = timedelta(0),
     record_limit: int = 1000,
+    remaining_runs: int | None = None,
 ) -> MisfireDecision:
     """Decide every fire instant t with next_fire <= t <= now + horizon; nothing is silently dropped.
 
@@ -108,9 +113,21 @@ def decide_misfire(
     ``missed_unlisted`` counts the others exactly (rate, once, and cron over
     spans up to ten years; None beyond). Work is O(record_limit + K + on-time
     instants + days of outage for cron), never O(missed instants).
+
+    Fires the spec's exclusion calendar removes are neither enqueued nor
+    missed, but ``next_run_at`` walks the slots of the spec without its
+    calendar: a calendar changed later applies to every slot not yet
+    materialized. ``remaining_runs`` (the schedule's ``max_runs`` minus its
+    runs) enqueues at most that many, oldest first; when the last one is
+    enqueued ``next_run_at`` is None (the schedule completes). With no run
+    left nothing is decided.
     """
     if record_limit < 0:
         raise ValueError("record_limit must not be negative")
+    if remaining_runs is not None and remaining_runs <= 0:
+        if remaining_runs < 0:
+            raise ValueError("remaining_runs must not be negative")
+        return MisfireDecision(enqueue=[], missed=[], missed_unlisted=0, next_run_at=None, runs_exhausted=True)
     if horizon < timedelta(0):
         raise ValueError("horizon must not be negative")
     cursor = naive_utc(next_fire, "next_fire")
@@ -135,10 +152,33 @@ def decide_misfire(
                 unlisted = count_fires(spec, missed[-1] if missed else cursor - MICROSECOND, missed_before)
                 break
             missed.append(instant)
-    following = next_fire_after(spec, max(until, cursor - MICROSECOND).replace(tzinfo=UTC))
+    enqueue = late_enqueue + on_time
+    slots = dataclasses.replace(spec, calendar=None) if spec.calendar is not None else spec
+    exhausted = remaining_runs is not None and len(enqueue) >= remaining_runs
+    if exhausted:
+        enqueue = enqueue[:remaining_runs]
+        following = None  # the last run: the schedule completes
+    else:
+        following = next_fire_after(slots, max(until, cursor - MICROSECOND).replace(tzinfo=UTC))
+    excluded = _excluded_count(spec, slots, cursor, until)
     return MisfireDecision(
-        enqueue=[instant.replace(tzinfo=UTC) for instant in late_enqueue + on_time],
+        enqueue=[instant.replace(tzinfo=UTC) for instant in enqueue],
         missed=[instant.replace(tzinfo=UTC) for instant in missed],
         missed_unlisted=unlisted,
         next_run_at=following,
+        excluded=excluded,
+        runs_exhausted=exhausted,
     )
+
+
+def _excluded_count(spec: TimeSpec, slots: TimeSpec, cursor: datetime, until: datetime) -> int | None:
+    """Slots in [cursor, until] that the spec's calendar removes: the slots minus the fires left.
+
+    O(days + calendar intervals), like the missed count; None when a count is unknown.
+    """
+    exclusions = exclusions_of(spec)
+    if exclusions is None or cursor > until or not exclusions.overlapping(cursor - MICROSECOND, until + MICROSECOND):
+        return 0  # the common case: no listed date in the range, nothing to count
+    every = count_fires(slots, cursor - MICROSECOND, until + MICROSECOND)
+    kept = count_fires(spec, cursor - MICROSECOND, until + MICROSECOND)
+    return every - kept if every is not None and kept is not None else None

@@ -7,17 +7,20 @@ A source enumerates the fire instants of a spec without its start/end bounds
 ``rate`` fires at ``anchor + k * period`` (k = 0, 1, ...) of elapsed time and
 ignores daylight saving. Without an anchor it is anchored at ``start_at``,
 else at 1970-01-01T00:00Z (so "15m" fires at :00, :15, :30, :45 UTC). ``once``
-fires at one instant.
+fires at one instant. A spec with an exclusion calendar wraps its source in
+:class:`~engine.rules.timing.exclusions.ExcludingSource`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from functools import lru_cache
-from typing import Iterator, Protocol
+from typing import Protocol
 
 from engine.rules.timing.cron_source import cron_source
 from engine.rules.timing.durations import parse_duration
+from engine.rules.timing.exclusions import ExcludingSource, exclusions_of
 from engine.rules.timing.instants import CEILING, EPOCH, FLOOR, MICROSECOND, naive_utc, parse_instant
 from engine.rules.timing.spec import TimeSpec
 from schemas.errors import InvalidInput
@@ -108,6 +111,13 @@ def once_instant(expression: str) -> datetime:
 
 
 def source_of(spec: TimeSpec) -> Source:
+    """The spec's fire instants without its bounds, minus what its exclusion calendar removes."""
+    source = _unexcluded_source_of(spec)
+    exclusions = exclusions_of(spec)
+    return ExcludingSource(source, exclusions) if exclusions is not None else source
+
+
+def _unexcluded_source_of(spec: TimeSpec) -> Source:
     if spec.kind == "cron":
         return cron_source(spec.expression, spec.time_zone, spec.dst_repeat == "both", spec.dst_gap == "shift")
     if spec.kind == "rate":

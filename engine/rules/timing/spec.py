@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
+from engine.rules.exclusion_calendars import ExclusionCalendar
+
 Kind = Literal["once", "cron", "rate"]
 KINDS: tuple[str, ...] = ("once", "cron", "rate")
 DST_REPEAT_CHOICES: tuple[str, ...] = ("first", "both")
@@ -28,6 +30,9 @@ class TimeSpec:
     anchor: datetime | None = None  # rate only: fires at anchor + k*period
     start_at: datetime | None = None  # inclusive bound (aware UTC)
     end_at: datetime | None = None  # inclusive bound (aware UTC)
+    # Fires whose date on the calendar's clock is listed are removed (docs/time-contract.md); the
+    # durable cursor and the quotas use the spec without it, since the calendar may change.
+    calendar: ExclusionCalendar | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,3 +41,4 @@ class FirePreview:
 
     utc: datetime  # aware UTC
     local: datetime  # aware, in the schedule's zone, with the right fold/offset
+    rule: str = ""  # which rule produced it ("day-of-week TUE#2: second Tuesday of the month; ...")

@@ -1,0 +1,57 @@
+-- Health as the engine database sees it: last-hour lag and throughput, backlogs now. A :tenant_id that is
+-- NULL means every tenant. :now is NULL in production (the database's clock rules), a fixed instant in tests.
+
+-- name: health_minutes
+-- Per minute of the last :minutes (by scheduled_for): occurrences, how many reached Kafka, succeeded, went
+-- DEAD or MISSED, and the schedule_lag percentiles (enqueued_at - scheduled_for) of the enqueued slot ones.
+SELECT date_trunc('minute', scheduled_for) AS minute,
+       count(*) AS occurrences,
+       count(*) FILTER (WHERE enqueued_at IS NOT NULL) AS enqueued,
+       count(*) FILTER (WHERE state = 'SUCCEEDED') AS succeeded,
+       count(*) FILTER (WHERE state = 'DEAD') AS dead,
+       count(*) FILTER (WHERE state = 'MISSED') AS missed,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM enqueued_at - scheduled_for))
+           FILTER (WHERE enqueued_at IS NOT NULL AND origin = 'schedule') AS lag_p50,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM enqueued_at - scheduled_for))
+           FILTER (WHERE enqueued_at IS NOT NULL AND origin = 'schedule') AS lag_p99
+FROM occurrences
+WHERE (:tenant_id::text IS NULL OR tenant_id = :tenant_id)
+  AND scheduled_for > coalesce(:now::timestamptz, now()) - make_interval(mins => :minutes)
+  AND scheduled_for <= coalesce(:now::timestamptz, now())
+GROUP BY 1
+ORDER BY 1;
+
+-- name: health_lag
+-- schedule_lag percentiles (s) over the last :minutes of enqueued slot occurrences.
+SELECT count(*) AS enqueued,
+       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM enqueued_at - scheduled_for))
+           AS lag
+FROM occurrences
+WHERE (:tenant_id::text IS NULL OR tenant_id = :tenant_id)
+  AND scheduled_for > coalesce(:now::timestamptz, now()) - make_interval(mins => :minutes)
+  AND scheduled_for <= coalesce(:now::timestamptz, now())
+  AND enqueued_at IS NOT NULL AND origin = 'schedule';
+
+-- name: backlogs
+-- The backlogs now: active schedules whose cursor is past (the materializer's due backlog), due unsent
+-- outbox rows (as the relay's outbox_backlog counts them) and the age of the oldest one (queue age), unsent
+-- rows held by the overlap gate (some of them due), and occurrences running, waiting for a retry, or DEAD.
+SELECT
+    (SELECT count(*) FROM schedules
+     WHERE state = 'active' AND next_run_at <= coalesce(:now::timestamptz, now())
+       AND (:tenant_id::text IS NULL OR tenant_id = :tenant_id)) AS due_schedules,
+    (SELECT count(*) FROM outbox
+     WHERE sent_at IS NULL AND discarded_at IS NULL AND available_at <= coalesce(:now::timestamptz, now())
+       AND (:tenant_id::text IS NULL OR tenant_id = :tenant_id)) AS outbox_due,
+    (SELECT extract(epoch FROM coalesce(:now::timestamptz, now()) - min(available_at)) FROM outbox
+     WHERE sent_at IS NULL AND discarded_at IS NULL AND available_at <= coalesce(:now::timestamptz, now())
+       AND (:tenant_id::text IS NULL OR tenant_id = :tenant_id)) AS queue_age_s,
+    (SELECT count(*) FROM outbox
+     WHERE sent_at IS NULL AND discarded_at IS NULL AND claim_expires_at = 'infinity'
+       AND (:tenant_id::text IS NULL OR tenant_id = :tenant_id)) AS overlap_held,
+    (SELECT count(*) FROM occurrences WHERE state = 'RUNNING'
+       AND (:tenant_id::text IS NULL OR tenant_id = :tenant_id)) AS running,
+    (SELECT count(*) FROM occurrences WHERE state = 'RETRY_WAIT'
+       AND (:tenant_id::text IS NULL OR tenant_id = :tenant_id)) AS retry_wait,
+    (SELECT count(*) FROM occurrences WHERE state = 'DEAD'
+       AND (:tenant_id::text IS NULL OR tenant_id = :tenant_id)) AS dead;

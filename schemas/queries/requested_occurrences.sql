@@ -1,0 +1,80 @@
+-- Occurrences a principal asks for outside the schedule's own firing: backfill and trigger now
+-- (engine/control/requested_occurrences.py). :now is NULL in production, a fixed instant in tests.
+
+-- name: lock_requested_schedule
+-- One schedule of one tenant, locked while occurrences are requested for it (the materializer skips it).
+SELECT * FROM schedules WHERE schedule_id = :schedule_id AND tenant_id = :tenant_id FOR UPDATE;
+
+-- name: slot_occurrences
+-- The slot occurrences (not manual ones) of one schedule at the given instants, of any version.
+SELECT occurrence_id, schedule_version, scheduled_for, state
+FROM occurrences
+WHERE schedule_id = :schedule_id AND scheduled_for = ANY (:slots::timestamptz[]) AND origin <> 'manual';
+
+-- name: lock_catch_up_clock
+-- Locks the tenant's catch-up clock (created a minute behind now: an idle tenant may burst one minute's quota).
+INSERT INTO tenant_catch_up AS c (tenant_id, free_at)
+VALUES (:tenant_id, coalesce(:now::timestamptz, now()) - interval '1 minute')
+ON CONFLICT (tenant_id) DO UPDATE SET free_at = c.free_at
+RETURNING free_at;
+
+-- name: set_catch_up_clock
+-- Moves the tenant's catch-up clock past the slots just released.
+UPDATE tenant_catch_up SET free_at = :free_at WHERE tenant_id = :tenant_id;
+
+-- name: insert_requested_occurrences
+-- Inserts requested occurrences (SCHEDULED, :origin, requested by :requested_by) of one schedule and, for each
+-- one actually inserted, its outbox row: held by the overlap gate (:held, claim :gate_token) or free for the
+-- relay. The outbox row's scheduled_for is the release instant, so schedule_lag measures delivery against the
+-- release, not against a slot hours in the past. Returns how many were inserted.
+WITH input AS (
+    SELECT * FROM unnest(:occurrence_ids::uuid[], :slots::timestamptz[], :releases::timestamptz[],
+                         :messages::bytea[]) AS t(occurrence_id, scheduled_for, available_at, message)
+), inserted AS (
+    INSERT INTO occurrences (occurrence_id, schedule_id, schedule_version, tenant_id, target, scheduled_for,
+                             available_at, state, origin, requested_by, created_at, updated_at)
+    SELECT occurrence_id, :schedule_id, :version, :tenant_id, :target, scheduled_for, available_at, 'SCHEDULED',
+           :origin, :requested_by, coalesce(:now::timestamptz, now()), coalesce(:now::timestamptz, now())
+    FROM input
+    ON CONFLICT DO NOTHING
+    RETURNING occurrence_id
+), outboxed AS (
+    INSERT INTO outbox (occurrence_id, tenant_id, topic, message_key, message, scheduled_for, available_at,
+                        claim_token, claim_expires_at, created_at)
+    SELECT i.occurrence_id, :tenant_id, :topic, :message_key, i.message, i.available_at, i.available_at,
+           CASE WHEN :held::bool THEN :gate_token::uuid END,
+           CASE WHEN :held::bool THEN 'infinity'::timestamptz END, coalesce(:now::timestamptz, now())
+    FROM input i JOIN inserted USING (occurrence_id)
+    RETURNING 1
+)
+SELECT count(*) FROM inserted;
+
+-- name: refire_occurrences
+-- Fires again occurrences of the current version that never ran (MISSED, SKIPPED_OVERLAP): the same
+-- occurrence id back to SCHEDULED (:origin, requested by :requested_by) with a new outbox row, held like
+-- insert_requested_occurrences. Returns how many were refired.
+WITH input AS (
+    SELECT * FROM unnest(:occurrence_ids::uuid[], :slots::timestamptz[], :releases::timestamptz[],
+                         :messages::bytea[]) AS t(occurrence_id, scheduled_for, available_at, message)
+), refired AS (
+    UPDATE occurrences o
+    SET state = 'SCHEDULED', origin = :origin, requested_by = :requested_by, available_at = i.available_at,
+        finished_at = NULL, updated_at = coalesce(:now::timestamptz, now())
+    FROM input i
+    WHERE o.occurrence_id = i.occurrence_id AND o.schedule_id = :schedule_id AND o.schedule_version = :version
+      AND o.tenant_id = :tenant_id AND o.target = :target AND o.state IN ('MISSED', 'SKIPPED_OVERLAP')
+    RETURNING o.occurrence_id
+), outboxed AS (
+    INSERT INTO outbox (occurrence_id, tenant_id, topic, message_key, message, scheduled_for, available_at,
+                        claim_token, claim_expires_at, created_at)
+    SELECT i.occurrence_id, :tenant_id, :topic, :message_key, i.message, i.available_at, i.available_at,
+           CASE WHEN :held::bool THEN :gate_token::uuid END,
+           CASE WHEN :held::bool THEN 'infinity'::timestamptz END, coalesce(:now::timestamptz, now())
+    FROM input i JOIN refired USING (occurrence_id)
+    RETURNING 1
+)
+SELECT count(*) FROM refired;
+
+-- name: requested_occurrence
+-- One occurrence of one schedule (the result of a trigger-now).
+SELECT * FROM occurrences WHERE occurrence_id = :occurrence_id AND schedule_id = :schedule_id;

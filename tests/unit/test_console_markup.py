@@ -1,0 +1,89 @@
+"""The console's HTML is escaped by default; its pages and charts render hostile text inert."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engine.api.console import pages
+from engine.api.console.charts import line_chart
+from engine.api.console.markup import Markup, join, query, render
+from engine.api.console.preview import dst_change, preview_with_dst
+from engine.api.console.sessions import Principal
+
+HOSTILE = '<script>alert("x")</script>\'"&'
+
+
+def test_values_are_escaped_and_markup_is_not_escaped_twice():
+    inner = render("<b>{v}</b>", v=HOSTILE)
+    assert inner == "<b>&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&#x27;&quot;&amp;</b>"
+    assert render("<p>{x}</p>", x=inner) == "<p>" + inner + "</p>"
+    assert join(["<i>", Markup("<i>")]) == "&lt;i&gt;<i>"
+    assert render('<a title="{t}">', t='" onmouseover="x') == '<a title="&quot; onmouseover=&quot;x">'
+
+
+@given(st.text())
+def test_no_text_can_open_a_tag_or_leave_an_attribute(text):
+    out = render('<td title="{t}">{t}</td>', t=text)
+    body = out[len('<td title="') : -len("</td>")]
+    assert "<" not in body and '"' not in body.split(">", 1)[1]
+
+
+def test_urls_are_encoded():
+    assert query("/ui/schedules", q="a&b=c", state=None) == "/ui/schedules?q=a%26b%3Dc"
+
+
+def test_pages_render_hostile_schedules_inert():
+    schedule = {
+        "schedule_id": "6b0c0000-0000-0000-0000-000000000000",
+        "tenant_id": "acme",
+        "target": HOSTILE,
+        "kind": "cron",
+        "expression": HOSTILE,
+        "time_zone": "UTC",
+        "state": "active",
+        "version": 1,
+        "next_run_at": None,
+    }
+    principal = Principal(operator="alice")
+    html = pages.schedules_page([schedule], None, {"q": HOSTILE}, {}, principal, "csrf")
+    assert "<script>alert" not in html and "&lt;script&gt;" in html
+    timeline = {
+        "entries": [
+            {
+                "scheduled_for": "2026-11-29T10:00:00Z",
+                "verdict": "DEAD",
+                "explanation": HOSTILE,
+                "version": 1,
+                "origin": "schedule",
+                "occurrences": [],
+            }
+        ],
+        "counts": {"DEAD": 1},
+        "truncated": False,
+    }
+    section = pages.timeline_section(timeline, lambda text: text)
+    assert "<script>alert" not in section
+
+
+def test_charts_are_inline_svg_with_escaped_labels():
+    svg = line_chart(HOSTILE, ["10:00", "10:01", "10:02"], [("a<b", [1.0, None, 3.0])])
+    assert svg.startswith('<figure class="chart"><svg') and "<script" not in svg
+    assert "a&lt;b" in svg and "<circle" in svg  # a lone point after a gap is drawn as a dot
+
+
+def test_dst_days_are_marked_in_the_preview():
+    berlin = ZoneInfo("Europe/Berlin")
+    assert dst_change(berlin, datetime(2027, 3, 28, 12, tzinfo=berlin)) == timedelta(hours=1)
+    assert dst_change(berlin, datetime(2027, 10, 31, 12, tzinfo=berlin)) == timedelta(hours=-1)
+    assert dst_change(berlin, datetime(2027, 3, 27, 12, tzinfo=berlin)) is None
+    fires = preview_with_dst(
+        {"kind": "cron", "expression": "30 2 * * *", "time_zone": "Europe/Berlin"},
+        datetime(2027, 10, 30, 0, tzinfo=UTC),
+        3,
+    )
+    assert [f["utc"] for f in fires] == ["2027-10-30T00:30:00Z", "2027-10-31T00:30:00Z", "2027-11-01T01:30:00Z"]
+    assert [f["dst"] for f in fires] == [None, "DST day: clocks fall back 1h", None]
