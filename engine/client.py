@@ -26,7 +26,7 @@ from typing import Any
 
 from schemas.commands import HEADER_SIGNATURE, Command, CommandResult, decode_command_result, sign
 from schemas.errors import ChronoqError
-from schemas.topics import COMMAND_RESULTS_TOPIC, COMMANDS_TOPIC, create_missing_topics
+from schemas.topics import COMMAND_RESULTS_TOPIC, COMMANDS_TOPIC, create_missing_topics, topic_partitions
 
 
 class ApiError(ChronoqError):
@@ -239,11 +239,18 @@ class CommandResults:
 
         await create_missing_topics(self.kafka_bootstrap, [COMMANDS_TOPIC, COMMAND_RESULTS_TOPIC])
         await self.consumer.start()
-        partitions = None
+        # From an admin client: this consumer assigns partitions itself, so it
+        # has no metadata for the topic on Apache Kafka (schemas.topics says why).
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        partitions = await topic_partitions(self.kafka_bootstrap, COMMAND_RESULTS_TOPIC)
         while not partitions:
-            await self.consumer.topics()
-            partitions = self.consumer.partitions_for_topic(COMMAND_RESULTS_TOPIC)
-        self.consumer.assign([TopicPartition(COMMAND_RESULTS_TOPIC, p) for p in sorted(partitions)])
+            if loop.time() > deadline:
+                await self.consumer.stop()
+                raise TimeoutError(f"topic {COMMAND_RESULTS_TOPIC} has no partitions 30 s after creating it")
+            await asyncio.sleep(0.05)  # created a moment ago
+            partitions = await topic_partitions(self.kafka_bootstrap, COMMAND_RESULTS_TOPIC)
+        self.consumer.assign([TopicPartition(COMMAND_RESULTS_TOPIC, p) for p in partitions])
         await self.consumer.seek_to_end()
         return self
 

@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
 
 from schemas.errors import InvalidInput
 
@@ -108,3 +108,29 @@ async def create_missing_topics(bootstrap: str, topics: Sequence[str], partition
         await ensure_topics(admin, topics, partitions)
     finally:
         await admin.close()
+
+
+async def topic_partitions(bootstrap: str, topic: str) -> list[int]:
+    """The partition numbers of ``topic``, or ``[]`` when it does not exist; never creates it.
+
+    Asked of an admin client on purpose: aiokafka's consumer keeps metadata
+    only for the topics it subscribed to, and a consumer that assigns
+    partitions itself starts with an empty topic list, which Apache Kafka
+    answers with no topics (tansu with all of them). So
+    ``consumer.partitions_for_topic`` stays empty on Apache Kafka until the
+    periodic refresh, minutes later. The existence check comes first because
+    tansu creates a topic that a Metadata request names.
+    """
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        if topic not in set(await admin.list_topics()):
+            return []
+        (description,) = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    if description["error_code"] == UnknownTopicOrPartitionError.errno:
+        return []  # listed a moment ago, not yet known to the broker that answered: created just now
+    if description["error_code"] != 0:
+        raise KafkaError(f"could not describe topic {topic}: error code {description['error_code']}")
+    return sorted(partition["partition"] for partition in description["partitions"])

