@@ -103,7 +103,15 @@ class AttemptEvent:
         consumer_group: str | None = None,
         worker: str | None = None,
     ) -> AttemptEvent:
-        return cls(STARTED, occurrence_id, attempt, lease_token, lease_ttl, consumer_group, worker)
+        return cls(
+            STARTED,
+            occurrence_id,
+            attempt,
+            lease_token,
+            lease_ttl,
+            _optional_printable(consumer_group),
+            _optional_printable(worker),
+        )
 
     @classmethod
     def heartbeat(
@@ -146,13 +154,26 @@ class AttemptEvent:
         lease_token: uuid.UUID | None = None,
         consumer_group: str | None = None,
     ) -> AttemptEvent:
-        return cls(CANCELED, occurrence_id, attempt, lease_token, consumer_group=consumer_group, reason=reason)
+        return cls(
+            CANCELED,
+            occurrence_id,
+            attempt,
+            lease_token,
+            consumer_group=_optional_printable(consumer_group),
+            reason=reason,
+        )
 
     @classmethod
     def already_applied(
         cls, occurrence_id: uuid.UUID, attempt: int, applied_by: uuid.UUID | None, consumer_group: str | None = None
     ) -> AttemptEvent:
-        return cls(ALREADY_APPLIED, occurrence_id, attempt, consumer_group=consumer_group, applied_by=applied_by)
+        return cls(
+            ALREADY_APPLIED,
+            occurrence_id,
+            attempt,
+            consumer_group=_optional_printable(consumer_group),
+            applied_by=applied_by,
+        )
 
     @property
     def key(self) -> bytes:
@@ -188,11 +209,16 @@ class AttemptEvent:
 
 
 def _printable(text: str) -> str:
+    """Text the wire (and the engine's text columns) can carry: NUL replaced, never rejected."""
     return text.replace("\x00", "\ufffd")
 
 
+def _optional_printable(text: str | None) -> str | None:
+    return None if text is None else _printable(text)[:MAX_CONSUMER_GROUP]
+
+
 MAX_CONSUMER_GROUP = 255
-MAX_WORKER = 200
+MAX_WORKER = 255
 
 
 def decode_attempt_event(value: bytes | None) -> AttemptEvent:
