@@ -25,8 +25,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from schemas.commands import HEADER_SIGNATURE, Command, CommandResult, decode_command_result, sign
-from schemas.errors import ChronoqError
-from schemas.topics import COMMAND_RESULTS_TOPIC, COMMANDS_TOPIC, create_missing_topics
+from schemas.errors import ChronoqError, MalformedMessage
+from schemas.topics import COMMAND_RESULTS_TOPIC, COMMANDS_TOPIC, command_results_topic, create_missing_topics
 
 
 class ApiError(ChronoqError):
@@ -221,29 +221,39 @@ class CommandProducer:
 
 
 class CommandResults:
-    """Waits for the results of commands on chronoq.command-results.
+    """Waits for the results of one tenant's commands.
 
-    Start it BEFORE sending: it reads from the end of the topic as of
+    A tenant's results arrive on its own topic (``chronoq.command-results.<tenant>``);
+    commands that could not be attributed to a tenant (malformed, badly signed)
+    are answered on the shared ``chronoq.command-results`` with the command id
+    and the reason only. This reads both, so ``wait_for`` sees every answer to
+    the commands it sent, and never another tenant's results.
+
+    Start it BEFORE sending: it reads from the end of the topics as of
     :meth:`start`, so earlier results are not replayed.
     """
 
-    def __init__(self, kafka_bootstrap: str) -> None:
+    def __init__(self, kafka_bootstrap: str, tenant_id: str) -> None:
         from aiokafka import AIOKafkaConsumer
 
         self.consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, enable_auto_commit=False)
         self.kafka_bootstrap = kafka_bootstrap
+        self.topics = [command_results_topic(tenant_id), COMMAND_RESULTS_TOPIC]
         self._seen: dict[uuid.UUID, CommandResult] = {}
 
     async def __aenter__(self) -> CommandResults:
         from aiokafka import TopicPartition
 
-        await create_missing_topics(self.kafka_bootstrap, [COMMANDS_TOPIC, COMMAND_RESULTS_TOPIC])
+        await create_missing_topics(self.kafka_bootstrap, [COMMANDS_TOPIC, *self.topics])
         await self.consumer.start()
-        partitions = None
-        while not partitions:
-            await self.consumer.topics()
-            partitions = self.consumer.partitions_for_topic(COMMAND_RESULTS_TOPIC)
-        self.consumer.assign([TopicPartition(COMMAND_RESULTS_TOPIC, p) for p in sorted(partitions)])
+        assigned: list[TopicPartition] = []
+        for topic in self.topics:
+            partitions = None
+            while not partitions:
+                await self.consumer.topics()
+                partitions = self.consumer.partitions_for_topic(topic)
+            assigned.extend(TopicPartition(topic, p) for p in sorted(partitions))
+        self.consumer.assign(assigned)
         await self.consumer.seek_to_end()
         return self
 
@@ -260,6 +270,9 @@ class CommandResults:
             batches = await self.consumer.getmany(timeout_ms=100)
             for records in batches.values():
                 for record in records:
-                    result = decode_command_result(record.value)
+                    try:
+                        result = decode_command_result(record.value)
+                    except MalformedMessage:
+                        continue  # not a result chronoq wrote: nothing to wait for in it
                     self._seen[result.command_id] = result
         return self._seen[command_id]

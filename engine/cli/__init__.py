@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         operator_commands,
         schedule_commands,
         stack_commands,
+        target_commands,
         tenant_commands,
     )
 
@@ -64,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     for area in (
         stack_commands,
         tenant_commands,
+        target_commands,
         operator_commands,
         schedule_commands,
         calendar_commands,
