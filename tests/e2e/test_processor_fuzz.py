@@ -19,12 +19,10 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import asyncpg
 from aiokafka import AIOKafkaProducer
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import strategies as st
 
 from consumers import ConsumerApp, ConsumerConfig, Occurrence
 from engine.loops.service import PIPELINE_ROLES, Role
@@ -37,37 +35,12 @@ from schemas.topics import (
     create_missing_topics,
     occurrence_topic,
 )
-from tests.conftest import Running, fast_services, services_running, wait_for
-from tests.hostile_records import hostile_headers, records
-from tests.integration.attempt_rows import due_occurrence, occurrence_row
+from tests.support.hostile_records import hostile
+from tests.support.rows import due_occurrence, occurrence_row
+from tests.support.services import Running, fast_services, services_running
+from tests.support.waiting import wait_for
 
 RECORDS = int(os.environ.get("CHRONOQ_FUZZ_RECORDS", "100"))
-
-
-def draw_many(strategy: st.SearchStrategy, count: int) -> list:  # type: ignore[type-arg]
-    """``count`` examples of ``strategy`` (generation only: nothing to shrink, the property is checked after)."""
-    drawn: list = []  # type: ignore[type-arg]
-
-    @settings(
-        max_examples=count,
-        database=None,
-        deadline=None,
-        phases=[Phase.generate],
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(strategy)
-    def collect(example) -> None:  # type: ignore[no-untyped-def]
-        drawn.append(example)
-
-    collect()
-    return drawn
-
-
-def hostile(kind: str, count: int) -> list[tuple[bytes | None, bytes | None, list]]:
-    keys = st.one_of(st.none(), st.binary(max_size=40))
-    drawn = draw_many(st.tuples(keys, records(kind), hostile_headers.map(lambda h: h or [])), count)
-    # A record needs a key or a value (a tombstone with neither cannot be produced).
-    return [(b"tombstone" if key is None and value is None else key, value, headers) for key, value, headers in drawn]
 
 
 async def produce_all(bootstrap: str, batches: dict[str, list[tuple[bytes | None, bytes | None, list]]]) -> int:
@@ -126,7 +99,7 @@ async def test_hostile_records_on_every_consumed_topic_leave_every_loop_alive(
                 uuid.uuid4(),
                 "acme",
                 "create",
-                datetime.now(timezone.utc),
+                datetime.now(UTC),
                 body={"kind": "cron", "expression": "0 9 * * *", "target": f"{target}-cmd"},
             )
             value = command.encode()
@@ -138,7 +111,7 @@ async def test_hostile_records_on_every_consumed_topic_leave_every_loop_alive(
                     ]
                 },
             )
-            valid = await due_occurrence(pool, "acme", target, datetime.now(timezone.utc))
+            valid = await due_occurrence(pool, "acme", target, datetime.now(UTC))
             await wait_for(
                 lambda: pool.fetchval("SELECT count(*) FROM schedules WHERE target = $1", f"{target}-cmd"), 60
             )

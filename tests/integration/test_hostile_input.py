@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import asyncpg
 import orjson
@@ -40,10 +40,11 @@ from schemas.topics import (
     create_missing_topics,
     occurrence_topic,
 )
-from tests.conftest import Running, fast_services, services_running, wait_for
-from tests.kafka_reading import read_topic
+from tests.support.kafka import read_topic
+from tests.support.services import Running, fast_services, services_running
+from tests.support.waiting import wait_for
 
-AT = datetime(2026, 11, 29, 10, 0, tzinfo=timezone.utc)
+AT = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 
 
 def daily(target: str, **fields) -> dict:
@@ -67,7 +68,7 @@ async def api(pool, clock, tenants):
     sock = bind("127.0.0.1", 0)
     stop = asyncio.Event()
     task = asyncio.create_task(serve(Api(pool, ControlPlane(pool, clock)), sock, stop))
-    url = "http://127.0.0.1:{}".format(sock.getsockname()[1])
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     yield ChronoqClient(url, tenants[0].api_token), ChronoqClient(url, tenants[1].api_token)
     stop.set()
     await task

@@ -9,7 +9,8 @@ the wire can carry.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 import pytest
@@ -22,7 +23,7 @@ from schemas.dead_letter_messages import decode_dead_occurrence
 from schemas.errors import MalformedMessage
 from schemas.messages import HEADER_TENANT, OccurrenceMessage, decode_occurrence, decode_schedule_state
 from schemas.target_bindings import decode_target_binding
-from tests.hostile_records import VALID, hostile_headers, records
+from tests.support.hostile_records import VALID, hostile_headers, records
 
 
 def _occurrence(value: bytes | None, headers: Any) -> OccurrenceMessage:

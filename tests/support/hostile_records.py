@@ -1,18 +1,20 @@
 """Hostile Kafka records for fuzzing: random bytes, right-shaped JSON with wrong types, NUL, huge and
 negative numbers, NaN, extreme instants, and headers with null or non-UTF-8 values.
 
-``records(kind)`` mutates a valid record of each kind (``VALID``); ``hostile_headers`` draws header lists.
-Used by the decoder unit fuzz, the processor fuzz on the real stack and ``load_tests/fuzz_topics.py``.
+``records(kind)`` mutates a valid record of each kind (``VALID``); ``hostile_headers`` draws header lists;
+``hostile(kind, n)`` draws ``n`` producible (key, value, headers) triples. Used by the decoder unit fuzz,
+the processor fuzz on the real stack and ``load_tests/fuzz_topics.py``.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from schemas.attempt_events import AttemptEvent
@@ -21,7 +23,7 @@ from schemas.dead_letter_messages import DeadOccurrenceMessage
 from schemas.messages import HEADER_TENANT, OccurrenceMessage, ScheduleStateMessage
 from schemas.target_bindings import TargetBindingMessage
 
-AT = datetime(2026, 11, 29, 10, 0, tzinfo=timezone.utc)
+AT = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 OCC = uuid.UUID("6f1c2a0e-4d0b-5c8e-9a51-63686f6e6f71")
 OCCURRENCE = OccurrenceMessage(
     OCC, uuid.uuid4(), 3, "acme", "billing.invoice", AT, AT, 2, "flexible", AT, {"invoice": 42}
@@ -113,3 +115,29 @@ def records(kind: str) -> st.SearchStrategy[bytes | None]:
         st.just(b'{"format": 1e400}'),
         hostile_values.map(_dumps),
     )
+
+
+def draw_many(strategy: st.SearchStrategy, count: int) -> list:  # type: ignore[type-arg]
+    """``count`` examples of ``strategy`` (generation only: nothing to shrink, the property is checked after)."""
+    drawn: list = []  # type: ignore[type-arg]
+
+    @settings(
+        max_examples=count,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(strategy)
+    def collect(example) -> None:  # type: ignore[no-untyped-def]
+        drawn.append(example)
+
+    collect()
+    return drawn
+
+
+def hostile(kind: str, count: int) -> list[tuple[bytes | None, bytes | None, list]]:
+    keys = st.one_of(st.none(), st.binary(max_size=40))
+    drawn = draw_many(st.tuples(keys, records(kind), hostile_headers.map(lambda h: h or [])), count)
+    # A record needs a key or a value (a tombstone with neither cannot be produced).
+    return [(b"tombstone" if key is None and value is None else key, value, headers) for key, value, headers in drawn]
