@@ -61,7 +61,7 @@ def summarize(ndjson: Path) -> dict:
     }
 
 
-def _interactions(event: object):  # type: ignore[no-untyped-def]
+def _interactions(event: object):
     """Every recorded interaction in one ndjson event, wherever schemathesis nests it."""
     if isinstance(event, dict):
         if "request" in event and "response" in event and isinstance(event.get("request"), dict):

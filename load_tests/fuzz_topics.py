@@ -61,7 +61,7 @@ KINDS = {
 }
 
 
-async def wait(predicate, timeout: float, since: float | None = None) -> float:  # type: ignore[no-untyped-def]
+async def wait(predicate, timeout: float, since: float | None = None) -> float:
     """Seconds from ``since`` (default: now) until ``predicate()`` held; TimeoutError after ``timeout``."""
     started = time.perf_counter() if since is None else since
     while not await predicate():
@@ -75,7 +75,7 @@ def _seconds(value: float | None) -> float | str:
     return "not within the deadline" if value is None else round(value, 2)
 
 
-async def settled(predicate, timeout: float, since: float) -> float | None:  # type: ignore[no-untyped-def]
+async def settled(predicate, timeout: float, since: float) -> float | None:
     """Like ``wait``, but None instead of TimeoutError (the run reports what did not happen in time)."""
     try:
         return await wait(predicate, timeout, since)
@@ -83,7 +83,7 @@ async def settled(predicate, timeout: float, since: float) -> float | None:  # t
         return None
 
 
-def _all_dead_lettered(app: ConsumerApp, count: int):  # type: ignore[no-untyped-def]
+def _all_dead_lettered(app: ConsumerApp, count: int):
     # Some generated records may happen to be valid occurrences of another target: dead-lettered too.
     async def done() -> bool:
         return app.stats.dead_lettered + app.stats.applied >= count + 2

@@ -52,7 +52,7 @@ class AttemptCredential:
     secret: bytes
 
     @classmethod
-    def issue(cls) -> "AttemptCredential":
+    def issue(cls) -> AttemptCredential:
         """A fresh credential (the caller stores it with its target and consumer group)."""
         return cls(uuid.uuid4(), secrets.token_bytes(SECRET_BYTES))
 
@@ -62,7 +62,7 @@ class AttemptCredential:
         return f"{TOKEN_PREFIX}{self.credential_id.hex}_{self.secret.hex()}"
 
     @classmethod
-    def from_token(cls, token: str) -> "AttemptCredential":
+    def from_token(cls, token: str) -> AttemptCredential:
         """Parse a token; ValueError (saying which form is expected) if it is not one."""
         match = _TOKEN.fullmatch(token.strip()) if isinstance(token, str) else None
         if match is None:

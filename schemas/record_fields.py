@@ -26,16 +26,17 @@ from __future__ import annotations
 
 import math
 import uuid
-from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 import orjson
 
 from schemas.errors import MalformedMessage
 
 #: Wire instants, once converted to UTC, lie in [INSTANT_MIN, INSTANT_MAX].
-INSTANT_MIN = datetime(1800, 1, 1, tzinfo=timezone.utc)
-INSTANT_MAX = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc)
+INSTANT_MIN = datetime(1800, 1, 1, tzinfo=UTC)
+INSTANT_MAX = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
 #: The largest value of a PostgreSQL ``integer`` column (versions, attempt numbers).
 MAX_INT32 = 2**31 - 1
 #: Default length limit of a text field (ids, names, classes).
@@ -181,7 +182,7 @@ def parse_instant(raw: object, name: str) -> datetime:
     if parsed.tzinfo is None or parsed.utcoffset() is None:
         raise MalformedMessage(f"field {name!r} has no UTC offset: {_shown(raw)}", name)
     try:
-        value = parsed.astimezone(timezone.utc)
+        value = parsed.astimezone(UTC)
     except OverflowError as err:  # 0001-01-01T00:00:00+01:00 is before the year 1 in UTC
         raise MalformedMessage(f"field {name!r} is outside the supported range: {_shown(raw)}", name) from err
     if not INSTANT_MIN <= value <= INSTANT_MAX:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import asyncpg
 

@@ -46,8 +46,8 @@ from aiokafka.errors import CommitFailedError, KafkaError
 from aiokafka.structs import ConsumerRecord
 
 from engine.loops.reporting import SUMMARY_EVERY, LoopSummary, log_failure
-from schemas.error_classification import is_transient
 from schemas.clock import pause
+from schemas.error_classification import is_transient
 from schemas.topics import DEFAULT_PARTITIONS, create_missing_topics
 
 Handle = Callable[[Sequence[ConsumerRecord]], Awaitable[Mapping[str, int]]]

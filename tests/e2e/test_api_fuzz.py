@@ -55,7 +55,7 @@ async def api_process(engine_db, kafka_bootstrap, pool):
     await asyncio.to_thread(process.communicate, timeout=30)
 
 
-def _schema():  # type: ignore[no-untyped-def]
+def _schema():
     return schemathesis.openapi.from_dict(openapi_document())
 
 
@@ -80,7 +80,7 @@ async def test_no_generated_request_produces_a_server_error(api_process):
     def run_all() -> int:
         operations = 0
         for result in schema.get_all_operations():
-            operation = result.ok()  # type: ignore[union-attr]  # an invalid operation fails the test
+            operation = result.ok()  # an invalid operation fails the test
             operations += 1
             for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
                 fuzz(operation, mode)
@@ -99,10 +99,10 @@ async def test_stateful_scenarios_along_the_links_produce_no_server_error(api_pr
     steps = {"n": 0}
 
     class Scenarios(_schema().as_state_machine()):  # type: ignore[misc]
-        def get_call_kwargs(self, case):  # type: ignore[no-untyped-def]
+        def get_call_kwargs(self, case):
             return {"base_url": base_url, "headers": {"Authorization": f"Bearer {token}"}}
 
-        def validate_response(self, response, case, additional_checks=None, **kwargs):  # type: ignore[no-untyped-def]
+        def validate_response(self, response, case, additional_checks=None, **kwargs):
             steps["n"] += 1
             if response.status_code >= 500:
                 failures.append(f"{case.method} {case.formatted_path} -> {response.status_code} {response.text[:200]}")

@@ -125,7 +125,7 @@ async def test_hostile_records_on_every_consumed_topic_leave_every_loop_alive(
         await effects.close()
 
 
-def async_state(pool: asyncpg.Pool, occurrence_id: uuid.UUID, state: str):  # type: ignore[no-untyped-def]
+def async_state(pool: asyncpg.Pool, occurrence_id: uuid.UUID, state: str):
     async def reached() -> bool:
         return (await occurrence_row(pool, occurrence_id))["state"] == state
 

@@ -74,7 +74,7 @@ async def api(pool, clock, tenants):
     await task
 
 
-async def refused(call) -> ApiError:  # type: ignore[no-untyped-def]
+async def refused(call) -> ApiError:
     with pytest.raises(ApiError) as caught:
         await call
     return caught.value

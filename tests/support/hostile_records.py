@@ -117,9 +117,9 @@ def records(kind: str) -> st.SearchStrategy[bytes | None]:
     )
 
 
-def draw_many(strategy: st.SearchStrategy, count: int) -> list:  # type: ignore[type-arg]
+def draw_many(strategy: st.SearchStrategy, count: int) -> list:
     """``count`` examples of ``strategy`` (generation only: nothing to shrink, the property is checked after)."""
-    drawn: list = []  # type: ignore[type-arg]
+    drawn: list = []
 
     @settings(
         max_examples=count,
@@ -129,7 +129,7 @@ def draw_many(strategy: st.SearchStrategy, count: int) -> list:  # type: ignore[
         suppress_health_check=list(HealthCheck),
     )
     @given(strategy)
-    def collect(example) -> None:  # type: ignore[no-untyped-def]
+    def collect(example) -> None:
         drawn.append(example)
 
     collect()

@@ -169,6 +169,7 @@ class Record:
 
 
 TP = TopicPartition("chronoq.commands", 0)
+GONE = asyncpg.exceptions.ConnectionDoesNotExistError("gone")
 SETTINGS = KafkaLoopSettings("group", "chronoq.commands", ("chronoq.commands",), 10.0, 3.0, error_backoff=0.0)
 
 
@@ -176,7 +177,7 @@ def kafka_loop(
     handled: list[int],
     fail_at: int | None,
     unit: Literal["batch", "record"],
-    error: Exception = asyncpg.exceptions.ConnectionDoesNotExistError("gone"),
+    error: Exception = GONE,
 ) -> KafkaProcessorLoop:
     async def handle(records) -> dict[str, int]:
         if fail_at is not None and any(r.offset == fail_at for r in records):
@@ -236,7 +237,7 @@ def test_roles_say_what_each_process_runs() -> None:
     assert Role.RELAY not in ENGINE_ROLES and Role.API not in ENGINE_ROLES
     assert ALL_ROLES == ENGINE_ROLES | {Role.RELAY, Role.API}
     assert {Role.COMMANDS, Role.API}.isdisjoint(PIPELINE_ROLES)
-    ServiceConfig(roles=frozenset({Role.API}), api_socket=object()).validate(None)
+    ServiceConfig(roles=frozenset({Role.API}), api_socket=object()).validate(None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="attempts, commands, relay need a Kafka bootstrap"):
         ServiceConfig(roles=frozenset({Role.RELAY, Role.ATTEMPTS, Role.COMMANDS})).validate(None)
     with pytest.raises(ValueError, match="api role and api_socket"):
