@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import subprocess
@@ -25,6 +26,7 @@ import tempfile
 import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -39,38 +41,34 @@ ROOT = Path(__file__).resolve().parents[1]
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
 
 
-def summarize(ndjson: Path) -> dict:
-    """Requests per operation and status class, and the 5xx responses, from schemathesis's event stream."""
-    per_operation: dict[str, Counter[str]] = defaultdict(Counter)
+def summarize(ndjson: Path) -> dict[str, Any]:
+    """Per operation: requests by status class, and how many generated-valid (positive) requests were
+    accepted; plus every 5xx. Read from schemathesis's event stream (one ScenarioFinished per scenario)."""
+    statuses: dict[str, Counter[str]] = defaultdict(Counter)
+    positive: dict[str, Counter[str]] = defaultdict(Counter)
     server_errors: list[str] = []
     for line in ndjson.read_text().splitlines():
-        event = json.loads(line)
-        for interaction in _interactions(event):
-            request, response = interaction.get("request") or {}, interaction.get("response") or {}
+        finished = json.loads(line).get("ScenarioFinished")
+        recorder = (finished or {}).get("recorder") or {}
+        for case_id, interaction in (recorder.get("interactions") or {}).items():
+            case = (recorder.get("cases") or {}).get(case_id, {}).get("value", {})
+            response = interaction.get("response") or {}
             status = response.get("status_code")
             if status is None:
                 continue
-            label = interaction.get("label") or f"{request.get('method')} {request.get('uri')}"
-            per_operation[label][f"{status // 100}xx"] += 1
+            label = f"{case.get('method')} {case.get('path')}"
+            statuses[label][f"{status // 100}xx"] += 1
+            if case.get("meta", {}).get("generation", {}).get("mode") == "positive":
+                positive[label]["accepted" if status < 300 else str(status)] += 1
             if status >= 500:
-                server_errors.append(f"{label} -> {status}: {str(response.get('body'))[:200]}")
+                body = base64.b64decode((response.get("content") or {}).get("$base64", "")).decode("utf-8", "replace")
+                server_errors.append(f"{label} -> {status}: {body[:200]}")
     return {
-        "requests": {label: dict(counts) for label, counts in sorted(per_operation.items())},
-        "total_requests": sum(sum(c.values()) for c in per_operation.values()),
+        "requests": {label: dict(counts) for label, counts in sorted(statuses.items())},
+        "positive_outcomes": {label: dict(counts) for label, counts in sorted(positive.items())},
+        "total_requests": sum(sum(c.values()) for c in statuses.values()),
         "server_errors": server_errors,
     }
-
-
-def _interactions(event: object):
-    """Every recorded interaction in one ndjson event, wherever schemathesis nests it."""
-    if isinstance(event, dict):
-        if "request" in event and "response" in event and isinstance(event.get("request"), dict):
-            yield event
-        for value in event.values():
-            yield from _interactions(value)
-    elif isinstance(event, list):
-        for item in event:
-            yield from _interactions(item)
 
 
 async def run(args: argparse.Namespace, admin_url: str, bootstrap: str) -> dict:

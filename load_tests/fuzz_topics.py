@@ -180,11 +180,14 @@ async def run(args: argparse.Namespace, admin_url: str, bootstrap: str) -> dict:
             async def command_applied() -> bool:
                 return bool(await pool.fetchval("SELECT count(*) FROM schedules WHERE target = $1", f"{target}-cmd"))
 
-            command_s = await settled(command_applied, args.deadline, since)
-            occurrence_s = await settled(lambda: applied(after.occurrence_id), args.deadline, since)
-            reported_s = await settled(lambda: succeeded(after.occurrence_id), args.deadline, since)
             hostile_occurrences = len(batches[occurrence_topic(target)])
-            dead_lettered_s = await settled(_all_dead_lettered(app, hostile_occurrences), args.deadline * 5, since)
+            # Watched at once, so each figure is its own (from the moment the hostile records were acknowledged).
+            command_s, occurrence_s, reported_s, dead_lettered_s = await asyncio.gather(
+                settled(command_applied, args.deadline, since),
+                settled(lambda: applied(after.occurrence_id), args.deadline, since),
+                settled(lambda: succeeded(after.occurrence_id), args.deadline, since),
+                settled(_all_dead_lettered(app, hostile_occurrences), args.deadline * 5, since),
+            )
             alive = not services.done() and not consumer.done()
             kept = await applied(before.occurrence_id) and await succeeded(before.occurrence_id)
         finally:

@@ -20,9 +20,12 @@ Services produce signed commands to ``chronoq.commands`` (format in
    the outbox. A replayed or redelivered command finds its id recorded and is
    answered with the stored outcome; command ids are scoped by tenant, so
    another tenant's id never matches (it is that tenant's own command);
-5. commits the Kafka offset only after that transaction committed (the Kafka
-   processor skeleton, :mod:`engine.loops.kafka_processor`, one record at a
-   time: a database error reads the same command again after a backoff).
+5. commits the Kafka offset only after those transactions committed (the
+   Kafka processor skeleton, :mod:`engine.loops.kafka_processor`, a
+   partition's fetched records at a time: a transient database error reads
+   them again after a backoff, and replayed commands are answered from their
+   stored outcomes). Answers to rejected records are written together, so a
+   flood of them costs one commit per fetch, not one per record.
 """
 
 from __future__ import annotations
@@ -127,14 +130,20 @@ class CommandProcessor:
         transient error (the database unavailable, ``is_transient``) raises:
         the loop reads the record again later.
         """
+        verdict = await self._evaluate(record)
+        if isinstance(verdict, CommandResult):
+            await self._answer([verdict])
+            return verdict
+        return await self._apply_checked(verdict)
+
+    async def _evaluate(self, record: ConsumerRecord) -> CommandResult | Command:
+        """The command to apply, or the rejection to answer without applying anything."""
         try:
             command = decode_command(record.value)
             signature = signature_of(record.headers)
         except MalformedMessage as err:
             command_id = uuid.uuid5(_MALFORMED_NAMESPACE, f"{record.topic}/{record.partition}/{record.offset}")
-            return await self._answer(
-                CommandResult(command_id, None, "rejected", error=_error("malformed", str(err), err.field))
-            )
+            return CommandResult(command_id, None, "rejected", error=_error("malformed", str(err), err.field))
         tenant = await find_tenant(self.pool, command.tenant_id)
         if (
             tenant is None
@@ -143,30 +152,30 @@ class CommandProcessor:
         ):
             # Same answer whether the tenant exists or not: nothing to probe. It goes to the shared results
             # topic without a tenant: nobody proved to be that tenant.
-            return await self._answer(
-                CommandResult(
-                    command.command_id,
-                    None,
-                    "rejected",
-                    error=_error(
-                        "unauthorized", "the signature is missing or does not verify with the tenant's signing key"
-                    ),
-                )
+            return CommandResult(
+                command.command_id,
+                None,
+                "rejected",
+                error=_error(
+                    "unauthorized", "the signature is missing or does not verify with the tenant's signing key"
+                ),
             )
         now = await self.control.now()
         if now - command.issued_at > self.config.max_age or command.issued_at - now > self.config.max_skew:
-            return await self._answer(
-                CommandResult(
-                    command.command_id,
-                    command.tenant_id,
-                    "rejected",
-                    error=_error(
-                        "stale",
-                        f"issued_at {command.issued_at.isoformat()} is outside the accepted window"
-                        f" ({self.config.max_age} back, {self.config.max_skew} ahead); send a new command",
-                    ),
-                )
+            return CommandResult(
+                command.command_id,
+                command.tenant_id,
+                "rejected",
+                error=_error(
+                    "stale",
+                    f"issued_at {command.issued_at.isoformat()} is outside the accepted window"
+                    f" ({self.config.max_age} back, {self.config.max_skew} ahead); send a new command",
+                ),
             )
+        return command
+
+    async def _apply_checked(self, command: Command) -> CommandResult:
+        """Apply an authenticated, timely command; a non-transient failure is still answered."""
         try:
             return await self._apply_once(command)
         except Exception as err:
@@ -182,9 +191,9 @@ class CommandProcessor:
                     "error": repr(err),
                 },
             )
-            return await self._answer(
-                CommandResult(command.command_id, command.tenant_id, "rejected", error=_refusal(err))
-            )
+            refused = CommandResult(command.command_id, command.tenant_id, "rejected", error=_refusal(err))
+            await self._answer([refused])
+            return refused
 
     async def _apply_once(self, command: Command) -> CommandResult:
         clock_now = self.control.clock.now()
@@ -258,19 +267,23 @@ class CommandProcessor:
         }[command.action]
         return await change(tenant, command.schedule_id, conn=conn)
 
-    async def _answer(self, result: CommandResult) -> CommandResult:
-        async with self.pool.acquire() as conn:
-            await self._queue_result(conn, result)
-        self._processed.add(1, {"status": result.status, "action": "unknown"})
-        log.warning(
-            "command rejected",
-            extra={
-                "action": "command.rejected",
-                "command_id": str(result.command_id),
-                "reason": (result.error or {}).get("code"),
-            },
-        )
-        return result
+    async def _answer(self, results: list[CommandResult]) -> None:
+        """Queue the answers to rejected records, in one transaction (a flood of them costs one commit)."""
+        if not results:
+            return
+        async with self.pool.acquire() as conn, conn.transaction():
+            for result in results:
+                await self._queue_result(conn, result)
+        for result in results:
+            self._processed.add(1, {"status": result.status, "action": "unknown"})
+            log.warning(
+                "command rejected",
+                extra={
+                    "action": "command.rejected",
+                    "command_id": str(result.command_id),
+                    "reason": (result.error or {}).get("code"),
+                },
+            )
 
     async def _queue_result(self, conn: asyncpg.Connection, result: CommandResult) -> None:
         """Queue the result on its tenant's results topic (the shared one when no tenant was proven)."""
@@ -285,10 +298,27 @@ class CommandProcessor:
         )
 
     async def handle_records(self, records: Sequence[ConsumerRecord]) -> dict[str, int]:
-        """The Kafka skeleton's unit: one command record (a database error reads it again later)."""
+        """The Kafka skeleton's unit: a partition's fetched records, in order.
+
+        Each command is applied in its own transaction; the answers to records
+        rejected without applying anything (malformed, unauthorized, stale) are
+        queued together, in one transaction before the next command is applied
+        and at the end, so a flood of hostile records costs one commit per batch,
+        not one per record. A crash in between re-reads the batch: the commands
+        are answered from their stored outcomes, the rejections again.
+        """
         counts: Counter[str] = Counter()
+        rejections: list[CommandResult] = []
         for record in records:
-            counts[(await self.process(record)).status] += 1
+            verdict = await self._evaluate(record)
+            if isinstance(verdict, CommandResult):
+                rejections.append(verdict)
+                counts["rejected"] += 1
+                continue
+            await self._answer(rejections)
+            rejections = []
+            counts[(await self._apply_checked(verdict)).status] += 1
+        await self._answer(rejections)
         return dict(counts)
 
     async def run(self, stop: asyncio.Event, summary_every: float = SUMMARY_EVERY) -> None:
@@ -304,5 +334,5 @@ class CommandProcessor:
             summary_every=summary_every,
         )
         await KafkaProcessorLoop(
-            "commands", self.kafka_bootstrap, settings, self.handle_records, log, unit="record"
+            "commands", self.kafka_bootstrap, settings, self.handle_records, log, unit="batch"
         ).run(stop)

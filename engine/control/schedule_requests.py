@@ -221,12 +221,16 @@ def parse_changed_request(
     """The request a partial update makes of a stored definition (API field names).
 
     A changed kind drops the old anchor unless a new one is given; DST options
-    apply only to cron, so a definition that stops being cron drops them.
+    apply only to cron, so a definition that stops being cron drops them; a
+    change to ``priority: strict`` drops the old flexible window unless one is
+    given (a strict schedule has none).
     """
     check_changes(changes)
     merged = {**definition, **changes}
     if "kind" in changes and changes["kind"] != definition.get("kind") and "anchor" not in changes:
         merged.pop("anchor", None)
+    if changes.get("priority") == "strict" and "flexible_window" not in changes:
+        merged.pop("flexible_window", None)
     for name in ("dst_repeat", "dst_gap"):
         if merged.get("kind") != "cron" and name not in changes:
             merged.pop(name, None)
