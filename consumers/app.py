@@ -486,7 +486,7 @@ class ConsumerApp:
                 raise MalformedMessage(f"no handler for target {message.target!r} in this app", "target")
             await self._check_tenant(record.topic, message)
         except MalformedMessage as err:
-            return await self._dead_letter(record, str(err))
+            return await self._dead_letter(record, str(err), err.field)
         context = obs.extract_trace_context(record.headers)
         with self.tracer.start_as_current_span(obs.SPAN_CONSUME, context=context) as span:
             span.set_attribute("chronoq.occurrence_id", str(message.occurrence_id))
@@ -516,7 +516,7 @@ class ConsumerApp:
                 "tenant_id",
             )
 
-    async def _dead_letter(self, record: ConsumerRecord, reason: str) -> Outcome:
+    async def _dead_letter(self, record: ConsumerRecord, reason: str, field: str | None = None) -> Outcome:
         assert self._producer is not None
         backoff = self.config.redelivery_backoff
         while True:
@@ -533,7 +533,7 @@ class ConsumerApp:
                 return Outcome.ABANDONED
             backoff = min(backoff * 2, self.config.redelivery_backoff_max)
         self.stats.dead_lettered += 1
-        self.meters.poison.add(1)
+        self.meters.poison.add(1, {"field": field or "value"})
         log.warning(
             "poison message sent to the dead-letter topic",
             extra={

@@ -33,6 +33,7 @@ from typing import Any
 
 import asyncpg
 
+from schemas import observability as obs
 from schemas.clock import Clock
 from schemas.errors import Conflict, Forbidden, NotFound
 from schemas.queries import QUERIES
@@ -63,6 +64,7 @@ async def authorize(conn: asyncpg.Connection, tenant_id: str, target: str, now: 
         return
     access = await conn.fetchrow(*QUERIES.target_access(target=target, tenant_id=tenant_id))
     if access is None or not (access["owner"] or access["granted"]):
+        obs.get_meter("engine").create_counter(obs.TARGET_REFUSALS, unit="1").add(1)
         raise Forbidden(
             "target",
             f"{target!r} belongs to another tenant; use a target name of your own, or"

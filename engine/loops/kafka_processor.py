@@ -46,6 +46,7 @@ from aiokafka.errors import CommitFailedError, KafkaError
 from aiokafka.structs import ConsumerRecord
 
 from engine.loops.reporting import SUMMARY_EVERY, LoopSummary, log_failure
+from schemas import observability as obs
 from schemas.clock import pause
 from schemas.error_classification import is_transient
 from schemas.topics import DEFAULT_PARTITIONS, create_missing_topics
@@ -99,6 +100,7 @@ class KafkaProcessorLoop:
         self.handle = handle
         self.log = log
         self.unit = unit
+        self._skipped = obs.get_meter("engine").create_counter(obs.RECORDS_SKIPPED, unit="1")
         self.summary = LoopSummary(name, log, settings.summary_every, monotonic=monotonic)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -146,6 +148,7 @@ class KafkaProcessorLoop:
                         "error": repr(err),
                     },
                 )
+                self._skipped.add(1, {"loop": self.name})
                 return {"skipped": 1}
         counts: dict[str, int] = {}
         for record in unit:  # the batch failed for one of its records: find it, apply the others
