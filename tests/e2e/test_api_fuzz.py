@@ -135,7 +135,9 @@ async def test_requests_generated_from_the_published_schema_are_mostly_accepted(
 
     await asyncio.to_thread(check)
     accepted = sum(1 for status in statuses if status < 300)
-    judged = [status for status in statuses if status != 409]  # a reused Idempotency-Key: state, not schema
+    # As schemathesis classifies them: a reused Idempotency-Key (409) is state, and a 404 is missing test
+    # data (an exclusion_calendar the tenant has none of), not the schema promising too much.
+    judged = [status for status in statuses if status not in (404, 409)]
     assert not [s for s in statuses if s >= 500]
     # The server refuses what no JSON Schema can say (end_at before start_at, retry_cap below retry_base):
     # about one in five; a schema looser than the server would have most refused.
