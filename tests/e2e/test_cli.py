@@ -312,7 +312,7 @@ async def test_calendars_from_the_cli_with_tenant_isolation(engine_db, kafka_boo
             "--tenant",
             "globex",
             "--target",
-            "ops",
+            "ops.globex",  # its own target: acme's "ops" would be refused before the calendar is looked up
             "--cron",
             "0 9 * * *",
             "--calendar",
