@@ -1,0 +1,135 @@
+"""Database side of the ahead lane: seal, read pages in key order, move the cursor once per page.
+
+All SQL is behind :class:`AheadLaneStore` (``schemas/queries/dispatch.sql``).
+Every write is conditional on the lease epoch the caller passes, so a relay
+whose node lost a shard changes nothing for it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Mapping, Sequence
+
+import asyncpg
+
+from schemas.clock import Clock
+from schemas.dispatch_lanes import START_KEY, CursorKey
+from schemas.queries import load_queries
+
+SQL = load_queries("dispatch")
+
+
+@dataclass(frozen=True, slots=True)
+class AheadRow:
+    shard: int
+    bucket: datetime
+    wrr_round: int
+    occurrence_id: uuid.UUID
+    tenant_id: str
+    topic: str
+    message_key: bytes
+    message: bytes
+    scheduled_for: datetime
+    available_at: datetime
+    discarded: bool
+
+    @property
+    def key(self) -> CursorKey:
+        return CursorKey(self.bucket, self.wrr_round, self.occurrence_id)
+
+
+@dataclass(frozen=True)
+class CursorMove:
+    """One shard's progress in an acknowledged page: (from, to] covering ``rows`` rows."""
+
+    shard: int
+    epoch: int
+    start: CursorKey
+    end: CursorKey
+    rows: int
+
+
+@dataclass(frozen=True)
+class Seal:
+    sealed_until: dict[int, datetime]      # shard -> seal, for the shards still held
+    now: datetime                          # the database's instant (or the injected clock's)
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    occurrence_id: uuid.UUID
+    shard: int
+    lane: str
+    tenant_id: str
+    topic: str
+    error: str
+    tries: int
+
+
+class AheadLaneStore:
+    def __init__(self, pool: asyncpg.Pool, clock: Clock, node_id: str) -> None:
+        self.pool = pool
+        self.clock = clock
+        self.node_id = node_id
+
+    async def seal(self, lane: str, epochs: Mapping[int, int], boundary: datetime) -> Seal:
+        """Seal ``lane`` of the given shards up to ``boundary`` (never backwards); waits for open
+        materializer transactions on them, so every row before the seal is committed once this returns."""
+        shards = sorted(epochs)
+        rows = await self.pool.fetch(SQL["seal_lanes"], shards, [epochs[s] for s in shards], boundary,
+                                     self.node_id, lane, self.clock.now())
+        if rows:
+            now = rows[0]["now"]
+        else:
+            now = await self.pool.fetchval(SQL["current_instant"], self.clock.now())
+        return Seal({r["shard"]: r["sealed_until"] for r in rows}, now)
+
+    async def now(self) -> datetime:
+        """The injected clock's instant, else the database's."""
+        return await self.pool.fetchval(SQL["current_instant"], self.clock.now())
+
+    async def positions(self, lane: str, shards: Sequence[int]) -> dict[int, CursorKey]:
+        rows = await self.pool.fetch(SQL["cursor_positions"], list(shards), lane)
+        found = {r["shard"]: CursorKey(r["published_bucket"], r["published_round"], r["published_id"])
+                 for r in rows}
+        return {s: found.get(s, START_KEY) for s in shards}
+
+    async def read_page(self, lane: str, positions: Mapping[int, CursorKey], seals: Mapping[int, datetime],
+                        rows_per_shard: int) -> list[AheadRow]:
+        """The next rows of ``lane``: up to ``rows_per_shard`` per shard after its position, before its seal,
+        ordered by shard then key (so each shard's rows are a prefix of what is left of it)."""
+        shards = [s for s in sorted(positions) if s in seals]
+        if not shards:
+            return []
+        keys = [positions[s] for s in shards]
+        records = await self.pool.fetch(
+            SQL["read_ahead_page"], shards, [k.bucket for k in keys], [k.wrr_round for k in keys],
+            [k.occurrence_id for k in keys], [seals[s] for s in shards], lane, rows_per_shard)
+        rows = [AheadRow(*r) for r in records]
+        rows.sort(key=lambda r: (r.shard, r.bucket, r.wrr_round, r.occurrence_id))
+        return rows
+
+    async def advance(self, lane: str, moves: Sequence[CursorMove]) -> tuple[int, datetime]:
+        """Move the cursors of an acknowledged page and log it (one statement); returns how many cursors
+        moved (fewer than ``moves`` when a shard's epoch moved on) and the acknowledgement instant."""
+        row = await self.pool.fetchrow(
+            SQL["advance_cursors"], [m.shard for m in moves], [m.epoch for m in moves],
+            [m.start.bucket for m in moves], [m.start.wrr_round for m in moves],
+            [m.start.occurrence_id for m in moves], [m.end.bucket for m in moves],
+            [m.end.wrr_round for m in moves], [m.end.occurrence_id for m in moves], [m.rows for m in moves],
+            self.clock.now(), self.node_id, lane)
+        return row["moved"], row["acked_at"]
+
+    async def quarantine(self, rows: Sequence[Quarantined]) -> None:
+        """Set poison rows aside with their error (the cursor then passes them)."""
+        await self.pool.execute(
+            SQL["quarantine_rows"], [q.occurrence_id for q in rows], [q.shard for q in rows],
+            [q.lane for q in rows], [q.tenant_id for q in rows], [q.topic for q in rows],
+            [q.error[:1000] for q in rows], [q.tries for q in rows], self.clock.now())
+
+    async def backlog(self) -> dict[str, int]:
+        """Due ahead-lane rows not yet passed by their cursor, per lane."""
+        rows = await self.pool.fetch(SQL["ahead_backlog"], self.clock.now())
+        return {r["lane"]: r["due"] for r in rows}
