@@ -15,29 +15,22 @@ from typing import Mapping, Sequence
 import asyncpg
 
 from schemas.clock import Clock
-from schemas.dispatch_lanes import START_KEY, CursorKey
+from schemas.dispatch_lanes import START_KEY, CursorKey, aware
 from schemas.queries import load_queries
 
 SQL = load_queries("dispatch")
 
 
-@dataclass(frozen=True, slots=True)
-class AheadRow:
-    shard: int
-    bucket: datetime
-    wrr_round: int
-    occurrence_id: uuid.UUID
-    tenant_id: str
-    topic: str
-    message_key: bytes
-    message: bytes
-    scheduled_for: datetime
-    available_at: datetime
-    discarded: bool
+#: An ahead-lane row as read_ahead_page returns it (an asyncpg Record; fields by name): shard, bucket,
+#: wrr_round, occurrence_id, tenant_id, topic, message_key, message, scheduled_for, available_at,
+#: discarded, occurrence_header, tenant_header. Records, not objects: a burst reads hundreds of
+#: thousands of them and every per-row allocation shows in the dispatch rate.
+AheadRow = asyncpg.Record
 
-    @property
-    def key(self) -> CursorKey:
-        return CursorKey(self.bucket, self.wrr_round, self.occurrence_id)
+
+def key_of(row: AheadRow) -> CursorKey:
+    """The cursor key of an ahead-lane row."""
+    return CursorKey(row["bucket"], row["wrr_round"], row["occurrence_id"])
 
 
 @dataclass(frozen=True)
@@ -84,7 +77,7 @@ class AheadLaneStore:
             now = rows[0]["now"]
         else:
             now = await self.pool.fetchval(SQL["current_instant"], self.clock.now())
-        return Seal({r["shard"]: r["sealed_until"] for r in rows}, now)
+        return Seal({r["shard"]: aware(r["sealed_until"]) for r in rows}, now)
 
     async def now(self) -> datetime:
         """The injected clock's instant, else the database's."""
@@ -92,7 +85,7 @@ class AheadLaneStore:
 
     async def positions(self, lane: str, shards: Sequence[int]) -> dict[int, CursorKey]:
         rows = await self.pool.fetch(SQL["cursor_positions"], list(shards), lane)
-        found = {r["shard"]: CursorKey(r["published_bucket"], r["published_round"], r["published_id"])
+        found = {r["shard"]: CursorKey(aware(r["published_bucket"]), r["published_round"], r["published_id"])
                  for r in rows}
         return {s: found.get(s, START_KEY) for s in shards}
 
@@ -104,12 +97,9 @@ class AheadLaneStore:
         if not shards:
             return []
         keys = [positions[s] for s in shards]
-        records = await self.pool.fetch(
+        return await self.pool.fetch(
             SQL["read_ahead_page"], shards, [k.bucket for k in keys], [k.wrr_round for k in keys],
             [k.occurrence_id for k in keys], [seals[s] for s in shards], lane, rows_per_shard)
-        rows = [AheadRow(*r) for r in records]
-        rows.sort(key=lambda r: (r.shard, r.bucket, r.wrr_round, r.occurrence_id))
-        return rows
 
     async def advance(self, lane: str, moves: Sequence[CursorMove]) -> tuple[int, datetime]:
         """Move the cursors of an acknowledged page and log it (one statement); returns how many cursors

@@ -35,7 +35,7 @@ from typing import Awaitable, Callable
 
 from opentelemetry import metrics, trace
 
-from relay.ahead_lane import AheadLaneStore, AheadRow, CursorMove, Quarantined
+from relay.ahead_lane import AheadLaneStore, AheadRow, CursorMove, Quarantined, key_of
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock, pause
 from schemas.dispatch_lanes import LANES, CursorKey, seal_boundary
@@ -157,8 +157,13 @@ class AheadRelay:
         self._tentative: dict[tuple[int, str], CursorKey] = {}    # past the pages in flight
         self._seals: dict[str, dict[int, datetime]] = {lane: {} for lane in LANES}
         self._sealed_for: dict[str, datetime | None] = {lane: None for lane in LANES}
+        # The seal at which a lane was last read empty: nothing can appear before a committed seal, so
+        # the lane need not be read again until its seal moves (an idle relay reads once per bucket).
+        self._drained_at: dict[str, datetime | None] = {lane: None for lane in LANES}
         self._tries: dict[object, int] = {}
         self._inflight: deque[_Page] = deque()
+        #: True while the last pass found nothing to publish: the settle pass runs only then.
+        self.quiet = True
 
     # ------------------------------------------------------------------ the loop
 
@@ -173,6 +178,7 @@ class AheadRelay:
                 await self._abandon_inflight()
                 await pause(stop, self.config.error_backoff)
                 continue
+            self.quiet = not report.read
             if report.failed:
                 await pause(stop, self.config.error_backoff)
             elif not report.read:
@@ -205,6 +211,7 @@ class AheadRelay:
             await self._complete_oldest(report)
         if report.failed:
             self._tentative = dict(self._positions)
+            self._drained_at = {lane: None for lane in LANES}
         return report
 
     # ------------------------------------------------------------------ steps
@@ -223,6 +230,7 @@ class AheadRelay:
             self._seals[lane] = {s: v for s, v in self._seals[lane].items() if s in epochs}
             if new:
                 self._sealed_for[lane] = None
+                self._drained_at[lane] = None
 
     async def _seal_if_due(self, epochs: dict[int, int]) -> None:
         """Seal each lane up to the boundary read_ahead past now, unless it is sealed there already."""
@@ -239,15 +247,23 @@ class AheadRelay:
             self._sealed_for[lane] = boundary
 
     async def _read(self, lane: str, epochs: dict[int, int]) -> _Page | None:
+        if self._drained_at[lane] is not None and self._drained_at[lane] == self._sealed_for[lane]:
+            return None
         positions = {s: self._tentative[(s, lane)] for s in epochs if (s, lane) in self._tentative}
         rows = await self.store.read_page(lane, positions, self._seals[lane], self.config.rows_per_shard)
         if not rows:
+            if not self._inflight:
+                self._drained_at[lane] = self._sealed_for[lane]
             return None
         if self.hooks.after_read:
             await self.hooks.after_read()
-        starts = {s: positions[s] for s in {r.shard for r in rows}}
+        await self.publisher.ensure_topics({r["topic"] for r in rows})  # type: ignore[attr-defined]
+        last: dict[int, AheadRow] = {}
         for row in rows:
-            self._tentative[(row.shard, lane)] = row.key
+            last[row["shard"]] = row              # rows come ordered by shard then key
+        starts = {s: positions[s] for s in last}
+        for shard, row in last.items():
+            self._tentative[(shard, lane)] = key_of(row)
         task = asyncio.create_task(self._release_and_send(rows))
         page = _Page(lane, {s: epochs[s] for s in starts}, starts, rows, task)
         self._inflight.append(page)
@@ -260,18 +276,22 @@ class AheadRelay:
         with self.tracer.start_as_current_span(obs.SPAN_PUBLISH) as span:
             span.set_attribute("chronoq.ahead_rows", len(rows))
             obs.inject_trace_headers(trace_headers)
-        waiting = [i for i, r in enumerate(rows) if not r.discarded]
+        waiting = [i for i, r in enumerate(rows) if not r["discarded"]]
         futures: list[tuple[list[int], asyncio.Future[list[BaseException | None]]]] = []
         while waiting:
             now = self.clock.now()
-            due = [i for i in waiting if now is not None and rows[i].available_at <= now]
+            if now is not None and rows[waiting[-1]]["available_at"] <= now:
+                due, waiting = waiting, []
+            else:
+                due = [i for i in waiting if now is not None and rows[i]["available_at"] <= now]
+                if due:
+                    due_set = set(due)
+                    waiting = [i for i in waiting if i not in due_set]
             if due:
-                items = [(rows[i].topic, rows[i].message_key, rows[i].message,
-                          [(HEADER_OCCURRENCE_ID, str(rows[i].occurrence_id).encode()),
-                           (HEADER_TENANT, rows[i].tenant_id.encode()), *trace_headers]) for i in due]
+                items = [(r["topic"], r["message_key"], r["message"],
+                          [(HEADER_OCCURRENCE_ID, r["occurrence_header"]), (HEADER_TENANT, r["tenant_header"]),
+                           *trace_headers]) for r in (rows[i] for i in due)]
                 futures.append((due, await self.publisher.send(items)))  # type: ignore[attr-defined]
-                due_set = set(due)
-                waiting = [i for i in waiting if i not in due_set]
             if waiting:
                 await asyncio.sleep(self.config.release_tick)
         for indexes, future in futures:
@@ -306,16 +326,18 @@ class AheadRelay:
                 self._fenced.add(len(moves) - moved)
                 log.warning("shards moved to another owner before their cursor moved",
                             extra={"action": "relay.ahead.fenced", "count": len(moves) - moved})
-        published = sum(1 for r, e in zip(page.rows, outcomes) if e is None and not r.discarded)
-        report.pages += 1
-        report.published += published
-        report.discarded += sum(1 for r in page.rows if r.discarded)
-        report.per_lane[page.lane] = report.per_lane.get(page.lane, 0) + published
-        self._published.add(published, {"lane": page.lane})
+        published = 0
         per_tenant: dict[str, int] = {}
         for row, error in zip(page.rows, outcomes):
-            if error is None and not row.discarded:
-                per_tenant[row.tenant_id] = per_tenant.get(row.tenant_id, 0) + 1
+            if error is None and not row["discarded"]:
+                published += 1
+                tenant = row["tenant_id"]
+                per_tenant[tenant] = per_tenant.get(tenant, 0) + 1
+        report.pages += 1
+        report.published += published
+        report.discarded += sum(1 for r in page.rows if r["discarded"])
+        report.per_lane[page.lane] = report.per_lane.get(page.lane, 0) + published
+        self._published.add(published, {"lane": page.lane})
         for tenant, count in per_tenant.items():
             self._dispatched.add(count, {"tenant_id": tenant, "lane": page.lane})
         if failed:
@@ -332,33 +354,35 @@ class AheadRelay:
         moves: list[CursorMove] = []
         poison: list[Quarantined] = []
         failed = 0
-        by_shard: dict[int, list[tuple[AheadRow, BaseException | None]]] = {}
-        for row, error in zip(page.rows, outcomes):
-            by_shard.setdefault(row.shard, []).append((row, error))
-        for shard, pairs in by_shard.items():
-            end, passed, blocked = None, 0, False
-            for row, error in pairs:
-                if blocked:
-                    continue
-                if error is None or row.discarded:
-                    self._tries.pop(row.occurrence_id, None)
-                elif getattr(error, "permanent", False):
-                    tries = self._tries.get(row.occurrence_id, 0) + 1
-                    self._tries[row.occurrence_id] = tries
+        shard, end, passed, blocked = None, None, 0, False
+
+        def close() -> None:
+            if shard is not None and end is not None:
+                moves.append(CursorMove(shard, page.epochs[shard], page.starts[shard], key_of(end), passed))
+
+        for row, error in zip(page.rows, outcomes):      # rows are ordered by shard then key
+            if row["shard"] != shard:
+                close()
+                shard, end, passed, blocked = row["shard"], None, 0, False
+            if blocked:
+                continue
+            if error is not None and not row["discarded"]:
+                if getattr(error, "permanent", False):
+                    tries = self._tries.get(row["occurrence_id"], 0) + 1
+                    self._tries[row["occurrence_id"]] = tries
                     if tries < self.config.poison_tries:
-                        failed += 1
-                        blocked = True
+                        failed, blocked = failed + 1, True
                         continue
-                    self._tries.pop(row.occurrence_id, None)
-                    poison.append(Quarantined(row.occurrence_id, shard, page.lane, row.tenant_id, row.topic,
-                                              repr(error), tries))
+                    self._tries.pop(row["occurrence_id"], None)
+                    poison.append(Quarantined(row["occurrence_id"], shard, page.lane, row["tenant_id"],
+                                              row["topic"], repr(error), tries))
                 else:
-                    failed += 1
-                    blocked = True
+                    failed, blocked = failed + 1, True
                     continue
-                end, passed = row.key, passed + 1
-            if end is not None:
-                moves.append(CursorMove(shard, page.epochs[shard], page.starts[shard], end, passed))
+            elif self._tries:
+                self._tries.pop(row["occurrence_id"], None)
+            end, passed = row, passed + 1
+        close()
         return moves, poison, failed
 
     async def _abandon_inflight(self) -> None:
@@ -370,6 +394,7 @@ class AheadRelay:
             except Exception:  # noqa: BLE001 - the rows are re-read anyway
                 pass
         self._tentative = dict(self._positions)
+        self._drained_at = {lane: None for lane in LANES}
 
     async def record_backlog(self) -> dict[str, int]:
         backlog = await self.store.backlog()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Hashable, Iterable, Sequence
 
 from relay.publisher import Outcome, OutgoingRecord
@@ -89,7 +90,7 @@ class _Batch:
         self.loop = loop
         self.future: asyncio.Future[list[BaseException | None]] = loop.create_future()
 
-    def report(self, index: int, err: Any) -> None:
+    def report(self, index: int, err: Any, _message: Any = None) -> None:
         if err is not None:
             name = err.name()
             self.errors[index] = DeliveryError(name, err.str(), name in PERMANENT_ERRORS or err.fatal())
@@ -143,6 +144,11 @@ class LibrdkafkaPublisher:
         missing = sorted(set(topics) - self._known_topics)
         if missing:
             await ensure_topics(self._admin, missing, self.config.partitions, self.config.replication_factor)
+            # Learn the partition leaders now, not on the first produce: a relay that read a page ahead
+            # of its due time must not spend the first half second after it fetching metadata.
+            loop = asyncio.get_running_loop()
+            for topic in missing:
+                await loop.run_in_executor(None, self._producer.list_topics, topic, 10.0)
             self._known_topics.update(missing)
 
     async def send(self, items: Sequence[tuple[str, bytes, bytes, list[tuple[str, bytes]] | None]]
@@ -155,19 +161,26 @@ class LibrdkafkaPublisher:
             batch.future.set_result([])
             return batch.future
         await self.ensure_topics({item[0] for item in items})
-        produce, report = self._producer.produce, batch.report
+        produce, report, limit = self._producer.produce, batch.report, self.config.max_message_bytes
         for index, (topic, key, value, headers) in enumerate(items):
-            if len(value) > self.config.max_message_bytes:
-                report(index, _TooLarge(len(value), self.config.max_message_bytes))
+            if len(value) > limit:
+                report(index, _TooLarge(len(value), limit))
                 continue
-            while True:
-                try:
-                    produce(topic, value, key, headers=headers,
-                            on_delivery=lambda err, _msg, i=index: report(i, err))
-                    break
-                except BufferError:        # the local queue is full: let the broker catch up
-                    await asyncio.sleep(0.005)
+            try:
+                produce(topic, value, key, headers=headers, on_delivery=partial(report, index))
+            except BufferError:
+                await self._produce_when_room(topic, value, key, headers, partial(report, index))
         return batch.future
+
+    async def _produce_when_room(self, topic: str, value: bytes, key: bytes, headers: Any, callback: Any) -> None:
+        """The local queue is full: let the broker catch up, then produce."""
+        while True:
+            await asyncio.sleep(0.005)
+            try:
+                self._producer.produce(topic, value, key, headers=headers, on_delivery=callback)
+                return
+            except BufferError:
+                continue
 
     async def publish(self, records: Sequence[OutgoingRecord]) -> Outcome:
         """Publish all records; return ref → None (acknowledged) or the error (the late lane's interface)."""

@@ -59,6 +59,14 @@ def goes_ahead(available_at: datetime, sealed_until: datetime) -> bool:
     return bucket_of(available_at) >= sealed_until
 
 
+NEGATIVE_INFINITY = datetime.min.replace(tzinfo=timezone.utc)
+
+
+def aware(instant: datetime) -> datetime:
+    """asyncpg reads timestamptz '-infinity' as a naive datetime.min: make it the aware one."""
+    return NEGATIVE_INFINITY if instant.tzinfo is None and instant == datetime.min else instant
+
+
 @dataclass(frozen=True, order=True)
 class CursorKey:
     """A position in one (shard, lane) of the ahead lane: rows at or before it are published."""
@@ -68,4 +76,4 @@ class CursorKey:
     occurrence_id: uuid.UUID
 
 
-START_KEY = CursorKey(datetime.min.replace(tzinfo=timezone.utc), 0, NIL)
+START_KEY = CursorKey(NEGATIVE_INFINITY, 0, NIL)

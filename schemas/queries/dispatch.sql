@@ -25,10 +25,12 @@ WHERE shard = ANY ($1::int[]) AND lane = $2;
 
 -- name: read_ahead_page
 -- The next rows of lane $6, per shard: up to $7 rows after each shard's cursor ($2, $3, $4) and before its
--- seal ($5), in key order (bucket, weighted round, occurrence_id). Discarded rows are returned too (the
--- cursor passes them; the relay does not publish them).
+-- seal ($5), ordered by shard then key (bucket, weighted round, occurrence_id), with the identity
+-- headers' values already as bytes. Discarded rows are returned too (the cursor passes them; the relay
+-- does not publish them).
 SELECT q.shard, q.bucket, q.wrr_round, q.occurrence_id, q.tenant_id, q.topic, q.message_key, q.message,
-       q.scheduled_for, q.available_at, q.discarded_at IS NOT NULL AS discarded
+       q.scheduled_for, q.available_at, q.discarded_at IS NOT NULL AS discarded,
+       convert_to(q.occurrence_id::text, 'UTF8') AS occurrence_header, convert_to(q.tenant_id, 'UTF8') AS tenant_header
 FROM unnest($1::int[], $2::timestamptz[], $3::int[], $4::uuid[], $5::timestamptz[])
      AS c (shard, bucket, wrr_round, occurrence_id, sealed_until)
 CROSS JOIN LATERAL (
@@ -39,7 +41,8 @@ CROSS JOIN LATERAL (
       AND q.bucket < c.sealed_until
     ORDER BY q.bucket, q.wrr_round, q.occurrence_id
     LIMIT $7
-) q;
+) q
+ORDER BY q.shard, q.bucket, q.wrr_round, q.occurrence_id;
 
 -- name: advance_cursors
 -- After the broker acknowledged a page: moves lane $12 of node $11's shards $1 (epochs $2) from keys

@@ -1,0 +1,491 @@
+"""The hour-top load test: S schedules due at one instant, B more in the table, K engine nodes, into Kafka.
+
+    python -m load_tests.hour_top [--schedules 500000] [--background 2000000] [--tenants 200]
+        [--big-share 0.8] [--flexible-fraction 0.0 --flexible-window 60] [--broker tansu|apache]
+        [--relays 2] [--json PATH] [--png PATH] [--no-floor] [--no-consumer]
+
+What it does, on the embedded stack (or CHRONOQ_DATABASE_URL / CHRONOQ_KAFKA_BOOTSTRAP):
+
+1. measures the raw floor of this machine in the same run (``load_tests.raw_floor``: COPY,
+   range read, batch produce with aiokafka and with librdkafka, read + produce + cursor);
+2. seeds T tenants with a skewed mix (one ``big`` tenant owns ``--big-share`` of the due
+   schedules, the rest spread over many small ones) and B background schedules that are not
+   due, then S hourly cron schedules due at minute M of the coming hour (the "top"); rows are
+   shaped by the control plane's own parser and first-fire rule, written with INSERT … SELECT;
+3. starts K engine node processes (``--relays``) that share the shards: each leases its share,
+   materializes ahead (measured: rows/s), seals, and publishes at the top with its relay;
+4. measures for every occurrence ``schedule_lag = enqueued_at - scheduled_for`` (enqueued_at is
+   the broker acknowledgement instant the relay logged), receive lag at a no-op consumer group,
+   and checks Kafka for missing and duplicate occurrences;
+5. writes a JSON report and a PNG (lag CDF per lane, dispatch rate over time, per-tenant p99),
+   and prints one JSON object as its last stdout line.
+
+``limit_fraction`` is chronoq's strict dispatch rate divided by the floor's fastest raw
+pipeline (read + produce + one cursor update per batch) measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from schemas.migrations import apply_migrations
+
+SMALL_PREFIX = "small-"
+BIG_TENANT = "big"
+
+
+# --------------------------------------------------------------------------- seeding
+
+def shape(kind: str, expression: str, priority: str, window_s: int, now: datetime) -> dict[str, Any]:
+    """The stored columns of a schedule, from the control plane's own parsing and first-fire rule."""
+    from engine.control_plane import first_fire, parse_schedule_request
+    from engine import timing
+
+    raw: dict[str, Any] = {"kind": kind, "expression": expression, "target": "load.target-0", "priority": priority}
+    if priority == "flexible":
+        raw["flexible_window"] = f"{window_s}s"
+    request = parse_schedule_request(raw)
+    spec = request.spec
+    return {
+        "kind": spec.kind, "expression": spec.expression, "time_zone": spec.time_zone, "dst_repeat": spec.dst_repeat,
+        "dst_gap": spec.dst_gap, "priority": request.priority,
+        "flexible_window_s": int(request.flexible_window.total_seconds()), "misfire_policy": request.misfire_text,
+        "max_lateness_s": int(request.misfire.max_lateness.total_seconds()), "overlap_policy": request.overlap_policy,
+        "retry_max_attempts": request.max_attempts, "retry_base_s": request.retry_base.total_seconds(),
+        "retry_cap_s": request.retry_cap.total_seconds(), "next_run_at": first_fire(request, now),
+        "fires_per_minute": timing.fires_per_minute(spec, now),
+    }
+
+
+_SEED = """
+INSERT INTO schedules (schedule_id, tenant_id, kind, expression, time_zone, dst_repeat, dst_gap, version, state,
+                       next_run_at, target, payload, priority, flexible_window_s, misfire_policy, max_lateness_s,
+                       overlap_policy, retry_max_attempts, retry_base_s, retry_cap_s, shard, fires_per_minute)
+SELECT id, tenant, $3, $4, $5, $6, $7, 1, 'active', $8, 'load.target-' || (i % $9), jsonb_build_object('n', i), $10,
+       $11, $12, $13, $14, $15, $16, $17, (('x' || left(replace(id::text, '-', ''), 8))::bit(32)::bigint % $18)::int,
+       $19
+FROM (SELECT gen_random_uuid() AS id, i,
+             CASE WHEN i % 1000 < $20 THEN 'big' ELSE 'small-' || (i % $21) END AS tenant
+      FROM generate_series($1::bigint, $2::bigint) AS i) AS g
+"""
+
+
+async def seed_tenants(conn: asyncpg.Connection, tenants: int) -> None:
+    await conn.execute("""
+        INSERT INTO tenants (tenant_id, api_token_hash, signing_key, max_active_schedules, max_fires_per_minute)
+        SELECT name, decode(md5(name || random()::text), 'hex'), decode(md5(random()::text), 'hex'), 100000000, 1e9
+        FROM (SELECT 'big' AS name UNION ALL SELECT 'small-' || i FROM generate_series(0, $1 - 2) AS i) AS t
+        ON CONFLICT DO NOTHING""", tenants)
+
+
+async def seed_schedules(conn: asyncpg.Connection, first: int, count: int, columns: dict[str, Any], targets: int,
+                         shards: int, big_share: float, tenants: int, chunk: int = 250_000) -> None:
+    c = columns
+    big_per_mille = round(big_share * 1000)
+    for start in range(first, first + count, chunk):
+        end = min(start + chunk, first + count) - 1
+        await conn.execute(_SEED, start, end, c["kind"], c["expression"], c["time_zone"], c["dst_repeat"],
+                           c["dst_gap"], c["next_run_at"], targets, c["priority"], c["flexible_window_s"],
+                           c["misfire_policy"], c["max_lateness_s"], c["overlap_policy"], c["retry_max_attempts"],
+                           c["retry_base_s"], c["retry_cap_s"], shards, c["fires_per_minute"], big_per_mille,
+                           max(tenants - 1, 1))
+
+
+# --------------------------------------------------------------------------- nodes
+
+def start_nodes(count: int, url: str, bootstrap: str, horizon: float, partitions: int, idempotent: bool,
+                log_dir: Path) -> list[subprocess.Popen[bytes]]:
+    nodes = []
+    for k in range(count):
+        log = open(log_dir / f"node-{k}.log", "ab")
+        nodes.append(subprocess.Popen(
+            [sys.executable, "-m", "load_tests.hour_top", "--node", "--database-url", url, "--bootstrap", bootstrap,
+             "--horizon", str(horizon), "--partitions", str(partitions), "--node-id", f"node-{k}",
+             *(["--idempotent"] if idempotent else [])],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        log.close()
+    return nodes
+
+
+def stop_nodes(nodes: list[subprocess.Popen[bytes]]) -> None:
+    for node in nodes:
+        if node.poll() is None:
+            node.send_signal(signal.SIGTERM)
+    for node in nodes:
+        try:
+            node.wait(20)
+        except subprocess.TimeoutExpired:
+            node.kill()
+            node.wait()
+
+
+async def run_node(args: argparse.Namespace) -> None:
+    """One engine node (the data-plane roles) until SIGTERM."""
+    from engine.loops.data_plane import DataPlaneConfig, run_data_plane
+    from engine.loops.materializer import MaterializerConfig
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    config = DataPlaneConfig(node_id=args.node_id, partitions=args.partitions, idempotent_producer=args.idempotent,
+                             materializer=MaterializerConfig(horizon=timedelta(seconds=args.horizon)))
+    await run_data_plane(args.database_url, args.bootstrap, stop, config)
+
+
+# --------------------------------------------------------------------------- consumer
+
+def consume(args: argparse.Namespace) -> None:
+    """A no-op consumer group: record each occurrence message's receive instant (wall clock, UTC)."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer({"bootstrap.servers": args.bootstrap, "group.id": f"hour-top-{uuid.uuid4().hex[:6]}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                         "topic.metadata.refresh.interval.ms": 1000})
+    consumer.subscribe(["^chronoq\\.occurrences\\..*"])
+    stop = {"now": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    received: list[tuple[str, float]] = []
+    while not stop["now"]:
+        for message in consumer.consume(10_000, 0.1):
+            if message.error():
+                continue
+            at = time.time()
+            headers = dict(message.headers() or [])
+            ident = headers.get("chronoq-occurrence-id")
+            if ident:
+                received.append((ident.decode(), at))
+    consumer.close()
+    Path(args.out).write_text(json.dumps(received))
+
+
+# --------------------------------------------------------------------------- verification
+
+def read_all(bootstrap: str, topics: list[str]) -> list[str]:
+    """Every occurrence id on the topics, from the beginning (duplicates included)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"verify-{uuid.uuid4().hex[:6]}",
+                         "enable.auto.commit": False})
+    metadata = consumer.list_topics(timeout=10)
+    assignment, ends = [], {}
+    for topic in topics:
+        if topic not in metadata.topics:
+            continue
+        for partition in metadata.topics[topic].partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+            if high > low:
+                assignment.append(TopicPartition(topic, partition, low))
+                ends[(topic, partition)] = high
+    consumer.assign(assignment)
+    seen: list[str] = []
+    done: set[tuple[str, int]] = set()
+    deadline = time.monotonic() + 300
+    while len(done) < len(ends) and time.monotonic() < deadline:
+        for message in consumer.consume(10_000, 0.5):
+            if message.error():
+                continue
+            headers = dict(message.headers() or [])
+            ident = headers.get("chronoq-occurrence-id")
+            if ident:
+                seen.append(ident.decode())
+            if message.offset() + 1 >= ends[(message.topic(), message.partition())]:
+                done.add((message.topic(), message.partition()))
+    consumer.close()
+    return seen
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": math.nan, "p95": math.nan, "p99": math.nan, "max": math.nan}
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+    return {"p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "max": ordered[-1]}
+
+
+def plot(path: Path, lags: dict[str, list[float]], rate: list[tuple[float, int]],
+         tenant_p99: list[tuple[int, float]], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
+    for lane, values in lags.items():
+        if values:
+            ordered = sorted(values)
+            axes[0].plot(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], label=lane)
+    axes[0].set_xlabel("schedule_lag (s)")
+    axes[0].set_ylabel("fraction of occurrences")
+    axes[0].set_title("lag CDF")
+    axes[0].legend()
+    axes[0].grid(alpha=0.3)
+    if rate:
+        axes[1].plot([t for t, _ in rate], [n * 10 for _, n in rate])
+    axes[1].set_xlabel("seconds after the top")
+    axes[1].set_ylabel("dispatches / s (100 ms bins)")
+    axes[1].set_title("dispatch rate")
+    axes[1].grid(alpha=0.3)
+    if tenant_p99:
+        axes[2].scatter([n for n, _ in tenant_p99], [p for _, p in tenant_p99], s=8)
+        axes[2].set_xscale("log")
+    axes[2].set_xlabel("tenant's due occurrences")
+    axes[2].set_ylabel("tenant p99 schedule_lag (s)")
+    axes[2].set_title("per-tenant p99")
+    axes[2].grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+# --------------------------------------------------------------------------- the run
+
+async def next_top(conn: asyncpg.Connection, lead: float) -> datetime:
+    """The first whole minute at least ``lead`` seconds from the database's now."""
+    now: datetime = await conn.fetchval("SELECT now()")
+    earliest = now + timedelta(seconds=lead)
+    top = earliest.replace(second=0, microsecond=0)
+    return top if top >= earliest else top + timedelta(minutes=1)
+
+
+async def wait_until(conn: asyncpg.Connection, instant: datetime) -> None:
+    while True:
+        now: datetime = await conn.fetchval("SELECT now()")
+        if now >= instant:
+            return
+        await asyncio.sleep(min(0.2, (instant - now).total_seconds()))
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    from load_tests.raw_floor import measure_floor
+    from load_tests.stack_for_load import load_stack
+
+    report: dict[str, Any] = {"schedules": args.schedules, "background": args.background, "tenants": args.tenants,
+                              "big_share": args.big_share, "flexible_fraction": args.flexible_fraction,
+                              "flexible_window_s": args.flexible_window, "broker": args.broker,
+                              "relays": args.relays, "started_at": datetime.now(timezone.utc).isoformat()}
+    log_dir = Path(args.log_dir or (Path(os.environ.get("TMPDIR", "/tmp")) / f"hour-top-{uuid.uuid4().hex[:6]}"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    report["log_dir"] = str(log_dir)
+    async with load_stack("hourtop", args.broker) as (url, bootstrap):
+        conn = await asyncpg.connect(url)
+        try:
+            await apply_migrations(conn, "engine")
+            shards = await conn.fetchval("SELECT count(*)::int FROM shard_leases")
+            if not args.no_floor:
+                report["floor"] = await measure_floor(url, bootstrap, args.floor_rows, args.partitions)
+                print("floor", json.dumps(report["floor"]), file=sys.stderr, flush=True)
+            started = time.perf_counter()
+            await seed_tenants(conn, args.tenants)
+            now: datetime = await conn.fetchval("SELECT now()")
+            lead = 25 + args.schedules / 40_000 + args.schedules / 25_000
+            top = await next_top(conn, lead)
+            minute = top.minute
+            background = shape("cron", f"{(minute + 30) % 60} * * * *", "strict", 0, now)
+            await seed_schedules(conn, 1, args.background, background, args.targets, shards, args.big_share,
+                                 args.tenants)
+            report["seed_background_s"] = round(time.perf_counter() - started, 1)
+            # Due schedules last, so the top is computed after the slow part.
+            top = await next_top(conn, lead)
+            now = await conn.fetchval("SELECT now()")
+            flexible = round(args.schedules * args.flexible_fraction)
+            strict_shape = shape("cron", f"{top.minute} * * * *", "strict", 0, now)
+            assert strict_shape["next_run_at"] == top, (strict_shape["next_run_at"], top)
+            t = time.perf_counter()
+            base = args.background + 1
+            await seed_schedules(conn, base, args.schedules - flexible, strict_shape, args.targets, shards,
+                                 args.big_share, args.tenants)
+            if flexible:
+                flexible_shape = shape("cron", f"{top.minute} * * * *", "flexible", args.flexible_window, now)
+                await seed_schedules(conn, base + args.schedules - flexible, flexible, flexible_shape, args.targets,
+                                     shards, args.big_share, args.tenants)
+            await conn.execute("ANALYZE schedules")
+            report["seed_due_s"] = round(time.perf_counter() - t, 1)
+            report["top"] = top.isoformat()
+            topics = [f"chronoq.occurrences.load.target-{i}" for i in range(args.targets)]
+            from schemas.topics import create_missing_topics
+
+            await create_missing_topics(bootstrap, topics, args.partitions)
+            horizon = (top - now).total_seconds() + 60
+            consumer = None
+            received_path = log_dir / "received.json"
+            if not args.no_consumer:
+                consumer = subprocess.Popen([sys.executable, "-m", "load_tests.hour_top", "--consume", "--bootstrap",
+                                             bootstrap, "--out", str(received_path)],
+                                            stdout=open(log_dir / "consumer.log", "ab"), stderr=subprocess.STDOUT)
+            nodes = start_nodes(args.relays, url, bootstrap, horizon, args.partitions, args.broker == "apache",
+                                log_dir)
+            try:
+                # Materialization: from the first occurrence seen to the last.
+                first_seen = done_at = None
+                while True:
+                    count = await conn.fetchval("SELECT count(*) FROM occurrences")
+                    now_p = time.perf_counter()
+                    if count and first_seen is None:
+                        first_seen = now_p
+                    if count >= args.schedules:
+                        done_at = now_p
+                        break
+                    if any(n.poll() is not None for n in nodes):
+                        raise RuntimeError(f"a node exited early; see {log_dir}")
+                    if await conn.fetchval("SELECT now() > $1::timestamptz", top):
+                        break
+                    await asyncio.sleep(0.25)
+                lanes = {r["lane"]: r["n"] for r in await conn.fetch(
+                    "SELECT 'ahead' AS lane, count(*) AS n FROM dispatch_queue UNION ALL "
+                    "SELECT 'late', count(*) FROM outbox WHERE occurrence_id IS NOT NULL")}
+                report["materialized"] = {"count": count, **lanes}
+                if done_at and first_seen:
+                    report["materialize_s"] = round(done_at - first_seen + 0.25, 2)
+                    report["materialize_rows_per_s"] = round(args.schedules / (done_at - first_seen + 0.25))
+                else:
+                    report["materialize_rows_per_s"] = 0
+                print("materialized", json.dumps(report["materialized"]), report.get("materialize_rows_per_s"),
+                      file=sys.stderr, flush=True)
+                await wait_until(conn, top)
+                deadline = time.perf_counter() + 180 + args.flexible_window
+                while time.perf_counter() < deadline:
+                    pending = await conn.fetchval(
+                        "SELECT count(*) FROM occurrences WHERE scheduled_for = $1 AND enqueued_at IS NULL", top)
+                    if pending == 0:
+                        break
+                    await asyncio.sleep(0.5)
+                report["settled_after_s"] = round((await conn.fetchval("SELECT now()") - top).total_seconds(), 1)
+            finally:
+                stop_nodes(nodes)
+                if consumer is not None:
+                    time.sleep(1.0)
+                    consumer.send_signal(signal.SIGTERM)
+                    consumer.wait(60)
+            rows = await conn.fetch("""
+                SELECT o.occurrence_id, o.tenant_id, s.priority,
+                       extract(epoch FROM o.enqueued_at - o.scheduled_for)::float8 AS lag,
+                       extract(epoch FROM o.available_at - o.scheduled_for)::float8 AS jitter
+                FROM occurrences o JOIN schedules s USING (schedule_id)
+                WHERE o.scheduled_for = $1""", top)
+            report["queue_after"] = dict(await conn.fetchrow(
+                "SELECT (SELECT count(*) FROM dispatch_queue) AS queue_rows,"
+                " (SELECT count(*) FROM dispatch_log WHERE settled_at IS NULL) AS unsettled_log,"
+                " (SELECT count(*) FROM dispatch_quarantine) AS quarantined"))
+        finally:
+            await conn.close()
+        seen = read_all(bootstrap, topics)
+    expected = {str(r["occurrence_id"]) for r in rows}
+    seen_expected = [s for s in seen if s in expected]
+    lags_strict = [r["lag"] for r in rows if r["lag"] is not None and r["priority"] == "strict"]
+    lags_flexible = [r["lag"] for r in rows if r["lag"] is not None and r["priority"] == "flexible"]
+    # Flexible occurrences are due at available_at: their lateness is lag - jitter.
+    late_flexible = [r["lag"] - r["jitter"] for r in rows if r["lag"] is not None and r["priority"] == "flexible"]
+    all_lags = [r["lag"] for r in rows if r["lag"] is not None]
+    by_tenant: dict[str, list[float]] = {}
+    for r in rows:
+        if r["lag"] is not None and r["priority"] == "strict":
+            by_tenant.setdefault(r["tenant_id"], []).append(r["lag"])
+    small = [lag for tenant, values in by_tenant.items() if tenant != BIG_TENANT for lag in values]
+    overall = percentiles(lags_strict or all_lags)
+    report["lag_s"] = {"strict": percentiles(lags_strict), "flexible": percentiles(lags_flexible),
+                       "flexible_past_available_at": percentiles(late_flexible)}
+    strict_span = max(lags_strict) if lags_strict else math.nan
+    dispatch_rate = len(lags_strict) / strict_span if lags_strict and strict_span > 0 else math.nan
+    report["dispatch_rows_per_s"] = round(dispatch_rate) if not math.isnan(dispatch_rate) else None
+    floor = report.get("floor", {})
+    fastest = floor.get("pipeline_rows_per_s")
+    limit_fraction = round(dispatch_rate / fastest, 3) if fastest and not math.isnan(dispatch_rate) else None
+    if received_path.exists():
+        received = json.loads(received_path.read_text())
+        top_epoch = top.timestamp()
+        receive = {}
+        for ident, at in received:
+            if ident in expected and ident not in receive:
+                receive[ident] = at - top_epoch
+        report["receive_lag_s"] = percentiles(list(receive.values()))
+        report["received_distinct"] = len(receive)
+    bins: dict[int, int] = {}
+    for lag in all_lags:
+        bins[int(lag * 10)] = bins.get(int(lag * 10), 0) + 1
+    rate = sorted((b / 10, n) for b, n in bins.items())
+    tenant_p99 = [(len(v), percentiles(v)["p99"]) for v in by_tenant.values()]
+    summary = {
+        "count": len(expected), "missing": len(expected - set(seen_expected)),
+        "duplicates": len(seen_expected) - len(set(seen_expected)),
+        "p50": round(overall["p50"], 3), "p95": round(overall["p95"], 3), "p99": round(overall["p99"], 3),
+        "max": round(overall["max"], 3),
+        "small_tenants_p99": round(percentiles(small)["p99"], 3),
+        "big_tenant_p99": round(percentiles(by_tenant.get(BIG_TENANT, []))["p99"], 3),
+        "limit_fraction": limit_fraction, "materialize_rows_per_s": report.get("materialize_rows_per_s"),
+        "dispatch_rows_per_s": report["dispatch_rows_per_s"], "not_enqueued": len(expected) - len(all_lags),
+        "broker": args.broker, "relays": args.relays, "schedules": args.schedules,
+        "flexible_fraction": args.flexible_fraction,
+    }
+    report["summary"] = summary
+    report["rate_100ms"] = rate
+    if args.png:
+        plot(Path(args.png), {"strict": lags_strict, "flexible": lags_flexible}, rate, tenant_p99,
+             f"hour top: {args.schedules:,} due, {args.background:,} background, {args.relays} nodes, {args.broker}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+    return summary
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--schedules", type=int, default=500_000, help="due schedules S")
+    parser.add_argument("--background", type=int, default=2_000_000, help="schedules not due B")
+    parser.add_argument("--tenants", type=int, default=200, help="tenants T (one big, T-1 small)")
+    parser.add_argument("--big-share", type=float, default=0.8, help="the big tenant's share of the schedules")
+    parser.add_argument("--targets", type=int, default=4)
+    parser.add_argument("--flexible-fraction", type=float, default=0.0, help="share of due schedules that are flexible")
+    parser.add_argument("--flexible-window", type=int, default=60, help="flexible window (s)")
+    parser.add_argument("--broker", choices=("tansu", "apache"), default="tansu")
+    parser.add_argument("--relays", type=int, default=2, help="engine node processes K sharing the shards")
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--floor-rows", type=int, default=200_000)
+    parser.add_argument("--no-floor", action="store_true")
+    parser.add_argument("--no-consumer", action="store_true")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--png", type=Path)
+    parser.add_argument("--log-dir")
+    # Internal: the node and consumer processes this tool starts.
+    parser.add_argument("--node", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--consume", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--database-url", help=argparse.SUPPRESS)
+    parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
+    parser.add_argument("--horizon", type=float, default=120, help=argparse.SUPPRESS)
+    parser.add_argument("--node-id", help=argparse.SUPPRESS)
+    parser.add_argument("--idempotent", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.node:
+        asyncio.run(run_node(args))
+        return 0
+    if args.consume:
+        consume(args)
+        return 0
+    summary = asyncio.run(measure(args))
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
