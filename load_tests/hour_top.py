@@ -36,7 +36,7 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +50,11 @@ BIG_TENANT = "big"
 
 # --------------------------------------------------------------------------- seeding
 
+
 def shape(kind: str, expression: str, priority: str, window_s: int, now: datetime) -> dict[str, Any]:
     """The stored columns of a schedule, from the control plane's own parsing and first-fire rule."""
-    from engine.control_plane import first_fire, parse_schedule_request
-    from engine import timing
+    from engine.control.schedule_requests import first_fire, parse_schedule_request
+    from engine.rules import timing
 
     raw: dict[str, Any] = {"kind": kind, "expression": expression, "target": "load.target-0", "priority": priority}
     if priority == "flexible":
@@ -61,12 +62,20 @@ def shape(kind: str, expression: str, priority: str, window_s: int, now: datetim
     request = parse_schedule_request(raw)
     spec = request.spec
     return {
-        "kind": spec.kind, "expression": spec.expression, "time_zone": spec.time_zone, "dst_repeat": spec.dst_repeat,
-        "dst_gap": spec.dst_gap, "priority": request.priority,
-        "flexible_window_s": int(request.flexible_window.total_seconds()), "misfire_policy": request.misfire_text,
-        "max_lateness_s": int(request.misfire.max_lateness.total_seconds()), "overlap_policy": request.overlap_policy,
-        "retry_max_attempts": request.max_attempts, "retry_base_s": request.retry_base.total_seconds(),
-        "retry_cap_s": request.retry_cap.total_seconds(), "next_run_at": first_fire(request, now),
+        "kind": spec.kind,
+        "expression": spec.expression,
+        "time_zone": spec.time_zone,
+        "dst_repeat": spec.dst_repeat,
+        "dst_gap": spec.dst_gap,
+        "priority": request.priority,
+        "flexible_window_s": int(request.flexible_window.total_seconds()),
+        "misfire_policy": request.misfire_text,
+        "max_lateness_s": int(request.misfire.max_lateness.total_seconds()),
+        "overlap_policy": request.overlap_policy,
+        "retry_max_attempts": request.max_attempts,
+        "retry_base_s": request.retry_base.total_seconds(),
+        "retry_cap_s": request.retry_cap.total_seconds(),
+        "next_run_at": first_fire(request, now),
         "fires_per_minute": timing.fires_per_minute(spec, now),
     }
 
@@ -85,38 +94,99 @@ FROM (SELECT gen_random_uuid() AS id, i,
 
 
 async def seed_tenants(conn: asyncpg.Connection, tenants: int) -> None:
-    await conn.execute("""
+    await conn.execute(
+        """
         INSERT INTO tenants (tenant_id, api_token_hash, signing_key, max_active_schedules, max_fires_per_minute)
         SELECT name, decode(md5(name || random()::text), 'hex'), decode(md5(random()::text), 'hex'), 100000000, 1e9
         FROM (SELECT 'big' AS name UNION ALL SELECT 'small-' || i FROM generate_series(0, $1 - 2) AS i) AS t
-        ON CONFLICT DO NOTHING""", tenants)
+        ON CONFLICT DO NOTHING""",
+        tenants,
+    )
 
 
-async def seed_schedules(conn: asyncpg.Connection, first: int, count: int, columns: dict[str, Any], targets: int,
-                         shards: int, big_share: float, tenants: int, chunk: int = 250_000) -> None:
+async def seed_schedules(
+    conn: asyncpg.Connection,
+    first: int,
+    count: int,
+    columns: dict[str, Any],
+    targets: int,
+    shards: int,
+    big_share: float,
+    tenants: int,
+    chunk: int = 250_000,
+) -> None:
     c = columns
     big_per_mille = round(big_share * 1000)
     for start in range(first, first + count, chunk):
         end = min(start + chunk, first + count) - 1
-        await conn.execute(_SEED, start, end, c["kind"], c["expression"], c["time_zone"], c["dst_repeat"],
-                           c["dst_gap"], c["next_run_at"], targets, c["priority"], c["flexible_window_s"],
-                           c["misfire_policy"], c["max_lateness_s"], c["overlap_policy"], c["retry_max_attempts"],
-                           c["retry_base_s"], c["retry_cap_s"], shards, c["fires_per_minute"], big_per_mille,
-                           max(tenants - 1, 1))
+        await conn.execute(
+            _SEED,
+            start,
+            end,
+            c["kind"],
+            c["expression"],
+            c["time_zone"],
+            c["dst_repeat"],
+            c["dst_gap"],
+            c["next_run_at"],
+            targets,
+            c["priority"],
+            c["flexible_window_s"],
+            c["misfire_policy"],
+            c["max_lateness_s"],
+            c["overlap_policy"],
+            c["retry_max_attempts"],
+            c["retry_base_s"],
+            c["retry_cap_s"],
+            shards,
+            c["fires_per_minute"],
+            big_per_mille,
+            max(tenants - 1, 1),
+        )
 
 
 # --------------------------------------------------------------------------- nodes
 
-def start_nodes(count: int, url: str, bootstrap: str, horizon: float, partitions: int, idempotent: bool,
-                log_dir: Path) -> list[subprocess.Popen[bytes]]:
+
+def start_nodes(
+    count: int,
+    url: str,
+    bootstrap: str,
+    horizon: float,
+    partitions: int,
+    idempotent: bool,
+    log_dir: Path,
+    materialize_batch: int = 5000,
+) -> list[subprocess.Popen[bytes]]:
     nodes = []
     for k in range(count):
         log = open(log_dir / f"node-{k}.log", "ab")
-        nodes.append(subprocess.Popen(
-            [sys.executable, "-m", "load_tests.hour_top", "--node", "--database-url", url, "--bootstrap", bootstrap,
-             "--horizon", str(horizon), "--partitions", str(partitions), "--node-id", f"node-{k}",
-             *(["--idempotent"] if idempotent else [])],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        nodes.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "load_tests.hour_top",
+                    "--node",
+                    "--database-url",
+                    url,
+                    "--bootstrap",
+                    bootstrap,
+                    "--horizon",
+                    str(horizon),
+                    "--partitions",
+                    str(partitions),
+                    "--node-id",
+                    f"node-{k}",
+                    "--materialize-batch",
+                    str(materialize_batch),
+                    *(["--idempotent"] if idempotent else []),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        )
         log.close()
     return nodes
 
@@ -134,28 +204,41 @@ def stop_nodes(nodes: list[subprocess.Popen[bytes]]) -> None:
 
 
 async def run_node(args: argparse.Namespace) -> None:
-    """One engine node (the data-plane roles) until SIGTERM."""
-    from engine.loops.data_plane import DataPlaneConfig, run_data_plane
+    """One engine node until SIGTERM: the data-plane roles of ``chronoq engine`` (materializer on its leased
+    shards, ahead-lane dispatch, settling) plus the late-lane relay."""
     from engine.loops.materializer import MaterializerConfig
+    from engine.loops.service import DataPlaneConfig, Role, ServiceConfig, run_services
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
-    config = DataPlaneConfig(node_id=args.node_id, partitions=args.partitions, idempotent_producer=args.idempotent,
-                             materializer=MaterializerConfig(horizon=timedelta(seconds=args.horizon)))
-    await run_data_plane(args.database_url, args.bootstrap, stop, config)
+    config = ServiceConfig(
+        roles=frozenset({Role.MATERIALIZER, Role.DISPATCH, Role.RELAY}),
+        materializer=MaterializerConfig(horizon=timedelta(seconds=args.horizon), batch_size=args.materialize_batch),
+        data_plane=DataPlaneConfig(
+            node_id=args.node_id, partitions=args.partitions, idempotent_producer=args.idempotent
+        ),
+    )
+    await run_services(args.database_url, args.bootstrap, stop, config)
 
 
 # --------------------------------------------------------------------------- consumer
+
 
 def consume(args: argparse.Namespace) -> None:
     """A no-op consumer group: record each occurrence message's receive instant (wall clock, UTC)."""
     from confluent_kafka import Consumer
 
-    consumer = Consumer({"bootstrap.servers": args.bootstrap, "group.id": f"hour-top-{uuid.uuid4().hex[:6]}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                         "topic.metadata.refresh.interval.ms": 1000})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": args.bootstrap,
+            "group.id": f"hour-top-{uuid.uuid4().hex[:6]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "topic.metadata.refresh.interval.ms": 1000,
+        }
+    )
     consumer.subscribe(["^chronoq\\.occurrences\\..*"])
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
@@ -175,12 +258,14 @@ def consume(args: argparse.Namespace) -> None:
 
 # --------------------------------------------------------------------------- verification
 
+
 def read_all(bootstrap: str, topics: list[str]) -> list[str]:
     """Every occurrence id on the topics, from the beginning (duplicates included)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"verify-{uuid.uuid4().hex[:6]}",
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"verify-{uuid.uuid4().hex[:6]}", "enable.auto.commit": False}
+    )
     metadata = consumer.list_topics(timeout=10)
     assignment, ends = [], {}
     for topic in topics:
@@ -220,8 +305,13 @@ def percentiles(values: list[float]) -> dict[str, float]:
     return {"p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "max": ordered[-1]}
 
 
-def plot(path: Path, lags: dict[str, list[float]], rate: list[tuple[float, int]],
-         tenant_p99: list[tuple[int, float]], title: str) -> None:
+def plot(
+    path: Path,
+    lags: dict[str, list[float]],
+    rate: list[tuple[float, int]],
+    tenant_p99: list[tuple[int, float]],
+    title: str,
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -257,6 +347,7 @@ def plot(path: Path, lags: dict[str, list[float]], rate: list[tuple[float, int]]
 
 # --------------------------------------------------------------------------- the run
 
+
 async def next_top(conn: asyncpg.Connection, lead: float) -> datetime:
     """The first whole minute at least ``lead`` seconds from the database's now."""
     now: datetime = await conn.fetchval("SELECT now()")
@@ -273,17 +364,106 @@ async def wait_until(conn: asyncpg.Connection, instant: datetime) -> None:
         await asyncio.sleep(min(0.2, (instant - now).total_seconds()))
 
 
+async def seed(conn: asyncpg.Connection, args: argparse.Namespace, shards: int, report: dict[str, Any]) -> datetime:
+    """Tenants, background schedules, then the due ones (last, so the top is chosen after the slow part)."""
+    started = time.perf_counter()
+    await seed_tenants(conn, args.tenants)
+    lead = 25 + args.schedules / 40_000 + args.schedules / 25_000
+    now: datetime = await conn.fetchval("SELECT now()")
+    minute = (await next_top(conn, lead)).minute
+    background = shape("cron", f"{(minute + 30) % 60} * * * *", "strict", 0, now)
+    await seed_schedules(conn, 1, args.background, background, args.targets, shards, args.big_share, args.tenants)
+    report["seed_background_s"] = round(time.perf_counter() - started, 1)
+    top = await next_top(conn, lead)
+    now = await conn.fetchval("SELECT now()")
+    flexible = round(args.schedules * args.flexible_fraction)
+    started = time.perf_counter()
+    first = args.background + 1
+    for priority, count, window in (
+        ("strict", args.schedules - flexible, 0),
+        ("flexible", flexible, args.flexible_window),
+    ):
+        if count:
+            columns = shape("cron", f"{top.minute} * * * *", priority, window, now)
+            assert columns["next_run_at"] == top, (columns["next_run_at"], top)
+            await seed_schedules(conn, first, count, columns, args.targets, shards, args.big_share, args.tenants)
+            first += count
+    await conn.execute("ANALYZE schedules")
+    report["seed_due_s"] = round(time.perf_counter() - started, 1)
+    report["top"] = top.isoformat()
+    return top
+
+
+async def watch_materialization(
+    conn: asyncpg.Connection, args: argparse.Namespace, nodes: list[subprocess.Popen[bytes]], top: datetime,
+    report: dict[str, Any], log_dir: Path,
+) -> None:  # fmt: skip
+    """Rows/s from the first occurrence seen to the last (polled every 0.25 s), and which lane they went to."""
+    first_seen = done_at = None
+    count = 0
+    while True:
+        count = await conn.fetchval("SELECT count(*) FROM occurrences")
+        polled = time.perf_counter()
+        first_seen = first_seen or (polled if count else None)
+        if count >= args.schedules:
+            done_at = polled
+            break
+        if any(node.poll() is not None for node in nodes):
+            raise RuntimeError(f"a node exited early; see {log_dir}")
+        if await conn.fetchval("SELECT now() > $1::timestamptz", top):
+            break
+        await asyncio.sleep(0.25)
+    lanes = await conn.fetchrow(
+        "SELECT (SELECT count(*) FROM dispatch_queue) AS ahead,"
+        " (SELECT count(*) FROM outbox WHERE occurrence_id IS NOT NULL) AS late"
+    )
+    report["materialized"] = {"count": count, **dict(lanes)}
+    if done_at and first_seen:
+        report["materialize_s"] = round(done_at - first_seen + 0.25, 2)
+        report["materialize_rows_per_s"] = round(args.schedules / (done_at - first_seen + 0.25))
+    else:
+        report["materialize_rows_per_s"] = 0
+    print("materialized", json.dumps(report["materialized"]), report["materialize_rows_per_s"], file=sys.stderr)
+
+
+async def wait_enqueued(
+    conn: asyncpg.Connection, args: argparse.Namespace, top: datetime, report: dict[str, Any]
+) -> None:
+    """Until every due occurrence has its enqueued_at (the settle pass recorded it), or a deadline."""
+    await wait_until(conn, top)
+    deadline = time.perf_counter() + 180 + args.flexible_window
+    while time.perf_counter() < deadline:
+        pending = await conn.fetchval(
+            "SELECT count(*) FROM occurrences WHERE scheduled_for = $1 AND enqueued_at IS NULL", top
+        )
+        if pending == 0:
+            break
+        await asyncio.sleep(0.5)
+    report["settled_after_s"] = round((await conn.fetchval("SELECT now()") - top).total_seconds(), 1)
+
+
+def start_consumer(bootstrap: str, out: Path, log_dir: Path) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "load_tests.hour_top", "--consume", "--bootstrap", bootstrap, "--out", str(out)]
+    with open(log_dir / "consumer.log", "ab") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     from load_tests.raw_floor import measure_floor
     from load_tests.stack_for_load import load_stack
+    from schemas.topics import create_missing_topics
 
-    report: dict[str, Any] = {"schedules": args.schedules, "background": args.background, "tenants": args.tenants,
-                              "big_share": args.big_share, "flexible_fraction": args.flexible_fraction,
-                              "flexible_window_s": args.flexible_window, "broker": args.broker,
-                              "relays": args.relays, "started_at": datetime.now(timezone.utc).isoformat()}
+    report: dict[str, Any] = {
+        key: getattr(args, key)
+        for key in ("schedules", "background", "tenants", "big_share", "flexible_fraction", "flexible_window",
+                    "broker", "relays")
+    }  # fmt: skip
+    report["started_at"] = datetime.now(UTC).isoformat()
     log_dir = Path(args.log_dir or (Path(os.environ.get("TMPDIR", "/tmp")) / f"hour-top-{uuid.uuid4().hex[:6]}"))
     log_dir.mkdir(parents=True, exist_ok=True)
     report["log_dir"] = str(log_dir)
+    topics = [f"chronoq.occurrences.load.target-{i}" for i in range(args.targets)]
+    received_path = log_dir / "received.json"
     async with load_stack("hourtop", args.broker) as (url, bootstrap):
         conn = await asyncpg.connect(url)
         try:
@@ -292,155 +472,110 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             if not args.no_floor:
                 report["floor"] = await measure_floor(url, bootstrap, args.floor_rows, args.partitions)
                 print("floor", json.dumps(report["floor"]), file=sys.stderr, flush=True)
-            started = time.perf_counter()
-            await seed_tenants(conn, args.tenants)
-            now: datetime = await conn.fetchval("SELECT now()")
-            lead = 25 + args.schedules / 40_000 + args.schedules / 25_000
-            top = await next_top(conn, lead)
-            minute = top.minute
-            background = shape("cron", f"{(minute + 30) % 60} * * * *", "strict", 0, now)
-            await seed_schedules(conn, 1, args.background, background, args.targets, shards, args.big_share,
-                                 args.tenants)
-            report["seed_background_s"] = round(time.perf_counter() - started, 1)
-            # Due schedules last, so the top is computed after the slow part.
-            top = await next_top(conn, lead)
-            now = await conn.fetchval("SELECT now()")
-            flexible = round(args.schedules * args.flexible_fraction)
-            strict_shape = shape("cron", f"{top.minute} * * * *", "strict", 0, now)
-            assert strict_shape["next_run_at"] == top, (strict_shape["next_run_at"], top)
-            t = time.perf_counter()
-            base = args.background + 1
-            await seed_schedules(conn, base, args.schedules - flexible, strict_shape, args.targets, shards,
-                                 args.big_share, args.tenants)
-            if flexible:
-                flexible_shape = shape("cron", f"{top.minute} * * * *", "flexible", args.flexible_window, now)
-                await seed_schedules(conn, base + args.schedules - flexible, flexible, flexible_shape, args.targets,
-                                     shards, args.big_share, args.tenants)
-            await conn.execute("ANALYZE schedules")
-            report["seed_due_s"] = round(time.perf_counter() - t, 1)
-            report["top"] = top.isoformat()
-            topics = [f"chronoq.occurrences.load.target-{i}" for i in range(args.targets)]
-            from schemas.topics import create_missing_topics
-
+            top = await seed(conn, args, shards, report)
             await create_missing_topics(bootstrap, topics, args.partitions)
-            horizon = (top - now).total_seconds() + 60
-            consumer = None
-            received_path = log_dir / "received.json"
-            if not args.no_consumer:
-                consumer = subprocess.Popen([sys.executable, "-m", "load_tests.hour_top", "--consume", "--bootstrap",
-                                             bootstrap, "--out", str(received_path)],
-                                            stdout=open(log_dir / "consumer.log", "ab"), stderr=subprocess.STDOUT)
-            nodes = start_nodes(args.relays, url, bootstrap, horizon, args.partitions, args.broker == "apache",
-                                log_dir)
+            horizon = (top - await conn.fetchval("SELECT now()")).total_seconds() + 60
+            consumer = None if args.no_consumer else start_consumer(bootstrap, received_path, log_dir)
+            nodes = start_nodes(
+                args.relays, url, bootstrap, horizon, args.partitions, args.broker == "apache", log_dir,
+                args.materialize_batch,
+            )  # fmt: skip
             try:
-                # Materialization: from the first occurrence seen to the last.
-                first_seen = done_at = None
-                while True:
-                    count = await conn.fetchval("SELECT count(*) FROM occurrences")
-                    now_p = time.perf_counter()
-                    if count and first_seen is None:
-                        first_seen = now_p
-                    if count >= args.schedules:
-                        done_at = now_p
-                        break
-                    if any(n.poll() is not None for n in nodes):
-                        raise RuntimeError(f"a node exited early; see {log_dir}")
-                    if await conn.fetchval("SELECT now() > $1::timestamptz", top):
-                        break
-                    await asyncio.sleep(0.25)
-                lanes = {r["lane"]: r["n"] for r in await conn.fetch(
-                    "SELECT 'ahead' AS lane, count(*) AS n FROM dispatch_queue UNION ALL "
-                    "SELECT 'late', count(*) FROM outbox WHERE occurrence_id IS NOT NULL")}
-                report["materialized"] = {"count": count, **lanes}
-                if done_at and first_seen:
-                    report["materialize_s"] = round(done_at - first_seen + 0.25, 2)
-                    report["materialize_rows_per_s"] = round(args.schedules / (done_at - first_seen + 0.25))
-                else:
-                    report["materialize_rows_per_s"] = 0
-                print("materialized", json.dumps(report["materialized"]), report.get("materialize_rows_per_s"),
-                      file=sys.stderr, flush=True)
-                await wait_until(conn, top)
-                deadline = time.perf_counter() + 180 + args.flexible_window
-                while time.perf_counter() < deadline:
-                    pending = await conn.fetchval(
-                        "SELECT count(*) FROM occurrences WHERE scheduled_for = $1 AND enqueued_at IS NULL", top)
-                    if pending == 0:
-                        break
-                    await asyncio.sleep(0.5)
-                report["settled_after_s"] = round((await conn.fetchval("SELECT now()") - top).total_seconds(), 1)
+                await watch_materialization(conn, args, nodes, top, report, log_dir)
+                await wait_enqueued(conn, args, top, report)
             finally:
                 stop_nodes(nodes)
                 if consumer is not None:
                     time.sleep(1.0)
                     consumer.send_signal(signal.SIGTERM)
                     consumer.wait(60)
-            rows = await conn.fetch("""
+            rows = await conn.fetch(
+                """
                 SELECT o.occurrence_id, o.tenant_id, s.priority,
                        extract(epoch FROM o.enqueued_at - o.scheduled_for)::float8 AS lag,
                        extract(epoch FROM o.available_at - o.scheduled_for)::float8 AS jitter
                 FROM occurrences o JOIN schedules s USING (schedule_id)
-                WHERE o.scheduled_for = $1""", top)
-            report["queue_after"] = dict(await conn.fetchrow(
-                "SELECT (SELECT count(*) FROM dispatch_queue) AS queue_rows,"
-                " (SELECT count(*) FROM dispatch_log WHERE settled_at IS NULL) AS unsettled_log,"
-                " (SELECT count(*) FROM dispatch_quarantine) AS quarantined"))
+                WHERE o.scheduled_for = $1""",
+                top,
+            )
+            report["queue_after"] = dict(
+                await conn.fetchrow(
+                    "SELECT (SELECT count(*) FROM dispatch_queue) AS queue_rows,"
+                    " (SELECT count(*) FROM dispatch_log WHERE settled_at IS NULL) AS unsettled_log,"
+                    " (SELECT count(*) FROM dispatch_quarantine) AS quarantined"
+                )
+            )
         finally:
             await conn.close()
         seen = read_all(bootstrap, topics)
+    received = json.loads(received_path.read_text()) if received_path.exists() else None
+    summary = analyze(args, report, rows, seen, received, top)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+    return summary
+
+
+def analyze(
+    args: argparse.Namespace, report: dict[str, Any], rows: list[asyncpg.Record], seen: list[str],
+    received: list[tuple[str, float]] | None, top: datetime,
+) -> dict[str, Any]:  # fmt: skip
+    """The figures: lag percentiles overall, per lane and per tenant size class, Kafka's missing and
+    duplicate counts, the dispatch rate and its fraction of the floor; the PNG if asked for."""
     expected = {str(r["occurrence_id"]) for r in rows}
     seen_expected = [s for s in seen if s in expected]
-    lags_strict = [r["lag"] for r in rows if r["lag"] is not None and r["priority"] == "strict"]
-    lags_flexible = [r["lag"] for r in rows if r["lag"] is not None and r["priority"] == "flexible"]
-    # Flexible occurrences are due at available_at: their lateness is lag - jitter.
-    late_flexible = [r["lag"] - r["jitter"] for r in rows if r["lag"] is not None and r["priority"] == "flexible"]
-    all_lags = [r["lag"] for r in rows if r["lag"] is not None]
+    enqueued = [r for r in rows if r["lag"] is not None]
+    lags = {lane: [r["lag"] for r in enqueued if r["priority"] == lane] for lane in ("strict", "flexible")}
     by_tenant: dict[str, list[float]] = {}
-    for r in rows:
-        if r["lag"] is not None and r["priority"] == "strict":
+    for r in enqueued:
+        if r["priority"] == "strict" or not lags["strict"]:
             by_tenant.setdefault(r["tenant_id"], []).append(r["lag"])
     small = [lag for tenant, values in by_tenant.items() if tenant != BIG_TENANT for lag in values]
-    overall = percentiles(lags_strict or all_lags)
-    report["lag_s"] = {"strict": percentiles(lags_strict), "flexible": percentiles(lags_flexible),
-                       "flexible_past_available_at": percentiles(late_flexible)}
-    strict_span = max(lags_strict) if lags_strict else math.nan
-    dispatch_rate = len(lags_strict) / strict_span if lags_strict and strict_span > 0 else math.nan
-    report["dispatch_rows_per_s"] = round(dispatch_rate) if not math.isnan(dispatch_rate) else None
-    floor = report.get("floor", {})
-    fastest = floor.get("pipeline_rows_per_s")
-    limit_fraction = round(dispatch_rate / fastest, 3) if fastest and not math.isnan(dispatch_rate) else None
-    if received_path.exists():
-        received = json.loads(received_path.read_text())
-        top_epoch = top.timestamp()
-        receive = {}
+    overall = percentiles(lags["strict"] or [r["lag"] for r in enqueued])
+    report["lag_s"] = {
+        "strict": percentiles(lags["strict"]),
+        "flexible": percentiles(lags["flexible"]),
+        # A flexible occurrence is due at its available_at: its lateness is lag minus its jitter.
+        "flexible_past_available_at": percentiles(
+            [r["lag"] - r["jitter"] for r in enqueued if r["priority"] == "flexible"]
+        ),
+    }
+    dispatch_rate = len(lags["strict"]) / max(lags["strict"]) if lags["strict"] and max(lags["strict"]) > 0 else None
+    report["dispatch_rows_per_s"] = round(dispatch_rate) if dispatch_rate else None
+    fastest = report.get("floor", {}).get("pipeline_rows_per_s")
+    if received is not None:
+        receive: dict[str, float] = {}
         for ident, at in received:
             if ident in expected and ident not in receive:
-                receive[ident] = at - top_epoch
+                receive[ident] = at - top.timestamp()
         report["receive_lag_s"] = percentiles(list(receive.values()))
         report["received_distinct"] = len(receive)
     bins: dict[int, int] = {}
-    for lag in all_lags:
-        bins[int(lag * 10)] = bins.get(int(lag * 10), 0) + 1
+    for r in enqueued:
+        bins[int(r["lag"] * 10)] = bins.get(int(r["lag"] * 10), 0) + 1
     rate = sorted((b / 10, n) for b, n in bins.items())
-    tenant_p99 = [(len(v), percentiles(v)["p99"]) for v in by_tenant.values()]
     summary = {
-        "count": len(expected), "missing": len(expected - set(seen_expected)),
+        "count": len(expected),
+        "missing": len(expected - set(seen_expected)),
         "duplicates": len(seen_expected) - len(set(seen_expected)),
-        "p50": round(overall["p50"], 3), "p95": round(overall["p95"], 3), "p99": round(overall["p99"], 3),
-        "max": round(overall["max"], 3),
+        **{key: round(value, 3) for key, value in overall.items()},
         "small_tenants_p99": round(percentiles(small)["p99"], 3),
         "big_tenant_p99": round(percentiles(by_tenant.get(BIG_TENANT, []))["p99"], 3),
-        "limit_fraction": limit_fraction, "materialize_rows_per_s": report.get("materialize_rows_per_s"),
-        "dispatch_rows_per_s": report["dispatch_rows_per_s"], "not_enqueued": len(expected) - len(all_lags),
-        "broker": args.broker, "relays": args.relays, "schedules": args.schedules,
+        "limit_fraction": round(dispatch_rate / fastest, 3) if fastest and dispatch_rate else None,
+        "materialize_rows_per_s": report.get("materialize_rows_per_s"),
+        "dispatch_rows_per_s": report["dispatch_rows_per_s"],
+        "not_enqueued": len(expected) - len(enqueued),
+        "broker": args.broker,
+        "relays": args.relays,
+        "schedules": args.schedules,
         "flexible_fraction": args.flexible_fraction,
     }
     report["summary"] = summary
     report["rate_100ms"] = rate
     if args.png:
-        plot(Path(args.png), {"strict": lags_strict, "flexible": lags_flexible}, rate, tenant_p99,
-             f"hour top: {args.schedules:,} due, {args.background:,} background, {args.relays} nodes, {args.broker}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+        plot(
+            Path(args.png), lags, rate, [(len(v), percentiles(v)["p99"]) for v in by_tenant.values()],
+            f"hour top: {args.schedules:,} due, {args.background:,} background, {args.relays} nodes, {args.broker}",
+        )  # fmt: skip
     return summary
 
 
@@ -468,6 +603,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--database-url", help=argparse.SUPPRESS)
     parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
     parser.add_argument("--horizon", type=float, default=120, help=argparse.SUPPRESS)
+    parser.add_argument("--materialize-batch", type=int, default=5000)
     parser.add_argument("--node-id", help=argparse.SUPPRESS)
     parser.add_argument("--idempotent", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)

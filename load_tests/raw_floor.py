@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import io
 import json
 import os
 import time
 import uuid
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import asyncpg
 import orjson
@@ -38,19 +38,30 @@ BATCH = 5000
 
 def sample_message(i: int) -> bytes:
     """An occurrence-message-sized body (the real encoder's field set, ~300 bytes)."""
-    return orjson.dumps({
-        "format": 1, "occurrence_id": str(uuid.uuid4()), "schedule_id": str(uuid.uuid4()),
-        "schedule_version": 1, "tenant_id": f"tenant-{i % 100}", "target": "load.target-1",
-        "scheduled_for": "2027-01-04T09:00:00Z", "available_at": "2027-01-04T09:00:00Z", "attempt": 1,
-        "priority": "strict", "deadline": None, "payload": {"n": i},
-    })
+    return orjson.dumps(
+        {
+            "format": 1,
+            "occurrence_id": str(uuid.uuid4()),
+            "schedule_id": str(uuid.uuid4()),
+            "schedule_version": 1,
+            "tenant_id": f"tenant-{i % 100}",
+            "target": "load.target-1",
+            "scheduled_for": "2027-01-04T09:00:00Z",
+            "available_at": "2027-01-04T09:00:00Z",
+            "attempt": 1,
+            "priority": "strict",
+            "deadline": None,
+            "payload": {"n": i},
+        }
+    )
 
 
 async def copy_rows(conn: asyncpg.Connection, rows: int) -> float:
     """COPY ``rows`` rows into a fresh table; rows/s."""
     await conn.execute(f"DROP TABLE IF EXISTS {FLOOR_TABLE}")
-    await conn.execute(f"CREATE TABLE {FLOOR_TABLE} (id bigint PRIMARY KEY, message_key bytea NOT NULL,"
-                       " message bytea NOT NULL)")
+    await conn.execute(
+        f"CREATE TABLE {FLOOR_TABLE} (id bigint PRIMARY KEY, message_key bytea NOT NULL, message bytea NOT NULL)"
+    )
     records = [(i, str(i).encode(), sample_message(i)) for i in range(rows)]
     started = time.perf_counter()
     await conn.copy_records_to_table(FLOOR_TABLE, records=records)
@@ -62,8 +73,9 @@ async def range_read(conn: asyncpg.Connection, rows: int) -> float:
     started = time.perf_counter()
     last, seen = -1, 0
     while True:
-        batch = await conn.fetch(f"SELECT id, message_key, message FROM {FLOOR_TABLE} WHERE id > $1"
-                                 " ORDER BY id LIMIT $2", last, BATCH)
+        batch = await conn.fetch(
+            f"SELECT id, message_key, message FROM {FLOOR_TABLE} WHERE id > $1 ORDER BY id LIMIT $2", last, BATCH
+        )
         if not batch:
             break
         seen += len(batch)
@@ -76,8 +88,13 @@ async def aiokafka_produce(bootstrap: str, topic: str, messages: list[tuple[byte
     from aiokafka import AIOKafkaProducer
     from aiokafka.partitioner import DefaultPartitioner
 
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False,
-                                max_batch_size=1024 * 1024, max_request_size=1024 * 1024)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        enable_idempotence=False,
+        max_batch_size=1024 * 1024,
+        max_request_size=1024 * 1024,
+    )
     await producer.start()
     try:
         partitions = sorted(await producer.partitions_for(topic))
@@ -85,7 +102,7 @@ async def aiokafka_produce(bootstrap: str, topic: str, messages: list[tuple[byte
         started = time.perf_counter()
         for offset in range(0, len(messages), BATCH):
             groups: dict[int, list[tuple[bytes, bytes]]] = {}
-            for key, value in messages[offset:offset + BATCH]:
+            for key, value in messages[offset : offset + BATCH]:
                 groups.setdefault(partitioner(key, partitions, partitions), []).append((key, value))
             futures = []
             for partition, group in groups.items():
@@ -103,9 +120,17 @@ async def aiokafka_produce(bootstrap: str, topic: str, messages: list[tuple[byte
 
 
 def confluent_config(bootstrap: str, idempotent: bool = False) -> dict[str, Any]:
-    return {"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5, "enable.idempotence": idempotent,
-            "batch.num.messages": 10000, "batch.size": 1024 * 1024, "queue.buffering.max.messages": 2_000_000,
-            "queue.buffering.max.kbytes": 1024 * 1024, "message.max.bytes": 2 * 1024 * 1024}
+    return {
+        "bootstrap.servers": bootstrap,
+        "acks": "all",
+        "linger.ms": 5,
+        "enable.idempotence": idempotent,
+        "batch.num.messages": 10000,
+        "batch.size": 1024 * 1024,
+        "queue.buffering.max.messages": 2_000_000,
+        "queue.buffering.max.kbytes": 1024 * 1024,
+        "message.max.bytes": 2 * 1024 * 1024,
+    }
 
 
 async def confluent_produce(bootstrap: str, topic: str, messages: list[tuple[bytes, bytes]]) -> float:
@@ -124,7 +149,7 @@ async def confluent_produce(bootstrap: str, topic: str, messages: list[tuple[byt
     await loop.run_in_executor(None, producer.flush, 30)
     started = time.perf_counter()
     for offset in range(0, len(messages), BATCH):
-        for key, value in messages[offset:offset + BATCH]:
+        for key, value in messages[offset : offset + BATCH]:
             producer.produce(topic, key=key, value=value, on_delivery=delivered)
         await loop.run_in_executor(None, producer.flush, 30)
     elapsed = time.perf_counter() - started
@@ -144,8 +169,9 @@ async def pipeline(conn: asyncpg.Connection, bootstrap: str, topic: str) -> floa
     started = time.perf_counter()
     last, seen = -1, 0
     while True:
-        batch = await conn.fetch(f"SELECT id, message_key, message FROM {FLOOR_TABLE} WHERE id > $1"
-                                 " ORDER BY id LIMIT $2", last, BATCH)
+        batch = await conn.fetch(
+            f"SELECT id, message_key, message FROM {FLOOR_TABLE} WHERE id > $1 ORDER BY id LIMIT $2", last, BATCH
+        )
         if not batch:
             break
         for row in batch:
@@ -161,8 +187,9 @@ async def _timed(step: Callable[[], Awaitable[float]]) -> float:
     return round(await step())
 
 
-async def measure_floor(database_url: str, bootstrap: str, rows: int = 200_000,
-                        partitions: int = 8) -> dict[str, float]:
+async def measure_floor(
+    database_url: str, bootstrap: str, rows: int = 200_000, partitions: int = 8
+) -> dict[str, float]:
     """Every floor figure, measured now on this machine."""
     from aiokafka.admin import AIOKafkaAdminClient
 

@@ -15,8 +15,8 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import AsyncIterator
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -36,13 +36,13 @@ class _Broker:
 
     def start(self) -> str:
         if self.kind == "tansu":
-            from engine.stack import EmbeddedKafka
+            from engine.cli.embedded.tansu import EmbeddedKafka
 
             server = EmbeddedKafka(self.home / "kafka.log")
             self._server = server
             return server.start()
         try:
-            from engine.cli.embedded.apache_kafka import ApacheKafka  # type: ignore[import-not-found]
+            from engine.cli.embedded.apache_kafka import ApacheKafka  # type: ignore[import-not-found,unused-ignore]
         except ImportError as err:  # the launcher lands with the Apache Kafka work
             raise SystemExit("--broker apache needs engine/cli/embedded/apache_kafka.py (not in this tree)") from err
         server = ApacheKafka(self.home / "apache-kafka")
@@ -58,7 +58,7 @@ class _Broker:
 @contextlib.asynccontextmanager
 async def load_stack(name: str, broker: str = "tansu") -> AsyncIterator[tuple[str, str]]:
     """Yield (database URL of a fresh database, Kafka bootstrap); stop what was started afterwards."""
-    from engine.stack import EmbeddedPostgres
+    from engine.cli.embedded.postgres import EmbeddedPostgres
 
     home = Path(tempfile.mkdtemp(prefix=f"chronoq-{name}-"))
     admin_url = os.environ.get("CHRONOQ_DATABASE_URL")

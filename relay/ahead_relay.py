@@ -29,9 +29,9 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Awaitable, Callable
 
 from opentelemetry import metrics, trace
 
@@ -106,7 +106,7 @@ class _Page:
     epochs: dict[int, int]
     starts: dict[int, CursorKey]
     rows: list[AheadRow]
-    task: "asyncio.Task[list[BaseException | None]]"
+    task: asyncio.Task[list[BaseException | None]]
 
 
 class _ClockEstimate:
@@ -134,10 +134,17 @@ class _ClockEstimate:
 
 
 class AheadRelay:
-    def __init__(self, store: AheadLaneStore, publisher: object, ownership: ShardOwnership,
-                 config: AheadRelayConfig | None = None, clock: Clock | None = None,
-                 meter: metrics.Meter | None = None, tracer: trace.Tracer | None = None,
-                 hooks: AheadRelayHooks | None = None) -> None:
+    def __init__(
+        self,
+        store: AheadLaneStore,
+        publisher: object,
+        ownership: ShardOwnership,
+        config: AheadRelayConfig | None = None,
+        clock: Clock | None = None,
+        meter: metrics.Meter | None = None,
+        tracer: trace.Tracer | None = None,
+        hooks: AheadRelayHooks | None = None,
+    ) -> None:
         self.store = store
         self.publisher = publisher
         self.ownership = ownership
@@ -153,8 +160,8 @@ class AheadRelay:
         self._fenced = meter.create_counter(obs.OUTBOX_FENCED_MARKS, unit="1")
         self._quarantined = meter.create_counter(obs.QUARANTINED_DELIVERIES, unit="1")
         self._backlog = meter.create_gauge(obs.AHEAD_BACKLOG, unit="1")
-        self._positions: dict[tuple[int, str], CursorKey] = {}    # acknowledged, as in the database
-        self._tentative: dict[tuple[int, str], CursorKey] = {}    # past the pages in flight
+        self._positions: dict[tuple[int, str], CursorKey] = {}  # acknowledged, as in the database
+        self._tentative: dict[tuple[int, str], CursorKey] = {}  # past the pages in flight
         self._seals: dict[str, dict[int, datetime]] = {lane: {} for lane in LANES}
         self._sealed_for: dict[str, datetime | None] = {lane: None for lane in LANES}
         # The seal at which a lane was last read empty: nothing can appear before a committed seal, so
@@ -173,8 +180,10 @@ class AheadRelay:
             try:
                 report = await self.run_once()
             except Exception as err:  # noqa: BLE001 - any failure: drop tentative state, retry from the cursor
-                log.error("ahead-lane pass failed; retrying from the cursor",
-                          extra={"action": "relay.ahead.error", "error": repr(err)})
+                log.error(
+                    "ahead-lane pass failed; retrying from the cursor",
+                    extra={"action": "relay.ahead.error", "error": repr(err)},
+                )
                 await self._abandon_inflight()
                 await pause(stop, self.config.error_backoff)
                 continue
@@ -194,7 +203,7 @@ class AheadRelay:
         while True:
             await self._seal_if_due(epochs)
             page = None
-            for lane in LANES:                       # strict first, re-checked before every page
+            for lane in LANES:  # strict first, re-checked before every page
                 page = await self._read(lane, epochs)
                 if page:
                     break
@@ -206,7 +215,7 @@ class AheadRelay:
             if report.failed:
                 break
             if self.ownership.version and self.ownership.snapshot() != epochs:
-                break                                 # ownership changed: finish what is in flight, start over
+                break  # ownership changed: finish what is in flight, start over
         while self._inflight:
             await self._complete_oldest(report)
         if report.failed:
@@ -234,7 +243,7 @@ class AheadRelay:
 
     async def _seal_if_due(self, epochs: dict[int, int]) -> None:
         """Seal each lane up to the boundary read_ahead past now, unless it is sealed there already."""
-        if self.clock.now() is None:          # first pass on the database clock: learn it
+        if self.clock.now() is None:  # first pass on the database clock: learn it
             self.clock.observe(await self.store.now())
         for lane in LANES:
             boundary = seal_boundary(self.clock.now(), self.config.read_ahead)  # type: ignore[arg-type]
@@ -260,7 +269,7 @@ class AheadRelay:
         await self.publisher.ensure_topics({r["topic"] for r in rows})  # type: ignore[attr-defined]
         last: dict[int, AheadRow] = {}
         for row in rows:
-            last[row["shard"]] = row              # rows come ordered by shard then key
+            last[row["shard"]] = row  # rows come ordered by shard then key
         starts = {s: positions[s] for s in last}
         for shard, row in last.items():
             self._tentative[(shard, lane)] = key_of(row)
@@ -288,18 +297,28 @@ class AheadRelay:
                     due_set = set(due)
                     waiting = [i for i in waiting if i not in due_set]
             if due:
-                items = [(r["topic"], r["message_key"], r["message"],
-                          [(HEADER_OCCURRENCE_ID, r["occurrence_header"]), (HEADER_TENANT, r["tenant_header"]),
-                           *trace_headers]) for r in (rows[i] for i in due)]
+                items = [
+                    (
+                        r["topic"],
+                        r["message_key"],
+                        r["message"],
+                        [
+                            (HEADER_OCCURRENCE_ID, r["occurrence_header"]),
+                            (HEADER_TENANT, r["tenant_header"]),
+                            *trace_headers,
+                        ],
+                    )
+                    for r in (rows[i] for i in due)
+                ]
                 futures.append((due, await self.publisher.send(items)))  # type: ignore[attr-defined]
             if waiting:
                 await asyncio.sleep(self.config.release_tick)
         for indexes, future in futures:
             try:
                 errors = await asyncio.wait_for(future, self.config.ack_timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 errors = [TimeoutError("no acknowledgement within ack_timeout: outcome unknown")] * len(indexes)
-            for i, error in zip(indexes, errors):
+            for i, error in zip(indexes, errors, strict=True):
                 outcomes[i] = error
         return outcomes
 
@@ -314,9 +333,16 @@ class AheadRelay:
             report.quarantined += len(poison)
             self._quarantined.add(len(poison))
             for q in poison:
-                log.error("delivery refused for good; quarantined", extra={
-                    "action": "relay.ahead.quarantined", "occurrence_id": str(q.occurrence_id),
-                    "tenant_id": q.tenant_id, "topic": q.topic, "error": q.error})
+                log.error(
+                    "delivery refused for good; quarantined",
+                    extra={
+                        "action": "relay.ahead.quarantined",
+                        "occurrence_id": str(q.occurrence_id),
+                        "tenant_id": q.tenant_id,
+                        "topic": q.topic,
+                        "error": q.error,
+                    },
+                )
         if moves:
             moved, _acked_at = await self.store.advance(page.lane, moves)
             for move in moves:
@@ -324,11 +350,13 @@ class AheadRelay:
             if moved < len(moves):
                 report.fenced += len(moves) - moved
                 self._fenced.add(len(moves) - moved)
-                log.warning("shards moved to another owner before their cursor moved",
-                            extra={"action": "relay.ahead.fenced", "count": len(moves) - moved})
+                log.warning(
+                    "shards moved to another owner before their cursor moved",
+                    extra={"action": "relay.ahead.fenced", "count": len(moves) - moved},
+                )
         published = 0
         per_tenant: dict[str, int] = {}
-        for row, error in zip(page.rows, outcomes):
+        for row, error in zip(page.rows, outcomes, strict=True):
             if error is None and not row["discarded"]:
                 published += 1
                 tenant = row["tenant_id"]
@@ -348,8 +376,9 @@ class AheadRelay:
             await self._abandon_inflight()
             self._tentative = dict(self._positions)
 
-    def _acknowledged_prefix(self, page: _Page, outcomes: list[BaseException | None]
-                             ) -> tuple[list[CursorMove], list[Quarantined], int]:
+    def _acknowledged_prefix(
+        self, page: _Page, outcomes: list[BaseException | None]
+    ) -> tuple[list[CursorMove], list[Quarantined], int]:
         """Per shard, the rows up to the first that is neither acknowledged, discarded nor poison."""
         moves: list[CursorMove] = []
         poison: list[Quarantined] = []
@@ -360,7 +389,7 @@ class AheadRelay:
             if shard is not None and end is not None:
                 moves.append(CursorMove(shard, page.epochs[shard], page.starts[shard], key_of(end), passed))
 
-        for row, error in zip(page.rows, outcomes):      # rows are ordered by shard then key
+        for row, error in zip(page.rows, outcomes, strict=True):  # rows are ordered by shard then key
             if row["shard"] != shard:
                 close()
                 shard, end, passed, blocked = row["shard"], None, 0, False
@@ -374,8 +403,11 @@ class AheadRelay:
                         failed, blocked = failed + 1, True
                         continue
                     self._tries.pop(row["occurrence_id"], None)
-                    poison.append(Quarantined(row["occurrence_id"], shard, page.lane, row["tenant_id"],
-                                              row["topic"], repr(error), tries))
+                    poison.append(
+                        Quarantined(
+                            row["occurrence_id"], shard, page.lane, row["tenant_id"], row["topic"], repr(error), tries
+                        )
+                    )
                 else:
                     failed, blocked = failed + 1, True
                     continue
@@ -401,4 +433,3 @@ class AheadRelay:
         for lane in LANES:
             self._backlog.set(backlog.get(lane, 0), {"lane": lane})
         return backlog
-

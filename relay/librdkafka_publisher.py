@@ -24,19 +24,30 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Hashable, Iterable, Sequence
+from typing import Any
 
 from relay.publisher import Outcome, OutgoingRecord
 from schemas.topics import DEFAULT_PARTITIONS, ensure_topics
 
 #: librdkafka error names that no retry of the same record can fix: the row is a poison row.
-PERMANENT_ERRORS = frozenset({
-    "MSG_SIZE_TOO_LARGE", "_MSG_TIMED_OUT_PERMANENT", "TOPIC_AUTHORIZATION_FAILED", "INVALID_RECORD",
-    "_INVALID_ARG", "TOPIC_EXCEPTION", "INVALID_TOPIC_EXCEPTION", "RECORD_LIST_TOO_LARGE", "_UNKNOWN_TOPIC",
-    "UNKNOWN_TOPIC_OR_PART", "POLICY_VIOLATION",
-})
+PERMANENT_ERRORS = frozenset(
+    {
+        "MSG_SIZE_TOO_LARGE",
+        "_MSG_TIMED_OUT_PERMANENT",
+        "TOPIC_AUTHORIZATION_FAILED",
+        "INVALID_RECORD",
+        "_INVALID_ARG",
+        "TOPIC_EXCEPTION",
+        "INVALID_TOPIC_EXCEPTION",
+        "RECORD_LIST_TOO_LARGE",
+        "_UNKNOWN_TOPIC",
+        "UNKNOWN_TOPIC_OR_PART",
+        "POLICY_VIOLATION",
+    }
+)
 
 
 class DeliveryError(Exception):
@@ -70,11 +81,17 @@ class LibrdkafkaConfig:
 
     def producer_settings(self) -> dict[str, Any]:
         return {
-            "bootstrap.servers": self.bootstrap, "acks": "all", "enable.idempotence": self.idempotent,
-            "linger.ms": self.linger * 1000, "batch.num.messages": 10_000, "batch.size": 1024 * 1024,
+            "bootstrap.servers": self.bootstrap,
+            "acks": "all",
+            "enable.idempotence": self.idempotent,
+            "linger.ms": self.linger * 1000,
+            "batch.num.messages": 10_000,
+            "batch.size": 1024 * 1024,
             "message.max.bytes": self.max_message_bytes + 64 * 1024,
-            "queue.buffering.max.messages": 2_000_000, "queue.buffering.max.kbytes": 1024 * 1024,
-            "message.timeout.ms": int(self.ack_timeout * 1000), "partitioner": "murmur2_random",
+            "queue.buffering.max.messages": 2_000_000,
+            "queue.buffering.max.kbytes": 1024 * 1024,
+            "message.timeout.ms": int(self.ack_timeout * 1000),
+            "partitioner": "murmur2_random",
             "log_level": 3,
         }
 
@@ -151,8 +168,9 @@ class LibrdkafkaPublisher:
                 await loop.run_in_executor(None, self._producer.list_topics, topic, 10.0)
             self._known_topics.update(missing)
 
-    async def send(self, items: Sequence[tuple[str, bytes, bytes, list[tuple[str, bytes]] | None]]
-                   ) -> "asyncio.Future[list[BaseException | None]]":
+    async def send(
+        self, items: Sequence[tuple[str, bytes, bytes, list[tuple[str, bytes]] | None]]
+    ) -> asyncio.Future[list[BaseException | None]]:
         """Hand (topic, key, value, headers) items to librdkafka; the returned future resolves to one
         error-or-None per item, in order, once every item is acknowledged or has failed."""
         loop = asyncio.get_running_loop()
@@ -187,11 +205,11 @@ class LibrdkafkaPublisher:
         future = await self.send([(r.topic, r.key, r.value, list(r.headers)) for r in records])
         try:
             errors = await asyncio.wait_for(future, self.config.ack_timeout + 5)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             unknown = TimeoutError("no acknowledgement within ack_timeout: outcome unknown")
             return {r.ref: unknown for r in records}
         outcome: dict[Hashable, BaseException | None] = {}
-        for record, error in zip(records, errors):
+        for record, error in zip(records, errors, strict=True):
             outcome[record.ref] = error
         return outcome
 

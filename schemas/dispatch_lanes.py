@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 LANES = ("strict", "flexible")
 BUCKET = timedelta(seconds=1)
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 NIL = uuid.UUID(int=0)
 
 
@@ -38,7 +38,7 @@ def bucket_of(available_at: datetime) -> datetime:
     """The start of the one-second bucket holding ``available_at`` (UTC)."""
     if available_at.tzinfo is None:
         raise ValueError("available_at must be timezone-aware")
-    instant = available_at.astimezone(timezone.utc)
+    instant = available_at.astimezone(UTC)
     return _EPOCH + (instant - _EPOCH) // BUCKET * BUCKET
 
 
@@ -59,7 +59,7 @@ def goes_ahead(available_at: datetime, sealed_until: datetime) -> bool:
     return bucket_of(available_at) >= sealed_until
 
 
-NEGATIVE_INFINITY = datetime.min.replace(tzinfo=timezone.utc)
+NEGATIVE_INFINITY = datetime.min.replace(tzinfo=UTC)
 
 
 def aware(instant: datetime) -> datetime:

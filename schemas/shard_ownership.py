@@ -10,7 +10,7 @@ here is only the fast path; the epoch check is the guarantee.
 from __future__ import annotations
 
 import asyncio
-from typing import Mapping
+from collections.abc import Mapping
 
 
 class ShardOwnership:
@@ -42,7 +42,7 @@ class ShardOwnership:
             self.version += 1
             self.changed.set()
 
-    def drop(self, shards: "set[int] | list[int] | tuple[int, ...]") -> None:
+    def drop(self, shards: set[int] | list[int] | tuple[int, ...]) -> None:
         """Forget shards at once (lost or released): nothing more is done for them here."""
         remaining = {s: e for s, e in self._epochs.items() if s not in set(shards)}
         self.replace(remaining)

@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import asyncpg
 from opentelemetry import metrics
 
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock, pause
-from schemas.queries import load_queries
+from schemas.queries import QUERIES
 
-SQL = load_queries("dispatch")
 log = logging.getLogger("chronoq.settler")
 
 
@@ -53,19 +52,30 @@ class SettleReport:
 
 
 class DispatchSettler:
-    def __init__(self, pool: asyncpg.Pool, config: SettlerConfig | None = None, clock: Clock | None = None,
-                 quiet: Callable[[], bool] | None = None, meter: metrics.Meter | None = None) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        config: SettlerConfig | None = None,
+        clock: Clock | None = None,
+        quiet: Callable[[], bool] | None = None,
+        meter: metrics.Meter | None = None,
+    ) -> None:
         self.pool = pool
         self.config = config or SettlerConfig()
         self.clock = clock or DatabaseClock()
         self.quiet = quiet or (lambda: True)
-        self._lag = (meter or obs.get_meter("engine")).create_histogram(
-            obs.SCHEDULE_LAG, unit="s", description="enqueued_at - scheduled_for")
+        meter = meter or obs.get_meter("engine")
+        self._lag = meter.create_histogram(obs.SCHEDULE_LAG, unit="s", description="enqueued_at - scheduled_for")
+        self._settled = meter.create_counter(obs.SETTLED_DELIVERIES, unit="1")
 
     async def run_once(self) -> SettleReport:
         """Settle up to ``entries_per_pass`` log entries in one statement."""
-        row = await self.pool.fetchrow(SQL["settle_logged_pages"], self.config.entries_per_pass, self.clock.now())
+        row = await self.pool.fetchrow(
+            *QUERIES.settle_logged_pages(limit=self.config.entries_per_pass, now=self.clock.now())
+        )
         report = SettleReport(row["entries"], row["rows"], len(row["lags"]))
+        if report.occurrences:
+            self._settled.add(report.occurrences)
         record = self._lag.record
         for lag in row["lags"]:
             record(max(lag, 0.0), {"lane": "ahead"})
@@ -82,7 +92,9 @@ class DispatchSettler:
                 report = await self.run_once()
                 passes += 1
                 if passes % 1000 == 0:
-                    await self.pool.execute(SQL["prune_settled_log"], self.config.keep_log, self.clock.now())
+                    await self.pool.execute(
+                        *QUERIES.prune_settled_log(keep_s=self.config.keep_log, now=self.clock.now())
+                    )
             except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
                 log.error("settle pass failed; retrying", extra={"action": "settler.error", "error": repr(err)})
                 await pause(stop, 1.0)

@@ -13,7 +13,7 @@ Expiry is judged on the database's clock only. A node that cannot renew for
 ``lease_ttl`` forgets its shards locally before anyone else may take them;
 one that is paused (SIGSTOP) past its lease wakes up fenced: its epochs are
 stale, so its writes change nothing, and the server-side timeouts of its
-connections (``DATA_PLANE_SERVER_SETTINGS``) have ended any transaction it
+connections (``engine.loops.service.DATA_PLANE_SERVER_SETTINGS``) have ended any transaction it
 held open, so it holds no lock the new owner waits for.
 """
 
@@ -33,19 +33,10 @@ from opentelemetry import metrics
 from engine.rules.shard_rebalance import Lease, plan_rebalance
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock, pause
-from schemas.queries import load_queries
+from schemas.queries import QUERIES
 from schemas.shard_ownership import ShardOwnership
 
-SQL = load_queries("shard_leases")
 log = logging.getLogger("chronoq.shard_leases")
-
-#: Server-side limits on every data-plane connection: a paused or stuck process cannot keep a transaction
-#: (and its row locks) open, nor wait on a lock or run a statement forever (milliseconds).
-DATA_PLANE_SERVER_SETTINGS = {
-    "idle_in_transaction_session_timeout": "5000",
-    "lock_timeout": "5000",
-    "statement_timeout": "60000",
-}
 
 
 def default_node_id() -> str:
@@ -82,8 +73,14 @@ class LeaseRound:
 
 
 class ShardLeases:
-    def __init__(self, pool: asyncpg.Pool, ownership: ShardOwnership, config: ShardLeaseConfig | None = None,
-                 clock: Clock | None = None, meter: metrics.Meter | None = None) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        ownership: ShardOwnership,
+        config: ShardLeaseConfig | None = None,
+        clock: Clock | None = None,
+        meter: metrics.Meter | None = None,
+    ) -> None:
         self.pool = pool
         self.ownership = ownership
         self.node_id = ownership.node_id
@@ -101,34 +98,56 @@ class ShardLeases:
         result = LeaseRound()
         held = self.ownership.snapshot()
         async with self.pool.acquire() as conn:
-            await conn.execute(SQL["heartbeat_node"], self.node_id, cfg.lease_ttl, now)
+            await conn.execute(*QUERIES.heartbeat_node(node=self.node_id, ttl_s=cfg.lease_ttl, now=now))
             if held:
                 shards = sorted(held)
-                renewed = {r["shard"]: r["epoch"] for r in await conn.fetch(
-                    SQL["renew_shards"], shards, [held[s] for s in shards], self.node_id, cfg.lease_ttl, now)}
+                renewed = {
+                    r["shard"]: r["epoch"]
+                    for r in await conn.fetch(
+                        *QUERIES.renew_shards(
+                            shards=shards, epochs=[held[s] for s in shards], node=self.node_id, ttl_s=cfg.lease_ttl,
+                            now=now,
+                        )
+                    )
+                }  # fmt: skip
                 result.lost = tuple(s for s in shards if s not in renewed)
                 if result.lost:
-                    log.warning("shards lost to another node", extra={
-                        "action": "shard.lost", "node_id": self.node_id, "shards": list(result.lost)})
+                    log.warning(
+                        "shards lost to another node",
+                        extra={"action": "shard.lost", "node_id": self.node_id, "shards": list(result.lost)},
+                    )
                 held = renewed
                 self.ownership.replace(held)
             self._renewed_at = time.monotonic()
-            live = [r["node_id"] for r in await conn.fetch(SQL["live_nodes"], now)]
-            picture = {r["shard"]: Lease(r["owner"], r["expired"]) for r in await conn.fetch(SQL["lease_picture"],
-                                                                                            now)}
+            live = [r["node_id"] for r in await conn.fetch(*QUERIES.live_nodes(now=now))]
+            picture = {
+                r["shard"]: Lease(r["owner"], r["expired"]) for r in await conn.fetch(*QUERIES.lease_picture(now=now))
+            }
             plan = plan_rebalance(self.node_id, live, picture, len(picture), cfg.max_moves)
             result.live_nodes = len(live)
             if plan.release:
                 # Stop working on them here first; the database release lets another node take them.
                 self.ownership.drop(plan.release)
-                released = [r["shard"] for r in await conn.fetch(
-                    SQL["release_shards"], list(plan.release), [held[s] for s in plan.release], self.node_id,
-                    now)]
+                released = [
+                    r["shard"]
+                    for r in await conn.fetch(
+                        *QUERIES.release_shards(
+                            shards=list(plan.release), epochs=[held[s] for s in plan.release], node=self.node_id,
+                            now=now,
+                        )
+                    )
+                ]  # fmt: skip
                 held = {s: e for s, e in held.items() if s not in plan.release}
                 result.released = tuple(released)
             if plan.acquire:
-                acquired = {r["shard"]: r["epoch"] for r in await conn.fetch(
-                    SQL["acquire_shards"], list(plan.acquire), self.node_id, cfg.lease_ttl, now)}
+                acquired = {
+                    r["shard"]: r["epoch"]
+                    for r in await conn.fetch(
+                        *QUERIES.acquire_shards(
+                            shards=list(plan.acquire), node=self.node_id, ttl_s=cfg.lease_ttl, now=now
+                        )
+                    )
+                }
                 held = {**held, **acquired}
                 result.acquired = tuple(sorted(acquired))
         self.ownership.replace(held)
@@ -137,10 +156,18 @@ class ShardLeases:
         if result.acquired or result.released:
             self._moves.add(len(result.acquired), {"direction": "acquired"})
             self._moves.add(len(result.released), {"direction": "released"})
-            log.info("shards rebalanced", extra={
-                "action": "shard.rebalanced", "node_id": self.node_id, "acquired": len(result.acquired),
-                "released": len(result.released), "owned": result.owned, "target": plan.target,
-                "live_nodes": len(live)})
+            log.info(
+                "shards rebalanced",
+                extra={
+                    "action": "shard.rebalanced",
+                    "node_id": self.node_id,
+                    "acquired": len(result.acquired),
+                    "released": len(result.released),
+                    "owned": result.owned,
+                    "target": plan.target,
+                    "live_nodes": len(live),
+                },
+            )
         return result
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -150,8 +177,10 @@ class ShardLeases:
                 try:
                     await self.run_once()
                 except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
-                    log.error("shard lease round failed; retrying", extra={
-                        "action": "shard.lease_error", "node_id": self.node_id, "error": repr(err)})
+                    log.error(
+                        "shard lease round failed; retrying",
+                        extra={"action": "shard.lease_error", "node_id": self.node_id, "error": repr(err)},
+                    )
                     if time.monotonic() - self._renewed_at > self.config.lease_ttl - self.config.interval:
                         # The leases may lapse before the next renewal: stop acting on them now.
                         self.ownership.replace({})
@@ -167,9 +196,14 @@ class ShardLeases:
             async with self.pool.acquire() as conn:
                 if held:
                     shards = sorted(held)
-                    await conn.execute(SQL["release_shards"], shards, [held[s] for s in shards], self.node_id,
-                                       self.clock.now())
-                await conn.execute(SQL["remove_node"], self.node_id)
+                    await conn.execute(
+                        *QUERIES.release_shards(
+                            shards=shards, epochs=[held[s] for s in shards], node=self.node_id, now=self.clock.now()
+                        )
+                    )
+                await conn.execute(*QUERIES.remove_node(node=self.node_id))
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
-            log.warning("could not release shards on stop; they expire instead", extra={
-                "action": "shard.release_error", "node_id": self.node_id, "error": repr(err)})
+            log.warning(
+                "could not release shards on stop; they expire instead",
+                extra={"action": "shard.release_error", "node_id": self.node_id, "error": repr(err)},
+            )

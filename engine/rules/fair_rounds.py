@@ -19,7 +19,7 @@ which only interleaves them a little earlier — never a loss or a duplicate.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 
 
 class RoundCounter:
@@ -43,8 +43,12 @@ class RoundCounter:
         return seq // weight
 
 
-def assign_rounds(rows: Iterable[tuple[Hashable, str]], weights: Mapping[str, int],
-                  counter: RoundCounter | None = None, default_weight: int = 1) -> list[int]:
+def assign_rounds(
+    rows: Iterable[tuple[Hashable, str]],
+    weights: Mapping[str, int],
+    counter: RoundCounter | None = None,
+    default_weight: int = 1,
+) -> list[int]:
     """The round of each (bucket key, tenant) row, in input order."""
     counter = counter or RoundCounter()
     return [counter.take(key, tenant, weights.get(tenant, default_weight)) for key, tenant in rows]

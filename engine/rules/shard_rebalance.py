@@ -23,8 +23,8 @@ shard, fencing epochs); the planner only decides who tries what.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 
 @dataclass(frozen=True)
@@ -41,9 +41,9 @@ class Lease:
 
 @dataclass(frozen=True)
 class RebalancePlan:
-    target: int                      # shards this node should own once the nodes agree
-    acquire: tuple[int, ...] = ()    # free shards to try to take (they may be gone by then)
-    release: tuple[int, ...] = ()    # own shards to give up
+    target: int  # shards this node should own once the nodes agree
+    acquire: tuple[int, ...] = ()  # free shards to try to take (they may be gone by then)
+    release: tuple[int, ...] = ()  # own shards to give up
 
 
 def targets(live_nodes: Iterable[str], shard_count: int) -> dict[str, int]:
@@ -59,8 +59,9 @@ def _affinity(node: str, shard: int) -> bytes:
     return hashlib.blake2b(f"{node}/{shard}".encode(), digest_size=8).digest()
 
 
-def plan_rebalance(me: str, live_nodes: Iterable[str], leases: Mapping[int, Lease], shard_count: int,
-                   max_moves: int = 32) -> RebalancePlan:
+def plan_rebalance(
+    me: str, live_nodes: Iterable[str], leases: Mapping[int, Lease], shard_count: int, max_moves: int = 32
+) -> RebalancePlan:
     """What ``me`` should acquire and release this round (see the module docstring for the rules)."""
     if shard_count < 1:
         raise ValueError("shard_count must be at least 1")

@@ -25,6 +25,8 @@ async def prepare_all(conn: asyncpg.Connection, registry: QuerySet) -> dict[str,
 async def test_every_engine_query_prepares_on_the_migrated_engine_database(engine_db):
     conn = await connect(engine_db)
     try:
+        # materialize_staged reads the session's staging table, which the materializer creates first.
+        await conn.execute(*QUERIES.create_staging())
         assert await prepare_all(conn, QUERIES) == {}
     finally:
         await conn.close()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given
@@ -10,8 +10,7 @@ from hypothesis import strategies as st
 
 from schemas.dispatch_lanes import BUCKET, START_KEY, CursorKey, bucket_of, goes_ahead, lane_of, seal_boundary
 
-instants = st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1),
-                        timezones=st.just(timezone.utc))
+instants = st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC))
 read_aheads = st.timedeltas(min_value=timedelta(0), max_value=timedelta(seconds=10))
 
 
@@ -49,5 +48,5 @@ def test_lanes_and_keys():
         lane_of("urgent")
     with pytest.raises(ValueError):
         bucket_of(datetime(2027, 1, 1))
-    later = CursorKey(datetime(2027, 1, 1, tzinfo=timezone.utc), 0, START_KEY.occurrence_id)
+    later = CursorKey(datetime(2027, 1, 1, tzinfo=UTC), 0, START_KEY.occurrence_id)
     assert START_KEY < later

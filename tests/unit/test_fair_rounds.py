@@ -18,11 +18,11 @@ weights_strategy = st.fixed_dictionaries({t: st.integers(1, 4) for t in ["big", 
 @given(rows_strategy, weights_strategy)
 def test_each_round_holds_at_most_weight_rows_of_a_tenant_and_rounds_do_not_skip(rows, weights):
     rounds = assign_rounds(rows, weights)
-    per = Counter((key, tenant, r) for (key, tenant), r in zip(rows, rounds))
+    per = Counter((key, tenant, r) for (key, tenant), r in zip(rows, rounds, strict=True))
     for (key, tenant, r), n in per.items():
         assert n <= weights[tenant]
         if r > 0:
-            assert per[(key, tenant, r - 1)] == weights[tenant]   # earlier rounds are full
+            assert per[(key, tenant, r - 1)] == weights[tenant]  # earlier rounds are full
 
 
 @given(rows_strategy, weights_strategy)
@@ -30,7 +30,7 @@ def test_a_tenant_with_k_rows_is_done_by_round_ceil_k_over_w_whatever_the_others
     rounds = assign_rounds(rows, weights)
     count: dict[tuple[int, str], int] = Counter(rows)
     last: dict[tuple[int, str], int] = defaultdict(int)
-    for row, r in zip(rows, rounds):
+    for row, r in zip(rows, rounds, strict=True):
         last[row] = max(last[row], r)
     for (key, tenant), k in count.items():
         assert last[(key, tenant)] == -(-k // weights[tenant]) - 1
@@ -42,9 +42,9 @@ def test_every_prefix_of_the_dispatch_order_that_ends_a_round_is_weighted_fair(r
     rounds = assign_rounds(rows, weights)
     totals = Counter(rows)
     for key in {k for k, _ in rows}:
-        top = max((r for (k, _t), r in zip(rows, rounds) if k == key), default=-1)
+        top = max((r for (k, _t), r in zip(rows, rounds, strict=True) if k == key), default=-1)
         for r in range(top + 1):
-            served = Counter(t for (k, t), rr in zip(rows, rounds) if k == key and rr <= r)
+            served = Counter(t for (k, t), rr in zip(rows, rounds, strict=True) if k == key and rr <= r)
             for tenant in {t for k, t in rows if k == key}:
                 assert served[tenant] == min(totals[(key, tenant)], (r + 1) * weights[tenant])
 
@@ -53,7 +53,7 @@ def test_the_counter_continues_across_calls_and_forgets_the_oldest_keys():
     counter = RoundCounter(capacity=2)
     assert assign_rounds([(0, "a"), (0, "a")], {}, counter) == [0, 1]
     assert assign_rounds([(0, "a")], {}, counter) == [2]
-    assign_rounds([(1, "a"), (2, "a")], {}, counter)          # (0, "a") is now the oldest and forgotten
+    assign_rounds([(1, "a"), (2, "a")], {}, counter)  # (0, "a") is now the oldest and forgotten
     assert assign_rounds([(0, "a")], {}, counter) == [0]
 
 

@@ -28,7 +28,7 @@ def pictures(draw):
     shards = draw(st.integers(1, 80))
     owners = [None, *live, *dead]
     leases = {s: Lease(draw(st.sampled_from(owners)), draw(st.booleans())) for s in range(shards)}
-    for s, lease in leases.items():   # a dead node's leases have expired by the time it is not live
+    for s, lease in leases.items():  # a dead node's leases have expired by the time it is not live
         if lease.owner in dead:
             leases[s] = Lease(lease.owner, True)
     return live, dead, shards, leases
@@ -64,7 +64,7 @@ def _round(live, leases, shards, max_moves, rng):
         for s in plan.release:
             leases[s] = Lease(None, True)
         for s in plan.acquire:
-            if leases[s].free:        # another node may have taken it first (SKIP LOCKED / epoch bump)
+            if leases[s].free:  # another node may have taken it first (SKIP LOCKED / epoch bump)
                 leases[s] = Lease(node, False)
 
 
@@ -72,15 +72,15 @@ def _round(live, leases, shards, max_moves, rng):
 @given(pictures(), st.integers(0, 2**32))
 def test_nodes_converge_to_their_targets_with_every_shard_owned(picture, seed):
     live, _dead, shards, leases = picture
-    leases = {s: (Lease(l.owner, False) if l.owner in live else l) for s, l in leases.items()}
+    leases = {s: (Lease(x.owner, False) if x.owner in live else x) for s, x in leases.items()}
     rng = random.Random(seed)
     max_moves = rng.randint(1, 16)
     for _ in range(shards // max_moves + 3):
         _round(live, leases, shards, max_moves, rng)
     share = targets(live, shards)
-    owned = {node: sum(1 for l in leases.values() if l.owner == node and not l.expired) for node in live}
+    owned = {node: sum(1 for lease in leases.values() if lease.owner == node and not lease.expired) for node in live}
     assert owned == share
-    assert all(not l.free for l in leases.values())
+    assert all(not lease.free for lease in leases.values())
 
 
 @settings(max_examples=200)
@@ -88,11 +88,11 @@ def test_nodes_converge_to_their_targets_with_every_shard_owned(picture, seed):
 def test_with_unbounded_moves_no_shard_stays_free_for_more_than_two_rounds(picture, seed):
     """A round is one lease-loop tick of every node (shorter than half a lease TTL)."""
     live, _dead, shards, leases = picture
-    leases = {s: (Lease(l.owner, False) if l.owner in live else l) for s, l in leases.items()}
+    leases = {s: (Lease(x.owner, False) if x.owner in live else x) for s, x in leases.items()}
     rng = random.Random(seed)
     for _ in range(2):
         _round(live, leases, shards, shards, rng)
-    assert all(not l.free for l in leases.values())
+    assert all(not lease.free for lease in leases.values())
 
 
 def test_a_node_joining_takes_shards_released_by_the_others():
