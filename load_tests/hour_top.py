@@ -248,12 +248,18 @@ def consume(args: argparse.Namespace) -> None:
             if message.error():
                 continue
             at = time.time()
-            headers = dict(message.headers() or [])
-            ident = headers.get("chronoq-occurrence-id")
+            ident = _occurrence_header(message)
             if ident:
-                received.append((ident.decode(), at))
+                received.append((ident, at))
     consumer.close()
     Path(args.out).write_text(json.dumps(received))
+
+
+def _occurrence_header(message: Any) -> str | None:
+    for name, value in message.headers() or []:
+        if name == "chronoq-occurrence-id" and value is not None:
+            return value.decode() if isinstance(value, bytes) else str(value)
+    return None
 
 
 # --------------------------------------------------------------------------- verification
@@ -284,12 +290,17 @@ def read_all(bootstrap: str, topics: list[str]) -> list[str]:
         for message in consumer.consume(10_000, 0.5):
             if message.error():
                 continue
-            headers = dict(message.headers() or [])
-            ident = headers.get("chronoq-occurrence-id")
+            ident = _occurrence_header(message)
             if ident:
-                seen.append(ident.decode())
-            if message.offset() + 1 >= ends[(message.topic(), message.partition())]:
-                done.add((message.topic(), message.partition()))
+                seen.append(ident)
+            where, partition, offset = message.topic(), message.partition(), message.offset()
+            if (
+                where is not None
+                and partition is not None
+                and offset is not None
+                and offset + 1 >= ends[(where, partition)]
+            ):
+                done.add((where, partition))
     consumer.close()
     return seen
 

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypeAlias
 
 import asyncpg
 
@@ -22,7 +23,7 @@ from schemas.queries import QUERIES
 #: wrr_round, occurrence_id, tenant_id, topic, message_key, message, scheduled_for, available_at,
 #: discarded, occurrence_header, tenant_header. Records, not objects: a burst reads hundreds of
 #: thousands of them and every per-row allocation shows in the dispatch rate.
-AheadRow = asyncpg.Record
+AheadRow: TypeAlias = asyncpg.Record
 
 
 def key_of(row: AheadRow) -> CursorKey:

@@ -227,9 +227,9 @@ class AheadRelay:
 
     async def _sync_positions(self, epochs: dict[int, int]) -> None:
         """Load cursors of newly owned shards; forget lost ones."""
-        for key in [k for k in self._positions if k[0] not in epochs]:
-            self._positions.pop(key)
-            self._tentative.pop(key, None)
+        for lost in [k for k in self._positions if k[0] not in epochs]:
+            self._positions.pop(lost)
+            self._tentative.pop(lost, None)
         for lane in LANES:
             new = [s for s in epochs if (s, lane) not in self._positions]
             if new:
@@ -403,6 +403,7 @@ class AheadRelay:
                         failed, blocked = failed + 1, True
                         continue
                     self._tries.pop(row["occurrence_id"], None)
+                    assert shard is not None
                     poison.append(
                         Quarantined(
                             row["occurrence_id"], shard, page.lane, row["tenant_id"], row["topic"], repr(error), tries

@@ -199,7 +199,7 @@ class ControlPlane:
         page, next_cursor = split_page(
             [Occurrence.from_row(r) for r in rows], limit, key_of("scheduled_for", "occurrence_id")
         )
-        return Page([occurrence_to_json(o) for o in await self._as_published(page)], next_cursor)
+        return Page([occurrence_to_json(o) for o in await self._as_published(list(page))], next_cursor)
 
     async def get_occurrence(self, tenant_id: str, occurrence_id: uuid.UUID | str) -> dict[str, Any]:
         """An occurrence with its attempts."""
