@@ -359,10 +359,12 @@ def plot(
 # --------------------------------------------------------------------------- the run
 
 
-async def next_top(conn: asyncpg.Connection, lead: float) -> datetime:
-    """The first whole minute at least ``lead`` seconds from the database's now."""
+async def next_top(conn: asyncpg.Connection, lead: float, whole_minute: bool = True) -> datetime:
+    """The first whole minute (or second) at least ``lead`` seconds from the database's now."""
     now: datetime = await conn.fetchval("SELECT now()")
     earliest = now + timedelta(seconds=lead)
+    if not whole_minute:
+        return earliest.replace(microsecond=0) + timedelta(seconds=1)
     top = earliest.replace(second=0, microsecond=0)
     return top if top >= earliest else top + timedelta(minutes=1)
 
@@ -379,13 +381,13 @@ async def seed(conn: asyncpg.Connection, args: argparse.Namespace, shards: int, 
     """Tenants, background schedules, then the due ones (last, so the top is chosen after the slow part)."""
     started = time.perf_counter()
     await seed_tenants(conn, args.tenants)
-    lead = 25 + args.schedules / 40_000 + args.schedules / 25_000
+    lead = args.lead if args.lead is not None else 25 + args.schedules / 40_000 + args.schedules / 5_000
     now: datetime = await conn.fetchval("SELECT now()")
     minute = (await next_top(conn, lead)).minute
     background = shape("cron", f"{(minute + 30) % 60} * * * *", "strict", 0, now)
     await seed_schedules(conn, 1, args.background, background, args.targets, shards, args.big_share, args.tenants)
     report["seed_background_s"] = round(time.perf_counter() - started, 1)
-    top = await next_top(conn, lead)
+    top = await next_top(conn, lead, whole_minute=args.kind == "cron")
     now = await conn.fetchval("SELECT now()")
     flexible = round(args.schedules * args.flexible_fraction)
     started = time.perf_counter()
@@ -395,7 +397,8 @@ async def seed(conn: asyncpg.Connection, args: argparse.Namespace, shards: int, 
         ("flexible", flexible, args.flexible_window),
     ):
         if count:
-            columns = shape("cron", f"{top.minute} * * * *", priority, window, now)
+            expression = f"{top.minute} * * * *" if args.kind == "cron" else top.isoformat()
+            columns = shape(args.kind, expression, priority, window, now)
             assert columns["next_run_at"] == top, (columns["next_run_at"], top)
             await seed_schedules(conn, first, count, columns, args.targets, shards, args.big_share, args.tenants)
             first += count
@@ -444,10 +447,10 @@ async def wait_enqueued(
     await wait_until(conn, top)
     deadline = time.perf_counter() + 180 + args.flexible_window
     while time.perf_counter() < deadline:
-        pending = await conn.fetchval(
-            "SELECT count(*) FROM occurrences WHERE scheduled_for = $1 AND enqueued_at IS NULL", top
+        enqueued = await conn.fetchval(
+            "SELECT count(*) FROM occurrences WHERE scheduled_for = $1 AND enqueued_at IS NOT NULL", top
         )
-        if pending == 0:
+        if enqueued >= args.schedules:
             break
         await asyncio.sleep(0.5)
     report["settled_after_s"] = round((await conn.fetchval("SELECT now()") - top).total_seconds(), 1)
@@ -600,6 +603,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--flexible-fraction", type=float, default=0.0, help="share of due schedules that are flexible")
     parser.add_argument("--flexible-window", type=int, default=60, help="flexible window (s)")
     parser.add_argument("--broker", choices=("tansu", "apache"), default="tansu")
+    parser.add_argument(
+        "--kind",
+        choices=("cron", "once"),
+        default="cron",
+        help="due schedules are hourly cron at the coming minute (default) or one-time at the top (no wait"
+        " for a minute boundary: the suite's short run)",
+    )
+    parser.add_argument("--lead", type=float, help="seconds between seeding and the top (default: by --schedules)")
     parser.add_argument("--relays", type=int, default=2, help="engine node processes K sharing the shards")
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--floor-rows", type=int, default=200_000)

@@ -12,10 +12,11 @@ the compare-and-set fails and nothing is written for that schedule.
 
 Deliveries go to one of two lanes:
 
-- the **ahead lane** (``dispatch_queue``) when this node owns the shard
-  (its lease is locked FOR SHARE in the transaction, with the epoch it
-  holds) and the delivery is due at or after the lane's seal: the relay reads
-  it in order without a per-row claim;
+- the **ahead lane** (``dispatch_queue``) when this node holds the shard's
+  lease at the epoch it knows and the delivery is due at or after the lane's
+  seal, which the transaction holds FOR SHARE (a relay's seal waits for it, so
+  no relay reads past a row that is still being written): the relay reads it
+  in order without a per-row claim;
 - the **late lane** (the outbox, per-row claims) otherwise: due before the
   seal (the relay has already read past that instant), held by the overlap
   gate, or written by a node without shard leases (tests, tools).
@@ -36,6 +37,7 @@ import functools
 import hashlib
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -109,6 +111,16 @@ class MaterializerConfig:
             raise ValueError("horizon must not be negative")
         if self.batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+
+
+@dataclass(frozen=True)
+class MaterializerHooks:
+    """Awaited at the materializer's handoffs; tests stop or kill the process exactly there.
+
+    after_lock: inside the transaction, the shards' seals are held FOR SHARE, nothing written yet.
+    """
+
+    after_lock: Callable[[], Awaitable[None]] | None = None
 
 
 @dataclass
@@ -232,8 +244,10 @@ class Materializer:
         meter: metrics.Meter | None = None,
         tracer: trace.Tracer | None = None,
         ownership: ShardOwnership | None = None,
+        hooks: MaterializerHooks | None = None,
     ) -> None:
         self.pool = pool
+        self.hooks = hooks or MaterializerHooks()
         self.config = config or MaterializerConfig()
         self.config.validate()
         self.clock = clock or DatabaseClock()
@@ -265,6 +279,8 @@ class Materializer:
                 if not rows:
                     return report
                 seals = await self._lock_shards(conn, {r.shard for r in rows}, epochs)
+                if self.hooks.after_lock and seals:
+                    await self.hooks.after_lock()
                 if seals is not None:
                     rows = [r for r in rows if (r.shard, "strict") in seals]
                     if not rows:
@@ -316,7 +332,7 @@ class Materializer:
     async def _lock_shards(
         self, conn: asyncpg.Connection, shards: set[int], epochs: dict[int, int] | None
     ) -> dict[tuple[int, str], datetime] | None:
-        """With shard leases: lock the given shards' leases and seals (FOR SHARE) and return the seals of
+        """With shard leases: lock the given shards' seals (FOR SHARE) and return the seals of
         those still held at the epochs this node knows; without: None (every delivery goes late)."""
         if epochs is None or self.ownership is None:
             return None

@@ -35,7 +35,7 @@ from engine.control.schedules import ControlPlane
 from engine.loops.attempt_processor import AttemptProcessor, AttemptProcessorConfig
 from engine.loops.backlog_gauges import BacklogGauges
 from engine.loops.dispatch_settler import DispatchSettler, SettlerConfig
-from engine.loops.materializer import Materializer, MaterializerConfig
+from engine.loops.materializer import Materializer, MaterializerConfig, MaterializerHooks
 from engine.loops.overlap_gate import OverlapGate, OverlapGateConfig
 from engine.loops.periodic import LoopTiming, PassOutcome, PeriodicLoop
 from engine.loops.reaper import Reaper, ReaperConfig
@@ -83,6 +83,7 @@ class DataPlaneConfig:
     pool_size: connections of the data plane's own pool (default 8).
     metrics_interval: seconds between backlog gauge readings (default 5).
     hooks: awaited at the ahead relay's handoffs (tests kill the process there).
+    materializer_hooks: awaited at the shard-owning materializer's handoffs.
     """
 
     node_id: str | None = None
@@ -94,6 +95,7 @@ class DataPlaneConfig:
     pool_size: int = 8
     metrics_interval: float = 5.0
     hooks: AheadRelayHooks | None = None
+    materializer_hooks: MaterializerHooks | None = None
 
 
 class Role(Enum):
@@ -314,7 +316,7 @@ async def open_data_plane(
         "dispatch-gauges": lambda: _gauges(relay, stop, config.metrics_interval),
     }
     if materializer is not None:
-        owner = Materializer(pool, materializer, clock, ownership=ownership)
+        owner = Materializer(pool, materializer, clock, ownership=ownership, hooks=config.materializer_hooks)
         runs["materializer"] = lambda: owner.run(stop)
     return runs
 

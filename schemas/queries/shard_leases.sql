@@ -62,12 +62,15 @@ DELETE FROM engine_nodes WHERE node_id = :node;
 
 -- name: lock_shards_for_materializing
 -- In the materializer's transaction: of :shards at :epochs, those :node still holds (unexpired), with each
--- lane's seal. FOR SHARE makes a new owner's acquisition and the relay's seal wait until this transaction
--- ends, so rows it writes ahead of the seal are committed before either can move on.
+-- lane's seal locked FOR SHARE: a relay's seal UPDATE waits until this transaction ends, so rows it writes
+-- at or after the seal are committed before any relay (this node's, or a new owner's) reads past it. The
+-- lease row is only read, not locked: renewals and acquisitions never wait for a materializer, and a stale
+-- owner's rows are harmless anyway (deterministic ids, unique occurrences, the compare-and-set advance, and
+-- the seal lock above make whoever owns the shard publish them).
 SELECT l.shard, l.epoch, s.lane, s.sealed_until
 FROM shard_leases l
 JOIN unnest(:shards::int[], :epochs::bigint[]) AS mine (shard, epoch) ON mine.shard = l.shard AND mine.epoch = l.epoch
 JOIN dispatch_seals s ON s.shard = l.shard
 WHERE l.owner = :node AND l.expires_at > coalesce(:now::timestamptz, now())
 ORDER BY l.shard, s.lane
-FOR SHARE OF l, s;
+FOR SHARE OF s;

@@ -43,12 +43,13 @@ class SpyPublisher:
     """The real librdkafka publisher, recording the clock's instant at every hand-over to it."""
 
     def __init__(self, inner: LibrdkafkaPublisher, clock: ManualClock) -> None:
-        self.inner, self.clock, self.sends = inner, clock, []
+        self.inner, self.clock = inner, clock
+        self.sends: list[tuple[datetime, list[bytes]]] = []
 
-    async def ensure_topics(self, topics):  # type: ignore[no-untyped-def]
+    async def ensure_topics(self, topics):
         await self.inner.ensure_topics(topics)
 
-    async def send(self, items):  # type: ignore[no-untyped-def]
+    async def send(self, items):
         self.sends.append((self.clock.now(), [item[1] for item in items]))
         return await self.inner.send(items)
 
@@ -73,14 +74,14 @@ async def owning(pool: asyncpg.Pool, clock: ManualClock, node: str = "node-a") -
     return leases, ownership
 
 
-def relay_of(pool, publisher, ownership, clock, **config) -> AheadRelay:  # type: ignore[no-untyped-def]
+def relay_of(pool, publisher, ownership, clock, **config) -> AheadRelay:
     config.setdefault("read_ahead", timedelta(seconds=2))
     hooks = config.pop("hooks", None)
     store = AheadLaneStore(pool, clock, ownership.node_id)
     return AheadRelay(store, publisher, ownership, AheadRelayConfig(**config), clock, hooks=hooks)
 
 
-async def create_once(pool, clock, target, at=AT, **fields):  # type: ignore[no-untyped-def]
+async def create_once(pool, clock, target, at=AT, **fields):
     control = ControlPlane(pool, clock)
     return await control.create_schedule(
         "acme", {"kind": "once", "target": target, "expression": at.isoformat(), **fields}
@@ -216,7 +217,7 @@ async def test_a_delivery_due_before_the_seal_goes_to_the_late_lane_and_is_publi
     report = await Materializer(pool, MaterializerConfig(), clock, ownership=ownership).run_once()
     assert (report.ahead, report.late) == (0, 1)
     clock.set(AT)
-    late = Relay(OutboxStore(pool, clock), publisher)  # type: ignore[arg-type]
+    late = Relay(OutboxStore(pool, clock), publisher)
     assert (await late.run_once()).published == 2  # the occurrence and the schedule's state message
     assert len(await read_topic(kafka_bootstrap, occurrence_topic(target), expected=1)) == 1
 
