@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import math
 import os
 import signal
@@ -209,6 +210,9 @@ async def run_node(args: argparse.Namespace) -> None:
     from engine.loops.materializer import MaterializerConfig
     from engine.loops.service import DataPlaneConfig, Role, ServiceConfig, run_services
 
+    from engine.cli.log_format import configure_logging
+
+    configure_logging(logging.WARNING)  # a node's warnings and errors go to its log file in the run's directory
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -381,7 +385,7 @@ async def seed(conn: asyncpg.Connection, args: argparse.Namespace, shards: int, 
     """Tenants, background schedules, then the due ones (last, so the top is chosen after the slow part)."""
     started = time.perf_counter()
     await seed_tenants(conn, args.tenants)
-    lead = args.lead if args.lead is not None else 25 + args.schedules / 40_000 + args.schedules / 5_000
+    lead = args.lead if args.lead is not None else 30 + args.schedules / 40_000 + args.schedules / 3_500
     now: datetime = await conn.fetchval("SELECT now()")
     minute = (await next_top(conn, lead)).minute
     background = shape("cron", f"{(minute + 30) % 60} * * * *", "strict", 0, now)

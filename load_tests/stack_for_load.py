@@ -38,16 +38,15 @@ class _Broker:
         if self.kind == "tansu":
             from engine.cli.embedded.tansu import EmbeddedKafka
 
-            server = EmbeddedKafka(self.home / "kafka.log")
-            self._server = server
-            return server.start()
-        try:
-            from engine.cli.embedded.apache_kafka import ApacheKafka  # type: ignore[import-not-found,unused-ignore]
-        except ImportError as err:  # the launcher lands with the Apache Kafka work
-            raise SystemExit("--broker apache needs engine/cli/embedded/apache_kafka.py (not in this tree)") from err
-        server = ApacheKafka(self.home / "apache-kafka")
-        self._server = server
-        return server.start()
+            tansu = EmbeddedKafka(self.home / "kafka.log")
+            self._server = tansu
+            return tansu.start()
+        # Apache Kafka 4.4 from its Maven jars (fetched once: python -m engine.cli.embedded.apache_kafka fetch).
+        from engine.cli.embedded.apache_kafka import ApacheKafka
+
+        apache = ApacheKafka(self.home / "apache-kafka")
+        self._server = apache
+        return apache.start()
 
     def stop(self) -> None:
         if self._server is not None:

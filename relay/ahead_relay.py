@@ -179,12 +179,12 @@ class AheadRelay:
         while not stop.is_set():
             try:
                 report = await self.run_once()
-            except Exception as err:  # noqa: BLE001 - any failure: drop tentative state, retry from the cursor
+            except Exception as err:  # noqa: BLE001 - any failure: keep what was acknowledged, retry the rest
                 log.error(
                     "ahead-lane pass failed; retrying from the cursor",
                     extra={"action": "relay.ahead.error", "error": repr(err)},
                 )
-                await self._abandon_inflight()
+                await self._drain_inflight()
                 await pause(stop, self.config.error_backoff)
                 continue
             self.quiet = not report.read
@@ -417,6 +417,19 @@ class AheadRelay:
             end, passed = row, passed + 1
         close()
         return moves, poison, failed
+
+    async def _drain_inflight(self) -> None:
+        """After a failed pass: move the cursors past what the broker acknowledged in the pages still in
+        flight (republishing them would only duplicate), then re-read everything else from the cursor."""
+        try:
+            report = AheadReport()
+            while self._inflight and not report.failed:
+                await self._complete_oldest(report)
+        except Exception as err:  # noqa: BLE001 - the database is unreachable too: the rows are re-read
+            log.warning(
+                "could not record acknowledged pages", extra={"action": "relay.ahead.drain", "error": repr(err)}
+            )
+        await self._abandon_inflight()
 
     async def _abandon_inflight(self) -> None:
         """Wait for pages still in flight and forget them (their rows are re-read from the cursor)."""

@@ -309,6 +309,11 @@ class Materializer:
                 report.conflicts = len(staged) - written["occurrences"]
             span.set_attribute("chronoq.schedules", report.schedules)
             span.set_attribute("chronoq.occurrences", report.occurrences)
+        self._count(report)
+        return report
+
+    def _count(self, report: MaterializeReport) -> None:
+        """Metrics and logs of one pass."""
         self._materialized.add(report.occurrences)
         if report.conflicts:
             self._conflicts.add(report.conflicts)
@@ -327,7 +332,6 @@ class Materializer:
         if report.completed:
             self._completed.add(report.completed_by_runs, {"reason": "max_runs"})
             self._completed.add(report.completed - report.completed_by_runs, {"reason": "exhausted"})
-        return report
 
     async def _lock_shards(
         self, conn: asyncpg.Connection, shards: set[int], epochs: dict[int, int] | None

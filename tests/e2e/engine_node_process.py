@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
 from engine.loops.dispatch_settler import SettlerConfig
@@ -32,7 +33,7 @@ def say(*words: object) -> None:
     sys.stdout.flush()
 
 
-def hook(point: str, pause_at: str | None, paused: list[str]):  # type: ignore[no-untyped-def]
+def hook(point: str, pause_at: str | None, paused: list[str]) -> Callable[[], Awaitable[None]]:
     async def at() -> None:
         say("AT", point)
         if point == pause_at and not paused:

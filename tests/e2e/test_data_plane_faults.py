@@ -31,7 +31,8 @@ class Node:
     """An engine node process (tests/e2e/engine_node_process.py), read line by line."""
 
     def __init__(self, process: asyncio.subprocess.Process, node_id: str) -> None:
-        self.process, self.node_id, self.lines = process, node_id, []
+        self.process, self.node_id = process, node_id
+        self.lines: list[str] = []
 
     @classmethod
     async def start(cls, database_url: str, bootstrap: str, node_id: str, pause_at: str | None = None) -> Node:
