@@ -207,10 +207,9 @@ def stop_nodes(nodes: list[subprocess.Popen[bytes]]) -> None:
 async def run_node(args: argparse.Namespace) -> None:
     """One engine node until SIGTERM: the data-plane roles of ``chronoq engine`` (materializer on its leased
     shards, ahead-lane dispatch, settling) plus the late-lane relay."""
+    from engine.cli.log_format import configure_logging
     from engine.loops.materializer import MaterializerConfig
     from engine.loops.service import DataPlaneConfig, Role, ServiceConfig, run_services
-
-    from engine.cli.log_format import configure_logging
 
     configure_logging(logging.WARNING)  # a node's warnings and errors go to its log file in the run's directory
     stop = asyncio.Event()
