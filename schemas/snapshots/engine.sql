@@ -70,6 +70,79 @@ CREATE TABLE public.console_sessions (
     expires_at timestamp with time zone NOT NULL,
     CONSTRAINT console_sessions_check CHECK (((tenant_id IS NULL) <> (operator IS NULL)))
 );
+CREATE TABLE public.dispatch_cursors (
+    shard integer NOT NULL,
+    lane text NOT NULL,
+    published_bucket timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    published_round integer DEFAULT 0 NOT NULL,
+    published_id uuid DEFAULT '00000000-0000-0000-0000-000000000000'::uuid NOT NULL,
+    epoch bigint DEFAULT 0 NOT NULL,
+    updated_at timestamp with time zone,
+    CONSTRAINT dispatch_cursors_lane_check CHECK ((lane = ANY (ARRAY['strict'::text, 'flexible'::text])))
+)
+WITH (fillfactor='50');
+CREATE TABLE public.dispatch_log (
+    id bigint NOT NULL,
+    shard integer NOT NULL,
+    lane text NOT NULL,
+    epoch bigint NOT NULL,
+    from_bucket timestamp with time zone NOT NULL,
+    from_round integer NOT NULL,
+    from_id uuid NOT NULL,
+    to_bucket timestamp with time zone NOT NULL,
+    to_round integer NOT NULL,
+    to_id uuid NOT NULL,
+    rows integer NOT NULL,
+    acked_at timestamp with time zone NOT NULL,
+    settled_at timestamp with time zone
+);
+ALTER TABLE public.dispatch_log ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.dispatch_log_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+CREATE TABLE public.dispatch_quarantine (
+    occurrence_id uuid NOT NULL,
+    shard integer NOT NULL,
+    lane text NOT NULL,
+    tenant_id text NOT NULL,
+    topic text NOT NULL,
+    error text NOT NULL,
+    tries integer NOT NULL,
+    quarantined_at timestamp with time zone NOT NULL
+);
+CREATE TABLE public.dispatch_queue (
+    shard integer NOT NULL,
+    lane text NOT NULL,
+    bucket timestamp with time zone NOT NULL,
+    wrr_round integer NOT NULL,
+    occurrence_id uuid NOT NULL,
+    tenant_id text NOT NULL,
+    topic text NOT NULL,
+    message_key bytea NOT NULL,
+    message bytea NOT NULL,
+    scheduled_for timestamp with time zone NOT NULL,
+    available_at timestamp with time zone NOT NULL,
+    discarded_at timestamp with time zone,
+    CONSTRAINT dispatch_queue_lane_check CHECK ((lane = ANY (ARRAY['strict'::text, 'flexible'::text]))),
+    CONSTRAINT dispatch_queue_wrr_round_check CHECK ((wrr_round >= 0))
+);
+CREATE TABLE public.dispatch_seals (
+    shard integer NOT NULL,
+    lane text NOT NULL,
+    sealed_until timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    CONSTRAINT dispatch_seals_lane_check CHECK ((lane = ANY (ARRAY['strict'::text, 'flexible'::text])))
+)
+WITH (fillfactor='50');
+CREATE TABLE public.engine_nodes (
+    node_id text NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    heartbeat_at timestamp with time zone NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
 CREATE TABLE public.occurrences (
     occurrence_id uuid NOT NULL,
     schedule_id uuid NOT NULL,
@@ -198,6 +271,15 @@ CREATE TABLE public.schedules (
     CONSTRAINT schedules_state_check CHECK ((state = ANY (ARRAY['active'::text, 'paused'::text, 'canceled'::text, 'completed'::text]))),
     CONSTRAINT schedules_version_check CHECK ((version >= 1))
 );
+CREATE TABLE public.shard_leases (
+    shard integer NOT NULL,
+    owner text,
+    epoch bigint DEFAULT 0 NOT NULL,
+    expires_at timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    acquired_at timestamp with time zone,
+    CONSTRAINT shard_leases_shard_check CHECK ((shard >= 0))
+)
+WITH (fillfactor='50');
 CREATE TABLE public.target_grants (
     target text NOT NULL,
     tenant_id text NOT NULL,
@@ -261,6 +343,18 @@ ALTER TABLE ONLY public.chronoq_migrations
     ADD CONSTRAINT chronoq_migrations_pkey PRIMARY KEY (migration_set, version);
 ALTER TABLE ONLY public.console_sessions
     ADD CONSTRAINT console_sessions_pkey PRIMARY KEY (session_hash);
+ALTER TABLE ONLY public.dispatch_cursors
+    ADD CONSTRAINT dispatch_cursors_pkey PRIMARY KEY (shard, lane);
+ALTER TABLE ONLY public.dispatch_log
+    ADD CONSTRAINT dispatch_log_pkey PRIMARY KEY (id);
+ALTER TABLE ONLY public.dispatch_quarantine
+    ADD CONSTRAINT dispatch_quarantine_pkey PRIMARY KEY (occurrence_id, topic);
+ALTER TABLE ONLY public.dispatch_queue
+    ADD CONSTRAINT dispatch_queue_pkey PRIMARY KEY (shard, lane, bucket, wrr_round, occurrence_id);
+ALTER TABLE ONLY public.dispatch_seals
+    ADD CONSTRAINT dispatch_seals_pkey PRIMARY KEY (shard, lane);
+ALTER TABLE ONLY public.engine_nodes
+    ADD CONSTRAINT engine_nodes_pkey PRIMARY KEY (node_id);
 ALTER TABLE ONLY public.occurrences
     ADD CONSTRAINT occurrences_pkey PRIMARY KEY (occurrence_id);
 ALTER TABLE ONLY public.operator_tokens
@@ -275,6 +369,8 @@ ALTER TABLE ONLY public.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (schedule_id);
 ALTER TABLE ONLY public.schedules
     ADD CONSTRAINT schedules_tenant_id_created_by_key_key UNIQUE (tenant_id, created_by_key);
+ALTER TABLE ONLY public.shard_leases
+    ADD CONSTRAINT shard_leases_pkey PRIMARY KEY (shard);
 ALTER TABLE ONLY public.target_grants
     ADD CONSTRAINT target_grants_pkey PRIMARY KEY (target, tenant_id);
 ALTER TABLE ONLY public.targets
@@ -291,6 +387,8 @@ CREATE INDEX attempt_credentials_live ON public.attempt_credentials USING btree 
 CREATE INDEX attempts_occurrence ON public.attempts USING btree (occurrence_id, attempt_number);
 CREATE UNIQUE INDEX calendars_tenant_name ON public.calendars USING btree (tenant_id, name) WHERE (deleted_at IS NULL);
 CREATE INDEX console_sessions_expiry ON public.console_sessions USING btree (expires_at);
+CREATE INDEX dispatch_log_range ON public.dispatch_log USING btree (shard, lane, to_bucket);
+CREATE INDEX dispatch_log_unsettled ON public.dispatch_log USING btree (id) WHERE (settled_at IS NULL);
 CREATE INDEX occurrences_dead ON public.occurrences USING btree (tenant_id, finished_at, occurrence_id) WHERE (state = 'DEAD'::text);
 CREATE INDEX occurrences_lease_expiry ON public.occurrences USING btree (lease_expires_at) WHERE (state = 'RUNNING'::text);
 CREATE INDEX occurrences_open ON public.occurrences USING btree (schedule_id) WHERE (state = ANY (ARRAY['SCHEDULED'::text, 'ENQUEUED'::text, 'RUNNING'::text, 'RETRY_WAIT'::text]));
@@ -313,6 +411,10 @@ ALTER TABLE ONLY public.calendar_versions
     ADD CONSTRAINT calendar_versions_calendar_id_fkey FOREIGN KEY (calendar_id) REFERENCES public.calendars(calendar_id);
 ALTER TABLE ONLY public.console_sessions
     ADD CONSTRAINT console_sessions_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(tenant_id);
+ALTER TABLE ONLY public.dispatch_cursors
+    ADD CONSTRAINT dispatch_cursors_shard_fkey FOREIGN KEY (shard) REFERENCES public.shard_leases(shard);
+ALTER TABLE ONLY public.dispatch_seals
+    ADD CONSTRAINT dispatch_seals_shard_fkey FOREIGN KEY (shard) REFERENCES public.shard_leases(shard);
 ALTER TABLE ONLY public.occurrences
     ADD CONSTRAINT occurrences_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.schedules(schedule_id);
 ALTER TABLE ONLY public.outbox

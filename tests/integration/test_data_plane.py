@@ -218,7 +218,9 @@ async def test_a_delivery_due_before_the_seal_goes_to_the_late_lane_and_is_publi
     assert (report.ahead, report.late) == (0, 1)
     clock.set(AT)
     late = Relay(OutboxStore(pool, clock), publisher)
-    assert (await late.run_once()).published == 2  # the occurrence and the schedule's state message
+    # the occurrence, and the messages the schedule's creation queued (its state, its target binding)
+    assert (await late.run_once()).published == await pool.fetchval("SELECT count(*) FROM outbox")
+    assert await pool.fetchval("SELECT sent_at FROM outbox WHERE occurrence_id IS NOT NULL") == AT
     assert len(await read_topic(kafka_bootstrap, occurrence_topic(target), expected=1)) == 1
 
 
@@ -258,8 +260,10 @@ async def test_weighted_round_robin_serves_small_tenants_before_the_rest_of_a_bi
     control = ControlPlane(pool, clock)
     for _ in range(30):
         await control.create_schedule("big", {"kind": "once", "target": target, "expression": AT.isoformat()})
-    for _ in range(3):
-        await control.create_schedule("small", {"kind": "once", "target": target, "expression": AT.isoformat()})
+    for _ in range(3):  # a target belongs to one tenant: the small one has its own, in the same shard
+        await control.create_schedule(
+            "small", {"kind": "once", "target": f"{target}.small", "expression": AT.isoformat()}
+        )
     await pool.execute("UPDATE schedules SET shard = 3")
     _, ownership = await owning(pool, clock)
     materializer = Materializer(pool, MaterializerConfig(), clock, ownership=ownership)
