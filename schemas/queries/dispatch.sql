@@ -6,12 +6,21 @@
 -- name: seal_lanes
 -- Seals :lane of :node's :shards (at :epochs) up to :until: waits for open materializer transactions on
 -- them (they hold the seal FOR SHARE), so once this commits every ahead row before the seal is visible.
+-- The rows are locked in shard order first, the order the materializer takes them in: no deadlock.
 -- Returns each sealed shard's seal (never moved back) and the instant.
+WITH mine AS (
+    SELECT s.shard
+    FROM dispatch_seals s
+    JOIN shard_leases l ON l.shard = s.shard
+    JOIN unnest(:shards::int[], :epochs::bigint[]) AS held (shard, epoch) ON held.shard = s.shard
+    WHERE s.lane = :lane AND l.epoch = held.epoch AND l.owner = :node
+    ORDER BY s.shard
+    FOR NO KEY UPDATE OF s
+)
 UPDATE dispatch_seals s
 SET sealed_until = greatest(s.sealed_until, :until::timestamptz)
-FROM shard_leases l, unnest(:shards::int[], :epochs::bigint[]) AS mine (shard, epoch)
-WHERE s.shard = mine.shard AND s.lane = :lane AND l.shard = mine.shard AND l.epoch = mine.epoch
-  AND l.owner = :node
+FROM mine
+WHERE s.shard = mine.shard AND s.lane = :lane
 RETURNING s.shard, s.sealed_until, coalesce(:now::timestamptz, now()) AS now;
 
 -- name: cursor_positions
