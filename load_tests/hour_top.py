@@ -246,8 +246,20 @@ def consume(args: argparse.Namespace) -> None:
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     received: list[tuple[str, float]] = []
-    while not stop["now"]:
-        for message in consumer.consume(10_000, 0.1):
+    idle_since, stopped_at = None, None
+    # After SIGTERM keep reading until something arrived and then nothing for 3 s (the group may still be
+    # joining or catching up), at most 60 s.
+    while True:
+        if stop["now"] and stopped_at is None:
+            stopped_at = time.monotonic()
+        if stopped_at is not None and (
+            time.monotonic() - stopped_at > 60
+            or (received and idle_since is not None and time.monotonic() - idle_since > 3.0)
+        ):
+            break
+        batch = consumer.consume(10_000, 0.1)
+        idle_since = (idle_since or time.monotonic()) if not batch else None
+        for message in batch:
             if message.error():
                 continue
             at = time.time()
@@ -508,7 +520,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 if consumer is not None:
                     time.sleep(1.0)
                     consumer.send_signal(signal.SIGTERM)
-                    consumer.wait(60)
+                    consumer.wait(90)
             rows = await conn.fetch(
                 """
                 SELECT o.occurrence_id, o.tenant_id, s.priority,

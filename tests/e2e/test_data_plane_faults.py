@@ -149,6 +149,10 @@ async def test_a_node_paused_in_its_materializer_transaction_past_its_lease_bloc
     await paused.expect("AT after_lock", timeout=40)  # inside the transaction, shards locked FOR SHARE
     paused.signal(signal.SIGSTOP)
     stopped_at = time.monotonic()
+    stale = {
+        (r["shard"], r["epoch"])
+        for r in await pool.fetch("SELECT shard, epoch FROM shard_leases WHERE owner = 'node-1'")
+    }
     await nodes("node-2")
     # Acquisitions never wait for a materializer (the lease row is not locked). The stopped node's open
     # transaction holds its shards' seals FOR SHARE until the server ends it (idle_in_transaction_session_timeout,
@@ -162,10 +166,8 @@ async def test_a_node_paused_in_its_materializer_transaction_past_its_lease_bloc
     ids = await occurrence_ids_in_kafka(kafka_bootstrap, target, 20)
     assert len(ids) == 20 and len(set(ids)) == 20  # nothing lost, nothing twice
     assert await pool.fetchval("SELECT count(*) FROM occurrences") == 20
-    late = await pool.fetchval(
-        "SELECT count(*) FROM dispatch_log l JOIN shard_leases s USING (shard) WHERE l.epoch < s.epoch"
-    )
-    assert late == 0  # no cursor move under the paused node's stale epochs
+    logged = {(r["shard"], r["epoch"]) for r in await pool.fetch("SELECT shard, epoch FROM dispatch_log")}
+    assert logged and not logged & stale  # no cursor move under the paused node's stale epochs
     assert moved_after < 2.5 + 5 + 10
     print(f"a paused node's shards moved {moved_after:.1f} s after SIGSTOP")
 
@@ -175,11 +177,14 @@ async def _all_owned_by(pool: asyncpg.Pool, node: str) -> bool:
 
 
 async def test_three_nodes_one_killed_one_paused_lose_nothing_and_double_nothing(pool, nodes, kafka_bootstrap, target):
-    at = await due_soon(pool, target, 300, 12, kafka_bootstrap)
+    at = await due_soon(pool, target, 300, 40, kafka_bootstrap)
     a, b, c = await nodes("node-a"), await nodes("node-b"), await nodes("node-c")
     await wait_for(lambda: _split_three(pool), 30)
     now: datetime = await pool.fetchval("SELECT now()")
-    await asyncio.sleep(max((at - now).total_seconds() - 3, 0))  # materialized ahead; the top is 3 s away
+    # Materialized ahead, nothing read yet (the top's bucket is sealed only at the top): the faults land
+    # between pages, so nothing may be doubled either.
+    assert (at - now).total_seconds() > 4, "setting up took too long for the faults to land before the top"
+    await asyncio.sleep((at - now).total_seconds() - 3)
     a.signal(signal.SIGKILL)
     b.signal(signal.SIGSTOP)
     failed_at = time.monotonic()
