@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         operator_commands,
         schedule_commands,
         stack_commands,
+        target_commands,
         tenant_commands,
     )
 
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     for area in (
         stack_commands,
         tenant_commands,
+        target_commands,
         operator_commands,
         schedule_commands,
         calendar_commands,

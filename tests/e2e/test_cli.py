@@ -333,7 +333,7 @@ async def test_calendars_from_the_cli_with_tenant_isolation(engine_db, kafka_boo
             "--tenant",
             "globex",
             "--target",
-            "ops",
+            "ops.globex",  # its own target: acme's "ops" would be refused before the calendar is looked up
             "--cron",
             "0 9 * * *",
             "--calendar",
@@ -372,3 +372,36 @@ async def test_operators_manage_the_lifecycle_from_the_cli(engine_db, kafka_boot
     assert [h["change"] for h in history] == ["create", "update", "pause", "resume", "cancel"]
     other = await asyncio.to_thread(run, ["schedule", "get", sid, "--tenant", "globex"], env)
     assert other.returncode == 1 and "not found" in other.stderr
+
+
+async def test_operators_register_grant_and_revoke_targets_from_the_cli(engine_db, kafka_bootstrap, pool, acme):
+    from engine.control.tenants import create_tenant
+
+    await create_tenant(pool, "globex")
+    env = cli_env(engine_db, kafka_bootstrap)
+
+    async def chronoq(*args: str) -> subprocess.CompletedProcess[str]:
+        return await asyncio.to_thread(run, [*args, "--json"], env)
+
+    registered = await chronoq("target", "register", "billing.invoice", "acme")
+    assert registered.returncode == 0, registered.stderr
+    assert orjson.loads(registered.stdout) == {
+        "target": "billing.invoice",
+        "owner": "acme",
+        "granted": [],
+        "version": 1,
+    }
+    refused = await chronoq(
+        "schedule", "create", "--tenant", "globex", "--target", "billing.invoice", "--cron", "0 9 * * *"
+    )
+    assert refused.returncode != 0 and "target: 'billing.invoice' belongs to another tenant" in refused.stderr
+    granted = orjson.loads((await chronoq("target", "grant", "billing.invoice", "globex")).stdout)
+    assert (granted["granted"], granted["version"]) == (["globex"], 2)
+    created = await chronoq(
+        "schedule", "create", "--tenant", "globex", "--target", "billing.invoice", "--cron", "0 9 * * *"
+    )
+    assert created.returncode == 0, created.stderr
+    still_used = await chronoq("target", "revoke", "billing.invoice", "globex")
+    assert still_used.returncode != 0 and "live schedules" in still_used.stderr
+    listed = orjson.loads((await chronoq("target", "list", "--tenant", "globex")).stdout)
+    assert [t["target"] for t in listed["items"]] == ["billing.invoice"]

@@ -25,7 +25,7 @@ from engine.loops.materializer import MaterializerConfig
 from engine.loops.service import run_services
 from schemas.attempt_events import decode_attempt_event
 from schemas.topics import ATTEMPTS_TOPIC
-from tests.support.kafka import read_topic
+from tests.support.kafka import decodable, read_topic
 from tests.support.rows import attempt_rows, due_occurrence, occurrence_row
 from tests.support.services import Running, fast_services
 from tests.support.waiting import wait_for
@@ -135,7 +135,7 @@ async def state(pool, ident) -> str:
 
 async def events_of(kafka_bootstrap: str, ident: uuid.UUID) -> list:
     records = await read_topic(kafka_bootstrap, ATTEMPTS_TOPIC, expected=0, settle=0.1)
-    return [e for e in (decode_attempt_event(r.value) for r in records) if e.occurrence_id == ident]
+    return [e for e in decodable(records, decode_attempt_event) if e.occurrence_id == ident]
 
 
 async def test_a_consumer_killed_at_any_handoff_loses_nothing_and_applies_nothing_twice(
