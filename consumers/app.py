@@ -58,23 +58,35 @@ from consumers.dead_letters import send_to_dead_letters
 from consumers.handlers import HandlerRegistry
 from consumers.offsets import PartitionOffsets
 from consumers.schedule_states import ScheduleStateView
+from consumers.target_bindings import TargetBindingView
 from schemas import observability as obs
 from schemas.clock import pause
 from schemas.connections import create_pool
-from schemas.messages import MalformedMessage, decode_occurrence
+from schemas.errors import MalformedMessage
+from schemas.messages import OccurrenceMessage, decode_occurrence
 from schemas.migrations import apply_migrations
 from schemas.topics import (
     ATTEMPTS_TOPIC,
     DEAD_LETTER_TOPIC,
     OCCURRENCE_TOPIC_PREFIX,
     SCHEDULE_STATES_TOPIC,
+    TARGET_BINDINGS_TOPIC,
     create_missing_topics,
+    occurrence_topic,
     validate_target,
 )
 
 log = logging.getLogger("chronoq.consumer")
 
 __all__ = ["ConsumerApp", "ConsumerConfig", "ConsumerHooks", "ConsumerStats", "Handler", "Outcome"]
+
+
+def _undecodable(record: ConsumerRecord) -> bool:
+    try:
+        decode_occurrence(record.value, record.headers)
+    except MalformedMessage:
+        return True
+    return False
 
 
 class _Lane:
@@ -119,6 +131,7 @@ class ConsumerApp:
         self.meters = ConsumerMetrics(meter or obs.get_meter("consumer"))
         self.tracer = tracer or obs.get_tracer("consumer")
         self.view = ScheduleStateView()
+        self.bindings = TargetBindingView()
         self._stopping = asyncio.Event()
         self._aborting = asyncio.Event()
         self._pool: asyncpg.Pool | None = None
@@ -188,7 +201,7 @@ class ConsumerApp:
             await apply_migrations(conn, "consumer")
         await create_missing_topics(
             cfg.kafka_bootstrap,
-            self.topics + [DEAD_LETTER_TOPIC, ATTEMPTS_TOPIC, SCHEDULE_STATES_TOPIC],
+            self.topics + [DEAD_LETTER_TOPIC, ATTEMPTS_TOPIC, SCHEDULE_STATES_TOPIC, TARGET_BINDINGS_TOPIC],
             cfg.partitions,
         )
         self._producer = AIOKafkaProducer(
@@ -200,6 +213,8 @@ class ConsumerApp:
         await self._producer.start()
         await self.view.start(cfg.kafka_bootstrap, cfg.state_catch_up_timeout)
         self._background.append(asyncio.create_task(self.view.follow(self._stopping), name="schedule-states"))
+        await self.bindings.start(cfg.kafka_bootstrap, cfg.state_catch_up_timeout)
+        self._background.append(asyncio.create_task(self.bindings.follow(self._stopping), name="target-bindings"))
         reporter = AttemptReporter(self._producer, cfg.report_timeout, cfg.report_attempts)
         self._runner = AttemptRunner(
             cfg, self._pool, reporter, self.view, self.hooks, self.meters, self.stats, self._stopping
@@ -234,7 +249,13 @@ class ConsumerApp:
         await asyncio.gather(*background, return_exceptions=True)
         consumer, producer, pool = self._consumer, self._producer, self._pool
         self._consumer = self._producer = self._pool = None
-        for close in (consumer and consumer.stop, self.view.stop, producer and producer.stop, pool and pool.close):
+        for close in (
+            consumer and consumer.stop,
+            self.view.stop,
+            self.bindings.stop,
+            producer and producer.stop,
+            pool and pool.close,
+        ):
             if close is None:
                 continue
             try:
@@ -333,16 +354,20 @@ class ConsumerApp:
                     return
                 registration = self.handlers.for_target(lane.target)
                 limit = registration.concurrency if registration else 1
-                if self._running_per_target[lane.target] >= limit:
+                # A record that cannot be an occurrence runs no handler: it only goes to the dead-letter
+                # topic, so it takes no handler slot (a flood of them never starves the target's handlers).
+                poison = _undecodable(lane.pending[0])
+                if not poison and self._running_per_target[lane.target] >= limit:
                     continue
                 record = lane.pending.popleft()
-                self._running_per_target[lane.target] += 1
-                task = asyncio.create_task(self._run_record(lane, record))
+                if not poison:
+                    self._running_per_target[lane.target] += 1
+                task = asyncio.create_task(self._run_record(lane, record, counted=not poison))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
                 progress = True
 
-    async def _run_record(self, lane: _Lane, record: ConsumerRecord) -> None:
+    async def _run_record(self, lane: _Lane, record: ConsumerRecord, counted: bool = True) -> None:
         try:
             outcome = await self.handle_record(record)
         except asyncio.CancelledError:
@@ -355,7 +380,8 @@ class ConsumerApp:
                 extra={"action": "consumer.bug", "error": repr(err), "offset": record.offset},
             )
         finally:
-            self._running_per_target[lane.target] -= 1
+            if counted:
+                self._running_per_target[lane.target] -= 1
         if outcome is not Outcome.ABANDONED:
             lane.offsets.finish(record.offset)
 
@@ -454,12 +480,13 @@ class ConsumerApp:
         """Process one Kafka record completely: decode, dedupe, run the handler, report."""
         assert self._runner is not None, "call start() first"
         try:
-            message = decode_occurrence(record.value)
+            message = decode_occurrence(record.value, record.headers)
             registration = self.handlers.for_target(message.target)
             if registration is None:
-                raise MalformedMessage(f"no handler for target {message.target!r} in this app")
+                raise MalformedMessage(f"no handler for target {message.target!r} in this app", "target")
+            await self._check_tenant(record.topic, message)
         except MalformedMessage as err:
-            return await self._dead_letter(record, str(err))
+            return await self._dead_letter(record, str(err), err.field)
         context = obs.extract_trace_context(record.headers)
         with self.tracer.start_as_current_span(obs.SPAN_CONSUME, context=context) as span:
             span.set_attribute("chronoq.occurrence_id", str(message.occurrence_id))
@@ -469,7 +496,27 @@ class ConsumerApp:
             span.set_attribute("chronoq.outcome", outcome.value)
         return outcome
 
-    async def _dead_letter(self, record: ConsumerRecord, reason: str) -> Outcome:
+    async def _check_tenant(self, topic: str, message: OccurrenceMessage) -> None:
+        """MalformedMessage unless the record's tenant may run on its target (checked on the record itself)."""
+        if topic.startswith(OCCURRENCE_TOPIC_PREFIX) and topic != occurrence_topic(message.target):
+            # The topic decides which app reads a record; its body must not name another target.
+            raise MalformedMessage(
+                f"the record names target {message.target!r} but came from topic {topic!r}", "target"
+            )
+        allowed = self.config.tenants
+        if allowed is not None and message.tenant_id not in allowed:
+            raise MalformedMessage(
+                f"tenant {message.tenant_id!r} is not among the tenants this app serves ({', '.join(sorted(allowed))})",
+                "tenant_id",
+            )
+        if not await self.bindings.allows(message.target, message.tenant_id, self.config.binding_wait):
+            raise MalformedMessage(
+                f"tenant {message.tenant_id!r} is not bound to target {message.target!r};"
+                " an operator grants it with chronoq target grant",
+                "tenant_id",
+            )
+
+    async def _dead_letter(self, record: ConsumerRecord, reason: str, field: str | None = None) -> Outcome:
         assert self._producer is not None
         backoff = self.config.redelivery_backoff
         while True:
@@ -486,7 +533,7 @@ class ConsumerApp:
                 return Outcome.ABANDONED
             backoff = min(backoff * 2, self.config.redelivery_backoff_max)
         self.stats.dead_lettered += 1
-        self.meters.poison.add(1)
+        self.meters.poison.add(1, {"field": field or "value"})
         log.warning(
             "poison message sent to the dead-letter topic",
             extra={

@@ -57,6 +57,12 @@ class ConsumerConfig:
     state_catch_up_timeout: seconds to read the schedule-state topic at start-up
         before handling occurrences (default 30; the app starts anyway after it).
     worker: this process's name in attempt events (default host:pid).
+    tenants: the only tenants whose occurrences this app runs, whatever the
+        target bindings say (default None: the tenants bound to each target).
+        Others are dead-lettered. Set it when the app serves known tenants.
+    binding_wait: seconds an occurrence of a tenant its target is not bound to
+        waits for the target-binding topic to be read to its end (a grant may be
+        on its way) before it is dead-lettered (default 5).
     """
 
     group: str
@@ -81,6 +87,8 @@ class ConsumerConfig:
     report_timeout: float = 10.0
     state_catch_up_timeout: float = 30.0
     worker: str = field(default_factory=_worker_id)
+    tenants: frozenset[str] | None = None
+    binding_wait: float = 5.0
 
     @property
     def renew_interval(self) -> float:
@@ -118,5 +126,9 @@ class ConsumerConfig:
             )
         if self.idle_timeout <= 0 or self.lock_timeout <= 0:
             raise ValueError("transaction_idle_timeout and dedupe_lock_timeout must be positive")
+        if self.binding_wait < 0:
+            raise ValueError("binding_wait must not be negative")
+        if self.tenants is not None and not self.tenants:
+            raise ValueError("tenants must name at least one tenant (or be None for the target bindings)")
         if self.shutdown_grace < 0:
             raise ValueError("shutdown_grace must not be negative")

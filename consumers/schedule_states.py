@@ -33,7 +33,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from consumers.occurrence import Cancellation
 from schemas.messages import MalformedMessage, ScheduleStateMessage, decode_schedule_state
-from schemas.topics import SCHEDULE_STATES_TOPIC
+from schemas.topics import SCHEDULE_STATES_TOPIC, topic_partitions
 
 log = logging.getLogger("chronoq.consumer.schedule_states")
 
@@ -98,12 +98,12 @@ class ScheduleStateView:
         self._consumer = consumer
         loop = asyncio.get_running_loop()
         deadline = loop.time() + catch_up_timeout
-        partitions = consumer.partitions_for_topic(SCHEDULE_STATES_TOPIC)
+        # Partitions from an admin client, not consumer.partitions_for_topic:
+        # an assigning consumer has no topic metadata on Apache Kafka yet.
+        partitions = await topic_partitions(bootstrap, SCHEDULE_STATES_TOPIC)
         while not partitions and loop.time() < deadline:
-            await consumer.topics()  # refresh metadata: the topic was just created
-            partitions = consumer.partitions_for_topic(SCHEDULE_STATES_TOPIC)
-            if not partitions:
-                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # the topic was created a moment ago
+            partitions = await topic_partitions(bootstrap, SCHEDULE_STATES_TOPIC)
         if not partitions:
             log.warning(
                 "schedule-state topic not found; skipping no occurrence as obsolete until it appears",
@@ -111,7 +111,7 @@ class ScheduleStateView:
             )
             self.caught_up.set()
             return
-        assigned = [TopicPartition(SCHEDULE_STATES_TOPIC, p) for p in sorted(partitions)]
+        assigned = [TopicPartition(SCHEDULE_STATES_TOPIC, p) for p in partitions]
         consumer.assign(assigned)
         await consumer.seek_to_beginning(*assigned)
         end = await consumer.end_offsets(assigned)

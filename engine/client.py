@@ -25,8 +25,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from schemas.commands import HEADER_SIGNATURE, Command, CommandResult, decode_command_result, sign
-from schemas.errors import ChronoqError
-from schemas.topics import COMMAND_RESULTS_TOPIC, COMMANDS_TOPIC, create_missing_topics
+from schemas.errors import ChronoqError, MalformedMessage
+from schemas.topics import (
+    COMMAND_RESULTS_TOPIC,
+    COMMANDS_TOPIC,
+    command_results_topic,
+    create_missing_topics,
+    topic_partitions,
+)
 
 
 class ApiError(ChronoqError):
@@ -221,29 +227,46 @@ class CommandProducer:
 
 
 class CommandResults:
-    """Waits for the results of commands on chronoq.command-results.
+    """Waits for the results of one tenant's commands.
 
-    Start it BEFORE sending: it reads from the end of the topic as of
+    A tenant's results arrive on its own topic (``chronoq.command-results.<tenant>``);
+    commands that could not be attributed to a tenant (malformed, badly signed)
+    are answered on the shared ``chronoq.command-results`` with the command id
+    and the reason only. This reads both, so ``wait_for`` sees every answer to
+    the commands it sent, and never another tenant's results.
+
+    Start it BEFORE sending: it reads from the end of the topics as of
     :meth:`start`, so earlier results are not replayed.
     """
 
-    def __init__(self, kafka_bootstrap: str) -> None:
+    def __init__(self, kafka_bootstrap: str, tenant_id: str) -> None:
         from aiokafka import AIOKafkaConsumer
 
         self.consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, enable_auto_commit=False)
         self.kafka_bootstrap = kafka_bootstrap
+        self.topics = [command_results_topic(tenant_id), COMMAND_RESULTS_TOPIC]
         self._seen: dict[uuid.UUID, CommandResult] = {}
 
     async def __aenter__(self) -> CommandResults:
         from aiokafka import TopicPartition
 
-        await create_missing_topics(self.kafka_bootstrap, [COMMANDS_TOPIC, COMMAND_RESULTS_TOPIC])
+        await create_missing_topics(self.kafka_bootstrap, [COMMANDS_TOPIC, *self.topics])
         await self.consumer.start()
-        partitions = None
-        while not partitions:
-            await self.consumer.topics()
-            partitions = self.consumer.partitions_for_topic(COMMAND_RESULTS_TOPIC)
-        self.consumer.assign([TopicPartition(COMMAND_RESULTS_TOPIC, p) for p in sorted(partitions)])
+        # From an admin client: this consumer assigns partitions itself, so it
+        # has no metadata for the topic on Apache Kafka (schemas.topics says why).
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        assigned: list[TopicPartition] = []
+        for topic in self.topics:
+            partitions = await topic_partitions(self.kafka_bootstrap, topic)
+            while not partitions:
+                if loop.time() > deadline:
+                    await self.consumer.stop()
+                    raise TimeoutError(f"topic {topic} has no partitions 30 s after creating it")
+                await asyncio.sleep(0.05)  # created a moment ago
+                partitions = await topic_partitions(self.kafka_bootstrap, topic)
+            assigned.extend(TopicPartition(topic, p) for p in sorted(partitions))
+        self.consumer.assign(assigned)
         await self.consumer.seek_to_end()
         return self
 
@@ -260,6 +283,9 @@ class CommandResults:
             batches = await self.consumer.getmany(timeout_ms=100)
             for records in batches.values():
                 for record in records:
-                    result = decode_command_result(record.value)
+                    try:
+                        result = decode_command_result(record.value)
+                    except MalformedMessage:
+                        continue  # not a result chronoq wrote: nothing to wait for in it
                     self._seen[result.command_id] = result
         return self._seen[command_id]

@@ -1,11 +1,13 @@
 """Benchmark: an hour-top burst — N strict occurrences due at one instant, into Kafka.
 
-    python -m load_tests.hour_top_burst [--schedules 100000] [--relays 2] [--json PATH]
+    python -m load_tests.hour_top_burst [--schedules 100000] [--relays 2] [--broker tansu|apache] [--json PATH]
 
 The target (docs/benchmarks.md): 500,000 strict triggers at the top of an hour reach
 Kafka within 5 s (p99 of enqueued_at - scheduled_for), about 100,000
 dispatches/s. This run measures the two halves separately, on the embedded
-stack (or CHRONOQ_DATABASE_URL / CHRONOQ_KAFKA_BOOTSTRAP):
+stack (or CHRONOQ_DATABASE_URL / CHRONOQ_KAFKA_BOOTSTRAP); ``--broker`` picks
+the embedded broker, tansu (default) or Apache Kafka (its relays then use the
+idempotent producer, as in production):
 
 1. materialization: N schedules due at T are turned into occurrences and
    outbox rows ahead of time (the materializer's horizon), reported as rows/s;
@@ -20,6 +22,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -31,7 +34,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from engine.cli.embedded import EmbeddedKafka, EmbeddedPostgres
+from engine.cli.embedded import EmbeddedPostgres
+from engine.cli.embedded.brokers import BROKER_KINDS, Broker, start_broker
 from engine.loops.materializer import Materializer, MaterializerConfig
 from relay.dispatcher import Relay, RelayConfig
 from relay.outbox import OutboxStore
@@ -69,9 +73,9 @@ async def materialize(pool: asyncpg.Pool, clock: ManualClock, batch: int) -> flo
 
 
 async def dispatch(
-    pool: asyncpg.Pool, bootstrap: str, clock: ManualClock, relays: int, batch: int
+    pool: asyncpg.Pool, bootstrap: str, clock: ManualClock, relays: int, batch: int, idempotent: bool
 ) -> tuple[float, list[tuple[float, int]]]:
-    publishers = [KafkaPublisher(PublisherConfig(bootstrap)) for _ in range(relays)]
+    publishers = [KafkaPublisher(PublisherConfig(bootstrap, idempotent=idempotent)) for _ in range(relays)]
     for publisher in publishers:
         await publisher.start()
     # Topics exist before the burst, as they do for any target that has fired before.
@@ -109,14 +113,17 @@ def lag_percentiles(marks: list[tuple[float, int]]) -> dict[str, float]:
 
 async def main(args: argparse.Namespace) -> dict:
     home = Path(tempfile.mkdtemp(prefix="chronoq-burst-"))
-    postgres = kafka = None
+    postgres: EmbeddedPostgres | None = None
+    kafka: Broker | None = None
     admin_url = os.environ.get("CHRONOQ_DATABASE_URL")
     bootstrap = os.environ.get("CHRONOQ_KAFKA_BOOTSTRAP")
     if not (admin_url and bootstrap):
-        postgres, kafka = EmbeddedPostgres(home / "postgres"), EmbeddedKafka(home / "kafka.log")
+        postgres = EmbeddedPostgres(home / "postgres")
         postgres.start()
-        bootstrap = kafka.start()
+        kafka = start_broker(args.broker, home / "kafka")  # this (main) thread outlives the broker
+        bootstrap = kafka.bootstrap
         admin_url = await postgres.ensure_database("burst")
+    assert bootstrap is not None
     database = f"burst_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(admin_url)
     await admin.execute(f'CREATE DATABASE "{database}"')
@@ -130,7 +137,9 @@ async def main(args: argparse.Namespace) -> dict:
         await seed(pool, args.schedules, args.tenants, args.targets)
         seeded = time.perf_counter() - t
         materialized = await materialize(pool, clock, args.materialize_batch)
-        elapsed, marks = await dispatch(pool, bootstrap, clock, args.relays, args.relay_batch)
+        elapsed, marks = await dispatch(
+            pool, bootstrap, clock, args.relays, args.relay_batch, idempotent=args.broker == "apache"
+        )
         sent = await pool.fetchval("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL")
         await pool.close()
     finally:
@@ -140,7 +149,9 @@ async def main(args: argparse.Namespace) -> dict:
             kafka.stop()
         if postgres:
             postgres.stop()
+        shutil.rmtree(home, ignore_errors=True)
     return {
+        "broker": args.broker if kafka else "external",
         "schedules": args.schedules,
         "tenants": args.tenants,
         "targets": args.targets,
@@ -164,6 +175,12 @@ if __name__ == "__main__":
     parser.add_argument("--relays", type=int, default=2, help="relay loops in this process")
     parser.add_argument("--relay-batch", type=int, default=5000)
     parser.add_argument("--materialize-batch", type=int, default=2000)
+    parser.add_argument(
+        "--broker",
+        choices=BROKER_KINDS,
+        default="tansu",
+        help="the embedded broker (default tansu; apache needs java and `chronoq kafka fetch`)",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     figures = asyncio.run(main(parser.parse_args()))
     print(json.dumps(figures, indent=2))

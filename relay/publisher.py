@@ -9,9 +9,13 @@ unknown; retrying it may duplicate the message, which consumers dedupe.
 Records are grouped by (topic, partition) into explicit batches (aiokafka's
 batch API: about ten times the rate of one awaited ``send`` per message on the
 embedded broker), the partition chosen by the same murmur2 partitioner as
-Kafka's Java client so a tenant's key always lands on one partition. The
-idempotent producer is off because the embedded tansu broker lacks
-InitProducerId; it would not remove duplicates across relay restarts anyway.
+Kafka's Java client so a tenant's key always lands on one partition.
+
+``PublisherConfig.idempotent`` turns on the idempotent producer: the broker
+then recognises a batch the producer retried after a lost response and keeps
+one copy (Apache Kafka does; tansu lacks InitProducerId, so it is off by
+default). It removes duplicates from retries inside one producer session
+only; duplicates across relay restarts remain, and consumers dedupe those.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ class PublisherConfig:
     ack_timeout: seconds to wait for all acknowledgements of one publish call
         before treating the rest as unknown outcomes (default 30).
     max_batch_bytes: upper bound of one partition batch (default 1 MiB).
+    idempotent: use the idempotent producer (default False; needs a broker
+        with InitProducerId: Apache Kafka yes, tansu no).
     """
 
     bootstrap: str
@@ -53,6 +59,7 @@ class PublisherConfig:
     replication_factor: int = 1
     ack_timeout: float = 30.0
     max_batch_bytes: int = 1024 * 1024
+    idempotent: bool = False
 
 
 Outcome = dict[Hashable, BaseException | None]
@@ -64,7 +71,7 @@ class KafkaPublisher:
         self.producer = AIOKafkaProducer(
             bootstrap_servers=config.bootstrap,
             acks="all",
-            enable_idempotence=False,
+            enable_idempotence=config.idempotent,
             max_batch_size=config.max_batch_bytes,
             max_request_size=max(config.max_batch_bytes, 1024 * 1024),
             request_timeout_ms=int(config.ack_timeout * 1000),

@@ -34,12 +34,10 @@ from typing import Any
 
 import orjson
 
-from schemas.messages import (
-    HEADER_FORMAT,
-    HEADER_OCCURRENCE_ID,
-    MalformedMessage,
-    decode_json_object,
-)
+from schemas import record_fields as fields
+from schemas.errors import MalformedMessage
+from schemas.messages import HEADER_FORMAT, HEADER_OCCURRENCE_ID, decode_json_object
+from schemas.record_fields import MAX_NAME
 
 FORMAT_VERSION = 1
 
@@ -105,7 +103,15 @@ class AttemptEvent:
         consumer_group: str | None = None,
         worker: str | None = None,
     ) -> AttemptEvent:
-        return cls(STARTED, occurrence_id, attempt, lease_token, lease_ttl, consumer_group, worker)
+        return cls(
+            STARTED,
+            occurrence_id,
+            attempt,
+            lease_token,
+            lease_ttl,
+            _optional_printable(consumer_group),
+            _optional_printable(worker),
+        )
 
     @classmethod
     def heartbeat(
@@ -127,13 +133,15 @@ class AttemptEvent:
         error_message: str,
         permanent: bool = False,
     ) -> AttemptEvent:
+        # An exception's text may hold anything, NUL included; the wire (and the engine's
+        # text columns) may not, so it is replaced rather than letting the event be rejected.
         return cls(
             FAILED,
             occurrence_id,
             attempt,
             lease_token,
-            error_class=error_class[:MAX_ERROR_CLASS],
-            error_message=error_message[:MAX_ERROR_MESSAGE],
+            error_class=_printable(error_class)[:MAX_ERROR_CLASS],
+            error_message=_printable(error_message)[:MAX_ERROR_MESSAGE],
             permanent=permanent,
         )
 
@@ -146,13 +154,26 @@ class AttemptEvent:
         lease_token: uuid.UUID | None = None,
         consumer_group: str | None = None,
     ) -> AttemptEvent:
-        return cls(CANCELED, occurrence_id, attempt, lease_token, consumer_group=consumer_group, reason=reason)
+        return cls(
+            CANCELED,
+            occurrence_id,
+            attempt,
+            lease_token,
+            consumer_group=_optional_printable(consumer_group),
+            reason=reason,
+        )
 
     @classmethod
     def already_applied(
         cls, occurrence_id: uuid.UUID, attempt: int, applied_by: uuid.UUID | None, consumer_group: str | None = None
     ) -> AttemptEvent:
-        return cls(ALREADY_APPLIED, occurrence_id, attempt, consumer_group=consumer_group, applied_by=applied_by)
+        return cls(
+            ALREADY_APPLIED,
+            occurrence_id,
+            attempt,
+            consumer_group=_optional_printable(consumer_group),
+            applied_by=applied_by,
+        )
 
     @property
     def key(self) -> bytes:
@@ -187,45 +208,37 @@ class AttemptEvent:
         return orjson.dumps(data)
 
 
-def _optional_uuid(data: dict[str, Any], name: str) -> uuid.UUID | None:
-    raw = data.get(name)
-    if raw is None:
-        return None
-    try:
-        return uuid.UUID(str(raw))
-    except ValueError as err:
-        raise MalformedMessage(f"field {name!r} is not a UUID: {str(raw)[:60]!r}") from err
+def _printable(text: str) -> str:
+    """Text the wire (and the engine's text columns) can carry: NUL replaced, never rejected."""
+    return text.replace("\x00", "\ufffd")
 
 
-def _optional_text(data: dict[str, Any], name: str) -> str | None:
-    raw = data.get(name)
-    if raw is None:
-        return None
-    if not isinstance(raw, str):
-        raise MalformedMessage(f"field {name!r} must be a string")
-    return raw
+def _optional_printable(text: str | None) -> str | None:
+    return None if text is None else _printable(text)[:MAX_CONSUMER_GROUP]
+
+
+MAX_CONSUMER_GROUP = 255
+MAX_WORKER = 255
 
 
 def decode_attempt_event(value: bytes | None) -> AttemptEvent:
-    """Decode an attempt event or raise MalformedMessage saying what is wrong."""
+    """Decode an attempt event or raise MalformedMessage saying what is wrong (and nothing else)."""
     data = decode_json_object(value, "attempt event")
-    occurrence = _optional_uuid(data, "occurrence_id")
-    if occurrence is None:
-        raise MalformedMessage("field 'occurrence_id' is required")
-    permanent = data.get("permanent", False)
-    if not isinstance(permanent, bool):
-        raise MalformedMessage("field 'permanent' must be true or false")
+    event = data.get("event")
+    if not isinstance(event, str) or event not in EVENT_KINDS:
+        shown = repr(event[:40]) if isinstance(event, str) else type(event).__name__
+        raise MalformedMessage(f"unknown attempt event {shown}; known: {', '.join(EVENT_KINDS)}", "event")
     return AttemptEvent(
-        event=_optional_text(data, "event") or "",
-        occurrence_id=occurrence,
-        attempt=data.get("attempt"),  # type: ignore[arg-type]  # validated in __post_init__
-        lease_token=_optional_uuid(data, "lease_token"),
-        lease_ttl=data.get("lease_ttl"),
-        consumer_group=_optional_text(data, "consumer_group"),
-        worker=_optional_text(data, "worker"),
-        error_class=_optional_text(data, "error_class"),
-        error_message=_optional_text(data, "error_message"),
-        permanent=permanent,
-        reason=_optional_text(data, "reason"),
-        applied_by=_optional_uuid(data, "applied_by"),
+        event=event,
+        occurrence_id=fields.uuid_field(data, "occurrence_id"),
+        attempt=fields.integer(data, "attempt"),
+        lease_token=fields.optional_uuid(data, "lease_token"),
+        lease_ttl=fields.number(data, "lease_ttl", 0, 86400, low_open=True),
+        consumer_group=fields.optional_text(data, "consumer_group", MAX_CONSUMER_GROUP),
+        worker=fields.optional_text(data, "worker", MAX_WORKER),
+        error_class=fields.optional_text(data, "error_class", MAX_ERROR_CLASS),
+        error_message=fields.optional_text(data, "error_message", MAX_ERROR_MESSAGE),
+        permanent=fields.boolean(data, "permanent"),
+        reason=fields.optional_text(data, "reason", MAX_NAME),
+        applied_by=fields.optional_uuid(data, "applied_by"),
     )

@@ -31,11 +31,16 @@ from typing import Any
 
 import orjson
 
-from schemas.messages import MalformedMessage, decode_json_object, format_instant
+from schemas import record_fields as fields
+from schemas.errors import MalformedMessage
+from schemas.messages import decode_json_object, format_instant
+from schemas.topics import TENANT_ID_PATTERN
 
 FORMAT_VERSION = 1
 ACTIONS = ("create", "update", "pause", "resume", "cancel")
 HEADER_SIGNATURE = "chronoq-signature"
+MAX_SIGNATURE = 128  # hex of an HMAC-SHA256 is 64 characters
+MAX_IDEMPOTENCY_KEY = 200
 
 
 @dataclass(frozen=True)
@@ -74,36 +79,31 @@ def signature_valid(signing_key: bytes, value: bytes, signature: str | None) -> 
     return hmac.compare_digest(sign(signing_key, value), signature)
 
 
+def signature_of(headers: fields.Headers) -> str | None:
+    """The ``chronoq-signature`` header as text (None when absent or null), or MalformedMessage."""
+    return fields.header_text(headers, HEADER_SIGNATURE, MAX_SIGNATURE)
+
+
 def decode_command(value: bytes | None) -> Command:
-    """Parse a command (signature not checked here); MalformedMessage says what is wrong."""
+    """Parse a command (signature not checked here); MalformedMessage says what is wrong, nothing else is raised."""
     data = decode_json_object(value, "command")
-    try:
-        command_id = uuid.UUID(str(data.get("command_id")))
-    except ValueError as err:
-        raise MalformedMessage("command_id must be a UUID") from err
-    tenant_id, action = data.get("tenant_id"), data.get("action")
-    if not isinstance(tenant_id, str) or not tenant_id:
-        raise MalformedMessage("tenant_id must be a non-empty string")
-    if action not in ACTIONS:
-        raise MalformedMessage(f"action must be one of {', '.join(ACTIONS)}")
-    try:
-        issued_at = datetime.fromisoformat(str(data.get("issued_at")).replace("Z", "+00:00"))
-    except ValueError as err:
-        raise MalformedMessage("issued_at must be an ISO-8601 instant") from err
-    if issued_at.tzinfo is None:
-        raise MalformedMessage("issued_at needs an offset or Z")
-    schedule_id = None
-    if action != "create":
-        try:
-            schedule_id = uuid.UUID(str(data.get("schedule_id")))
-        except ValueError as err:
-            raise MalformedMessage(f"schedule_id must be a UUID for {action}") from err
+    command_id = fields.uuid_field(data, "command_id")
+    tenant_id = fields.text(data, "tenant_id", 63)
+    if not TENANT_ID_PATTERN.fullmatch(tenant_id):
+        raise MalformedMessage(
+            "field 'tenant_id' is not a tenant id (1-63 lowercase letters, digits, '-' or '_')", "tenant_id"
+        )
+    action = fields.choice(data, "action", ACTIONS)
+    issued_at = fields.instant(data, "issued_at")
+    schedule_id = fields.uuid_field(data, "schedule_id") if action != "create" else None
     body = data.get("body")
     if action in ("create", "update") and not isinstance(body, dict):
-        raise MalformedMessage(f"body must be a JSON object for {action}")
-    key = data.get("idempotency_key")
-    if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= 200):
-        raise MalformedMessage("idempotency_key must be a string of 1-200 characters")
+        raise MalformedMessage(f"field 'body' must be a JSON object for {action}", "body")
+    if action not in ("create", "update"):
+        body = None
+    key = fields.optional_text(data, "idempotency_key", MAX_IDEMPOTENCY_KEY)
+    if key == "":
+        raise MalformedMessage(f"field 'idempotency_key' must be 1-{MAX_IDEMPOTENCY_KEY} characters", "idempotency_key")
     return Command(command_id, tenant_id, action, issued_at, schedule_id, key, body)
 
 
@@ -131,8 +131,21 @@ class CommandResult:
         return orjson.loads(self.encode())
 
 
-def decode_command_result(value: bytes) -> CommandResult:
-    data = orjson.loads(value)
+RESULT_STATUSES = ("applied", "rejected")
+
+
+def decode_command_result(value: bytes | None) -> CommandResult:
+    """Decode a command result or raise MalformedMessage (and nothing else)."""
+    data = decode_json_object(value, "command result")
+    schedule, error = data.get("schedule"), data.get("error")
+    if schedule is not None and not isinstance(schedule, dict):
+        raise MalformedMessage("field 'schedule' must be an object or null", "schedule")
+    if error is not None and not isinstance(error, dict):
+        raise MalformedMessage("field 'error' must be an object or null", "error")
     return CommandResult(
-        uuid.UUID(data["command_id"]), data.get("tenant_id"), data["status"], data.get("schedule"), data.get("error")
+        fields.uuid_field(data, "command_id"),
+        fields.optional_text(data, "tenant_id", 63),
+        fields.choice(data, "status", RESULT_STATUSES),
+        schedule,
+        error,
     )

@@ -26,11 +26,12 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 import orjson
 
-from schemas.messages import MalformedMessage, OccurrenceMessage, decode_occurrence, format_instant
+from schemas import record_fields as fields
+from schemas.errors import MalformedMessage
+from schemas.messages import OccurrenceMessage, format_instant, occurrence_from_object
 
 KIND_DEAD_OCCURRENCE = "dead_occurrence"
 DEAD_REASONS = ("permanent_error", "max_attempts", "deadline", "retry_budget")
@@ -72,25 +73,21 @@ class DeadOccurrenceMessage:
 
 
 def decode_dead_occurrence(value: bytes | None) -> DeadOccurrenceMessage:
-    """Decode a dead-occurrence record or raise MalformedMessage (e.g. for a poison record)."""
-    try:
-        data: Any = orjson.loads(value or b"")
-    except orjson.JSONDecodeError as err:
-        raise MalformedMessage(f"not a dead-occurrence record: {err}") from err
-    if not isinstance(data, dict) or data.get("kind") != KIND_DEAD_OCCURRENCE:
-        raise MalformedMessage("not a dead-occurrence record (no kind=dead_occurrence)")
-    try:
-        died_at = datetime.fromisoformat(str(data["died_at"]).replace("Z", "+00:00"))
-        return DeadOccurrenceMessage(
-            occurrence=decode_occurrence(orjson.dumps(data["occurrence"])),
-            attempts=int(data["attempts"]),
-            reason=str(data["reason"]),
-            error_class=data.get("error_class"),
-            error_message=data.get("error_message"),
-            died_at=died_at,
-        )
-    except (KeyError, TypeError, ValueError) as err:
-        raise MalformedMessage(f"dead-occurrence record is incomplete: {err!r}") from err
+    """Decode a dead-occurrence record or raise MalformedMessage (e.g. for a poison record), nothing else."""
+    data = fields.json_object(value, "dead-occurrence record")
+    if data.get("kind") != KIND_DEAD_OCCURRENCE:
+        raise MalformedMessage("not a dead-occurrence record (no kind=dead_occurrence)", "kind")
+    occurrence = data.get("occurrence")
+    if not isinstance(occurrence, dict):
+        raise MalformedMessage("field 'occurrence' must be the occurrence message (an object)", "occurrence")
+    return DeadOccurrenceMessage(
+        occurrence=occurrence_from_object(occurrence),
+        attempts=fields.integer(data, "attempts", minimum=0),
+        reason=fields.text(data, "reason"),
+        error_class=fields.optional_text(data, "error_class"),
+        error_message=fields.optional_text(data, "error_message", 4000),
+        died_at=fields.instant(data, "died_at"),
+    )
 
 
 def occurrence_id_of(value: bytes | None) -> uuid.UUID | None:

@@ -62,6 +62,39 @@ class NotFound(ChronoqError):
         super().__init__(f"{kind} {ident} not found")
 
 
+class Forbidden(ChronoqError):
+    """The tenant may not use this (a target that belongs to another tenant); nothing was written.
+
+    ``field`` names the request field (``target``); the message says how to obtain the right. Unlike
+    another tenant's schedule (a 404: its existence must not leak), a taken target name is a unique
+    name like any other: refusing it reveals only that it is taken.
+    """
+
+    code = "forbidden"
+    http_status = 403
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}")
+
+
+class MalformedMessage(ChronoqError):
+    """A Kafka record that is not a valid chronoq record of its topic (a poison record).
+
+    Decoders raise nothing else, whatever the bytes and headers (``schemas/record_fields.py``):
+    ``field`` names the part at fault (``value``, ``headers``, a header, a field of the JSON
+    object) so the rejection says what to fix.
+    """
+
+    code = "malformed"
+
+    def __init__(self, problem: str, field: str | None = None) -> None:
+        self.problem = problem
+        self.field = field
+        super().__init__(problem)
+
+
 class Conflict(ChronoqError):
     """The request conflicts with stored state (idempotency key reuse, stale version)."""
 

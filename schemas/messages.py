@@ -39,7 +39,8 @@ from typing import Any
 
 import orjson
 
-from schemas.errors import ChronoqError
+from schemas import record_fields as fields
+from schemas.errors import MalformedMessage
 
 FORMAT_VERSION = 1
 SUPPORTED_FORMATS = frozenset({1})
@@ -47,10 +48,6 @@ SUPPORTED_FORMATS = frozenset({1})
 HEADER_FORMAT = "chronoq-format"
 HEADER_OCCURRENCE_ID = "chronoq-occurrence-id"
 HEADER_TENANT = "chronoq-tenant"
-
-
-class MalformedMessage(ChronoqError):
-    """A Kafka message that is not a decodable chronoq message (a poison message)."""
 
 
 @dataclass(frozen=True)
@@ -93,74 +90,52 @@ def format_instant(instant: datetime) -> str:
     return instant.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def _instant(data: dict[str, Any], name: str, *, optional: bool = False) -> datetime | None:
-    raw = data.get(name)
-    if raw is None and optional:
-        return None
-    if not isinstance(raw, str):
-        raise MalformedMessage(f"field {name!r} must be an ISO-8601 string, got {type(raw).__name__}")
-    try:
-        value = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError as err:
-        raise MalformedMessage(f"field {name!r} is not an ISO-8601 instant: {raw[:60]!r}") from err
-    if value.tzinfo is None:
-        raise MalformedMessage(f"field {name!r} has no UTC offset: {raw[:60]!r}")
-    return value.astimezone(UTC)
-
-
-def _uuid(data: dict[str, Any], name: str) -> uuid.UUID:
-    raw = data.get(name)
-    try:
-        return uuid.UUID(str(raw))
-    except ValueError as err:
-        raise MalformedMessage(f"field {name!r} is not a UUID: {str(raw)[:60]!r}") from err
-
-
-def _text(data: dict[str, Any], name: str) -> str:
-    raw = data.get(name)
-    if not isinstance(raw, str) or not raw:
-        raise MalformedMessage(f"field {name!r} must be a non-empty string")
-    return raw
-
-
-def _positive_int(data: dict[str, Any], name: str) -> int:
-    raw = data.get(name)
-    if not isinstance(raw, int) or isinstance(raw, bool) or raw < 1:
-        raise MalformedMessage(f"field {name!r} must be a positive integer")
-    return raw
-
-
 def decode_json_object(value: bytes | None, kind: str = "message") -> dict[str, Any]:
     """The JSON object of a chronoq record (message, command, event) of a known format, or MalformedMessage."""
-    if value is None:
-        raise MalformedMessage(f"{kind} has no value (tombstone)")
-    try:
-        data = orjson.loads(value)
-    except orjson.JSONDecodeError as err:
-        raise MalformedMessage(f"{kind} is not JSON: {err}") from err
-    if not isinstance(data, dict):
-        raise MalformedMessage(f"{kind} is not a JSON object")
-    fmt = data.get("format")
-    if fmt not in SUPPORTED_FORMATS:
-        raise MalformedMessage(f"unknown {kind} format {fmt!r}; this reader knows {sorted(SUPPORTED_FORMATS)}")
-    return data
+    return fields.json_object(value, kind, SUPPORTED_FORMATS)
 
 
-def decode_occurrence(value: bytes | None) -> OccurrenceMessage:
-    """Decode an occurrence message or raise MalformedMessage saying what is wrong."""
-    data = decode_json_object(value)
+#: Occurrence message fields are limited like the engine's columns (see schemas/topics.py for targets).
+MAX_TENANT_ID = 63
+MAX_TARGET = 100
+PRIORITIES = ("strict", "flexible")
+
+
+def decode_occurrence(value: bytes | None, headers: fields.Headers = None) -> OccurrenceMessage:
+    """Decode an occurrence record or raise MalformedMessage saying what is wrong (and nothing else).
+
+    When the record carries the ``chronoq-tenant`` or ``chronoq-occurrence-id``
+    header, it must agree with the body: a router acting on headers and a
+    handler acting on the body must never disagree about whose record it is.
+    """
+    message = occurrence_from_object(decode_json_object(value))
+    tenant = fields.header_text(headers, HEADER_TENANT, MAX_TENANT_ID)
+    if tenant is not None and tenant != message.tenant_id:
+        raise MalformedMessage(
+            f"header {HEADER_TENANT!r} says {tenant!r} but the body's tenant_id is {message.tenant_id!r}", HEADER_TENANT
+        )
+    occurrence = fields.header_text(headers, HEADER_OCCURRENCE_ID, 45)
+    if occurrence is not None and occurrence != str(message.occurrence_id):
+        raise MalformedMessage(
+            f"header {HEADER_OCCURRENCE_ID!r} does not match the body's occurrence_id", HEADER_OCCURRENCE_ID
+        )
+    return message
+
+
+def occurrence_from_object(data: dict[str, Any]) -> OccurrenceMessage:
+    """An occurrence message from its decoded JSON object, or MalformedMessage."""
     return OccurrenceMessage(
-        occurrence_id=_uuid(data, "occurrence_id"),
-        schedule_id=_uuid(data, "schedule_id"),
-        schedule_version=_positive_int(data, "schedule_version"),
-        tenant_id=_text(data, "tenant_id"),
-        target=_text(data, "target"),
-        scheduled_for=_instant(data, "scheduled_for"),  # type: ignore[arg-type]
-        available_at=_instant(data, "available_at"),  # type: ignore[arg-type]
-        attempt=_positive_int(data, "attempt"),
-        priority=_text(data, "priority"),
-        deadline=_instant(data, "deadline", optional=True),
-        payload=data.get("payload", {}),
+        occurrence_id=fields.uuid_field(data, "occurrence_id"),
+        schedule_id=fields.uuid_field(data, "schedule_id"),
+        schedule_version=fields.integer(data, "schedule_version"),
+        tenant_id=fields.text(data, "tenant_id", MAX_TENANT_ID),
+        target=fields.text(data, "target", MAX_TARGET),
+        scheduled_for=fields.instant(data, "scheduled_for"),
+        available_at=fields.instant(data, "available_at"),
+        attempt=fields.integer(data, "attempt"),
+        priority=fields.choice(data, "priority", PRIORITIES, default="strict"),
+        deadline=fields.optional_instant(data, "deadline"),
+        payload=fields.json_value(data, "payload", {}),
     )
 
 
@@ -190,13 +165,16 @@ class ScheduleStateMessage:
         return str(self.schedule_id).encode()
 
 
+SCHEDULE_STATES = ("active", "paused", "canceled", "completed")
+
+
 def decode_schedule_state(value: bytes | None) -> ScheduleStateMessage:
-    """Decode a schedule state message or raise MalformedMessage."""
-    data = decode_json_object(value)
+    """Decode a schedule state message or raise MalformedMessage (and nothing else)."""
+    data = decode_json_object(value, "schedule state")
     return ScheduleStateMessage(
-        schedule_id=_uuid(data, "schedule_id"),
-        tenant_id=_text(data, "tenant_id"),
-        version=_positive_int(data, "version"),
-        state=_text(data, "state"),
-        changed_at=_instant(data, "changed_at"),  # type: ignore[arg-type]
+        schedule_id=fields.uuid_field(data, "schedule_id"),
+        tenant_id=fields.text(data, "tenant_id", MAX_TENANT_ID),
+        version=fields.integer(data, "version"),
+        state=fields.choice(data, "state", SCHEDULE_STATES),
+        changed_at=fields.instant(data, "changed_at"),
     )

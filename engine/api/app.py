@@ -7,8 +7,8 @@ schedule is a 404, never a 403 that would leak its existence. Errors are JSON
 The routes are thin: they parse HTTP and call the control plane
 (:mod:`engine.control`: requests are validated in ``schedule_requests``,
 stored and versioned by :class:`ControlPlane`); an error's status, code and
-field come from its class (:mod:`schemas.errors`), and a transient database
-error is a 503 with ``Retry-After``.
+field come from its class (:mod:`schemas.errors`), a transient database
+error is a 503 with ``Retry-After``, a value the database refuses a 422.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -31,6 +31,7 @@ from engine.control.calendars import Calendars
 from engine.control.schedule_requests import PREVIEW_FIELDS, preview_fires
 from engine.control.schedules import ControlPlane
 from engine.control.tenants import Tenant, authenticate
+from engine.rules.timing.instants import parse_instant
 from schemas.error_classification import is_transient
 from schemas.errors import ChronoqError, InvalidInput
 
@@ -99,6 +100,31 @@ def error_response(
 def _to_response(err: ChronoqError) -> Response:
     """An error as the API answers it: status, code and field come from the error class."""
     return error_response(err.http_status, err.code, str(err), err.field)
+
+
+def _unexpected(request: Request, err: Exception) -> Response:
+    """An error that is no ChronoqError: the database unavailable (503), refusing a value (422), or a bug (500)."""
+    if is_transient(err):
+        log.error("database unavailable", extra={"action": "api.db_unavailable", "error": repr(err)})
+        return error_response(
+            503, "unavailable", "the database is unavailable; retry shortly", headers=[(b"retry-after", b"1")]
+        )
+    sqlstate = getattr(err, "sqlstate", None)
+    if isinstance(err, asyncpg.PostgresError) and isinstance(sqlstate, str) and sqlstate[:2] in ("22", "23"):
+        # Validation should have caught it; a value the database refuses is still the request's fault.
+        log.warning(
+            "the database refused a request value",
+            extra={"action": "api.db_refused", "sqlstate": sqlstate, "path": request.path, "error": repr(err)},
+        )
+        return error_response(
+            422,
+            "invalid_input",
+            f"the database refused a value of this request (SQLSTATE {sqlstate}); check its strings and sizes",
+        )
+    log.exception(
+        "request failed unexpectedly", extra={"action": "api.bug", "path": request.path, "method": request.method}
+    )
+    return error_response(500, "internal_error", "the request failed unexpectedly; it was logged")
 
 
 class Api:
@@ -201,12 +227,7 @@ class Api:
             except ChronoqError as err:
                 return _to_response(err)
             except Exception as err:
-                if not is_transient(err):
-                    raise  # a bug: uvicorn answers 500 and logs the traceback
-                log.error("database unavailable", extra={"action": "api.db_unavailable", "error": repr(err)})
-                return error_response(
-                    503, "unavailable", "the database is unavailable; retry shortly", headers=[(b"retry-after", b"1")]
-                )
+                return _unexpected(request, err)
         if allowed:
             return error_response(
                 405,
@@ -327,17 +348,11 @@ class Api:
         )
 
     async def _instant_or_now(self, raw: object, field_name: str) -> datetime:
+        """Now, or the given instant under a schedule's instant rules (the year range is checked after the
+        offset: 0001-01-01T00:00:00+01:00 is a 422 naming the field, not an overflow)."""
         if raw is None:
             return await self.control.now()
-        if not isinstance(raw, str):
-            raise InvalidInput(field_name, "must be an ISO-8601 string", "2026-03-07T00:00:00Z")
-        try:
-            after = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-        except ValueError as err:
-            raise InvalidInput(field_name, "is not an ISO-8601 instant", "2026-03-07T00:00:00Z") from err
-        if after.tzinfo is None:
-            raise InvalidInput(field_name, "needs an offset or Z", "2026-03-07T00:00:00Z")
-        return after.astimezone(UTC)
+        return parse_instant(raw, field_name)
 
     # ----------------------------------------------------------------- calendars
 

@@ -9,48 +9,97 @@ from __future__ import annotations
 
 from typing import Any
 
-_DURATION = {
-    "oneOf": [{"type": "string", "example": "90s"}, {"type": "number", "minimum": 0}],
-    "description": "duration: '90s', '15m', '1h30m', or seconds",
-}
-_INSTANT = {"type": "string", "format": "date-time", "example": "2026-11-29T10:00:00Z"}
-_NULLABLE_INSTANT = {"type": "string", "format": "date-time", "nullable": True}
+from engine.control.pagination import MAX_CURSOR, MAX_PAGE
+from engine.control.schedule_requests import DURATIONS, MAX_PAYLOAD_BYTES, DurationRange
+from engine.rules.cron_expression import MAX_EXPRESSION_LENGTH
+from engine.rules.timing.zones import zone_keys
+from schemas.commands import MAX_IDEMPOTENCY_KEY
 
-_DEFINITION: dict[str, Any] = {
-    "kind": {"type": "string", "enum": ["once", "cron", "rate"]},
-    "expression": {
-        "type": "string",
-        "maxLength": 200,
-        "description": "cron expression (kind=cron), ISO-8601 instant (once) or duration (rate)",
-        "example": "0 9 * * MON-FRI",
-    },
-    "time_zone": {"type": "string", "example": "Europe/Berlin", "description": "IANA zone of a cron expression"},
-    "target": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$", "example": "billing.invoice"},
-    "payload": {"description": "any JSON value, at most the tenant's payload quota (64 KiB by default)"},
-    "priority": {"type": "string", "enum": ["strict", "flexible"]},
-    "flexible_window": _DURATION,
+# The constraints below are the ones the server enforces (engine/control_plane.py, engine/timing.py), so a
+# generated client or a fuzzer sees the truth. Where the server's rule is not expressible in JSON Schema
+# (a cron expression that can never fire, retry_cap >= retry_base, end_at after start_at), the schema
+# describes a subset that is always accepted and the description states the rule.
+
+_YEARS = "(19\\d\\d|[2-8]\\d\\d\\d)"  # 1900-8999: user-given instants, after their offset
+_DATE_TIME = "-(0[1-9]|1[0-2])-(0[1-9]|1\\d|2[0-8])T([01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(\\.\\d{1,6})?Z"
+_INSTANT_PATTERN = f"^{_YEARS}{_DATE_TIME}$"
+_FUTURE_PATTERN = f"^(2[1-9]\\d\\d|[3-8]\\d\\d\\d){_DATE_TIME}$"  # a one-time instant that is surely ahead
+_INSTANT: dict[str, Any] = {
+    "type": "string",
+    "pattern": _INSTANT_PATTERN,
+    "maxLength": 40,
+    "example": "2026-11-29T10:00:00Z",
+    "description": "ISO-8601 instant with an offset or Z, in the years 1900-8999 once converted to UTC",
+}
+_NULLABLE_INSTANT = {"type": "string", "format": "date-time", "nullable": True}
+_ZONES = sorted(zone_keys())
+_CRON = "^(\\*|[1-5]?\\d) (\\*|1?\\d|2[0-3]) (\\*|[1-9]|1\\d|2[0-8]) (\\*|[1-9]|1[0-2]) (\\*|[0-6])$"
+
+
+def _duration(name: str, limits: DurationRange, note: str = "") -> dict[str, Any]:
+    low, high = limits.minimum.total_seconds(), limits.maximum.total_seconds()
+    number: dict[str, Any] = (
+        {"type": "integer", "minimum": int(low), "maximum": int(high)}
+        if limits.whole_seconds
+        else {"type": "number", "minimum": low, "maximum": high}
+    )
+    # Strings: numbers with units d h m s in that order, whole seconds. The pattern keeps each part small
+    # enough that any match lies in range; longer forms the server also accepts are described.
+    if high <= 86400:
+        pattern = "^(([01]?\\d|2[0-3])h)?([1-5]?\\dm)?([1-5]?\\ds)?$"
+    else:
+        pattern = "^([1-9]\\d{0,2}d)?(([01]?\\d|2[0-3])h)?([1-5]?\\dm)?([1-5]?\\ds)?$"
+    unit = "whole seconds" if limits.whole_seconds else "seconds, fractions honoured to the millisecond"
+    text = {"type": "string", "pattern": pattern, "minLength": 2, "maxLength": 20, "example": "90s"}
+    if low >= 1:
+        text["not"] = {"pattern": "^(0+[dhms])+$"}
+    return {
+        "oneOf": [text, number],
+        "description": f"{name}: a duration from {low:g} to {high:g} s ({unit}); a number is seconds, a string"
+        " is like '90s', '15m', '1h30m', '2d' (units d, h, m, s in that order)" + note,
+    }
+
+
+_DURATIONS = {name: _duration(name, limits) for name, limits in DURATIONS.items()}
+_TARGET = {
+    "type": "string",
+    "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
+    "example": "billing.invoice",
+    "description": "the handler that consumes the occurrences; it belongs to the tenant that first uses it"
+    " (or that an operator granted it to): another tenant's target is a 403",
+}
+_TIME_ZONE = {"$ref": "#/components/schemas/TimeZone"}
+_PAYLOAD = {
+    "description": f"any JSON value, at most the tenant's payload quota ({MAX_PAYLOAD_BYTES} bytes"
+    " encoded by default), nested at most 64 levels, without NUL (U+0000) in any string"
+    " or key"
+}
+_POLICIES: dict[str, Any] = {
+    "target": _TARGET,
+    "payload": _PAYLOAD,
     "misfire_policy": {
         "type": "string",
+        "pattern": "^(skip|fire_once|catch_up:([1-9]\\d{0,2}|1000))$",
         "example": "catch_up:3",
         "description": "skip | fire_once | catch_up:K (K 1..1000)",
     },
-    "max_lateness": _DURATION,
+    "max_lateness": _DURATIONS["max_lateness"],
     "overlap_policy": {"type": "string", "enum": ["allow", "skip_if_running", "queue_one"]},
     "max_attempts": {"type": "integer", "minimum": 1, "maximum": 100},
-    "retry_base": _DURATION,
-    "retry_cap": _DURATION,
-    "deadline": _DURATION,
-    "dst_repeat": {"type": "string", "enum": ["first", "both"]},
-    "dst_gap": {"type": "string", "enum": ["skip", "shift"]},
-    "start_at": _INSTANT,
-    "end_at": _INSTANT,
-    "anchor": _INSTANT,
+    "retry_base": _DURATIONS["retry_base"],
+    "retry_cap": _duration(
+        "retry_cap",
+        DURATIONS["retry_cap"],
+        "; at least retry_base (when both are given; a default adapts to the other)",
+    ),
+    "deadline": _DURATIONS["deadline"],
     "exclusion_calendar": {
         "type": "string",
         "nullable": True,
         "pattern": "^[a-z0-9][a-z0-9_.-]{0,62}$",
         "example": "de-holidays",
-        "description": "name of one of the tenant's calendars: fires on its dates are skipped",
+        "description": "name of one of the tenant's calendars (404 if it has none of that name): fires on its"
+        " dates are skipped",
     },
     "max_runs": {
         "type": "integer",
@@ -60,6 +109,126 @@ _DEFINITION: dict[str, Any] = {
         "description": "the schedule completes after this many runs (occurrences materialized to run)",
     },
 }
+# end_at must lie ahead (the schedule must still fire before it), which a schema cannot say relative to
+# now: the pattern states years from 2100, always ahead; nearer ends are accepted too.
+_BOUNDS: dict[str, Any] = {
+    "start_at": _INSTANT,
+    "end_at": {
+        **_INSTANT,
+        "pattern": _FUTURE_PATTERN,
+        "description": _INSTANT["description"] + "; not before start_at, and the schedule must fire before it (any such"
+        " instant is accepted; the pattern shows years from 2100)",
+    },
+}
+_KINDS: dict[str, dict[str, Any]] = {
+    "cron": {
+        "expression": {
+            "type": "string",
+            "pattern": _CRON,
+            "maxLength": MAX_EXPRESSION_LENGTH,
+            "example": "0 9 * * 1",
+            "description": "a five-field cron expression in the time"
+            " zone's wall-clock time (names, ranges, lists and steps are accepted too; an"
+            " expression that never fires is refused)",
+        },
+        "time_zone": _TIME_ZONE,
+        "dst_repeat": {"type": "string", "enum": ["first", "both"]},
+        "dst_gap": {"type": "string", "enum": ["skip", "shift"]},
+        **_BOUNDS,
+    },
+    "rate": {
+        "expression": {**_DURATIONS["deadline"]["oneOf"][0], "description": "the period, at least 1s"},
+        "time_zone": _TIME_ZONE,
+        "anchor": _INSTANT,
+        **_BOUNDS,
+    },
+    "once": {
+        "expression": {
+            "type": "string",
+            "pattern": _FUTURE_PATTERN,
+            "maxLength": 40,
+            "example": "2127-03-01T09:00:00Z",
+            "description": "the instant (ISO-8601 with an offset); in the past by more than"
+            " max_lateness it is refused. start_at/end_at are accepted when they bracket it",
+        },
+        "time_zone": _TIME_ZONE,
+    },
+}
+_PRIORITIES: dict[str, dict[str, Any]] = {
+    "strict": {"priority": {"type": "string", "enum": ["strict"]}},
+    "flexible": {
+        "priority": {"type": "string", "enum": ["flexible"]},
+        "flexible_window": {
+            **_DURATIONS["flexible_window"],
+            "description": _DURATIONS["flexible_window"]["description"] + " (default 5m)",
+        },
+    },
+}
+
+
+def _create_branch(kind: str, priority: str) -> dict[str, Any]:
+    required = ["kind", "expression", "target"] + (["priority"] if priority == "flexible" else [])
+    return {
+        "type": "object",
+        "required": required,
+        "additionalProperties": False,
+        "properties": {
+            "kind": {"type": "string", "enum": [kind]},
+            **_KINDS[kind],
+            **_POLICIES,
+            **_PRIORITIES[priority],
+        },
+    }
+
+
+def _update_branch(kind: str | None) -> dict[str, Any]:
+    """A change is merged into the stored definition: a new expression comes with its kind (so it never
+    meets the stored one of another kind); without them, the fields that apply to every kind."""
+    common = {
+        **_POLICIES,
+        "priority": _DEFINITION["priority"],
+        "flexible_window": _DEFINITION["flexible_window"],
+        "time_zone": _TIME_ZONE,
+    }
+    if kind is None:
+        return {"type": "object", "minProperties": 1, "additionalProperties": False, "properties": common}
+    return {
+        "type": "object",
+        "required": ["kind", "expression"],
+        "additionalProperties": False,
+        "properties": {"kind": {"type": "string", "enum": [kind]}, **_KINDS[kind], **common},
+    }
+
+
+def _preview_branch(kind: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["kind", "expression"],
+        "additionalProperties": False,
+        "properties": {
+            "kind": {"type": "string", "enum": [kind]},
+            **_KINDS[kind],
+            "from": _INSTANT,
+            "count": {"type": "integer", "minimum": 1, "maximum": 1000},
+            "exclusion_calendar": _POLICIES["exclusion_calendar"],
+            "max_runs": _POLICIES["max_runs"],
+        },
+    }
+
+
+_DEFINITION: dict[str, Any] = {
+    "kind": {"type": "string", "enum": ["once", "cron", "rate"]},
+    "expression": {
+        "type": "string",
+        "maxLength": MAX_EXPRESSION_LENGTH,
+        "description": "cron expression (kind=cron), ISO-8601 instant (once) or duration (rate)",
+    },
+    **{name: schema for branch in _KINDS.values() for name, schema in branch.items() if name != "expression"},
+    **_POLICIES,
+    "priority": {"type": "string", "enum": ["strict", "flexible"]},
+    "flexible_window": _DURATIONS["flexible_window"],
+}
+
 _CALENDAR_NAME = {"type": "string", "pattern": "^[a-z0-9][a-z0-9_.-]{0,62}$", "example": "de-holidays"}
 _DATE = {"type": "string", "format": "date", "example": "2026-12-25"}
 _DATE_ITEM = {
@@ -190,6 +359,7 @@ def _errors(*codes: int) -> dict[str, Any]:
     meaning = {
         400: "bad request",
         401: "missing or invalid bearer token",
+        403: "the tenant may not use this target (another tenant's): the error names the field",
         404: "not found (or another tenant's)",
         405: "method not allowed",
         409: "conflict (idempotency key reused, final state)",
@@ -204,10 +374,55 @@ def _errors(*codes: int) -> dict[str, Any]:
 _ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
 _NAME = {"name": "name", "in": "path", "required": True, "schema": _CALENDAR_NAME}
 _PAGING = [
-    {"name": "cursor", "in": "query", "schema": {"type": "string"}},
-    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 500}},
+    {
+        "name": "cursor",
+        "in": "query",
+        "description": "the next_cursor of the previous page (anything else is a 422 naming cursor)",
+        "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]+$", "maxLength": MAX_CURSOR},
+    },
+    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}},
 ]
 _COMMON = (401, 422, 503)
+
+
+_OPERATION_IDS = {
+    ("post", "/v1/schedules"): "createSchedule",
+    ("get", "/v1/schedules"): "listSchedules",
+    ("get", "/v1/schedules/{id}"): "getSchedule",
+    ("patch", "/v1/schedules/{id}"): "updateSchedule",
+    ("post", "/v1/schedules/{id}/pause"): "pauseSchedule",
+    ("post", "/v1/schedules/{id}/resume"): "resumeSchedule",
+    ("post", "/v1/schedules/{id}/cancel"): "cancelSchedule",
+    ("get", "/v1/schedules/{id}/occurrences"): "listOccurrences",
+    ("get", "/v1/schedules/{id}/versions"): "listVersions",
+    ("get", "/v1/occurrences/{id}"): "getOccurrence",
+    ("get", "/v1/dead-letters"): "listDeadLetters",
+    ("post", "/v1/occurrences/{id}/replay"): "replayOccurrence",
+    ("post", "/v1/preview"): "preview",
+}
+# Links let a stateful fuzzer follow a created schedule through its lifecycle instead of guessing ids.
+_SCHEDULE_LINKS = {
+    operation[0].upper() + operation[1:]: {
+        "operationId": operation,
+        "parameters": {"id": "$response.body#/schedule_id"},
+    }
+    for operation in (
+        "getSchedule",
+        "updateSchedule",
+        "pauseSchedule",
+        "resumeSchedule",
+        "cancelSchedule",
+        "listOccurrences",
+        "listVersions",
+    )
+}
+_OCCURRENCE_LINKS = {
+    operation[0].upper() + operation[1:]: {
+        "operationId": operation,
+        "parameters": {"id": "$response.body#/items/0/occurrence_id"},
+    }
+    for operation in ("getOccurrence", "replayOccurrence")
+}
 
 
 def _lifecycle(summary: str) -> dict[str, Any]:
@@ -216,7 +431,7 @@ def _lifecycle(summary: str) -> dict[str, Any]:
             "summary": summary,
             "parameters": [_ID],
             "responses": {
-                "200": {"description": "the schedule after the change", **_json("Schedule")},
+                "200": {"description": "the schedule after the change", **_json("Schedule"), "links": _SCHEDULE_LINKS},
                 **_errors(404, 409, *_COMMON),
             },
         }
@@ -356,6 +571,20 @@ _OPERATOR_PATHS: dict[str, Any] = {
 
 
 def openapi_document() -> dict[str, Any]:
+    document = _document()
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            operation["operationId"] = _OPERATION_IDS.get((method, path)) or _operation_id(method, path)
+    return document
+
+
+def _operation_id(method: str, path: str) -> str:
+    """An id for an operation without a chosen one: the method and the path's words, camel-cased."""
+    words = [w.strip("{}") for w in path.removeprefix("/v1/").replace("-", "/").split("/") if w]
+    return method + "".join(w[:1].upper() + w[1:] for w in words)
+
+
+def _document() -> dict[str, Any]:
     return {
         "openapi": "3.0.3",
         "info": {
@@ -370,18 +599,16 @@ def openapi_document() -> dict[str, Any]:
             "schemas": {
                 **_OPERATOR_SCHEMAS,
                 "ScheduleCreate": {
-                    "type": "object",
-                    "required": ["kind", "expression", "target"],
-                    "properties": _DEFINITION,
-                    "additionalProperties": False,
+                    "oneOf": [_create_branch(kind, priority) for kind in _KINDS for priority in _PRIORITIES]
                 },
-                "ScheduleUpdate": {
-                    "type": "object",
-                    "minProperties": 1,
-                    "properties": _DEFINITION,
-                    "additionalProperties": False,
-                },
+                "ScheduleUpdate": {"oneOf": [_update_branch(kind) for kind in (*_KINDS, None)]},
                 "Schedule": _SCHEDULE,
+                "TimeZone": {
+                    "type": "string",
+                    "enum": _ZONES,
+                    "example": "Europe/Berlin",
+                    "description": "an IANA zone name",
+                },
                 "SchedulePage": _page("Schedule"),
                 "Occurrence": _OCCURRENCE,
                 "OccurrencePage": _page("Occurrence"),
@@ -415,30 +642,7 @@ def openapi_document() -> dict[str, Any]:
                     "type": "object",
                     "properties": {"items": {"type": "array", "items": {"type": "object"}}},
                 },
-                "PreviewRequest": {
-                    "type": "object",
-                    "required": ["kind", "expression"],
-                    "additionalProperties": False,
-                    "properties": {
-                        **{
-                            k: _DEFINITION[k]
-                            for k in (
-                                "kind",
-                                "expression",
-                                "time_zone",
-                                "dst_repeat",
-                                "dst_gap",
-                                "anchor",
-                                "start_at",
-                                "end_at",
-                                "exclusion_calendar",
-                                "max_runs",
-                            )
-                        },
-                        "from": _INSTANT,
-                        "count": {"type": "integer", "minimum": 1, "maximum": 1000},
-                    },
-                },
+                "PreviewRequest": {"oneOf": [_preview_branch(kind) for kind in _KINDS]},
                 "Preview": {
                     "type": "object",
                     "required": ["fires", "excluded", "excluded_dates"],
@@ -527,13 +731,17 @@ def openapi_document() -> dict[str, Any]:
                         {
                             "name": "Idempotency-Key",
                             "in": "header",
-                            "schema": {"type": "string", "minLength": 1, "maxLength": 200},
+                            "schema": {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY},
                         }
                     ],
                     "requestBody": {"required": True, **_json("ScheduleCreate")},
                     "responses": {
-                        "201": {"description": "created (or the same request replayed)", **_json("Schedule")},
-                        **_errors(400, 404, 409, 413, 429, *_COMMON),
+                        "201": {
+                            "description": "created (or the same request replayed)",
+                            **_json("Schedule"),
+                            "links": _SCHEDULE_LINKS,
+                        },
+                        **_errors(400, 403, 404, 409, 413, 429, *_COMMON),
                     },
                 },
                 "get": {
@@ -544,7 +752,7 @@ def openapi_document() -> dict[str, Any]:
                             "in": "query",
                             "schema": {"type": "string", "enum": ["active", "paused", "canceled", "completed"]},
                         },
-                        {"name": "target", "in": "query", "schema": {"type": "string"}},
+                        {"name": "target", "in": "query", "schema": _TARGET},
                         *_PAGING,
                     ],
                     "responses": {"200": {"description": "a page", **_json("SchedulePage")}, **_errors(*_COMMON)},
@@ -564,8 +772,8 @@ def openapi_document() -> dict[str, Any]:
                     "parameters": [_ID],
                     "requestBody": {"required": True, **_json("ScheduleUpdate")},
                     "responses": {
-                        "200": {"description": "the new version", **_json("Schedule")},
-                        **_errors(400, 404, 409, 429, *_COMMON),
+                        "200": {"description": "the new version", **_json("Schedule"), "links": _SCHEDULE_LINKS},
+                        **_errors(400, 403, 404, 409, 429, *_COMMON),
                     },
                 },
             },
@@ -577,7 +785,7 @@ def openapi_document() -> dict[str, Any]:
                     "summary": "The schedule's occurrences, oldest first",
                     "parameters": [_ID, *_PAGING],
                     "responses": {
-                        "200": {"description": "a page", **_json("OccurrencePage")},
+                        "200": {"description": "a page", **_json("OccurrencePage"), "links": _OCCURRENCE_LINKS},
                         **_errors(404, *_COMMON),
                     },
                 }

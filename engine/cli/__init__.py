@@ -10,8 +10,8 @@ embedded PostgreSQL and broker (``engine.cli.embedded``).
 Each module registers one area's subcommands: ``stack_commands`` (up, api,
 migrate, engine, relay), ``tenant_commands`` (tenant create),
 ``schedule_commands`` (schedule ...), ``calendar_commands`` (calendar ...),
-``dlq_commands`` (dlq list, replay) and
-``consume_command`` (consume).
+``dlq_commands`` (dlq list, replay), ``consume_command`` (consume) and
+``kafka_command`` (kafka fetch).
 
 Exit status: 0 on success, 2 for invalid input (one line naming the field,
 nothing written), 1 for any other chronoq error.
@@ -52,9 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
         calendar_commands,
         consume_command,
         dlq_commands,
+        kafka_command,
         operator_commands,
         schedule_commands,
         stack_commands,
+        target_commands,
         tenant_commands,
     )
 
@@ -64,11 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
     for area in (
         stack_commands,
         tenant_commands,
+        target_commands,
         operator_commands,
         schedule_commands,
         calendar_commands,
         consume_command,
         dlq_commands,
+        kafka_command,
     ):
         area.register(commands)
     return parser

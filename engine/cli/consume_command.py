@@ -19,10 +19,11 @@ def consumer_config(endpoints: Endpoints, group: str, report_attempts: bool = Tr
 
     On the embedded tansu broker a group's join waits about half the session
     timeout, so short-lived CLI consumers use a short session there; Apache
-    Kafka rejects sessions under group.min.session.timeout.ms (6 s by
-    default), so external brokers keep the library default.
+    Kafka (embedded or external) joins at once and rejects sessions under
+    group.min.session.timeout.ms (6 s by default), so it keeps the library
+    default.
     """
-    if endpoints.embedded:
+    if endpoints.kafka_kind == "tansu":
         return ConsumerConfig(
             group,
             endpoints.kafka_bootstrap,

@@ -11,6 +11,13 @@ The only module that reads environment variables (all under ``CHRONOQ_``):
   ``CHRONOQ_DATABASE_URL`` (the dedupe table has its own name).
 - ``CHRONOQ_HOME``: where the embedded stack keeps its data and its state
   file (default ``./.chronoq``).
+- ``CHRONOQ_KAFKA_JARS`` and ``JAVA_HOME``: where the embedded Apache Kafka
+  finds its cached jars (default ``~/.cache/chronoq/kafka-<version>``) and its
+  JDK (default ``java`` on PATH); only ``chronoq up --kafka apache``,
+  ``chronoq kafka fetch`` and the tests read them.
+- ``CHRONOQ_KAFKA_IDEMPOTENT``: ``1`` makes the relay use the idempotent
+  producer on an external broker (Apache Kafka supports it, tansu does not);
+  an embedded stack records its broker kind in the state file instead.
 
 Each command asks for what it uses: the engine and the relay need both the
 database and Kafka (:func:`resolve_endpoints`); the API, migrations, tenant,
@@ -44,6 +51,10 @@ class Endpoints:
     kafka_bootstrap: str
     consumer_database_url: str
     embedded: bool = False
+    #: The broker has the idempotent producer (Apache Kafka; tansu lacks InitProducerId).
+    idempotent_producer: bool = False
+    #: The embedded broker's kind (``tansu`` or ``apache``), ``external`` for a broker chronoq did not start.
+    kafka_kind: str = "external"
 
 
 @dataclass(frozen=True)
@@ -57,10 +68,18 @@ class StackState:
     api_url: str | None = None
     postgres_pid: int | None = None
     kafka_pid: int | None = None
+    kafka_kind: str = "tansu"
 
     @property
     def endpoints(self) -> Endpoints:
-        return Endpoints(self.database_url, self.kafka_bootstrap, self.consumer_database_url, embedded=True)
+        return Endpoints(
+            self.database_url,
+            self.kafka_bootstrap,
+            self.consumer_database_url,
+            embedded=True,
+            idempotent_producer=self.kafka_kind == "apache",
+            kafka_kind=self.kafka_kind,
+        )
 
 
 def home(env: Mapping[str, str] | None = None) -> Path:
@@ -81,7 +100,35 @@ def external_endpoints(env: Mapping[str, str] | None = None) -> Endpoints | None
             f"{missing} is not set: set both CHRONOQ_DATABASE_URL and CHRONOQ_KAFKA_BOOTSTRAP"
             " to use an external stack, or neither to use the embedded one"
         )
-    return Endpoints(database_url, bootstrap, env.get("CHRONOQ_CONSUMER_DATABASE_URL") or database_url)
+    return Endpoints(
+        database_url,
+        bootstrap,
+        env.get("CHRONOQ_CONSUMER_DATABASE_URL") or database_url,
+        idempotent_producer=_flag(env, "CHRONOQ_KAFKA_IDEMPOTENT"),
+    )
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    value = env.get(name, "").strip().lower()
+    if value in ("", "0", "false", "no"):
+        return False
+    if value in ("1", "true", "yes"):
+        return True
+    raise StackError(f"{name} is {env[name]!r}: use 1 or 0")
+
+
+def kafka_jars_setting(env: Mapping[str, str] | None = None) -> Path | None:
+    """``CHRONOQ_KAFKA_JARS``: where the embedded Apache Kafka's jars are cached, if set."""
+    env = os.environ if env is None else env
+    configured = env.get("CHRONOQ_KAFKA_JARS")
+    return Path(configured).expanduser().resolve() if configured else None
+
+
+def java_home_setting(env: Mapping[str, str] | None = None) -> Path | None:
+    """``JAVA_HOME``, if set: the JDK the embedded Apache Kafka runs on."""
+    env = os.environ if env is None else env
+    configured = env.get("JAVA_HOME")
+    return Path(configured) if configured else None
 
 
 def write_state(state: StackState, directory: Path) -> Path:

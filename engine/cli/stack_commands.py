@@ -13,6 +13,7 @@ from consumers.printer import printing_consumer
 from engine.api.server import bind
 from engine.cli import stop_on_signals
 from engine.cli.consume_command import consumer_config
+from engine.cli.embedded.brokers import BROKER_KINDS, BROKER_NAMES, BrokerKind
 from engine.cli.embedded.stack import EmbeddedStack, Endpoints
 from engine.cli.endpoints import (
     STATE_FILE,
@@ -36,7 +37,7 @@ from schemas.observability import configure_telemetry
 log = logging.getLogger("chronoq.cli")
 
 
-async def _up(demo: bool, api_host: str, api_port: int) -> int:
+async def _up(demo: bool, api_host: str, api_port: int, kafka: BrokerKind) -> int:
     stop = asyncio.Event()
     stop_on_signals(stop)
     home = stack_home()
@@ -49,8 +50,13 @@ async def _up(demo: bool, api_host: str, api_port: int) -> int:
                 f"chronoq is already running in {home} (pid {running.pid}); stop it first"
                 " or set CHRONOQ_HOME to another directory"
             )
-        stack = EmbeddedStack(home)
+        stack = EmbeddedStack(home, kafka)
         endpoints = await stack.start()
+    elif kafka != "tansu":
+        raise ChronoqError(
+            f"--kafka {kafka} chooses the embedded broker, but CHRONOQ_DATABASE_URL and"
+            " CHRONOQ_KAFKA_BOOTSTRAP name an external stack; unset them or drop --kafka"
+        )
     try:
         applied = await migrate(endpoints.database_url)
         api_socket = bind_api(api_host, api_port)
@@ -64,13 +70,17 @@ async def _up(demo: bool, api_host: str, api_port: int) -> int:
                     consumer_database_url=endpoints.consumer_database_url,
                     api_url=api_url,
                     postgres_pid=stack.postgres.pid,
-                    kafka_pid=stack.kafka.pid,
+                    kafka_pid=stack.kafka_pid,
+                    kafka_kind=stack.kafka_kind,
                 ),
                 home,
             )
         print("chronoq is up" + (" (embedded stack)" if stack else " (external stack)"), flush=True)
         print(f"  database:  {endpoints.database_url}", flush=True)
-        print(f"  kafka:     {endpoints.kafka_bootstrap}", flush=True)
+        print(
+            f"  kafka:     {endpoints.kafka_bootstrap}" + (f"  ({BROKER_NAMES[stack.kafka_kind]})" if stack else ""),
+            flush=True,
+        )
         print(f"  api:       {api_url}  (OpenAPI at {api_url}/openapi.json)", flush=True)
         print(f"  console:   {api_url}/ui  (sign in with a tenant's API token or `chronoq operator token`)", flush=True)
         print(f"  metrics:   {api_url}/metrics", flush=True)
@@ -84,7 +94,9 @@ async def _up(demo: bool, api_host: str, api_port: int) -> int:
                     endpoints.database_url,
                     endpoints.kafka_bootstrap,
                     stop,
-                    ServiceConfig(roles=ALL_ROLES, api_socket=api_socket),
+                    ServiceConfig(
+                        roles=ALL_ROLES, api_socket=api_socket, idempotent_publisher=endpoints.idempotent_producer
+                    ),
                 ),
                 name="services",
             )
@@ -180,7 +192,7 @@ def bind_port(host: str, port: int, flag: str) -> socket.socket:
 
 def cmd_up(args: argparse.Namespace) -> int:
     configure_telemetry("chronoq")
-    return asyncio.run(_up(args.demo, args.api_host, args.api_port))
+    return asyncio.run(_up(args.demo, args.api_host, args.api_port, args.kafka))
 
 
 def cmd_api(args: argparse.Namespace) -> int:
@@ -222,7 +234,9 @@ def run_roles(
             endpoints.database_url,
             endpoints.kafka_bootstrap,
             stop,
-            ServiceConfig(roles=roles, metrics_socket=metrics_socket),
+            ServiceConfig(
+                roles=roles, metrics_socket=metrics_socket, idempotent_publisher=endpoints.idempotent_producer
+            ),
         )
 
     asyncio.run(main())
@@ -256,6 +270,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         "up", help="start the embedded PostgreSQL + Kafka and every role: engine loops, relay, HTTP API"
     )
     up.add_argument("--demo", action="store_true", help="also create demo schedules and print what they fire")
+    up.add_argument(
+        "--kafka",
+        choices=BROKER_KINDS,
+        default="tansu",
+        help="the embedded broker: tansu (default: nothing to install, keeps messages in memory) or"
+        " apache (Apache Kafka 4.4: needs Java 17+ and its jars, fetched once with"
+        " `chronoq kafka fetch`; keeps its log on disk under CHRONOQ_HOME)",
+    )
     _api_flags(up)
     up.set_defaults(func=cmd_up)
     api = commands.add_parser(

@@ -16,8 +16,9 @@ from typing import Any, TypeVar
 
 import orjson
 
-from schemas.errors import InvalidInput
+from schemas.errors import InvalidInput, MalformedMessage
 from schemas.messages import format_instant
+from schemas.record_fields import parse_instant
 
 MAX_PAGE = 500
 Row = TypeVar("Row")
@@ -41,15 +42,28 @@ def encode_cursor(at: datetime, ident: uuid.UUID) -> str:
     return base64.urlsafe_b64encode(orjson.dumps([format_instant(at), str(ident)])).decode().rstrip("=")
 
 
+MAX_CURSOR = 200
+
+
 def decode_cursor(cursor: str | None) -> tuple[datetime | None, uuid.UUID | None]:
-    """The sort key a cursor encodes, (None, None) for the first page, or InvalidInput('cursor')."""
+    """The sort key a cursor encodes, (None, None) for the first page, or InvalidInput('cursor').
+
+    Validated, not trusted: a cursor is client input, so anything but the
+    ``[instant, uuid]`` pair this module encodes — whatever base64 it comes
+    wrapped in — is refused naming the field, and never reaches a query.
+    """
     if cursor is None:
         return None, None
+    refused = InvalidInput("cursor", "is not a cursor returned by this listing; start without one")
+    if not isinstance(cursor, str) or len(cursor) > MAX_CURSOR:
+        raise refused
     try:
-        at, ident = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        return datetime.fromisoformat(at.replace("Z", "+00:00")), uuid.UUID(ident)
-    except (ValueError, TypeError, orjson.JSONDecodeError) as err:
-        raise InvalidInput("cursor", "is not a cursor returned by this listing; start without one") from err
+        data = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        if not isinstance(data, list) or len(data) != 2 or not isinstance(data[1], str) or len(data[1]) != 36:
+            raise refused
+        return parse_instant(data[0], "cursor"), uuid.UUID(data[1])
+    except (ValueError, TypeError, orjson.JSONDecodeError, MalformedMessage) as err:
+        raise refused from err
 
 
 def split_page(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -31,9 +32,12 @@ from engine.rules.timing.spec import DST_GAP_CHOICES, DST_REPEAT_CHOICES, KINDS,
 from engine.rules.timing.zones import validate_zone, zone_info
 from schemas.errors import InvalidInput
 from schemas.messages import format_instant
+from schemas.record_fields import json_problem
 from schemas.topics import validate_target
 
 MAX_PAYLOAD_BYTES = 64 * 1024
+DEFAULT_RETRY_BASE = timedelta(seconds=1)
+DEFAULT_RETRY_CAP = timedelta(minutes=5)
 MAX_PREVIEW = 1000
 PRIORITIES = ("strict", "flexible")
 
@@ -128,7 +132,8 @@ def parse_schedule_request(raw: Mapping[str, Any], *, max_payload_bytes: int = M
         end_at=raw.get("end_at"),
     )
     target = validate_target(raw.get("target"))
-    payload = validate_payload(raw.get("payload", {}), max_payload_bytes)
+    # null means "no payload", like leaving it out (the column holds {} then, never SQL NULL).
+    payload = validate_payload({} if raw.get("payload") is None else raw["payload"], max_payload_bytes)
     priority = _choice(raw, "priority", PRIORITIES, "strict")
     window = _flexible_window(raw, priority)
     misfire_text, misfire = _misfire(raw)
@@ -165,8 +170,6 @@ def _flexible_window(raw: Mapping[str, Any], priority: str) -> timedelta:
         window = timedelta(minutes=5)  # flexible jobs spread over 5 minutes by default (docs/time-contract.md)
     if priority == "strict" and window > timedelta(0):
         raise InvalidInput("flexible_window", "applies only to priority=flexible", "5m")
-    if window > timedelta(hours=24):
-        raise InvalidInput("flexible_window", "must be at most 24h", "5m")
     return window
 
 
@@ -175,11 +178,7 @@ def _misfire(raw: Mapping[str, Any]) -> tuple[str, timing.MisfirePolicy]:
     misfire_text = raw.get("misfire_policy") or "fire_once"
     if not isinstance(misfire_text, str):
         raise InvalidInput("misfire_policy", "must be skip, fire_once or catch_up:K", "catch_up:3")
-    max_lateness = raw.get("max_lateness")
-    if isinstance(max_lateness, (int, float)) and not isinstance(max_lateness, bool):
-        max_lateness = timedelta(seconds=max_lateness)
-    # Anything else but a duration string, a timedelta or None is rejected by the parser, naming the field.
-    return misfire_text.strip(), timing.parse_misfire_policy(misfire_text, max_lateness)
+    return misfire_text.strip(), timing.parse_misfire_policy(misfire_text, _duration(raw, "max_lateness", None))
 
 
 def _retries(raw: Mapping[str, Any]) -> tuple[int, timedelta, timedelta, timedelta | None]:
@@ -187,17 +186,17 @@ def _retries(raw: Mapping[str, Any]) -> tuple[int, timedelta, timedelta, timedel
     max_attempts = raw.get("max_attempts", 3)
     if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or not 1 <= max_attempts <= 100:
         raise InvalidInput("max_attempts", "must be an integer from 1 to 100", "5")
-    retry_base = _duration(raw, "retry_base", timedelta(seconds=1))
-    retry_cap = _duration(raw, "retry_cap", timedelta(minutes=5))
-    assert retry_base is not None and retry_cap is not None
-    if retry_base <= timedelta(0):
-        raise InvalidInput("retry_base", "must be positive", "1s")
+    # A default never contradicts the other field given: the cap defaults to 5 minutes or the base if that
+    # is larger, the base to 1 s or the cap if that is smaller. Only two explicit values can disagree.
+    retry_base = _duration(raw, "retry_base", None)
+    retry_cap = _duration(raw, "retry_cap", None)
+    if retry_base is None:
+        retry_base = min(DEFAULT_RETRY_BASE, retry_cap) if retry_cap is not None else DEFAULT_RETRY_BASE
+    if retry_cap is None:
+        retry_cap = max(DEFAULT_RETRY_CAP, retry_base)
     if retry_cap < retry_base:
         raise InvalidInput("retry_cap", "must be at least retry_base", "5m")
-    deadline = _duration(raw, "deadline", None)
-    if deadline is not None and deadline <= timedelta(0):
-        raise InvalidInput("deadline", "must be positive", "1h")
-    return max_attempts, retry_base, retry_cap, deadline
+    return max_attempts, retry_base, retry_cap, _duration(raw, "deadline", None)
 
 
 def parse_max_runs(value: object) -> int | None:
@@ -222,12 +221,16 @@ def parse_changed_request(
     """The request a partial update makes of a stored definition (API field names).
 
     A changed kind drops the old anchor unless a new one is given; DST options
-    apply only to cron, so a definition that stops being cron drops them.
+    apply only to cron, so a definition that stops being cron drops them; a
+    change to ``priority: strict`` drops the old flexible window unless one is
+    given (a strict schedule has none).
     """
     check_changes(changes)
     merged = {**definition, **changes}
     if "kind" in changes and changes["kind"] != definition.get("kind") and "anchor" not in changes:
         merged.pop("anchor", None)
+    if changes.get("priority") == "strict" and "flexible_window" not in changes:
+        merged.pop("flexible_window", None)
     for name in ("dst_repeat", "dst_gap"):
         if merged.get("kind") != "cron" and name not in changes:
             merged.pop(name, None)
@@ -290,10 +293,9 @@ def validate_payload(payload: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> Any:
         encoded = orjson.dumps(payload)
     except TypeError as err:
         raise InvalidInput("payload", f"must be JSON-serializable: {err}", '{"invoice": 42}') from err
-    if _contains_nul(payload):
-        raise InvalidInput(
-            "payload", "contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store", '{"invoice": 42}'
-        )
+    problem = json_problem(payload)
+    if problem is not None:  # jsonb cannot store a NUL (\\u0000); orjson encodes 254 levels at most
+        raise InvalidInput("payload", problem, '{"invoice": 42}')
     if len(encoded) > max_bytes:
         raise InvalidInput(
             "payload",
@@ -491,35 +493,71 @@ def _time_choice(field: str, value: object, choices: tuple[str, ...]) -> str:
     return value.strip()
 
 
-def _contains_nul(value: Any) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, Mapping):
-        return any(_contains_nul(key) or _contains_nul(item) for key, item in value.items())
-    if isinstance(value, (list, tuple)):
-        return any(_contains_nul(item) for item in value)
-    return False
-
-
 def _reject_unknown(raw: Mapping[str, Any]) -> None:
     unknown = sorted(set(raw) - SCHEDULE_FIELDS)
     if unknown:
         raise InvalidInput(unknown[0], f"is not a schedule field; known fields: {', '.join(sorted(SCHEDULE_FIELDS))}")
 
 
+@dataclass(frozen=True)
+class DurationRange:
+    """The accepted values of one duration field (stated in /openapi.json and docs/security.md).
+
+    ``whole_seconds``: the engine stores the field in whole seconds, so a
+    fraction is refused rather than silently truncated (``deadline: 0.5``
+    would otherwise become "no deadline"). Otherwise fractions are honoured to
+    the millisecond.
+    """
+
+    minimum: timedelta
+    maximum: timedelta
+    whole_seconds: bool = True
+
+
+#: Every duration of a schedule and its range. A number means seconds; a string is "90s", "15m", "1h30m", "2d".
+DURATIONS: dict[str, DurationRange] = {
+    "flexible_window": DurationRange(timedelta(0), timedelta(hours=24)),
+    "max_lateness": DurationRange(timedelta(0), timing.MAX_DURATION),
+    "deadline": DurationRange(timedelta(seconds=1), timing.MAX_DURATION),
+    "retry_base": DurationRange(timedelta(milliseconds=1), timing.MAX_DURATION, whole_seconds=False),
+    "retry_cap": DurationRange(timedelta(milliseconds=1), timing.MAX_DURATION, whole_seconds=False),
+}
+
+
 def _duration(raw: Mapping[str, Any], name: str, default: timedelta | None) -> timedelta | None:
+    """The duration field ``name`` within its DURATIONS range, or InvalidInput naming it."""
     value = raw.get(name)
     if value is None:
         return default
-    if isinstance(value, bool):
-        raise InvalidInput(name, "must be a duration", "90s")
-    if isinstance(value, (int, float)):
-        if value < 0:
-            raise InvalidInput(name, "must not be negative", "90s")
-        return timedelta(seconds=value)
+    limits = DURATIONS[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise InvalidInput(name, f"must be a duration string or a number of seconds, got {type(value).__name__}", "90s")
     if isinstance(value, str):
-        return timing.parse_duration(value, field=name)
-    raise InvalidInput(name, f"must be a duration string or a number of seconds, got {type(value).__name__}", "90s")
+        duration = timing.parse_duration(value, field=name)
+    else:
+        # Checked before any timedelta is built: timedelta(seconds=1e20) raises OverflowError.
+        if not math.isfinite(value) or not -1 < value < limits.maximum.total_seconds() + 1:
+            raise InvalidInput(name, f"{_seconds(value)} s is outside {_range(limits)}", "90s")
+        if limits.whole_seconds and not float(value).is_integer():
+            raise InvalidInput(
+                name, f"{_seconds(value)} s is not a whole number of seconds; {name} is stored in whole seconds", "90s"
+            )
+        duration = timedelta(seconds=round(float(value), 3))
+    if not limits.minimum <= duration <= limits.maximum:
+        raise InvalidInput(name, f"{_seconds(duration.total_seconds())} s is outside {_range(limits)}", "90s")
+    return duration
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}"
+
+
+def _range(limits: DurationRange) -> str:
+    unit = "whole seconds" if limits.whole_seconds else "seconds (to the millisecond)"
+    return (
+        f"the accepted range {_seconds(limits.minimum.total_seconds())} to"
+        f" {_seconds(limits.maximum.total_seconds())} {unit}"
+    )
 
 
 def _choice(raw: Mapping[str, Any], name: str, choices: tuple[str, ...], default: str) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 
 import asyncpg
 
+from engine.control import targets
 from engine.control.calendars import calendar_by_id, reference_calendar
 from engine.control.identifiers import as_uuid
 from engine.control.pagination import decode_cursor, key_of, page_size, split_page, text_filter
@@ -108,6 +109,7 @@ class ControlPlane:
         async with self._transaction(conn) as conn:
             tenant = await lock_tenant(conn, tenant_id)
             request = parse_schedule_request(raw, max_payload_bytes=tenant.quotas.max_payload_bytes)
+            await targets.authorize(conn, tenant_id, request.target, self.clock.now())
             calendar = await _calendar_columns(conn, tenant_id, request)
             now = await self.now(conn)
             request = anchored(request, now)
@@ -240,6 +242,8 @@ class ControlPlane:
             request = parse_changed_request(
                 definition_of(row), changes, max_payload_bytes=tenant.quotas.max_payload_bytes
             )
+            if request.target != row.target:
+                await targets.authorize(conn, tenant_id, request.target, self.clock.now())
             calendar = await _calendar_columns(conn, tenant_id, request)
             now = await self.now(conn)
             request = anchored(request, now)

@@ -92,8 +92,8 @@ class AttemptProcessor:
         """Apply events in order, in one transaction; each event is all-or-nothing (a savepoint).
 
         A transient error (the database is away, a deadlock) fails the whole batch, which is read
-        again; any other database error fails only its event, which is logged and skipped so it
-        never blocks the partition.
+        again; any other error fails only its event, which is logged, counted as poison and skipped
+        so it never blocks the partition.
         """
         verdicts: list[Verdict] = []
         with self.tracer.start_as_current_span(obs.SPAN_ATTEMPT_EVENTS) as span:
@@ -104,11 +104,14 @@ class AttemptProcessor:
                     try:
                         async with conn.transaction():
                             verdict = await self.ledger.apply(conn, event, now)
-                    except asyncpg.PostgresError as err:
+                    except Exception as err:
                         if is_transient(err):
                             raise
-                        # A bug or a constraint this event violates: do not let it block the partition.
-                        log.error(
+                        # A value the database refuses, a constraint this event violates, or a bug: skip and
+                        # count it, never block the partition on it.
+                        self.stats.poison += 1
+                        self.meters.poison.add(1, {"topic": ATTEMPTS_TOPIC})
+                        log.exception(
                             "attempt event could not be applied; skipped",
                             extra={
                                 "action": "attempt.apply_failed",

@@ -17,11 +17,17 @@ in the engine database and return counts for the summary.
   past the units ``handle`` returned from, so a crash in between re-applies
   them (handlers are idempotent). A refused commit (a rebalance) is logged;
   the next owner re-reads and re-applies, idempotently;
-* **errors**: a unit that raises is logged
-  (:func:`engine.loops.reporting.log_failure`: a warning when transient, an
-  error with its traceback otherwise), its partition is rewound to it and the
-  loop waits ``error_backoff`` before reading it again: nothing fetched is
-  skipped. Other partitions of the same fetch are still processed;
+* **errors**: a unit that raises a *transient* error (``is_transient``: the
+  database or broker unavailable) is logged as a warning, its partition is
+  rewound to it and the loop waits ``error_backoff`` before reading it again:
+  nothing fetched is skipped for an outage. A *non-transient* error is the
+  records' fault (or a bug) and would fail the same way forever, stalling the
+  partition for every tenant on it: a batch is retried record by record, and
+  the one record that still fails is logged with its traceback, counted
+  (``skipped``) and passed, so the records behind it are applied. Handlers
+  reject what they can themselves (commands are answered, undecodable events
+  counted); this is the last line. Other partitions of the same fetch are
+  still processed;
 * **a one-line summary** every ``summary_every`` seconds
   (:class:`engine.loops.reporting.LoopSummary`).
 """
@@ -40,7 +46,9 @@ from aiokafka.errors import CommitFailedError, KafkaError
 from aiokafka.structs import ConsumerRecord
 
 from engine.loops.reporting import SUMMARY_EVERY, LoopSummary, log_failure
+from schemas import observability as obs
 from schemas.clock import pause
+from schemas.error_classification import is_transient
 from schemas.topics import DEFAULT_PARTITIONS, create_missing_topics
 
 Handle = Callable[[Sequence[ConsumerRecord]], Awaitable[Mapping[str, int]]]
@@ -65,6 +73,14 @@ class KafkaLoopSettings:
     summary_every: float = SUMMARY_EVERY
 
 
+class _Rewind(Exception):
+    """A transient error at ``offset``: read the partition again from there after the backoff."""
+
+    def __init__(self, offset: int, error: BaseException) -> None:
+        self.offset = offset
+        self.error = error
+
+
 class KafkaProcessorLoop:
     """Consumes ``settings.topic`` and hands records to ``handle`` (see the module docstring)."""
 
@@ -84,6 +100,7 @@ class KafkaProcessorLoop:
         self.handle = handle
         self.log = log
         self.unit = unit
+        self._skipped = obs.get_meter("engine").create_counter(obs.RECORDS_SKIPPED, unit="1")
         self.summary = LoopSummary(name, log, settings.summary_every, monotonic=monotonic)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -112,6 +129,33 @@ class KafkaProcessorLoop:
             stopped.cancel()
             await consumer.stop()
 
+    async def _handle(self, unit: Sequence[ConsumerRecord]) -> dict[str, int]:
+        """``handle(unit)``, isolating a record that fails non-transiently (see the module docstring)."""
+        try:
+            return dict(await self.handle(unit))
+        except Exception as err:  # noqa: BLE001 - classified here
+            if is_transient(err):
+                raise _Rewind(unit[0].offset, err) from err
+            if len(unit) == 1:
+                self.log.error(
+                    "%s skipped a record it cannot apply",
+                    self.name,
+                    exc_info=err,
+                    extra={
+                        "action": f"{self.name}.record_skipped",
+                        "partition": unit[0].partition,
+                        "offset": unit[0].offset,
+                        "error": repr(err),
+                    },
+                )
+                self._skipped.add(1, {"loop": self.name})
+                return {"skipped": 1}
+        counts: dict[str, int] = {}
+        for record in unit:  # the batch failed for one of its records: find it, apply the others
+            for key, value in (await self._handle([record])).items():
+                counts[key] = counts.get(key, 0) + value
+        return counts
+
     async def _fetch(
         self, consumer: AIOKafkaConsumer, stopped: asyncio.Task[bool], stop: asyncio.Event
     ) -> dict[TopicPartition, list[ConsumerRecord]] | None:
@@ -133,16 +177,18 @@ class KafkaProcessorLoop:
     async def process(
         self, consumer: AIOKafkaConsumer, tp: TopicPartition, records: Sequence[ConsumerRecord], stop: asyncio.Event
     ) -> None:
-        """Handle one partition's records unit by unit; commit past what was handled."""
+        """Handle one partition's records unit by unit; commit past what was handled (or skipped)."""
         units = [records] if self.unit == "batch" else [[record] for record in records]
         done: int | None = None
         for unit in units:
             try:
-                counts = await self.handle(unit)
-            except Exception as err:  # noqa: BLE001 - the unit is read again after the backoff
+                counts = await self._handle(unit)
+            except _Rewind as rewind:
                 self.summary.add({"errors": 1})
-                log_failure(self.log, self.name, err, self.settings.error_backoff)
-                consumer.seek(tp, unit[0].offset)
+                log_failure(self.log, self.name, rewind.error, self.settings.error_backoff)
+                consumer.seek(tp, rewind.offset)
+                if rewind.offset > unit[0].offset:
+                    done = rewind.offset  # the records before it were applied: commit past them
                 await pause(stop, self.settings.error_backoff)
                 break
             self.summary.add({"records": len(unit), **counts})

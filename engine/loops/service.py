@@ -82,6 +82,8 @@ class ServiceConfig:
     metrics_socket: a bound socket serving only ``/metrics`` (``--metrics-port`` of engine and relay
         processes; the API serves it on its own port).
     summary_every: seconds between each loop's one-line summary log (0: none).
+    idempotent_publisher: the relay uses the idempotent producer (the broker must
+        support it: Apache Kafka does, tansu does not; default False).
     The other fields configure one role each.
     """
 
@@ -89,6 +91,7 @@ class ServiceConfig:
     api_socket: socket.socket | None = None
     metrics_socket: socket.socket | None = None
     summary_every: float = SUMMARY_EVERY
+    idempotent_publisher: bool = False
     materializer: MaterializerConfig = field(default_factory=MaterializerConfig)
     attempts: AttemptProcessorConfig = field(default_factory=AttemptProcessorConfig)
     reaper: ReaperConfig = field(default_factory=ReaperConfig)
@@ -150,7 +153,7 @@ async def run_services(
             runs[Role.COMMANDS] = lambda: commands.run(stop, every)
         if Role.RELAY in roles:
             assert kafka_bootstrap is not None
-            publisher = KafkaPublisher(PublisherConfig(kafka_bootstrap))
+            publisher = KafkaPublisher(PublisherConfig(kafka_bootstrap, idempotent=config.idempotent_publisher))
             await publisher.start()
             resources.push_async_callback(publisher.stop)
             relay_loop = relay_periodic_loop(Relay.create(pool, publisher, config.relay, clock), config.relay, every)

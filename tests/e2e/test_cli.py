@@ -15,7 +15,11 @@ import orjson
 import psutil
 import pytest
 
+from engine.cli.embedded.apache_kafka import java_binary
+from engine.cli.embedded.brokers import BROKER_KINDS, BROKER_NAMES
 from engine.loops.service import run_services
+from schemas.errors import StackError
+from tests.support.brokers import require_apache_kafka
 from tests.support.services import fast_services
 
 CHRONOQ = [sys.executable, "-m", "engine.cli"]
@@ -23,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli_env(engine_db: str | None = None, kafka: str | None = None, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOQ_")}
+    # Where the Kafka jars are cached is a property of the machine, not of the stack under test.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOQ_") or k == "CHRONOQ_KAFKA_JARS"}
     if engine_db:
         env.update(CHRONOQ_DATABASE_URL=engine_db, CHRONOQ_KAFKA_BOOTSTRAP=kafka or "")
     env.update(extra)
@@ -122,10 +127,14 @@ def _wait_for_file(path: Path, process: subprocess.Popen, timeout: float) -> Non
         time.sleep(0.1)
 
 
-def test_up_serves_create_and_consume_then_sigterm_leaves_no_process(tmp_path):
+@pytest.mark.parametrize("kafka", BROKER_KINDS)
+def test_up_serves_create_and_consume_then_sigterm_leaves_no_process(tmp_path, kafka):
+    # The README's example on `chronoq up --kafka tansu|apache`; with apache the broker pid is the JVM's.
+    if kafka == "apache":
+        require_apache_kafka()
     env = cli_env(CHRONOQ_HOME=str(tmp_path / "home"))
     up = subprocess.Popen(
-        CHRONOQ + ["up", "--api-port", "0"],
+        CHRONOQ + ["up", "--api-port", "0", "--kafka", kafka],
         env=env,
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -159,10 +168,22 @@ def test_up_serves_create_and_consume_then_sigterm_leaves_no_process(tmp_path):
         up.send_signal(signal.SIGTERM)
         output, _ = up.communicate(timeout=60)
     assert up.returncode == 0, output
-    assert "database:" in output and "kafka:" in output
+    assert "database:" in output and f"({BROKER_NAMES[kafka]})" in output
     for pid in children:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert not state_file.exists()
+
+
+def test_up_with_apache_kafka_but_no_jars_says_how_to_fetch_them_and_starts_nothing(tmp_path):
+    try:
+        java_binary()
+    except StackError as err:
+        pytest.skip(f"the message would be about java first: {err}")
+    env = cli_env(CHRONOQ_HOME=str(tmp_path / "home"), CHRONOQ_KAFKA_JARS=str(tmp_path / "no-jars"))
+    result = run(["up", "--api-port", "0", "--kafka", "apache"], env)
+    assert result.returncode == 1
+    assert "`chronoq kafka fetch`" in result.stderr and str(tmp_path / "no-jars") in result.stderr
+    assert not (tmp_path / "home" / "postgres").exists()  # PostgreSQL was not started either
 
 
 def test_preview_skips_the_nonexistent_spring_forward_time():
@@ -312,7 +333,7 @@ async def test_calendars_from_the_cli_with_tenant_isolation(engine_db, kafka_boo
             "--tenant",
             "globex",
             "--target",
-            "ops",
+            "ops.globex",  # its own target: acme's "ops" would be refused before the calendar is looked up
             "--cron",
             "0 9 * * *",
             "--calendar",
@@ -351,3 +372,36 @@ async def test_operators_manage_the_lifecycle_from_the_cli(engine_db, kafka_boot
     assert [h["change"] for h in history] == ["create", "update", "pause", "resume", "cancel"]
     other = await asyncio.to_thread(run, ["schedule", "get", sid, "--tenant", "globex"], env)
     assert other.returncode == 1 and "not found" in other.stderr
+
+
+async def test_operators_register_grant_and_revoke_targets_from_the_cli(engine_db, kafka_bootstrap, pool, acme):
+    from engine.control.tenants import create_tenant
+
+    await create_tenant(pool, "globex")
+    env = cli_env(engine_db, kafka_bootstrap)
+
+    async def chronoq(*args: str) -> subprocess.CompletedProcess[str]:
+        return await asyncio.to_thread(run, [*args, "--json"], env)
+
+    registered = await chronoq("target", "register", "billing.invoice", "acme")
+    assert registered.returncode == 0, registered.stderr
+    assert orjson.loads(registered.stdout) == {
+        "target": "billing.invoice",
+        "owner": "acme",
+        "granted": [],
+        "version": 1,
+    }
+    refused = await chronoq(
+        "schedule", "create", "--tenant", "globex", "--target", "billing.invoice", "--cron", "0 9 * * *"
+    )
+    assert refused.returncode != 0 and "target: 'billing.invoice' belongs to another tenant" in refused.stderr
+    granted = orjson.loads((await chronoq("target", "grant", "billing.invoice", "globex")).stdout)
+    assert (granted["granted"], granted["version"]) == (["globex"], 2)
+    created = await chronoq(
+        "schedule", "create", "--tenant", "globex", "--target", "billing.invoice", "--cron", "0 9 * * *"
+    )
+    assert created.returncode == 0, created.stderr
+    still_used = await chronoq("target", "revoke", "billing.invoice", "globex")
+    assert still_used.returncode != 0 and "live schedules" in still_used.stderr
+    listed = orjson.loads((await chronoq("target", "list", "--tenant", "globex")).stdout)
+    assert [t["target"] for t in listed["items"]] == ["billing.invoice"]

@@ -82,7 +82,7 @@ async def test_trace_context_travels_from_the_relay_to_the_consumer_span(
     await publisher.start()
     try:
         relay = Relay(OutboxStore(pool, clock), publisher, RelayConfig(), **telemetry.instruments("relay"))
-        assert (await relay.run_once()).published == 2  # the occurrence and the schedule's state message
+        assert (await relay.run_once()).published == 3  # the occurrence, the schedule's state, the target's binding
     finally:
         await publisher.stop()
     app = recording_app(consumer_db, kafka_bootstrap, target, **telemetry.instruments("consumer"))

@@ -117,7 +117,8 @@ async def test_idempotent_create_returns_the_same_schedule_and_rejects_a_differe
     assert again == first
     with pytest.raises(Conflict):
         await control.create_schedule("acme", {**body, "expression": "0 10 * * *"}, "key-1")
-    other_tenant = await control.create_schedule("globex", body, "key-1")  # keys are scoped by tenant
+    # Keys are scoped by tenant (the target too: each tenant schedules onto its own).
+    other_tenant = await control.create_schedule("globex", {**body, "target": f"{target}.globex"}, "key-1")
     assert other_tenant["schedule_id"] != first["schedule_id"]
     assert await pool.fetchval("SELECT count(*) FROM schedules") == 2
 

@@ -18,8 +18,10 @@ from tests.support.rows import due_occurrence
 
 
 @pytest.fixture
-async def publisher(kafka_bootstrap):
-    publisher = KafkaPublisher(PublisherConfig(kafka_bootstrap, partitions=4, ack_timeout=10))
+async def publisher(broker):
+    publisher = KafkaPublisher(
+        PublisherConfig(broker.bootstrap, partitions=4, ack_timeout=10, idempotent=broker.idempotent_producer)
+    )
     await publisher.start()
     yield publisher
     await publisher.stop()

@@ -1,4 +1,4 @@
-"""The servers the tests run against, and creating and dropping their databases."""
+"""The PostgreSQL server the tests run against, and creating and dropping its databases."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ TEMPLATE = "chronoq_test_template"
 @dataclass
 class Servers:
     admin_url: str  # a URL on the server with rights to create databases
-    kafka_bootstrap: str
 
     def url(self, database: str) -> str:
         parts = urlsplit(self.admin_url)

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from schemas.attempt_events import AttemptEvent, decode_attempt_event
+from schemas.errors import MalformedMessage
 from schemas.identity import occurrence_id
 from schemas.messages import OccurrenceMessage
-from schemas.topics import ATTEMPTS_TOPIC
+from schemas.topics import ATTEMPTS_TOPIC, create_missing_topics, topic_partitions
 from tests.support.waiting import wait_for
 
 SCHEDULED = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
+
+T = TypeVar("T")
 
 
 def occurrence_message(
@@ -37,6 +42,9 @@ def occurrence_message(
 
 
 async def produce(bootstrap: str, topic: str, values: list[bytes], key: bytes = b"acme") -> None:
+    """Produce ``values`` in order (one key: one partition), creating the topic first as chronoq does
+    (Apache Kafka never creates one on its own)."""
+    await create_missing_topics(bootstrap, [topic])
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
     await producer.start()
     try:
@@ -51,7 +59,7 @@ async def attempt_events(bootstrap: str, ident: uuid.UUID, expected: int, timeou
 
     async def found() -> list[AttemptEvent] | None:
         records = await read_topic(bootstrap, ATTEMPTS_TOPIC, expected=0, settle=0.1)
-        events = [decode_attempt_event(r.value) for r in records]
+        events = decodable(records, decode_attempt_event)
         matching = [e for e in events if e.occurrence_id == ident]
         return matching if len(matching) >= expected else None
 
@@ -69,15 +77,15 @@ async def read_topic(
     try:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        partitions = None
-        while partitions is None:
-            partitions = consumer.partitions_for_topic(topic)
-            if partitions is None:
-                await consumer.topics()  # refresh metadata
-                if loop.time() > deadline:
-                    raise AssertionError(f"topic {topic} does not exist")
-                await asyncio.sleep(0.05)
-        consumer.assign([TopicPartition(topic, p) for p in sorted(partitions)])
+        # Not consumer.partitions_for_topic: on Apache Kafka an assigning
+        # consumer has no metadata for the topic (schemas.topics says why).
+        partitions = await topic_partitions(bootstrap, topic)
+        while not partitions:
+            if loop.time() > deadline:
+                raise AssertionError(f"topic {topic} does not exist")
+            await asyncio.sleep(0.05)
+            partitions = await topic_partitions(bootstrap, topic)
+        consumer.assign([TopicPartition(topic, p) for p in partitions])
         await consumer.seek_to_beginning()
         settle_until = None
         while True:
@@ -93,3 +101,38 @@ async def read_topic(
                 raise AssertionError(f"read {len(records)} of {expected} expected records from {topic}")
     finally:
         await consumer.stop()
+
+
+async def read_to_end(bootstrap: str, topic: str, timeout: float = 30.0) -> list[ConsumerRecord]:
+    """Every record of ``topic`` from the log start to the end offsets as of the call (no group)."""
+    partitions = [TopicPartition(topic, p) for p in await topic_partitions(bootstrap, topic)]
+    assert partitions, f"topic {topic} does not exist"
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        records: list[ConsumerRecord] = []
+        while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
+            if loop.time() > deadline:
+                raise AssertionError(f"read {len(records)} records of {topic} but not to its end offsets {ends}")
+            for batch in (await consumer.getmany(timeout_ms=200)).values():
+                records.extend(batch)
+        return records
+    finally:
+        await consumer.stop()
+
+
+def decodable(records: list[ConsumerRecord], decode: Callable[[bytes | None], T]) -> list[T]:
+    """The records ``decode`` accepts, decoded. The engine's topics are shared by every test of a session,
+    the fuzz tests' hostile records included, so a reader skips what is not a record of its kind."""
+    found: list[T] = []
+    for record in records:
+        try:
+            found.append(decode(record.value))
+        except MalformedMessage:
+            continue
+    return found

@@ -99,6 +99,39 @@ async def insert_occurrence(
     return message
 
 
+async def insert_occurrences(
+    conn: asyncpg.Connection | asyncpg.Pool, schedule_id: uuid.UUID, tenant: str, target: str, instants: list[datetime]
+) -> list[OccurrenceMessage]:
+    """Many occurrences of one schedule (one per instant) with their outbox rows, in two batched inserts."""
+    messages = [
+        OccurrenceMessage(
+            occurrence_id=occurrence_id(schedule_id, 1, at),
+            schedule_id=schedule_id,
+            schedule_version=1,
+            tenant_id=tenant,
+            target=target,
+            scheduled_for=at,
+            available_at=at,
+            payload={"n": 1},
+        )
+        for at in instants
+    ]
+    await conn.executemany(
+        "INSERT INTO occurrences (occurrence_id, schedule_id, schedule_version, tenant_id, target, scheduled_for,"
+        " available_at, state) VALUES ($1, $2, 1, $3, $4, $5, $5, 'SCHEDULED')",
+        [(m.occurrence_id, schedule_id, tenant, target, m.scheduled_for) for m in messages],
+    )
+    await conn.executemany(
+        "INSERT INTO outbox (occurrence_id, tenant_id, topic, message_key, message, scheduled_for, available_at)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $6)",
+        [
+            (m.occurrence_id, tenant, occurrence_topic(target), partition_key(tenant), m.encode(), m.scheduled_for)
+            for m in messages
+        ],
+    )
+    return messages
+
+
 async def due_occurrence(
     conn: asyncpg.Connection | asyncpg.Pool, tenant: str, target: str, at: datetime, **policy: object
 ) -> OccurrenceMessage:

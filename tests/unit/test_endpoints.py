@@ -62,3 +62,29 @@ def test_database_only_commands_need_only_the_database_url(tmp_path):
     assert stack_endpoints.resolve_database_url({"CHRONOQ_HOME": str(tmp_path)}) == "postgresql://a"
     with pytest.raises(StackError, match="CHRONOQ_DATABASE_URL"):
         stack_endpoints.resolve_database_url({"CHRONOQ_KAFKA_BOOTSTRAP": "k:9092"})
+
+
+@pytest.mark.parametrize("kind, idempotent", [("tansu", False), ("apache", True)])
+def test_a_running_stack_says_which_broker_it_runs_and_whether_the_relay_may_be_idempotent(tmp_path, kind, idempotent):
+    # tansu has no InitProducerId: an idempotent relay could not even start on it.
+    state = stack_endpoints.StackState(
+        pid=os.getpid(),
+        database_url="postgresql://a",
+        kafka_bootstrap="b:1",
+        consumer_database_url="postgresql://c",
+        kafka_kind=kind,
+    )
+    stack_endpoints.write_state(state, tmp_path)
+    endpoints = stack_endpoints.resolve_endpoints({"CHRONOQ_HOME": str(tmp_path)})
+    assert (endpoints.kafka_kind, endpoints.idempotent_producer) == (kind, idempotent)
+
+
+def test_an_external_broker_is_idempotent_only_when_told():
+    external = {"CHRONOQ_DATABASE_URL": "postgresql://db/x", "CHRONOQ_KAFKA_BOOTSTRAP": "k:9092"}
+    plain = stack_endpoints.external_endpoints(external)
+    told = stack_endpoints.external_endpoints({**external, "CHRONOQ_KAFKA_IDEMPOTENT": "1"})
+    assert plain is not None and told is not None
+    assert (plain.idempotent_producer, told.idempotent_producer) == (False, True)
+    assert plain.kafka_kind == "external"
+    with pytest.raises(StackError, match="CHRONOQ_KAFKA_IDEMPOTENT is 'sometimes': use 1 or 0"):
+        stack_endpoints.external_endpoints({**external, "CHRONOQ_KAFKA_IDEMPOTENT": "sometimes"})

@@ -16,13 +16,7 @@ from aiokafka.errors import CommitFailedError
 from engine.loops.kafka_processor import KafkaLoopSettings, KafkaProcessorLoop
 from engine.loops.periodic import LoopTiming, PassOutcome, PeriodicLoop
 from engine.loops.reporting import LoopSummary, summary_line
-from engine.loops.service import (
-    ALL_ROLES,
-    ENGINE_ROLES,
-    PIPELINE_ROLES,
-    Role,
-    ServiceConfig,
-)
+from engine.loops.service import ALL_ROLES, ENGINE_ROLES, PIPELINE_ROLES, Role, ServiceConfig
 
 TIMING = LoopTiming(idle_interval=0.25, error_backoff=2.0, summary_every=30.0)
 
@@ -171,16 +165,23 @@ class FakeConsumer:
 class Record:
     offset: int
     value: bytes = b""
+    partition: int = 0
 
 
 TP = TopicPartition("chronoq.commands", 0)
+GONE = asyncpg.exceptions.ConnectionDoesNotExistError("gone")
 SETTINGS = KafkaLoopSettings("group", "chronoq.commands", ("chronoq.commands",), 10.0, 3.0, error_backoff=0.0)
 
 
-def kafka_loop(handled: list[int], fail_at: int | None, unit: Literal["batch", "record"]) -> KafkaProcessorLoop:
+def kafka_loop(
+    handled: list[int],
+    fail_at: int | None,
+    unit: Literal["batch", "record"],
+    error: Exception = GONE,
+) -> KafkaProcessorLoop:
     async def handle(records) -> dict[str, int]:
         if fail_at is not None and any(r.offset == fail_at for r in records):
-            raise asyncpg.exceptions.ConnectionDoesNotExistError("gone")
+            raise error
         handled.extend(r.offset for r in records)
         return {"applied": len(records)}
 
@@ -206,6 +207,23 @@ async def test_a_failed_batch_unit_is_read_again_from_its_first_record_and_commi
         consumer, TP, [Record(10), Record(11), Record(12)], asyncio.Event()
     )
     assert handled == [] and consumer.seeks == [(TP, 10)] and consumer.commits == []
+
+
+POISON = asyncpg.exceptions.CharacterNotInRepertoireError("invalid byte sequence for encoding UTF8: 0x00")
+
+
+@pytest.mark.parametrize("unit", ["record", "batch"])
+async def test_a_record_failing_for_itself_is_skipped_not_retried_forever(unit, caplog) -> None:
+    """Issue 10: a non-transient error (the record's content, SQLSTATE 22021) stalled the partition for
+    every tenant on it; now the one record is skipped and logged, the others are applied."""
+    handled: list[int] = []
+    consumer = FakeConsumer()
+    loop = kafka_loop(handled, fail_at=11, unit=unit, error=POISON)
+    with caplog.at_level(logging.ERROR):
+        await loop.process(consumer, TP, [Record(10), Record(11), Record(12)], asyncio.Event())
+    assert handled == [10, 12] and consumer.seeks == [] and consumer.commits == [{TP: 13}]
+    assert loop.summary.counts["skipped"] == 1
+    assert [r.action for r in caplog.records if hasattr(r, "action")] == ["commands.record_skipped"]
 
 
 async def test_a_refused_commit_is_logged_and_processing_goes_on() -> None:

@@ -1,0 +1,163 @@
+"""The runtime's view of target bindings: whose occurrences a target may run.
+
+The engine registers every target to the tenant that first schedules onto it
+(or that an operator registered it to, plus the tenants granted it) and
+announces each change on the compacted topic ``chronoq.target-bindings``
+(``schemas/target_bindings.py``). This view reads the topic from the
+beginning, without a consumer group, keeps the highest version per target and
+answers one question, checked on every occurrence record: may this tenant's
+occurrence run on this target?
+
+* the tenant is bound to the target → yes;
+* the target has a binding without this tenant → no (the record is
+  dead-lettered). Before saying no, the view reads the topic up to its
+  current end (at most ``wait`` seconds): a grant committed before the
+  occurrence may still be on its way;
+* the target has no binding at all → yes: nothing chronoq 0006+ schedules
+  reaches Kafka before its target is registered, so such a record predates
+  target registration (or bypassed the engine, which in production the
+  Kafka ACLs prevent). An app that must never run another tenant's work
+  names its tenants in ``ConsumerConfig.tenants`` as well.
+
+Memory: one small entry per target.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from schemas.errors import MalformedMessage
+from schemas.target_bindings import TargetBindingMessage, decode_target_binding
+from schemas.topics import TARGET_BINDINGS_TOPIC, topic_partitions
+
+log = logging.getLogger("chronoq.consumer.target_bindings")
+
+
+class TargetBindingView:
+    def __init__(self) -> None:
+        self._bindings: dict[str, TargetBindingMessage] = {}
+        self._consumer: AIOKafkaConsumer | None = None
+        self._assigned: list[TopicPartition] = []
+        self._progress = asyncio.Condition()
+        self.poison = 0
+
+    # -- the pure part ------------------------------------------------------------------------
+
+    def apply(self, message: TargetBindingMessage) -> None:
+        """Remember a binding if it is the newest version seen for its target."""
+        known = self._bindings.get(message.target)
+        if known is None or known.version <= message.version:
+            self._bindings[message.target] = message
+
+    def verdict(self, target: str, tenant_id: str) -> bool | None:
+        """True: bound; False: the target is bound to other tenants only; None: the target has no binding."""
+        binding = self._bindings.get(target)
+        if binding is None:
+            return None
+        return tenant_id in binding.tenants
+
+    async def allows(self, target: str, tenant_id: str, wait: float) -> bool:
+        """Whether ``tenant_id``'s occurrence may run on ``target`` (reading up to the topic's end first
+        when the answer would be no)."""
+        verdict = self.verdict(target, tenant_id)
+        if verdict:
+            return True
+        await self.catch_up(wait)
+        return self.verdict(target, tenant_id) is not False
+
+    def __len__(self) -> int:
+        return len(self._bindings)
+
+    # -- reading the topic ------------------------------------------------------------------
+
+    async def start(self, bootstrap: str, catch_up_timeout: float) -> None:
+        """Assign every partition from the beginning and read up to the end offsets seen now."""
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
+        await consumer.start()
+        self._consumer = consumer
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + catch_up_timeout
+        # Partitions from an admin client, not consumer.partitions_for_topic: an
+        # assigning consumer has no topic metadata on Apache Kafka (schemas.topics).
+        partitions = await topic_partitions(bootstrap, TARGET_BINDINGS_TOPIC)
+        while not partitions and loop.time() < deadline:
+            await asyncio.sleep(0.05)  # the topic may just have been created
+            partitions = await topic_partitions(bootstrap, TARGET_BINDINGS_TOPIC)
+        if not partitions:
+            log.warning(
+                "target-binding topic not found; every target counts as unbound until it appears",
+                extra={"action": "consumer.bindings_missing"},
+            )
+            return
+        self._assigned = [TopicPartition(TARGET_BINDINGS_TOPIC, p) for p in partitions]
+        consumer.assign(self._assigned)
+        await consumer.seek_to_beginning(*self._assigned)
+        reader = asyncio.create_task(self.follow(asyncio.Event()))
+        try:
+            if not await self.catch_up(max(deadline - loop.time(), 0.0)):
+                log.warning(
+                    "target-binding topic not read to its end in time; starting anyway",
+                    extra={"action": "consumer.bindings_behind", "known": len(self)},
+                )
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+
+    async def catch_up(self, timeout: float) -> bool:
+        """Wait (at most ``timeout`` s) until everything on the topic now has been read; False if not in time.
+
+        Needs the reader (``follow``) running; only it fetches.
+        """
+        consumer = self._consumer
+        if consumer is None or not self._assigned:
+            return True
+        end = await consumer.end_offsets(self._assigned)
+
+        async def reached() -> bool:
+            for tp in self._assigned:
+                if await consumer.position(tp) < end[tp]:
+                    return False
+            return True
+
+        try:
+            async with asyncio.timeout(timeout):
+                while not await reached():
+                    async with self._progress:
+                        await self._progress.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def _read(self, timeout_ms: int) -> None:
+        assert self._consumer is not None
+        batches = await self._consumer.getmany(timeout_ms=timeout_ms)
+        for records in batches.values():
+            for record in records:
+                try:
+                    self.apply(decode_target_binding(record.value))
+                except MalformedMessage as err:
+                    self.poison += 1
+                    log.error(
+                        "undecodable target binding ignored",
+                        extra={
+                            "action": "consumer.binding_poison",
+                            "offset": record.offset,
+                            "partition": record.partition,
+                            "error": str(err),
+                        },
+                    )
+        async with self._progress:
+            self._progress.notify_all()
+
+    async def follow(self, stop: asyncio.Event) -> None:
+        """Keep reading new bindings until ``stop`` is set."""
+        while not stop.is_set() and self._consumer is not None and self._assigned:
+            await self._read(100)
+
+    async def stop(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            await consumer.stop()

@@ -1,0 +1,169 @@
+"""schemathesis against a real `chronoq api` with a real budget: no response may be a 5xx.
+
+    python -m load_tests.api_fuzz [--examples 500] [--json PATH]
+
+On the embedded stack (or CHRONOQ_DATABASE_URL / CHRONOQ_KAFKA_BOOTSTRAP): a
+fresh engine database, a tenant with quotas large enough for the run, and a
+`chronoq api` process on a free port. Then the schemathesis CLI runs every
+phase — the schema's examples, coverage, fuzzing (positive and negative
+generation, ``--examples`` per operation) and stateful scenarios along the
+document's links — with the ``not_a_server_error`` check. The figures: the
+number of requests per operation and status class, and every 5xx (the run
+fails, exit 1, if there is one). schemathesis's own warnings (e.g. "most
+generated inputs are rejected") are printed as it gives them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from engine.cli.embedded import EmbeddedKafka, EmbeddedPostgres
+from engine.control.quotas import TenantQuotas
+from engine.control.tenants import create_tenant
+from schemas.connections import create_pool
+from schemas.migrations import apply_migrations
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
+
+
+def summarize(ndjson: Path) -> dict[str, Any]:
+    """Per operation: requests by status class, and how many generated-valid (positive) requests were
+    accepted; plus every 5xx. Read from schemathesis's event stream (one ScenarioFinished per scenario)."""
+    statuses: dict[str, Counter[str]] = defaultdict(Counter)
+    positive: dict[str, Counter[str]] = defaultdict(Counter)
+    server_errors: list[str] = []
+    for line in ndjson.read_text().splitlines():
+        finished = json.loads(line).get("ScenarioFinished")
+        recorder = (finished or {}).get("recorder") or {}
+        for case_id, interaction in (recorder.get("interactions") or {}).items():
+            case = (recorder.get("cases") or {}).get(case_id, {}).get("value", {})
+            response = interaction.get("response") or {}
+            status = response.get("status_code")
+            if status is None:
+                continue
+            label = f"{case.get('method')} {case.get('path')}"
+            statuses[label][f"{status // 100}xx"] += 1
+            if case.get("meta", {}).get("generation", {}).get("mode") == "positive":
+                positive[label]["accepted" if status < 300 else str(status)] += 1
+            if status >= 500:
+                body = base64.b64decode((response.get("content") or {}).get("$base64", "")).decode("utf-8", "replace")
+                server_errors.append(f"{label} -> {status}: {body[:200]}")
+    return {
+        "requests": {label: dict(counts) for label, counts in sorted(statuses.items())},
+        "positive_outcomes": {label: dict(counts) for label, counts in sorted(positive.items())},
+        "total_requests": sum(sum(c.values()) for c in statuses.values()),
+        "server_errors": server_errors,
+    }
+
+
+async def run(args: argparse.Namespace, admin_url: str, bootstrap: str) -> dict:
+    database = f"apifuzz_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(admin_url)
+    await admin.execute(f'CREATE DATABASE "{database}"')
+    url = urlunsplit(urlsplit(admin_url)._replace(path=f"/{database}"))
+    out = Path(tempfile.mkdtemp(prefix="chronoq-api-fuzz-"))
+    try:
+        pool = await create_pool(url, min_size=1, max_size=2)
+        async with pool.acquire() as conn:
+            await apply_migrations(conn, "engine")
+        token = (
+            await create_tenant(pool, "fuzz", TenantQuotas(max_active_schedules=10_000_000, max_fires_per_minute=1e15))
+        ).api_token
+        await pool.close()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOQ_")}
+        env.update(CHRONOQ_DATABASE_URL=url, CHRONOQ_KAFKA_BOOTSTRAP=bootstrap)
+        api = subprocess.Popen(
+            [sys.executable, "-m", "engine.cli", "api", "--api-port", "0"],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        try:
+            line = await asyncio.to_thread(api.stdout.readline)  # type: ignore[union-attr]
+            base = line.split(" on ", 1)[1].strip()
+            command = [
+                str(SCHEMATHESIS),
+                "run",
+                f"{base}/openapi.json",
+                "-H",
+                f"Authorization: Bearer {token}",
+                "--max-examples",
+                str(args.examples),
+                "--checks",
+                "not_a_server_error",
+                "--mode",
+                "all",
+                "--phases",
+                "examples,coverage,fuzzing,stateful",
+                "--workers",
+                "1",
+                "--suppress-health-check",
+                "all",
+                "--report",
+                "ndjson",
+                "--report-ndjson-path",
+                str(out / "events.ndjson"),
+                "--no-color",
+            ]
+            if args.seed is not None:
+                command += ["--seed", str(args.seed)]
+            finished = await asyncio.to_thread(subprocess.run, command, cwd=out, capture_output=True, text=True)
+        finally:
+            api.terminate()
+            await asyncio.to_thread(api.wait, 30)
+        print(finished.stdout[-6000:])
+        figures = summarize(out / "events.ndjson") if (out / "events.ndjson").exists() else {}
+        return {"examples_per_operation": args.examples, "schemathesis_exit": finished.returncode, **figures}
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        await admin.close()
+
+
+async def main(args: argparse.Namespace) -> dict:
+    admin_url = os.environ.get("CHRONOQ_DATABASE_URL")
+    bootstrap = os.environ.get("CHRONOQ_KAFKA_BOOTSTRAP")
+    if admin_url and bootstrap:
+        return await run(args, admin_url, bootstrap)
+    home = Path(tempfile.mkdtemp(prefix="chronoq-api-fuzz-stack-"))
+    postgres, kafka = EmbeddedPostgres(home / "postgres"), EmbeddedKafka(home / "kafka.log")
+    postgres.start()
+    try:
+        bootstrap = kafka.start()
+        try:
+            return await run(args, await postgres.ensure_database("apifuzz"), bootstrap)
+        finally:
+            kafka.stop()
+    finally:
+        postgres.stop()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--examples", type=int, default=500, help="examples per operation and phase")
+    parser.add_argument("--seed", type=int, help="schemathesis seed (reproducible runs)")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    arguments = parser.parse_args()
+    figures = asyncio.run(main(arguments))
+    print(json.dumps({k: v for k, v in figures.items() if k != "server_errors"}, indent=2))
+    for error in figures.get("server_errors", [])[:50]:
+        print("5xx:", error)
+    if arguments.json:
+        arguments.json.write_text(json.dumps(figures, indent=2))
+    sys.exit(0 if figures.get("total_requests") and not figures.get("server_errors") else 1)
