@@ -111,7 +111,7 @@ async def run(args: argparse.Namespace, admin_url: str, bootstrap: str) -> dict:
                 "--mode",
                 "all",
                 "--phases",
-                "examples,coverage,fuzzing,stateful",
+                args.phases,
                 "--workers",
                 "1",
                 "--suppress-health-check",
@@ -158,6 +158,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--examples", type=int, default=500, help="examples per operation and phase")
     parser.add_argument("--seed", type=int, help="schemathesis seed (reproducible runs)")
+    parser.add_argument(
+        "--phases",
+        default="examples,coverage,fuzzing,stateful",
+        help="schemathesis phases (coverage alone takes tens of minutes on two cores)",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     arguments = parser.parse_args()
     figures = asyncio.run(main(arguments))
