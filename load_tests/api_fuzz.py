@@ -20,6 +20,7 @@ import asyncio
 import base64
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -130,6 +131,7 @@ async def run(args: argparse.Namespace, admin_url: str, bootstrap: str) -> dict:
             await asyncio.to_thread(api.wait, 30)
         print(finished.stdout[-6000:])
         figures = summarize(out / "events.ndjson") if (out / "events.ndjson").exists() else {}
+        shutil.rmtree(out, ignore_errors=True)
         return {"examples_per_operation": args.examples, "schemathesis_exit": finished.returncode, **figures}
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
@@ -152,6 +154,7 @@ async def main(args: argparse.Namespace) -> dict:
             kafka.stop()
     finally:
         postgres.stop()
+        shutil.rmtree(home, ignore_errors=True)
 
 
 if __name__ == "__main__":
