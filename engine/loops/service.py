@@ -39,6 +39,7 @@ from engine.loops.overlap_gate import OverlapGate, OverlapGateConfig
 from engine.loops.periodic import LoopTiming, PassOutcome, PeriodicLoop
 from engine.loops.reaper import Reaper, ReaperConfig
 from engine.loops.reporting import SUMMARY_EVERY
+from engine.loops.stuck_occurrences import StuckOccurrences, StuckOccurrencesConfig
 from relay.dispatcher import Relay, RelayConfig
 from relay.publisher import KafkaPublisher, PublisherConfig
 from schemas.clock import Clock, DatabaseClock
@@ -56,6 +57,7 @@ class Role(Enum):
     REAPER = "reaper"  # time out expired attempt leases: retry or dead-letter
     OVERLAP_GATE = "overlap-gate"  # dispatch, hold or skip deliveries of skip_if_running/queue_one schedules
     COMMANDS = "commands"  # apply signed scheduling commands (chronoq.commands)
+    STUCK = "stuck-occurrences"  # republish or flag ENQUEUED occurrences whose attempt events never came
     RELAY = "relay"  # due outbox rows -> Kafka
     API = "api"  # the HTTP API, the console (/ui) and /metrics on ServiceConfig.api_socket
     GAUGES = "gauges"  # record the backlog gauges (due, outbox, queue age, held, DLQ) every few seconds
@@ -66,11 +68,13 @@ class Role(Enum):
 
 
 #: What ``chronoq engine`` runs: everything between a stored schedule and a consumer's report, except the relay.
-ENGINE_ROLES = frozenset({Role.MATERIALIZER, Role.ATTEMPTS, Role.REAPER, Role.OVERLAP_GATE, Role.COMMANDS, Role.GAUGES})
+ENGINE_ROLES = frozenset(
+    {Role.MATERIALIZER, Role.ATTEMPTS, Role.REAPER, Role.OVERLAP_GATE, Role.COMMANDS, Role.GAUGES, Role.STUCK}
+)
 #: What ``chronoq api`` runs: the site and the backlog gauges its /metrics shows.
 API_ROLES = frozenset({Role.API, Role.GAUGES})
 #: The occurrence pipeline without commands and API: the default of :class:`ServiceConfig`.
-PIPELINE_ROLES = frozenset({Role.MATERIALIZER, Role.ATTEMPTS, Role.REAPER, Role.OVERLAP_GATE, Role.RELAY})
+PIPELINE_ROLES = frozenset({Role.MATERIALIZER, Role.ATTEMPTS, Role.REAPER, Role.OVERLAP_GATE, Role.RELAY, Role.STUCK})
 #: What ``chronoq up`` runs.
 ALL_ROLES = frozenset(Role)
 
@@ -98,6 +102,7 @@ class ServiceConfig:
     overlap_gate: OverlapGateConfig = field(default_factory=OverlapGateConfig)
     commands: CommandConfig = field(default_factory=CommandConfig)
     relay: RelayConfig = field(default_factory=RelayConfig)
+    stuck_occurrences: StuckOccurrencesConfig = field(default_factory=StuckOccurrencesConfig)
 
     def validate(self, kafka_bootstrap: str | None) -> None:
         if not self.roles:
@@ -151,6 +156,9 @@ async def run_services(
             assert kafka_bootstrap is not None
             commands = CommandProcessor(pool, kafka_bootstrap, ControlPlane(pool, clock), config.commands)
             runs[Role.COMMANDS] = lambda: commands.run(stop, every)
+        if Role.STUCK in roles:
+            stuck = StuckOccurrences(pool, kafka_bootstrap, config.stuck_occurrences, clock)
+            runs[Role.STUCK] = lambda: stuck.run(stop, every)
         if Role.RELAY in roles:
             assert kafka_bootstrap is not None
             publisher = KafkaPublisher(PublisherConfig(kafka_bootstrap, idempotent=config.idempotent_publisher))
