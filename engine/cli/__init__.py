@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
         consume_command,
         dlq_commands,
         kafka_command,
+        status_command,
+        reconcile_command,
     ):
         area.register(commands)
     return parser

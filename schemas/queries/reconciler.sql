@@ -40,12 +40,12 @@ CREATE TEMP TABLE rc_once_instants (expression text, instant timestamptz) ON COM
 -- name: create_run_filtered_slots
 -- The slots of versions that went through the slot filter, kept or excluded.
 CREATE TEMP TABLE rc_filtered_slots (schedule_id uuid, version integer, scheduled_for timestamptz,
-                                     excluded boolean) ON COMMIT DROP;
+                                     excluded boolean, uncertain boolean) ON COMMIT DROP;
 
 -- name: create_run_slots
 -- Every slot the versions produce in the window, and whether it must exist (see build_slots).
 CREATE TEMP TABLE rc_slots (schedule_id uuid, version integer, scheduled_for timestamptz, excluded boolean,
-                            required boolean, before_cursor boolean) ON COMMIT DROP;
+                            required boolean, before_cursor boolean, uncertain boolean) ON COMMIT DROP;
 
 -- name: create_run_anomalies
 -- Slots without an occurrence and occurrences without a slot (see compare_slots).
@@ -145,8 +145,8 @@ SELECT DISTINCT expression FROM rc_versions WHERE kind = 'once' AND NOT filtered
 
 -- name: filtered_versions
 -- The versions that go through the slot filter, with everything their fires depend on.
-SELECT schedule_id, version, definition, kind, expression, time_zone, dst_repeat, dst_gap, anchor, start_at,
-       end_at, cursor
+SELECT schedule_id, version, tenant_id, definition, kind, expression, time_zone, dst_repeat, dst_gap, anchor,
+       start_at, end_at, cursor
 FROM rc_versions WHERE filtered;
 
 -- name: build_slots
@@ -154,20 +154,21 @@ FROM rc_versions WHERE filtered;
 --   required  from the version's cursor, not after the next change, before the next active version's cursor;
 --   otherwise optional (materialized ahead before a change; if it exists it must be CANCELED);
 --   before_cursor earlier than the version's cursor: only a backfill (origin 'backfill') may fill it;
---   excluded  removed by the slot filter (if it exists it must not have run).
+--   excluded  removed by the slot filter (if it exists it must not have run);
+--   uncertain the filter cannot tell (anything that exists, or nothing, is accepted).
 -- cron: the group's fires; rate: anchor + k * period (k >= 0; anchor, else start_at, else the epoch);
 -- once: the instant. start_at/end_at are inclusive bounds.
 INSERT INTO rc_slots
 WITH produced AS (
-    SELECT v.schedule_id, v.version, f.scheduled_for, false AS excluded, v.cursor, v.ended_at, v.has_next_active,
-           v.next_active_cursor
+    SELECT v.schedule_id, v.version, f.scheduled_for, false AS excluded, false AS uncertain, v.cursor, v.ended_at,
+           v.has_next_active, v.next_active_cursor
     FROM rc_versions v
     JOIN rc_cron_fires f USING (expression, time_zone, dst_repeat, dst_gap)
     WHERE v.kind = 'cron' AND NOT v.filtered
       AND (v.start_at IS NULL OR f.scheduled_for >= v.start_at)
       AND (v.end_at IS NULL OR f.scheduled_for <= v.end_at)
     UNION ALL
-    SELECT r.schedule_id, r.version, r.base + (k * r.period_us) * interval '1 microsecond', false, r.cursor,
+    SELECT r.schedule_id, r.version, r.base + (k * r.period_us) * interval '1 microsecond', false, false, r.cursor,
            r.ended_at, r.has_next_active, r.next_active_cursor
     FROM (
         SELECT v.schedule_id, v.version, p.period_us, v.cursor, v.ended_at, v.has_next_active, v.next_active_cursor,
@@ -183,7 +184,7 @@ WITH produced AS (
         floor((extract(epoch FROM r.high - r.base) * 1000000) / r.period_us)::bigint) AS k
     WHERE r.low <= r.high
     UNION ALL
-    SELECT v.schedule_id, v.version, o.instant, false, v.cursor, v.ended_at, v.has_next_active,
+    SELECT v.schedule_id, v.version, o.instant, false, false, v.cursor, v.ended_at, v.has_next_active,
            v.next_active_cursor
     FROM rc_versions v
     JOIN rc_once_instants o USING (expression)
@@ -191,17 +192,18 @@ WITH produced AS (
       AND (v.start_at IS NULL OR o.instant >= v.start_at)
       AND (v.end_at IS NULL OR o.instant <= v.end_at)
     UNION ALL
-    SELECT f.schedule_id, f.version, f.scheduled_for, f.excluded, v.cursor, v.ended_at, v.has_next_active,
-           v.next_active_cursor
+    SELECT f.schedule_id, f.version, f.scheduled_for, f.excluded, f.uncertain, v.cursor, v.ended_at,
+           v.has_next_active, v.next_active_cursor
     FROM rc_filtered_slots f
     JOIN rc_versions v USING (schedule_id, version)
 )
 SELECT schedule_id, version, scheduled_for, excluded,
-       NOT excluded
+       NOT excluded AND NOT uncertain
          AND scheduled_for >= cursor
          AND (ended_at IS NULL OR scheduled_for <= ended_at)
          AND (NOT has_next_active OR next_active_cursor IS NULL OR scheduled_for < next_active_cursor) AS required,
-       scheduled_for < cursor AS before_cursor
+       scheduled_for < cursor AS before_cursor,
+       uncertain
 FROM produced
 WHERE scheduled_for >= :window_from AND scheduled_for < :window_to;
 
@@ -241,27 +243,31 @@ FULL JOIN (SELECT * FROM rc_occ WHERE origin <> 'manual') o
 WHERE (s.required AND o.occurrence_id IS NULL)
    OR (s.schedule_id IS NULL AND o.occurrence_id IS NOT NULL)
    OR (s.excluded AND o.state NOT IN ('CANCELED', 'MISSED', 'SKIPPED_OVERLAP'))
-   OR (s.before_cursor AND NOT s.excluded AND o.origin <> 'backfill')
-   OR (NOT s.required AND NOT s.excluded AND NOT s.before_cursor AND o.state <> 'CANCELED');
+   OR (s.before_cursor AND NOT s.excluded AND NOT s.uncertain AND o.origin <> 'backfill')
+   OR (NOT s.required AND NOT s.excluded AND NOT s.before_cursor AND NOT s.uncertain AND o.state <> 'CANCELED');
 
 -- name: analyze_anomalies
 -- Statistics for the run's anomalies (autovacuum never analyzes temporary tables).
 ANALYZE rc_anomalies;
 
 -- name: slot_totals
--- Slots that must exist, those of them that do (in any state), optional and excluded slots.
+-- Slots from their version's cursor on that must exist, those of them that do (in any state), optional,
+-- excluded and uncertain ones.
 SELECT t.expected, t.expected - (SELECT count(*) FROM rc_anomalies WHERE anomaly = 'missing') AS present,
-       t.optional, t.excluded
+       t.optional, t.excluded, t.uncertain
 FROM (SELECT count(*) FILTER (WHERE required) AS expected,
-             count(*) FILTER (WHERE NOT required AND NOT excluded) AS optional,
-             count(*) FILTER (WHERE excluded) AS excluded
-      FROM rc_slots) t;
+             count(*) FILTER (WHERE NOT required AND NOT excluded AND NOT uncertain) AS optional,
+             count(*) FILTER (WHERE excluded) AS excluded,
+             count(*) FILTER (WHERE uncertain) AS uncertain
+      FROM rc_slots
+      WHERE NOT before_cursor) t;
 
 -- name: missing_slots
 -- Required slots without an occurrence, classified:
 --   summarized                inside a missed range of the same version (recorded, not enumerated),
 --   pending                   the schedule's current cursor has not reached the slot yet (not lost:
 --                             the materializer is behind and its misfire decision will cover the slot),
+--   after_completion          after the last run of a schedule that completed (its max_runs reached),
 --   superseded_unmaterialized the version was replaced before the slot was materialized,
 --   lost                      the cursor moved past the slot and nothing records it.
 INSERT INTO rc_missing
@@ -272,6 +278,10 @@ SELECT a.schedule_id, a.version, a.scheduled_for, v.tenant_id,
                           AND a.scheduled_for BETWEEN m.first_missed AND m.last_missed) THEN 'summarized'
            WHEN v.version = v.current_version AND v.current_state = 'active'
                 AND v.current_cursor <= a.scheduled_for THEN 'pending'
+           WHEN v.version = v.current_version AND v.current_state = 'completed'
+                AND a.scheduled_for > coalesce((SELECT max(o.scheduled_for) FROM occurrences o
+                                                WHERE o.schedule_id = a.schedule_id AND o.origin = 'schedule'
+                                                  AND o.state <> 'MISSED'), '-infinity') THEN 'after_completion'
            WHEN v.ended_at IS NOT NULL THEN 'superseded_unmaterialized'
            ELSE 'lost'
        END AS reason
@@ -284,10 +294,10 @@ WHERE a.anomaly = 'missing';
 SELECT reason, count(*) AS slots FROM rc_missing GROUP BY reason;
 
 -- name: missing_offenders
--- The first :limit missing slots of each reason but "summarized" and "pending", oldest first.
+-- The first :limit missing slots of each reason that breaks the promise, oldest first.
 SELECT schedule_id, version, scheduled_for, tenant_id, reason
 FROM (SELECT m.*, row_number() OVER (PARTITION BY reason ORDER BY scheduled_for, schedule_id) AS n
-      FROM rc_missing m WHERE reason NOT IN ('summarized', 'pending')) ranked
+      FROM rc_missing m WHERE reason IN ('lost', 'superseded_unmaterialized')) ranked
 WHERE n <= :limit
 ORDER BY scheduled_for, schedule_id;
 
@@ -473,3 +483,12 @@ INSERT INTO reconcile_runs (started_at, finished_at, window_from, window_to, ten
 VALUES (:started_at, :finished_at, :window_from, :window_to, :tenant_id, :clean, :counts, :offenders,
         :duration_s)
 RETURNING run_id;
+
+-- name: calendar_of_version
+-- The exclusion calendar a schedule version names (:name): the schedule's own reference when it names that
+-- calendar, else the tenant's calendar of that name (the live one first; a deleted one keeps its history).
+SELECT coalesce(
+    (SELECT calendar_id FROM schedules WHERE schedule_id = :schedule_id AND calendar_name = :name),
+    (SELECT calendar_id FROM calendars WHERE tenant_id = :tenant_id AND name = :name
+     ORDER BY deleted_at IS NULL DESC, created_at DESC LIMIT 1)
+) AS calendar_id;

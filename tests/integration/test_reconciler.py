@@ -380,3 +380,39 @@ async def test_backfilled_and_manual_occurrences_are_requests_not_anomalies(pool
     )
     broken = await reconcile(pool, window, clock=clock, record=False)
     assert broken.reasons["unexpected"] == {"before_version_cursor": 1}
+
+
+async def test_slots_an_exclusion_calendar_removed_and_runs_after_max_runs_are_not_missing(pool, clock, target):
+    from engine.control.calendars import Calendars
+
+    calendars = Calendars(pool, clock)
+    await calendars.create_calendar("acme", {"name": "quiet-sunday", "time_zone": "UTC", "dates": ["2026-11-29"]})
+    control = ControlPlane(pool, clock)
+    quiet = await control.create_schedule(
+        "acme", {"kind": "cron", "expression": "*/5 * * * *", "target": target, "exclusion_calendar": "quiet-sunday"}
+    )
+    await control.create_schedule("acme", {"kind": "rate", "expression": "10m", "target": target, "max_runs": 3})
+    materializer = Materializer(pool, MaterializerConfig(horizon=timedelta(seconds=30)), clock)
+    await advance(materializer, clock, START + timedelta(minutes=30))
+    await calendars.update_calendar("acme", "quiet-sunday", {"dates": []})  # 10:30: the day fires again
+    await advance(materializer, clock, START + timedelta(hours=1))
+
+    report = await reconcile(pool, WINDOW, clock=clock, record=False)
+    assert report.clean, report.lines()
+    # */5: 10:05 .. 10:25 excluded by version 1; 10:30 decided while version 1 was in force, judged at
+    # version 2: uncertain; 10:35 .. 10:55 must run. The rate ran 10:10, 10:20, 10:30 and completed.
+    assert (report.counts["excluded"], report.counts["uncertain"]) == (5, 1)
+    assert report.counts["expected"] == 5 + 5 and report.counts["present"] == 5 + 3
+    assert report.counts["after_completion"] == 2 and report.counts["missing"] == 0
+    sid = uuid.UUID(quiet["schedule_id"])
+    ran = START + timedelta(minutes=15)
+    await pool.execute(
+        "INSERT INTO occurrences (occurrence_id, schedule_id, schedule_version, tenant_id, target, scheduled_for,"
+        " available_at, state) VALUES ($1, $2, 1, 'acme', $3, $4, $4, 'SUCCEEDED')",
+        occurrence_id(sid, 1, ran),
+        sid,
+        target,
+        ran,
+    )
+    broken = await reconcile(pool, WINDOW, clock=clock, record=False)
+    assert broken.reasons["unexpected"] == {"excluded_slot_ran": 1}

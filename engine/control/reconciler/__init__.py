@@ -7,13 +7,16 @@ consumer app's record of applied effects). See ``docs/operations.md``
 ("Reconcile") for how to read its counts.
 """
 
+from engine.control.reconciler.calendar_filter import CalendarFilter
 from engine.control.reconciler.checks import ReconcileOptions
 from engine.control.reconciler.effects import ConsumerCheck
 from engine.control.reconciler.report import FAILING, Offender, ReconcileReport
 from engine.control.reconciler.run import reconcile
-from engine.control.reconciler.slots import FilteredVersion, SlotFilter, Window
+from engine.control.reconciler.slots import FilteredVersion, SlotFilter, SlotVerdicts, Window
 
 __all__ = [
+    "CalendarFilter",
+    "SlotVerdicts",
     "ReconcileOptions",
     "ConsumerCheck",
     "FAILING",

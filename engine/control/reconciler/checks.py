@@ -58,7 +58,11 @@ async def run_checks(conn: asyncpg.Connection, report: ReconcileReport, options:
     await conn.execute(*QUERIES.analyze_anomalies())
     totals = await conn.fetchrow(*QUERIES.slot_totals())
     counts.update(
-        expected=totals["expected"], present=totals["present"], optional=totals["optional"], excluded=totals["excluded"]
+        expected=totals["expected"],
+        present=totals["present"],
+        optional=totals["optional"],
+        excluded=totals["excluded"],
+        uncertain=totals["uncertain"],
     )
 
     await conn.execute(*QUERIES.missing_slots())
@@ -67,6 +71,7 @@ async def run_checks(conn: asyncpg.Connection, report: ReconcileReport, options:
     counts["missing"] = sum(per_reason.get(reason, 0) for reason in MISSING_REASONS)
     counts["pending"] = per_reason.get("pending", 0)
     counts["summarized"] = per_reason.get("summarized", 0)
+    counts["after_completion"] = per_reason.get("after_completion", 0)
     for row in await conn.fetch(*QUERIES.missing_offenders(limit=limit)):
         report.offenders.append(
             Offender(

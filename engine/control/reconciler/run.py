@@ -15,6 +15,7 @@ from datetime import timedelta
 import asyncpg
 from opentelemetry import metrics, trace
 
+from engine.control.reconciler.calendar_filter import CalendarFilter
 from engine.control.reconciler.checks import ReconcileOptions, run_checks
 from engine.control.reconciler.effects import ConsumerCheck, check_effects
 from engine.control.reconciler.report import ReconcileMetrics, ReconcileReport
@@ -56,6 +57,7 @@ async def reconcile(
     result in ``reconcile_runs``. The counts are also set as gauges.
     """
     options = options or ReconcileOptions()
+    slot_filter = slot_filter if slot_filter is not None else CalendarFilter()
     clock = clock or DatabaseClock()
     tracer = tracer or obs.get_tracer("reconciler")
     began = time.perf_counter()

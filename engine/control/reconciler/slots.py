@@ -62,28 +62,42 @@ class Window:
 
 @dataclass(frozen=True)
 class FilteredVersion:
-    """A version whose slots a :class:`SlotFilter` decides, with the fire times its rule produces."""
+    """A version whose slots a :class:`SlotFilter` decides."""
 
     schedule_id: Any
     version: int
+    tenant_id: str
+    time_zone: str
     definition: Mapping[str, Any]
 
 
+@dataclass(frozen=True)
+class SlotVerdicts:
+    """What a filter says about a version's slots; a slot in neither set must exist.
+
+    excluded: removed (a calendar lists its date): if an occurrence exists, it must not have run.
+    uncertain: the filter cannot tell (the calendar changed just before the slot, while the
+        materializer may already have decided it): whatever exists, or nothing, is accepted.
+    """
+
+    excluded: frozenset[datetime] = frozenset()
+    uncertain: frozenset[datetime] = frozenset()
+
+
 class SlotFilter(Protocol):
-    """Removes excluded slots (calendars, blackout periods) from what a version should produce.
+    """Removes excluded slots (exclusion calendars, blackout periods) from what a version should produce.
 
     ``fields``: definition fields that route a version through the filter
     (versions without any of them take the grouped path and keep every slot).
-    ``keep`` gets the version and the slots its time rule produces in the
-    window, ascending; it returns those that must exist. The others are
-    *excluded*: if an occurrence exists for one, it must not have run.
+    ``judge`` gets the version and the slots its time rule produces in the
+    window, ascending, and says which are excluded or uncertain.
     """
 
     fields: tuple[str, ...]
 
-    async def keep(
+    async def judge(
         self, conn: asyncpg.Connection, version: FilteredVersion, slots: Sequence[datetime]
-    ) -> Sequence[datetime]: ...
+    ) -> SlotVerdicts: ...
 
 
 @dataclass
@@ -170,7 +184,7 @@ async def build_expected_slots(
 
 async def _filtered_slots(conn: asyncpg.Connection, window: Window, slot_filter: SlotFilter) -> int:
     rows = await conn.fetch(*QUERIES.filtered_versions())
-    records: list[tuple[Any, int, datetime, bool]] = []
+    records: list[tuple[Any, int, datetime, bool, bool]] = []
     for row in rows:
         spec = timing.TimeSpec(
             row["kind"],
@@ -185,10 +199,14 @@ async def _filtered_slots(conn: asyncpg.Connection, window: Window, slot_filter:
         low = window.start - _US  # slots before the cursor too: a backfill may fill them
         limit = window.fire_limit if row["kind"] == "cron" else _rate_limit(row, window)
         slots = timing.fire_times(spec, low, limit, window.end - _US)
-        kept = set(
-            await slot_filter.keep(conn, FilteredVersion(row["schedule_id"], row["version"], row["definition"]), slots)
+        version = FilteredVersion(
+            row["schedule_id"], row["version"], row["tenant_id"], row["time_zone"], row["definition"]
         )
-        records.extend((row["schedule_id"], row["version"], slot, slot not in kept) for slot in slots)
+        verdicts = await slot_filter.judge(conn, version, slots)
+        records.extend(
+            (row["schedule_id"], row["version"], slot, slot in verdicts.excluded, slot in verdicts.uncertain)
+            for slot in slots
+        )
     if records:
         await conn.copy_records_to_table("rc_filtered_slots", records=records)
     return len(rows)

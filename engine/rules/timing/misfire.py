@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from collections.abc import Sequence
 from itertools import islice
 from typing import Literal
 
