@@ -219,6 +219,8 @@ class Cluster:
         self.began = time.monotonic()
         self.rng = random.Random(options.seed)
         self.targets = [f"chaos.{suffix}.t{i}" for i in range(options.targets)]
+        # Its own consumer group: runs sharing a broker never wait for each other's departed members.
+        self.group = f"chaos-{suffix}"
         self.tokens: dict[str, str] = {}
         self.schedules: list[tuple[str, str]] = []  # (tenant, schedule_id)
         self.api_url: str | None = None
@@ -346,6 +348,8 @@ class Cluster:
                     ",".join(self.targets),
                     "--name",
                     name,
+                    "--group",
+                    self.group,
                 ],
                 self.env(name),
             )

@@ -38,10 +38,13 @@ async def work_flows(cluster: Cluster, at_least: int, timeout: float = 45.0) -> 
         await asyncio.sleep(0.2)
 
 
+# A relay whose mark meets a terminated connection leaves its rows claimed until the claim expires (60 s), and
+# only then does a pass publish them: settling may take that minute, so these tests get more than the default.
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("kind", sorted(STATES))
 async def test_terminated_backends_never_end_a_process_nor_lose_work(kind, servers, tmp_path):
     options = Options(
-        engines=1, relays=1, consumers=1, schedules=24, tenants=1, targets=2, stuck_after="5s", settle_s=40.0
+        engines=1, relays=1, consumers=1, schedules=24, tenants=1, targets=2, stuck_after="5s", settle_s=90.0
     )
     cluster = Cluster(servers.admin_url, servers.kafka_bootstrap, tmp_path, options)
     try:
