@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -215,7 +216,11 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     postgres: EmbeddedPostgres | None = None
     if database_url is None:
         postgres = EmbeddedPostgres(Path(tempfile.mkdtemp(prefix="chronoq-reconcile-bench-")) / "postgres")
-        postgres.start()
+        try:
+            postgres.start()
+        except BaseException:
+            shutil.rmtree(postgres.data_dir.parent, ignore_errors=True)
+            raise
         admin = await asyncpg.connect(postgres.url("postgres"))
         await admin.execute("CREATE DATABASE reconcile_bench")
         await admin.close()
@@ -269,6 +274,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     finally:
         if postgres is not None and not args.keep:
             postgres.stop()
+            shutil.rmtree(postgres.data_dir.parent, ignore_errors=True)  # gigabytes at 1M schedules
         elif postgres is not None:
             print(f"kept: {database_url} (stop it: kill -INT {postgres.pid})", flush=True)
 
