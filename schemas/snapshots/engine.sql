@@ -8,6 +8,16 @@ BEGIN
     RETURN QUERY EXECUTE format('SELECT to_jsonb(t) FROM %s t', source);
 END
 $$;
+CREATE TABLE public.attempt_credentials (
+    credential_id uuid NOT NULL,
+    target text NOT NULL,
+    consumer_group text NOT NULL,
+    secret bytea NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    revoked_at timestamp with time zone,
+    CONSTRAINT attempt_credentials_consumer_group_check CHECK (((length(consumer_group) >= 1) AND (length(consumer_group) <= 255))),
+    CONSTRAINT attempt_credentials_secret_check CHECK ((length(secret) = 32))
+);
 CREATE TABLE public.attempts (
     attempt_id uuid NOT NULL,
     occurrence_id uuid NOT NULL,
@@ -139,7 +149,7 @@ ALTER TABLE public.outbox ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
 );
 CREATE TABLE public.processed_commands (
     command_id uuid NOT NULL,
-    tenant_id text,
+    tenant_id text NOT NULL,
     action text NOT NULL,
     outcome jsonb NOT NULL,
     processed_at timestamp with time zone DEFAULT now() NOT NULL
@@ -234,6 +244,20 @@ CREATE TABLE public.stuck_occurrences (
     resolved_at timestamp with time zone,
     CONSTRAINT stuck_occurrences_redeliveries_check CHECK ((redeliveries >= 0))
 );
+CREATE TABLE public.target_grants (
+    target text NOT NULL,
+    tenant_id text NOT NULL,
+    granted_at timestamp with time zone DEFAULT now() NOT NULL
+);
+CREATE TABLE public.targets (
+    target text NOT NULL,
+    owner_tenant text NOT NULL,
+    version integer DEFAULT 1 NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT targets_target_check CHECK ((target ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$'::text)),
+    CONSTRAINT targets_version_check CHECK ((version >= 1))
+);
 CREATE TABLE public.tenant_catch_up (
     tenant_id text NOT NULL,
     free_at timestamp with time zone NOT NULL
@@ -273,6 +297,8 @@ CREATE TABLE public.tenants (
     CONSTRAINT tenants_tenant_id_check CHECK ((tenant_id ~ '^[a-z0-9][a-z0-9_-]{0,62}$'::text)),
     CONSTRAINT tenants_weight_check CHECK ((weight > 0))
 );
+ALTER TABLE ONLY public.attempt_credentials
+    ADD CONSTRAINT attempt_credentials_pkey PRIMARY KEY (credential_id);
 ALTER TABLE ONLY public.attempts
     ADD CONSTRAINT attempts_lease_token_key UNIQUE (lease_token);
 ALTER TABLE ONLY public.attempts
@@ -296,7 +322,7 @@ ALTER TABLE ONLY public.operator_tokens
 ALTER TABLE ONLY public.outbox
     ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
 ALTER TABLE ONLY public.processed_commands
-    ADD CONSTRAINT processed_commands_pkey PRIMARY KEY (command_id);
+    ADD CONSTRAINT processed_commands_pkey PRIMARY KEY (tenant_id, command_id);
 ALTER TABLE ONLY public.reconcile_runs
     ADD CONSTRAINT reconcile_runs_pkey PRIMARY KEY (run_id);
 ALTER TABLE ONLY public.schedule_versions
@@ -307,6 +333,10 @@ ALTER TABLE ONLY public.schedules
     ADD CONSTRAINT schedules_tenant_id_created_by_key_key UNIQUE (tenant_id, created_by_key);
 ALTER TABLE ONLY public.stuck_occurrences
     ADD CONSTRAINT stuck_occurrences_pkey PRIMARY KEY (occurrence_id);
+ALTER TABLE ONLY public.target_grants
+    ADD CONSTRAINT target_grants_pkey PRIMARY KEY (target, tenant_id);
+ALTER TABLE ONLY public.targets
+    ADD CONSTRAINT targets_pkey PRIMARY KEY (target);
 ALTER TABLE ONLY public.tenant_catch_up_buckets
     ADD CONSTRAINT tenant_catch_up_buckets_pkey PRIMARY KEY (tenant_id);
 ALTER TABLE ONLY public.tenant_catch_up
@@ -317,6 +347,7 @@ ALTER TABLE ONLY public.tenants
     ADD CONSTRAINT tenants_api_token_hash_key UNIQUE (api_token_hash);
 ALTER TABLE ONLY public.tenants
     ADD CONSTRAINT tenants_pkey PRIMARY KEY (tenant_id);
+CREATE INDEX attempt_credentials_live ON public.attempt_credentials USING btree (target, consumer_group) WHERE (revoked_at IS NULL);
 CREATE INDEX attempts_occurrence ON public.attempts USING btree (occurrence_id, attempt_number);
 CREATE UNIQUE INDEX calendars_tenant_name ON public.calendars USING btree (tenant_id, name) WHERE (deleted_at IS NULL);
 CREATE INDEX console_sessions_expiry ON public.console_sessions USING btree (expires_at);
@@ -337,6 +368,9 @@ CREATE INDEX schedules_due ON public.schedules USING btree (shard, next_run_at) 
 CREATE INDEX schedules_tenant ON public.schedules USING btree (tenant_id, created_at, schedule_id);
 CREATE INDEX schedules_tenant_state ON public.schedules USING btree (tenant_id, state);
 CREATE INDEX stuck_occurrences_open ON public.stuck_occurrences USING btree (first_seen_at) WHERE (resolved_at IS NULL);
+CREATE INDEX target_grants_tenant ON public.target_grants USING btree (tenant_id);
+ALTER TABLE ONLY public.attempt_credentials
+    ADD CONSTRAINT attempt_credentials_target_fkey FOREIGN KEY (target) REFERENCES public.targets(target);
 ALTER TABLE ONLY public.attempts
     ADD CONSTRAINT attempts_occurrence_id_fkey FOREIGN KEY (occurrence_id) REFERENCES public.occurrences(occurrence_id);
 ALTER TABLE ONLY public.calendar_versions
@@ -355,6 +389,12 @@ ALTER TABLE ONLY public.schedules
     ADD CONSTRAINT schedules_calendar_of_tenant FOREIGN KEY (calendar_id, tenant_id) REFERENCES public.calendars(calendar_id, tenant_id);
 ALTER TABLE ONLY public.stuck_occurrences
     ADD CONSTRAINT stuck_occurrences_occurrence_id_fkey FOREIGN KEY (occurrence_id) REFERENCES public.occurrences(occurrence_id);
+ALTER TABLE ONLY public.target_grants
+    ADD CONSTRAINT target_grants_target_fkey FOREIGN KEY (target) REFERENCES public.targets(target);
+ALTER TABLE ONLY public.target_grants
+    ADD CONSTRAINT target_grants_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(tenant_id);
+ALTER TABLE ONLY public.targets
+    ADD CONSTRAINT targets_owner_tenant_fkey FOREIGN KEY (owner_tenant) REFERENCES public.tenants(tenant_id);
 ALTER TABLE ONLY public.tenant_catch_up_buckets
     ADD CONSTRAINT tenant_catch_up_buckets_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(tenant_id);
 ALTER TABLE ONLY public.tenant_catch_up
