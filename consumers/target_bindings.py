@@ -31,7 +31,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from schemas.errors import MalformedMessage
 from schemas.target_bindings import TargetBindingMessage, decode_target_binding
-from schemas.topics import TARGET_BINDINGS_TOPIC
+from schemas.topics import TARGET_BINDINGS_TOPIC, topic_partitions
 
 log = logging.getLogger("chronoq.consumer.target_bindings")
 
@@ -80,19 +80,19 @@ class TargetBindingView:
         self._consumer = consumer
         loop = asyncio.get_running_loop()
         deadline = loop.time() + catch_up_timeout
-        partitions = consumer.partitions_for_topic(TARGET_BINDINGS_TOPIC)
+        # Partitions from an admin client, not consumer.partitions_for_topic: an
+        # assigning consumer has no topic metadata on Apache Kafka (schemas.topics).
+        partitions = await topic_partitions(bootstrap, TARGET_BINDINGS_TOPIC)
         while not partitions and loop.time() < deadline:
-            await consumer.topics()  # refresh metadata: the topic may just have been created
-            partitions = consumer.partitions_for_topic(TARGET_BINDINGS_TOPIC)
-            if not partitions:
-                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # the topic may just have been created
+            partitions = await topic_partitions(bootstrap, TARGET_BINDINGS_TOPIC)
         if not partitions:
             log.warning(
                 "target-binding topic not found; every target counts as unbound until it appears",
                 extra={"action": "consumer.bindings_missing"},
             )
             return
-        self._assigned = [TopicPartition(TARGET_BINDINGS_TOPIC, p) for p in sorted(partitions)]
+        self._assigned = [TopicPartition(TARGET_BINDINGS_TOPIC, p) for p in partitions]
         consumer.assign(self._assigned)
         await consumer.seek_to_beginning(*self._assigned)
         reader = asyncio.create_task(self.follow(asyncio.Event()))

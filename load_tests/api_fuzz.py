@@ -20,6 +20,7 @@ import asyncio
 import base64
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -111,7 +112,7 @@ async def run(args: argparse.Namespace, admin_url: str, bootstrap: str) -> dict:
                 "--mode",
                 "all",
                 "--phases",
-                "examples,coverage,fuzzing,stateful",
+                args.phases,
                 "--workers",
                 "1",
                 "--suppress-health-check",
@@ -130,6 +131,7 @@ async def run(args: argparse.Namespace, admin_url: str, bootstrap: str) -> dict:
             await asyncio.to_thread(api.wait, 30)
         print(finished.stdout[-6000:])
         figures = summarize(out / "events.ndjson") if (out / "events.ndjson").exists() else {}
+        shutil.rmtree(out, ignore_errors=True)
         return {"examples_per_operation": args.examples, "schemathesis_exit": finished.returncode, **figures}
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
@@ -152,12 +154,18 @@ async def main(args: argparse.Namespace) -> dict:
             kafka.stop()
     finally:
         postgres.stop()
+        shutil.rmtree(home, ignore_errors=True)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--examples", type=int, default=500, help="examples per operation and phase")
     parser.add_argument("--seed", type=int, help="schemathesis seed (reproducible runs)")
+    parser.add_argument(
+        "--phases",
+        default="examples,coverage,fuzzing,stateful",
+        help="schemathesis phases (coverage alone takes tens of minutes on two cores)",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     arguments = parser.parse_args()
     figures = asyncio.run(main(arguments))

@@ -24,6 +24,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -235,6 +236,7 @@ async def main(args: argparse.Namespace) -> dict:
             kafka.stop()
     finally:
         postgres.stop()
+        shutil.rmtree(home, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -54,8 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
         dlq_commands,
         kafka_command,
         operator_commands,
+        reconcile_command,
         schedule_commands,
         stack_commands,
+        status_command,
         target_commands,
         tenant_commands,
     )
@@ -73,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
         consume_command,
         dlq_commands,
         kafka_command,
+        status_command,
+        reconcile_command,
     ):
         area.register(commands)
     return parser

@@ -41,6 +41,7 @@ from engine.loops.periodic import LoopTiming, PassOutcome, PeriodicLoop
 from engine.loops.reaper import Reaper, ReaperConfig
 from engine.loops.reporting import SUMMARY_EVERY
 from engine.loops.shard_leases import ShardLeaseConfig, ShardLeases, default_node_id
+from engine.loops.stuck_occurrences import StuckOccurrences, StuckOccurrencesConfig
 from relay.ahead_lane import AheadLaneStore
 from relay.ahead_relay import AheadRelay, AheadRelayConfig, AheadRelayHooks
 from relay.dispatcher import Relay, RelayConfig
@@ -107,6 +108,7 @@ class Role(Enum):
     REAPER = "reaper"  # time out expired attempt leases: retry or dead-letter
     OVERLAP_GATE = "overlap-gate"  # dispatch, hold or skip deliveries of skip_if_running/queue_one schedules
     COMMANDS = "commands"  # apply signed scheduling commands (chronoq.commands)
+    STUCK = "stuck-occurrences"  # republish or flag ENQUEUED occurrences whose attempt events never came
     RELAY = "relay"  # due outbox rows -> Kafka
     API = "api"  # the HTTP API, the console (/ui) and /metrics on ServiceConfig.api_socket
     GAUGES = "gauges"  # record the backlog gauges (due, outbox, queue age, held, DLQ) every few seconds
@@ -119,13 +121,22 @@ class Role(Enum):
 #: What ``chronoq engine`` runs: everything between a stored schedule and a consumer's report, with the
 #: ahead-lane dispatch of the shards it leases; the late lane (outbox) is the relay's.
 ENGINE_ROLES = frozenset(
-    {Role.MATERIALIZER, Role.DISPATCH, Role.ATTEMPTS, Role.REAPER, Role.OVERLAP_GATE, Role.COMMANDS, Role.GAUGES}
+    {
+        Role.MATERIALIZER,
+        Role.DISPATCH,
+        Role.ATTEMPTS,
+        Role.REAPER,
+        Role.OVERLAP_GATE,
+        Role.COMMANDS,
+        Role.GAUGES,
+        Role.STUCK,
+    }
 )
 #: What ``chronoq api`` runs: the site and the backlog gauges its /metrics shows.
 API_ROLES = frozenset({Role.API, Role.GAUGES})
 #: The occurrence pipeline without commands and API: the default of :class:`ServiceConfig`.
 PIPELINE_ROLES = frozenset(
-    {Role.MATERIALIZER, Role.DISPATCH, Role.ATTEMPTS, Role.REAPER, Role.OVERLAP_GATE, Role.RELAY}
+    {Role.MATERIALIZER, Role.DISPATCH, Role.ATTEMPTS, Role.REAPER, Role.OVERLAP_GATE, Role.RELAY, Role.STUCK}
 )
 #: What ``chronoq up`` runs.
 ALL_ROLES = frozenset(Role)
@@ -155,6 +166,7 @@ class ServiceConfig:
     commands: CommandConfig = field(default_factory=CommandConfig)
     relay: RelayConfig = field(default_factory=RelayConfig)
     data_plane: DataPlaneConfig = field(default_factory=DataPlaneConfig)
+    stuck_occurrences: StuckOccurrencesConfig = field(default_factory=StuckOccurrencesConfig)
 
     def validate(self, kafka_bootstrap: str | None) -> None:
         if not self.roles:
@@ -212,19 +224,7 @@ async def run_services(
         elif Role.MATERIALIZER in roles:
             materializer = Materializer(pool, config.materializer, clock)
             runs[Role.MATERIALIZER] = lambda: materializer.run(stop, every)
-        if Role.ATTEMPTS in roles:
-            attempts = AttemptProcessor(pool, kafka_bootstrap, config.attempts, clock)
-            runs[Role.ATTEMPTS] = lambda: attempts.run(stop, every)
-        if Role.REAPER in roles:
-            reaper = Reaper(pool, config.reaper, clock)
-            runs[Role.REAPER] = lambda: reaper.run(stop, every)
-        if Role.OVERLAP_GATE in roles:
-            gate = OverlapGate(pool, config.overlap_gate, clock)
-            runs[Role.OVERLAP_GATE] = lambda: gate.run(stop, every)
-        if Role.COMMANDS in roles:
-            assert kafka_bootstrap is not None
-            commands = CommandProcessor(pool, kafka_bootstrap, ControlPlane(pool, clock), config.commands)
-            runs[Role.COMMANDS] = lambda: commands.run(stop, every)
+        runs.update(pool_loops(pool, kafka_bootstrap, stop, config, clock))
         if Role.RELAY in roles:
             assert kafka_bootstrap is not None
             publisher = KafkaPublisher(PublisherConfig(kafka_bootstrap, idempotent=config.idempotent_publisher))
@@ -236,9 +236,6 @@ async def run_services(
             assert config.api_socket is not None
             site, api_socket = api_site(pool, clock), config.api_socket
             runs[Role.API] = lambda: serve_api(site, api_socket, stop)
-        if Role.GAUGES in roles:
-            gauges = BacklogGauges(pool, clock)
-            runs[Role.GAUGES] = lambda: gauges.run(stop, every)
         tasks = [asyncio.create_task(run(), name=role.value) for role, run in runs.items()]
         tasks += [asyncio.create_task(run(), name=name) for name, run in tasks_extra.items()]
         if config.metrics_socket is not None:  # --metrics-port: this process's /metrics on a port of its own
@@ -251,6 +248,34 @@ async def run_services(
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def pool_loops(
+    pool: asyncpg.Pool, kafka_bootstrap: str | None, stop: asyncio.Event, config: ServiceConfig, clock: Clock
+) -> dict[Role, Callable[[], Coroutine[Any, Any, None]]]:
+    """The roles that need only the shared pool (and Kafka, for the processors), by role."""
+    roles, every = config.roles, config.summary_every
+    runs: dict[Role, Callable[[], Coroutine[Any, Any, None]]] = {}
+    if Role.ATTEMPTS in roles:
+        attempts = AttemptProcessor(pool, kafka_bootstrap, config.attempts, clock)
+        runs[Role.ATTEMPTS] = lambda: attempts.run(stop, every)
+    if Role.REAPER in roles:
+        reaper = Reaper(pool, config.reaper, clock)
+        runs[Role.REAPER] = lambda: reaper.run(stop, every)
+    if Role.OVERLAP_GATE in roles:
+        gate = OverlapGate(pool, config.overlap_gate, clock)
+        runs[Role.OVERLAP_GATE] = lambda: gate.run(stop, every)
+    if Role.COMMANDS in roles:
+        assert kafka_bootstrap is not None
+        commands = CommandProcessor(pool, kafka_bootstrap, ControlPlane(pool, clock), config.commands)
+        runs[Role.COMMANDS] = lambda: commands.run(stop, every)
+    if Role.STUCK in roles:
+        stuck = StuckOccurrences(pool, kafka_bootstrap, config.stuck_occurrences, clock)
+        runs[Role.STUCK] = lambda: stuck.run(stop, every)
+    if Role.GAUGES in roles:
+        gauges = BacklogGauges(pool, clock)
+        runs[Role.GAUGES] = lambda: gauges.run(stop, every)
+    return runs
 
 
 def api_site(pool: asyncpg.Pool, clock: Clock) -> Site:

@@ -37,8 +37,15 @@ from engine.loops.service import relay_periodic_loop
 from relay.dispatcher import Relay, RelayConfig
 from relay.publisher import KafkaPublisher, PublisherConfig
 from schemas.messages import ScheduleStateMessage, decode_occurrence, decode_schedule_state
-from schemas.topics import SCHEDULE_STATES_TOPIC, create_missing_topics, occurrence_topic, topic_partitions
-from tests.support.kafka import read_to_end
+from schemas.target_bindings import TargetBindingMessage
+from schemas.topics import (
+    SCHEDULE_STATES_TOPIC,
+    TARGET_BINDINGS_TOPIC,
+    create_missing_topics,
+    occurrence_topic,
+    topic_partitions,
+)
+from tests.support.kafka import produce, read_to_end
 from tests.support.rows import insert_occurrences, insert_schedule
 from tests.support.services import Running
 from tests.support.waiting import wait_for
@@ -86,6 +93,12 @@ async def test_a_broker_sigkilled_mid_burst_loses_no_acknowledged_occurrence_and
     @app.handler(target)
     async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
         await conn.execute("INSERT INTO effects (occurrence_id) VALUES ($1)", occurrence.occurrence_id)
+
+    # The target is bound to its tenants, as the engine announces when they schedule onto it: the app then
+    # runs their occurrences without first re-reading the binding topic (which it does for an unbound one).
+    tenants = tuple(f"tenant-{t}" for t in range(TENANTS))
+    binding = TargetBindingMessage(target, tenants, 1, now)
+    await produce(bootstrap, TARGET_BINDINGS_TOPIC, [binding.encode()], key=binding.key)
 
     stop = asyncio.Event()
     await publisher.start()

@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 
 from consumers import ConsumerApp, ConsumerConfig, Occurrence
 from engine.loops.service import PIPELINE_ROLES, Role
@@ -32,6 +33,7 @@ from schemas.topics import (
     COMMANDS_TOPIC,
     SCHEDULE_STATES_TOPIC,
     TARGET_BINDINGS_TOPIC,
+    TOPIC_CONFIGS,
     create_missing_topics,
     occurrence_topic,
 )
@@ -43,6 +45,10 @@ from tests.support.waiting import wait_for
 RECORDS = int(os.environ.get("CHRONOQ_FUZZ_RECORDS", "100"))
 
 
+def compacted(topic: str) -> bool:
+    return TOPIC_CONFIGS.get(topic, {}).get("cleanup.policy") == "compact"
+
+
 async def produce_all(bootstrap: str, batches: dict[str, list[tuple[bytes | None, bytes | None, list]]]) -> int:
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap, acks="all", enable_idempotence=False, max_request_size=4 * 1024 * 1024
@@ -51,9 +57,25 @@ async def produce_all(bootstrap: str, batches: dict[str, list[tuple[bytes | None
     sent = 0
     try:
         for topic, batch in batches.items():
-            futures = [await producer.send(topic, value, key=key, headers=headers) for key, value, headers in batch]
-            await asyncio.gather(*futures)
-            sent += len(futures)
+            # Apache Kafka refuses some hostile records itself (a record without a key on a compacted topic is
+            # invalid; aiokafka reports it as UnknownError), and with it the whole batch it travelled in; tansu
+            # takes them all. So records for a compacted topic go one per request, and refused ones, which
+            # never reach a loop, are not counted as sent.
+            if compacted(topic):
+                outcomes: list[object] = []
+                for key, value, headers in batch:
+                    outcomes.extend(
+                        await asyncio.gather(
+                            await producer.send(topic, value, key=key, headers=headers), return_exceptions=True
+                        )
+                    )
+            else:
+                futures = [await producer.send(topic, value, key=key, headers=headers) for key, value, headers in batch]
+                outcomes = list(await asyncio.gather(*futures, return_exceptions=True))
+            unexpected = [o for o in outcomes if isinstance(o, BaseException) and not isinstance(o, KafkaError)]
+            if unexpected:
+                raise unexpected[0]
+            sent += sum(not isinstance(o, BaseException) for o in outcomes)
     finally:
         await producer.stop()
     return sent
@@ -72,7 +94,11 @@ async def test_hostile_records_on_every_consumed_topic_leave_every_loop_alive(
         }
     )
     await create_missing_topics(kafka_bootstrap, list(batches))
-    assert await produce_all(kafka_bootstrap, batches) >= 5 * RECORDS * 0.9
+    # A compacted topic cannot hold a record without a key: Apache Kafka refuses those (tansu keeps them).
+    keyless_on_compacted = sum(
+        key is None for topic, batch in batches.items() if compacted(topic) for key, _, _ in batch
+    )
+    assert await produce_all(kafka_bootstrap, batches) >= (5 * RECORDS - keyless_on_compacted) * 0.9
 
     effects = await asyncpg.connect(consumer_db)
     await effects.execute("CREATE TABLE effects (occurrence_id uuid)")

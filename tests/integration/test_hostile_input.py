@@ -365,6 +365,8 @@ def occurrence(target: str, tenant: str = "acme") -> OccurrenceMessage:
 
 
 async def produce(bootstrap: str, records: list[tuple[str, bytes, list]]) -> None:
+    # Created first, as chronoq does: Apache Kafka never creates a topic on its own (tansu does).
+    await create_missing_topics(bootstrap, sorted({topic for topic, _, _ in records}))
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
     await producer.start()
     try:

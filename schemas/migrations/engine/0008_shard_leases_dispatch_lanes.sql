@@ -1,4 +1,4 @@
--- chronoq engine, migration 0007: shard leases and the dispatch lanes (issue 12).
+-- chronoq engine, migration 0008: shard leases and the dispatch lanes (issue 12).
 --
 -- Engine nodes lease logical shards (shard = hash(schedule_id) mod N) with a
 -- fencing epoch: every write a node makes for a shard (materializing ahead,
