@@ -484,7 +484,7 @@ class ConsumerApp:
             registration = self.handlers.for_target(message.target)
             if registration is None:
                 raise MalformedMessage(f"no handler for target {message.target!r} in this app", "target")
-            await self._check_tenant(record.topic, message)
+            await self._check_tenant(record, message)
         except MalformedMessage as err:
             return await self._dead_letter(record, str(err), err.field)
         context = obs.extract_trace_context(record.headers)
@@ -496,8 +496,9 @@ class ConsumerApp:
             span.set_attribute("chronoq.outcome", outcome.value)
         return outcome
 
-    async def _check_tenant(self, topic: str, message: OccurrenceMessage) -> None:
+    async def _check_tenant(self, record: ConsumerRecord, message: OccurrenceMessage) -> None:
         """MalformedMessage unless the record's tenant may run on its target (checked on the record itself)."""
+        topic = record.topic
         if topic.startswith(OCCURRENCE_TOPIC_PREFIX) and topic != occurrence_topic(message.target):
             # The topic decides which app reads a record; its body must not name another target.
             raise MalformedMessage(
@@ -509,7 +510,8 @@ class ConsumerApp:
                 f"tenant {message.tenant_id!r} is not among the tenants this app serves ({', '.join(sorted(allowed))})",
                 "tenant_id",
             )
-        if not await self.bindings.allows(message.target, message.tenant_id, self.config.binding_wait):
+        appended_at_ms = record.timestamp if isinstance(record.timestamp, int) and record.timestamp >= 0 else None
+        if not await self.bindings.allows(message.target, message.tenant_id, self.config.binding_wait, appended_at_ms):
             raise MalformedMessage(
                 f"tenant {message.tenant_id!r} is not bound to target {message.target!r};"
                 " an operator grants it with chronoq target grant",
