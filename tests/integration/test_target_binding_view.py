@@ -57,9 +57,9 @@ async def test_yes_costs_no_read_and_no_rereads_only_for_records_newer_than_the_
 
         # A grant on the topic before the refused record's re-read turns the no into a yes.
         await publish(kafka_bootstrap, TargetBindingMessage(target, ("acme", "globex"), 2, NOW))
+        # (The follower may have read it already; either way the answer is yes.)
         just_now = int(time.time() * 1000)
         assert await view.allows(target, "globex", wait=10, appended_at_ms=just_now)
-        assert view.catch_ups == 2
         # A revocation reaches the view through its follower (a yes is not re-checked; it is as fresh as
         # the follower), and from then on the tenant's records are refused again: the newest version wins.
         await publish(kafka_bootstrap, TargetBindingMessage(target, ("acme",), 3, NOW))
