@@ -55,6 +55,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import asyncpg
 
 from engine.client import ChronoqClient
+from engine.control import targets as target_registry
+from schemas.clock import DatabaseClock
 
 ROOT = Path(__file__).resolve().parents[1]
 CHRONOQ = [sys.executable, "-m", "engine.cli"]
@@ -361,6 +363,13 @@ class Cluster:
         self.window_from = await self.pool.fetchval("SELECT now()")
         tenants = sorted(self.tokens)
         clients = {t: ChronoqClient(self.api_url, self.tokens[t]) for t in tenants}
+        # Every tenant schedules onto every target: an operator registers each to the first tenant and
+        # grants it to the others (target ownership, docs/security.md), as a shared target needs.
+        clock = DatabaseClock()
+        for target in self.targets:
+            await target_registry.register(self.pool, target, tenants[0], clock)
+            for tenant in tenants[1:]:
+                await target_registry.grant(self.pool, target, tenant, clock)
         bodies = []
         for i in range(self.options.schedules):
             tenant = tenants[i % len(tenants)]

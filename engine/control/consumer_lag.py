@@ -49,11 +49,15 @@ async def _read(bootstrap: str, groups: Sequence[str] | None) -> list[GroupLag]:
                 if groups is not None
                 else sorted(group for group, _protocol in await admin.list_consumer_groups())
             )
-            topics = sorted(topic for topic in await consumer.topics() if not topic.startswith("__"))
+            # Topics and partitions from the admin client: a group-less consumer has no topic metadata
+            # on Apache Kafka (schemas.topics.topic_partitions says why).
+            topics = sorted(topic for topic in await admin.list_topics() if not topic.startswith("__"))
+            described = await admin.describe_topics(topics) if topics else []
             every = [
-                TopicPartition(topic, partition)
-                for topic in topics
-                for partition in sorted(consumer.partitions_for_topic(topic) or ())
+                TopicPartition(description["topic"], partition["partition"])
+                for description in described
+                if description["error_code"] == 0
+                for partition in sorted(description["partitions"], key=lambda p: p["partition"])
             ]
             committed: dict[str, dict[TopicPartition, int]] = {}
             for group in names:

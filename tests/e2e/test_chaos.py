@@ -13,7 +13,8 @@ pytestmark = pytest.mark.slow
 
 # Settling may wait out a relay claim stranded by a terminated connection (60 s): more than the default timeout.
 @pytest.mark.timeout(240)
-async def test_a_short_chaos_run_ends_clean(servers, tmp_path):
+@pytest.mark.on_broker("apache")
+async def test_a_short_chaos_run_ends_clean(servers, kafka_bootstrap, tmp_path):
     options = Options(
         minutes=25 / 60,
         engines=2,
@@ -26,7 +27,7 @@ async def test_a_short_chaos_run_ends_clean(servers, tmp_path):
         settle_s=90.0,
         seed=13,
     )
-    report = await run(servers.admin_url, servers.kafka_bootstrap, options, tmp_path)
+    report = await run(servers.admin_url, kafka_bootstrap, options, tmp_path)
     summary = "\n".join(report.lines())
     assert len(report.faults) >= 6, summary  # the run really injected faults
     assert report.exits == [], summary

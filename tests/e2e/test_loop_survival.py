@@ -41,12 +41,13 @@ async def work_flows(cluster: Cluster, at_least: int, timeout: float = 45.0) -> 
 # A relay whose mark meets a terminated connection leaves its rows claimed until the claim expires (60 s), and
 # only then does a pass publish them: settling may take that minute, so these tests get more than the default.
 @pytest.mark.timeout(240)
+@pytest.mark.on_broker("tansu")
 @pytest.mark.parametrize("kind", sorted(STATES))
-async def test_terminated_backends_never_end_a_process_nor_lose_work(kind, servers, tmp_path):
+async def test_terminated_backends_never_end_a_process_nor_lose_work(kind, servers, kafka_bootstrap, tmp_path):
     options = Options(
         engines=1, relays=1, consumers=1, schedules=24, tenants=1, targets=2, stuck_after="5s", settle_s=90.0
     )
-    cluster = Cluster(servers.admin_url, servers.kafka_bootstrap, tmp_path, options)
+    cluster = Cluster(servers.admin_url, kafka_bootstrap, tmp_path, options)
     try:
         await cluster.set_up()
         await work_flows(cluster, at_least=10)
@@ -74,14 +75,10 @@ async def test_terminated_backends_never_end_a_process_nor_lose_work(kind, serve
     assert report.reconcile_exit == 0, report.reconcile
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="consumer runtime: ConsumerApp.start() does not retry a lost connection (apply_migrations raises"
-    " InterfaceError, the app exits with status 1); consumers/ belongs to the consumer-side work (issue 16)",
-)
-async def test_a_consumer_app_survives_losing_its_connection_while_starting(servers, tmp_path):
+@pytest.mark.on_broker("tansu")
+async def test_a_consumer_app_survives_losing_its_connection_while_starting(servers, kafka_bootstrap, tmp_path):
     """Found by the chaos run: a consumer restarted while the database drops its connections exits."""
-    cluster = Cluster(servers.admin_url, servers.kafka_bootstrap, tmp_path, Options(consumers=0))
+    cluster = Cluster(servers.admin_url, kafka_bootstrap, tmp_path, Options(consumers=0))
     await cluster.create_databases()
     consumer = cluster.add(
         "consumer-starting",
@@ -91,7 +88,7 @@ async def test_a_consumer_app_survives_losing_its_connection_while_starting(serv
             "-m",
             "load_tests.chaos_consumer",
             "--bootstrap",
-            servers.kafka_bootstrap,
+            kafka_bootstrap,
             "--database-url",
             with_query(cluster.consumer_url, application_name="consumer-starting"),
             "--targets",

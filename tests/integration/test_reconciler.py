@@ -43,6 +43,7 @@ async def advance(
 
 
 async def healthy_history(pool, clock, target):
+    """acme's schedules on ``target``, globex's on a target of its own."""
     control = ControlPlane(pool, clock)
     created = [
         await control.create_schedule(
@@ -52,7 +53,8 @@ async def healthy_history(pool, clock, target):
             "acme", {"kind": "cron", "expression": "*/5 * * * *", "time_zone": "America/New_York", "target": target}
         ),
         await control.create_schedule(
-            "globex", {"kind": "cron", "expression": "7,37 * * * *", "time_zone": "Asia/Kolkata", "target": target}
+            "globex",
+            {"kind": "cron", "expression": "7,37 * * * *", "time_zone": "Asia/Kolkata", "target": f"{target}-globex"},
         ),
         await control.create_schedule("acme", {"kind": "rate", "expression": "7m", "target": target}),
         await control.create_schedule(
@@ -60,7 +62,7 @@ async def healthy_history(pool, clock, target):
             {
                 "kind": "rate",
                 "expression": "90s",
-                "target": target,
+                "target": f"{target}-globex",  # a target is one tenant's unless granted (docs/security.md)
                 "start_at": "2026-11-29T10:20:00Z",
                 "end_at": "2026-11-29T10:50:00Z",
             },

@@ -35,8 +35,9 @@ async def test_status_reports_backlogs_in_flight_and_the_last_reconcile(pool, ac
     assert status["schedules"] == {"active": 3}
     assert status["materialization"]["due_by_age"] == {"over_1h": 0, "5m_to_1h": 0, "1m_to_5m": 3, "under_1m": 0}
     assert status["materialization"]["lag_s"] == 105.0  # cursor 10:02:00, now 10:03:45
-    # Three occurrences (10:01) and the three schedules' state messages (10:00), all unsent: no relay ran.
-    assert status["outbox"]["backlog"] == 6 and status["outbox"]["oldest_due_age_s"] == 225.0
+    # Three occurrences (10:01), the three schedules' state messages and the target's binding announcement
+    # (10:00, the first schedule registered the target to acme), all unsent: no relay ran.
+    assert status["outbox"]["backlog"] == 7 and status["outbox"]["oldest_due_age_s"] == 225.0
     assert status["relay"]["sent_60s"] == 0
     assert status["dlq"] == {"size": 1}
     assert status["last_reconcile"] is None
