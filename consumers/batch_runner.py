@@ -42,7 +42,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, replace
-from typing import Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 import asyncpg
 
@@ -50,6 +50,7 @@ from consumers.attempt_reports import AttemptReporter
 from consumers.attempt_runner import (
     LEASE_EXPIRED,
     AttemptRunner,
+    BatchHandler,
     ConsumerHooks,
     ConsumerMetrics,
     ConsumerStats,
@@ -67,12 +68,9 @@ from consumers.schedule_states import ScheduleStateView
 from schemas.attempt_events import AttemptEvent
 from schemas.clock import pause
 from schemas.messages import OccurrenceMessage
-from schemas.queries import load_queries
+from schemas.queries import CONSUMER_QUERIES
 
-SQL = load_queries("consumer")
 log = logging.getLogger("chronoq.consumer")
-
-BatchHandler = Callable[[list[Occurrence], asyncpg.Connection], Awaitable[None]]
 
 
 @dataclass
@@ -203,12 +201,22 @@ class BatchRunner:
         transaction = conn.transaction()
         try:
             await transaction.start()
-            await conn.fetchval(SQL["limit_transaction"], limit_ms(cfg.lock_timeout), limit_ms(cfg.idle_timeout))
-            inserted = await conn.fetch(SQL["insert_dedupe_batch"], cfg.group, *_dedupe_columns(items))
+            await conn.fetchval(
+                *CONSUMER_QUERIES.limit_transaction(
+                    lock_timeout_ms=limit_ms(cfg.lock_timeout), idle_timeout_ms=limit_ms(cfg.idle_timeout)
+                )
+            )
+            inserted = await conn.fetch(
+                *CONSUMER_QUERIES.insert_dedupe_batch(consumer_group=cfg.group, **_dedupe_columns(items))
+            )
             applied_at = {row["occurrence_id"]: row["applied_at"] for row in inserted}
             before = [i for i in items if i.message.occurrence_id not in applied_at]
             earlier = (
-                await conn.fetch(SQL["dedupe_rows"], cfg.group, [i.message.occurrence_id for i in before])
+                await conn.fetch(
+                    *CONSUMER_QUERIES.dedupe_rows(
+                        consumer_group=cfg.group, occurrence_ids=[i.message.occurrence_id for i in before]
+                    )
+                )
                 if before
                 else []
             )
@@ -282,10 +290,11 @@ class BatchRunner:
             return items
         try:
             await conn.execute(
-                SQL["delete_dedupe_rows"],
-                self.config.group,
-                [i.message.occurrence_id for i, _ in obsolete],
-                [i.token for i, _ in obsolete],
+                *CONSUMER_QUERIES.delete_dedupe_rows(
+                    consumer_group=self.config.group,
+                    occurrence_ids=[i.message.occurrence_id for i, _ in obsolete],
+                    lease_tokens=[i.token for i, _ in obsolete],
+                )
             )
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
             await rollback(transaction)
@@ -548,14 +557,15 @@ def _one_by_one(fn: BatchHandler) -> Callable[[Occurrence, asyncpg.Connection], 
     return alone
 
 
-def _dedupe_columns(items: list[_Item]) -> tuple[list, ...]:
+def _dedupe_columns(items: list[_Item]) -> dict[str, list[Any]]:
     """The dedupe rows of ``items`` as the columns ``insert_dedupe_batch`` unnests."""
-    return (
-        [i.message.occurrence_id for i in items],
-        [i.message.schedule_id for i in items],
-        [i.message.schedule_version for i in items],
-        [i.message.tenant_id for i in items],
-        [i.message.scheduled_for for i in items],
-        [i.message.attempt for i in items],
-        [i.token for i in items],
-    )
+    messages = [i.message for i in items]
+    return {
+        "occurrence_ids": [m.occurrence_id for m in messages],
+        "schedule_ids": [m.schedule_id for m in messages],
+        "schedule_versions": [m.schedule_version for m in messages],
+        "tenant_ids": [m.tenant_id for m in messages],
+        "scheduled_fors": [m.scheduled_for for m in messages],
+        "attempts": [m.attempt for m in messages],
+        "lease_tokens": [i.token for i in items],
+    }

@@ -28,3 +28,27 @@ WHERE consumer_group = :consumer_group AND occurrence_id = :occurrence_id;
 -- name: ping
 -- Whether the app database answers (tells an outage from a session that ended on its own).
 SELECT 1;
+
+-- name: insert_dedupe_batch
+-- A batch handler's dedupe rows, one statement for the batch: each element of the arrays is one occurrence
+-- this group applies in the transaction of the batch's effects. Returns the occurrences inserted now; the
+-- others were applied before (or by a concurrent twin, which this waits for) and must not reach the handler.
+INSERT INTO chronoq_consumer_dedupe (consumer_group, occurrence_id, schedule_id, schedule_version, tenant_id,
+                                     scheduled_for, attempt, lease_token)
+SELECT :consumer_group, *
+FROM unnest(:occurrence_ids::uuid[], :schedule_ids::uuid[], :schedule_versions::integer[], :tenant_ids::text[],
+            :scheduled_fors::timestamptz[], :attempts::integer[], :lease_tokens::uuid[])
+ON CONFLICT DO NOTHING
+RETURNING occurrence_id, applied_at;
+
+-- name: dedupe_rows
+-- Which attempts applied the occurrences :occurrence_ids for this group (those that were applied).
+SELECT occurrence_id, applied_at, attempt, lease_token FROM chronoq_consumer_dedupe
+WHERE consumer_group = :consumer_group AND occurrence_id = ANY (:occurrence_ids::uuid[]);
+
+-- name: delete_dedupe_rows
+-- Takes back, inside the batch's transaction, the dedupe rows it inserted for occurrences that became
+-- obsolete before the handler ran (they are not applied; their rows never commit).
+DELETE FROM chronoq_consumer_dedupe
+WHERE consumer_group = :consumer_group AND occurrence_id = ANY (:occurrence_ids::uuid[])
+  AND lease_token = ANY (:lease_tokens::uuid[]);

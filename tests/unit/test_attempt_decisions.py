@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.attempt_decisions import Verdict, fold_events, tokens_to_read
+from engine.rules.attempt_decisions import Verdict, fold_events, tokens_to_read
 from schemas import attempt_events
 from schemas.attempt_events import AttemptEvent as Ev
 
@@ -60,7 +60,7 @@ def fold(events, *occurrences, attempts=()):
 
 
 def test_the_event_kinds_are_the_wire_formats():
-    from engine import attempt_decisions as rules
+    from engine.rules import attempt_decisions as rules
 
     assert (
         rules.STARTED,

@@ -35,7 +35,7 @@ from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
-from engine.occurrence_states import Event, State, allowed, transition
+from engine.rules.occurrence_states import Event, State, allowed, transition
 
 # The event kinds of schemas/attempt_events.py (rules import no message code; a unit test keeps them equal).
 STARTED, HEARTBEAT, SUCCEEDED, FAILED, CANCELED, ALREADY_APPLIED = (
