@@ -17,7 +17,7 @@ import uuid
 
 from aiokafka import AIOKafkaProducer
 
-from engine.attempts import AttemptProcessor, AttemptProcessorConfig
+from engine.loops.attempt_processor import AttemptProcessor, AttemptProcessorConfig
 from schemas.attempt_events import AttemptEvent
 from schemas.topics import ATTEMPTS_TOPIC, create_missing_topics
 from tests.conftest import wait_for
