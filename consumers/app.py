@@ -436,7 +436,7 @@ class ConsumerApp:
         finally:
             self._running_per_target[target] -= 1
             self._in_flight_records -= len(taken)
-        for (lane, record), outcome in zip(taken, outcomes):
+        for (lane, record), outcome in zip(taken, outcomes, strict=True):
             if outcome is not Outcome.ABANDONED:
                 lane.offsets.finish(record.offset)
 
@@ -489,9 +489,9 @@ class ConsumerApp:
             )
             return
         for tp, position in offsets.items():
-            lane = self._lanes.get(tp)
-            if lane is not None:
-                lane.committed = position
+            owned = self._lanes.get(tp)
+            if owned is not None:
+                owned.committed = position
 
     def _backpressure(self) -> None:
         """Pause partitions whose buffer is full (fetching never outruns the handlers); resume the others."""
@@ -641,7 +641,7 @@ class ConsumerApp:
                 span.set_attribute("chronoq.target", members[0][1].target)
                 delivered = await self._batch_runner.deliver([m for _, m in members], registration)
                 span.set_attribute("chronoq.applied", sum(o is Outcome.APPLIED for o in delivered))
-            outcomes.update((index, outcome) for (index, _), outcome in zip(members, delivered))
+            outcomes.update((index, outcome) for (index, _), outcome in zip(members, delivered, strict=True))
         return [outcomes[index] for index in range(len(records))]
 
     async def _dead_letter(self, record: ConsumerRecord, reason: str, field: str | None = None) -> Outcome:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Sequence
+from collections.abc import Sequence
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
@@ -63,7 +63,7 @@ class AttemptReporter:
             return
         try:
             await asyncio.wait_for(self._send_batches(events), self.timeout)
-        except (KafkaError, asyncio.TimeoutError) as err:
+        except (TimeoutError, KafkaError) as err:
             raise InfrastructureError(f"could not report {len(events)} attempt events: {err!r}") from err
         self.sent += len(events)
 

@@ -40,6 +40,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import asyncpg
 from opentelemetry import metrics
@@ -302,7 +303,7 @@ class AttemptRunner:
             heartbeats = asyncio.create_task(self._heartbeats(occurrence, lease), name="lease-heartbeats")
             try:
                 async with deadline:
-                    await registration.fn(occurrence, conn)
+                    await cast(Handler, registration.fn)(occurrence, conn)
                 if self.hooks.before_commit:
                     await self.hooks.before_commit(occurrence)
                 await transaction.commit()

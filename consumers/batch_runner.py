@@ -41,8 +41,9 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, cast
 
 import asyncpg
 
@@ -81,6 +82,18 @@ class _Item:
     message: OccurrenceMessage
     token: uuid.UUID | None = None
     occurrence: Occurrence | None = None
+
+    @property
+    def lease(self) -> uuid.UUID:
+        """The lease token of this try (set once the dedupe row is inserted)."""
+        assert self.token is not None, "no attempt yet"
+        return self.token
+
+    @property
+    def started(self) -> Occurrence:
+        """The occurrence as the handler gets it (set once ``started`` is acknowledged)."""
+        assert self.occurrence is not None, "not started"
+        return self.occurrence
 
 
 class BatchRunner:
@@ -177,7 +190,7 @@ class BatchRunner:
             return []
         try:
             conn = await self.pool.acquire()
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, asyncio.TimeoutError) as err:
+        except (TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
             raise InfrastructureError(f"app database unreachable: {err!r}") from err
         try:
             return await self._in_transaction(conn, live, registration, outcomes)
@@ -242,7 +255,7 @@ class BatchRunner:
                     AttemptEvent.started(
                         i.message.occurrence_id,
                         i.message.attempt,
-                        i.token,  # type: ignore[arg-type]
+                        i.lease,
                         cfg.lease_ttl,
                         cfg.group,
                         cfg.worker,
@@ -265,7 +278,7 @@ class BatchRunner:
             return []
         for item in fresh:
             if self.hooks.after_started:
-                await self.hooks.after_started(item.occurrence)  # type: ignore[arg-type]
+                await self.hooks.after_started(item.started)
         error, timed_out = await self._run_handler(conn, transaction, fresh, registration, lease)
         if error is None:
             await self._succeeded(fresh, outcomes)
@@ -311,20 +324,20 @@ class BatchRunner:
         registration: HandlerRegistration,
         lease: LocalLease,
     ) -> tuple[Exception | None, bool]:
-        occurrences = [i.occurrence for i in items]
+        occurrences = [i.started for i in items]
         started = time.perf_counter()
         deadline = asyncio.timeout(registration.timeout)
         error: Exception | None = None
         with contextlib.ExitStack() as watches:
             for occurrence in occurrences:
-                watches.enter_context(self.view.watch(occurrence.schedule_id, occurrence.cancellation))  # type: ignore[union-attr]
+                watches.enter_context(self.view.watch(occurrence.schedule_id, occurrence.cancellation))
             heartbeats = asyncio.create_task(self._heartbeats(items, lease), name="batch-lease-heartbeats")
             try:
                 async with deadline:
-                    await registration.fn(occurrences, conn)  # type: ignore[arg-type]
+                    await cast(BatchHandler, registration.fn)(occurrences, conn)
                 if self.hooks.before_commit:
                     for occurrence in occurrences:
-                        await self.hooks.before_commit(occurrence)  # type: ignore[arg-type]
+                        await self.hooks.before_commit(occurrence)
                 await transaction.commit()
             except Exception as err:  # noqa: BLE001 - every handler failure is classified below
                 error = err
@@ -351,7 +364,7 @@ class BatchRunner:
                         AttemptEvent.heartbeat(
                             i.message.occurrence_id,
                             i.message.attempt,
-                            i.token,  # type: ignore[arg-type]
+                            i.lease,
                             self.config.lease_ttl,
                         )
                         for i in items
@@ -381,15 +394,12 @@ class BatchRunner:
             )
         if self.hooks.after_commit:
             for item in items:
-                await self.hooks.after_commit(item.occurrence)  # type: ignore[arg-type]
-        events = [
-            AttemptEvent.succeeded(i.message.occurrence_id, i.message.attempt, i.token)  # type: ignore[arg-type]
-            for i in items
-        ]
+                await self.hooks.after_commit(item.started)
+        events = [AttemptEvent.succeeded(i.message.occurrence_id, i.message.attempt, i.lease) for i in items]
         reported = await self._report(events)
         if reported and self.hooks.after_report:
             for item in items:
-                await self.hooks.after_report(item.occurrence)  # type: ignore[arg-type]
+                await self.hooks.after_report(item.started)
         for item in items:
             outcomes[item.index] = Outcome.APPLIED if reported else Outcome.ABANDONED
 
@@ -407,8 +417,8 @@ class BatchRunner:
         if len(items) == 1:
             item = items[0]
             outcomes[item.index] = await self.single.conclude_failure(
-                conn, item.occurrence, registration, lease, error, timed_out
-            )  # type: ignore[arg-type]
+                conn, item.started, registration, lease, error, timed_out
+            )
             return []
         if lost_connection(error, conn):
             if not lease.check():
@@ -421,19 +431,19 @@ class BatchRunner:
                 return []
             if not await self.single.database_reachable():
                 raise InfrastructureError(f"app database unreachable during the batch: {error!r}") from error
-        canceled = [i for i in items if i.occurrence.cancellation.is_canceled]  # type: ignore[union-attr]
+        canceled = [i for i in items if i.started.cancellation.is_canceled]
         if canceled:
             await self._skip([(i, "cooperative") for i in canceled], outcomes)
-        rest = [i for i in items if not i.occurrence.cancellation.is_canceled]  # type: ignore[union-attr]
+        rest = [i for i in items if not i.started.cancellation.is_canceled]
         if isinstance(error, FailedOccurrences) and not timed_out:
             named = [i for i in rest if i.message.occurrence_id in error.errors]
             for item in named:
                 outcomes[item.index] = await self.single.conclude_failure(
                     conn,
-                    item.occurrence,
+                    item.started,
                     registration,
                     lease,
-                    error.errors[item.message.occurrence_id],  # type: ignore[arg-type]
+                    _as_exception(error.errors[item.message.occurrence_id]),
                     False,
                 )
             log.warning(
@@ -452,7 +462,7 @@ class BatchRunner:
                 "error": str(error)[:500],
             },
         )
-        alone = replace(registration, fn=_one_by_one(registration.fn))  # type: ignore[arg-type]
+        alone = replace(registration, fn=_one_by_one(cast(BatchHandler, registration.fn)))
         for item in rest:
             outcomes[item.index] = await self.single.deliver(item.message, alone)
         return []
@@ -466,7 +476,7 @@ class BatchRunner:
             AttemptEvent.failed(
                 i.message.occurrence_id,
                 i.message.attempt,
-                i.token,  # type: ignore[arg-type]
+                i.lease,
                 error_class,
                 text,
             )
@@ -546,6 +556,11 @@ class BatchRunner:
             if self.stopping.is_set():
                 return False
             backoff = min(backoff * 2, self.config.redelivery_backoff_max)
+
+
+def _as_exception(error: BaseException) -> Exception:
+    """What a handler named as an occurrence's failure (anything not an Exception becomes a RuntimeError)."""
+    return error if isinstance(error, Exception) else RuntimeError(repr(error))
 
 
 def _one_by_one(fn: BatchHandler) -> Callable[[Occurrence, asyncpg.Connection], Awaitable[None]]:

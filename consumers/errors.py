@@ -18,7 +18,8 @@ the runtime retries the delivery in place with backoff.
 from __future__ import annotations
 
 import uuid
-from typing import ClassVar, Mapping
+from collections.abc import Mapping
+from typing import ClassVar
 
 import asyncpg
 

@@ -36,7 +36,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -44,7 +44,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 ROOT = Path(__file__).resolve().parents[1]
-TOP = datetime(2027, 1, 4, 9, 0, tzinfo=timezone.utc)
+TOP = datetime(2027, 1, 4, 9, 0, tzinfo=UTC)
 FIGURE_KEYS = (
     "handler_start_p50",
     "handler_start_p95",
@@ -188,7 +188,7 @@ class Worker:
         self.reader = asyncio.create_task(self._read())
 
     @classmethod
-    async def start(cls, name: str, log: Path, *args: str) -> "Worker":
+    async def start(cls, name: str, log: Path, *args: str) -> Worker:
         with log.open("wb") as stderr:
             process = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -343,7 +343,9 @@ class ConsumerSide:
             starts.frombytes((self.work_dir / f"starts-{n}.bin").read_bytes())
         lags = sorted(t - due for t in starts)
         timed_out = await engine_pool.fetchval("SELECT count(*) FROM attempts WHERE result = 'timed_out'")
-        figures = dict(zip(("handler_start_p50", "handler_start_p95", "handler_start_p99"), _percentiles(lags)))
+        figures = dict(
+            zip(("handler_start_p50", "handler_start_p95", "handler_start_p99"), _percentiles(lags), strict=True)
+        )
         first = min(starts) if starts else due
         last = max(starts) if starts else due
         figures.update(

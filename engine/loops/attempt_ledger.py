@@ -10,10 +10,10 @@ set-based: for a batch of events it
 2. folds each occurrence's events, in order, over that snapshot;
 3. writes what the fold decided with one statement per kind for the whole batch: new attempts, changed
    attempts, changed occurrences, unsent deliveries of finished occurrences;
-4. concludes each accepted ``failed`` (:mod:`engine.loops.attempt_outcomes`, ``engine.rules.retry_policy``: RETRY_WAIT plus a new outbox row with
-   the same occurrence_id and attempt + 1, or DEAD plus a dead-letter row, or CANCELED when the schedule
-   changed meanwhile — reads and writes per occurrence, rare by nature), then applies that occurrence's
-   later events of the batch one at a time.
+4. concludes each accepted ``failed`` (:mod:`engine.loops.attempt_outcomes`, ``engine.rules.retry_policy``:
+   RETRY_WAIT plus a new outbox row with the same occurrence_id and attempt + 1, or DEAD plus a dead-letter
+   row, or CANCELED when the schedule changed meanwhile — reads and writes per occurrence, rare by nature),
+   then applies that occurrence's later events of the batch one at a time.
 
 Fencing stays per occurrence: the fold checks each event's lease token against its own occurrence's
 current lease. A burst's ``started`` and ``succeeded`` usually arrive in one batch and cost one write of
@@ -177,7 +177,8 @@ class AttemptLedger:
         if verdict is not Verdict.FENCED:
             return
         self.meters.fenced.add(1, {"event": event.event})
-        self.stats.fenced_tokens = (self.stats.fenced_tokens + [event.lease_token])[-100:]  # type: ignore[list-item]
+        if event.lease_token is not None:
+            self.stats.fenced_tokens = (self.stats.fenced_tokens + [event.lease_token])[-100:]
         log.warning(
             "attempt event fenced: its lease token is not the current one",
             extra={

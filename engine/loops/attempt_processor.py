@@ -27,9 +27,9 @@ import logging
 import random
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from collections.abc import Sequence
 from typing import Protocol
 
 import asyncpg
@@ -159,7 +159,7 @@ class AttemptProcessor:
                 rejections = (
                     await self.verifier.verify(conn, received) if self.verifier is not None else [None] * len(received)
                 )
-                accepted = [r.event for r, why in zip(received, rejections) if why is None]
+                accepted = [r.event for r, why in zip(received, rejections, strict=True) if why is None]
                 try:
                     async with conn.transaction():
                         applied = await self.ledger.apply_batch(conn, accepted, now)
@@ -172,9 +172,9 @@ class AttemptProcessor:
                     )
                     applied = [await self._apply_alone(conn, event, now) for event in accepted]
         verdicts, results = [], iter(applied)
-        for item, why in zip(received, rejections):
+        for item, why in zip(received, rejections, strict=True):
             verdicts.append(next(results) if why is None else self._rejected(item, why))
-        for item, verdict in zip(received, verdicts):
+        for item, verdict in zip(received, verdicts, strict=True):
             self.ledger.fenced(item.event, verdict)
         for verdict, n in Counter(verdicts).items():
             self.stats.count(verdict, n)

@@ -30,10 +30,11 @@ any order that keeps each occurrence's events in theirs.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum
-from typing import Any, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 from engine.rules.occurrence_states import Event, State, allowed, transition
 
@@ -110,7 +111,7 @@ class OccurrenceState:
     changed: bool = False
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> "OccurrenceState":
+    def from_row(cls, row: Mapping[str, Any]) -> OccurrenceState:
         return cls(
             row,
             State(row["state"]),
@@ -171,7 +172,7 @@ class AttemptState:
     permanent: bool | None = None
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> "AttemptState":
+    def from_row(cls, row: Mapping[str, Any]) -> AttemptState:
         return cls(row["lease_token"], row["occurrence_id"], row["attempt_number"], row["result"], row["finished_at"])
 
     @property

@@ -20,8 +20,8 @@ from aiokafka import AIOKafkaProducer
 from engine.loops.attempt_processor import AttemptProcessor, AttemptProcessorConfig
 from schemas.attempt_events import AttemptEvent
 from schemas.topics import ATTEMPTS_TOPIC, create_missing_topics
-from tests.conftest import wait_for
-from tests.integration.attempt_rows import due_occurrence
+from tests.support.rows import due_occurrence
+from tests.support.waiting import wait_for
 
 TERMINATE_ONCE = """
 CREATE SEQUENCE fault_fired;

@@ -17,7 +17,7 @@ import uuid
 from aiokafka import TopicPartition
 
 from consumers import ConsumerApp, ConsumerConfig, Occurrence
-from tests.conftest import wait_for
+from tests.support.waiting import wait_for
 
 
 def idle_app(consumer_db: str, kafka_bootstrap: str, target: str) -> ConsumerApp:

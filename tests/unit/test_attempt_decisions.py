@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from hypothesis import given, settings
@@ -13,7 +13,7 @@ from engine.rules.attempt_decisions import Verdict, fold_events, tokens_to_read
 from schemas import attempt_events
 from schemas.attempt_events import AttemptEvent as Ev
 
-NOW = datetime(2026, 11, 29, 10, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 TTL = 30.0
 
 
@@ -269,7 +269,8 @@ def initial_tables(occurrences: list[dict], attempts: list[dict]) -> dict[str, d
 
 def one_at_a_time(events, occurrences, attempts):
     tables = initial_tables(occurrences, attempts)
-    verdicts, stopped = [], set()
+    verdicts: list = []
+    stopped: set[uuid.UUID] = set()
     for event in events:
         if event.occurrence_id in stopped:
             verdicts.append("deferred")
@@ -296,6 +297,20 @@ def batched(events, occurrences, attempts):
     return tables, [d.verdicts.get(i, "deferred") for i in range(len(events))]
 
 
+def event_of(kind, ident, number, token, draw):
+    if kind == "started":
+        return Ev.started(ident, number, token, TTL)
+    if kind == "heartbeat":
+        return Ev.heartbeat(ident, number, token, TTL)
+    if kind == "succeeded":
+        return Ev.succeeded(ident, number, token)
+    if kind == "failed":
+        return Ev.failed(ident, number, token, "E", "e", draw(st.booleans()))
+    if kind == "canceled":
+        return Ev.canceled(ident, number, "cooperative", draw(st.sampled_from([token, None])))
+    return Ev.already_applied(ident, number, draw(st.sampled_from([token, None])))
+
+
 @st.composite
 def histories(draw):
     states = st.sampled_from(["SCHEDULED", "ENQUEUED", "RUNNING", "RETRY_WAIT", "DEAD", "SUCCEEDED", "CANCELED"])
@@ -316,16 +331,7 @@ def histories(draw):
         occ = draw(st.sampled_from(occurrences)) if draw(st.integers(0, 9)) else {"occurrence_id": uuid.uuid4()}
         kind, number, token = draw(kinds), draw(st.integers(1, 3)), draw(st.sampled_from(tokens))
         ident = occ["occurrence_id"]
-        events.append(
-            {
-                "started": lambda: Ev.started(ident, number, token, TTL),
-                "heartbeat": lambda: Ev.heartbeat(ident, number, token, TTL),
-                "succeeded": lambda: Ev.succeeded(ident, number, token),
-                "failed": lambda: Ev.failed(ident, number, token, "E", "e", draw(st.booleans())),
-                "canceled": lambda: Ev.canceled(ident, number, "cooperative", draw(st.sampled_from([token, None]))),
-                "already_applied": lambda: Ev.already_applied(ident, number, draw(st.sampled_from([token, None]))),
-            }[kind]()
-        )
+        events.append(event_of(kind, ident, number, token, draw))
     return occurrences, attempts, events
 
 
