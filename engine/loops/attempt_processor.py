@@ -29,7 +29,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Protocol
 
 import asyncpg
@@ -50,6 +50,9 @@ from schemas.queries import QUERIES
 from schemas.topics import ATTEMPTS_TOPIC, DEFAULT_PARTITIONS
 
 log = logging.getLogger("chronoq.attempts")
+
+#: The progress of a partition nobody has read yet: every lease ends after it.
+PROGRESS_FLOOR = datetime(1, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,7 @@ class AttemptProcessor:
         # The engine instant of the last progress write, and this host's time right after it: a poll
         # answered after that moment covers every event produced before that instant.
         self._mark: tuple[datetime, float] | None = None
+        self._known_partitions: set[int] = set()
 
     @property
     def events_applied(self) -> int:
@@ -265,11 +269,18 @@ class AttemptProcessor:
             polled = consumer.last_poll_timestamp(tp)
             if self._mark is not None and position >= high and polled is not None and polled / 1000 > self._mark[1]:
                 caught_up.append(tp.partition)
-        applied_through = self._mark[0] if self._mark is not None else None
+        new = sorted({tp.partition for tp in assignment} - self._known_partitions)
+        if new:
+            # Partitions just assigned and not read yet: their progress starts at the floor (or stays where a
+            # previous owner left it), so the reaper waits for this processor instead of judging by now.
+            await self.pool.fetchval(
+                *QUERIES.record_attempt_progress(partitions=new, applied_through=PROGRESS_FLOOR, now=self.clock.now())
+            )
+            self._known_partitions.update(new)
         now: datetime = await self.pool.fetchval(
             *QUERIES.record_attempt_progress(
-                partitions=caught_up if applied_through is not None else [],
-                applied_through=applied_through,
+                partitions=caught_up,
+                applied_through=self._mark[0] if self._mark else PROGRESS_FLOOR,
                 now=self.clock.now(),
             )
         )
