@@ -52,7 +52,7 @@ from schemas.topics import ATTEMPTS_TOPIC, DEFAULT_PARTITIONS
 log = logging.getLogger("chronoq.attempts")
 
 #: The progress of a partition nobody has read yet: every lease ends after it.
-PROGRESS_FLOOR = datetime(1, 1, 1, tzinfo=UTC)
+PROGRESS_FLOOR = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
