@@ -45,7 +45,7 @@ async def published(pool: asyncpg.Pool, ids: set[uuid.UUID]) -> bool:
     return await pool.fetchval(unsent, list(ids)) == 0
 
 
-async def killed_in_batch(point, pool, clock, kafka_bootstrap, consumer_db, effects, tmp_path, target):  # type: ignore[no-untyped-def]
+async def killed_in_batch(point, pool, clock, kafka_bootstrap, consumer_db, effects, tmp_path, target):
     occurrences = [await due_occurrence(pool, "acme", target, clock.now()) for _ in range(BATCH)]
     ids = {o.occurrence_id for o in occurrences}
     await wait_for(lambda: published(pool, ids))  # in the topic before the consumer starts: one batch
@@ -85,7 +85,7 @@ async def killed_in_batch(point, pool, clock, kafka_bootstrap, consumer_db, effe
             ], point
 
 
-async def _dedupe_tokens(effects: asyncpg.Pool, ids: set[uuid.UUID]) -> list:  # type: ignore[type-arg]
+async def _dedupe_tokens(effects: asyncpg.Pool, ids: set[uuid.UUID]) -> list:
     return await effects.fetch(
         "SELECT occurrence_id, lease_token FROM chronoq_consumer_dedupe WHERE occurrence_id = ANY($1)", list(ids)
     )
