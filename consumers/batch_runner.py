@@ -37,13 +37,12 @@ lease token, and offsets move only after the reports.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import cast
 
 import asyncpg
 
@@ -68,6 +67,7 @@ from consumers.occurrence import Cancellation, Occurrence
 from consumers.schedule_states import ScheduleStateView
 from schemas.attempt_events import AttemptEvent
 from schemas.clock import pause
+from schemas.connections import json_rows
 from schemas.messages import OccurrenceMessage
 from schemas.queries import CONSUMER_QUERIES
 
@@ -220,7 +220,7 @@ class BatchRunner:
                 )
             )
             inserted = await conn.fetch(
-                *CONSUMER_QUERIES.insert_dedupe_batch(consumer_group=cfg.group, **_dedupe_columns(items))
+                *CONSUMER_QUERIES.insert_dedupe_batch(consumer_group=cfg.group, rows=_dedupe_rows(items))
             )
             applied_at = {row["occurrence_id"]: row["applied_at"] for row in inserted}
             before = [i for i in items if i.message.occurrence_id not in applied_at]
@@ -328,9 +328,7 @@ class BatchRunner:
         started = time.perf_counter()
         deadline = asyncio.timeout(registration.timeout)
         error: Exception | None = None
-        with contextlib.ExitStack() as watches:
-            for occurrence in occurrences:
-                watches.enter_context(self.view.watch(occurrence.schedule_id, occurrence.cancellation))
+        with self.view.watch_many([(o.schedule_id, o.cancellation) for o in occurrences]):
             heartbeats = asyncio.create_task(self._heartbeats(items, lease), name="batch-lease-heartbeats")
             try:
                 async with deadline:
@@ -382,7 +380,7 @@ class BatchRunner:
     async def _succeeded(self, items: list[_Item], outcomes: dict[int, Outcome]) -> None:
         self.stats.applied += len(items)
         self.meters.applied.add(len(items), {"target": items[0].message.target})
-        for item in items:
+        for item in items if log.isEnabledFor(logging.INFO) else ():
             log.info(
                 "occurrence applied",
                 extra={
@@ -502,11 +500,12 @@ class BatchRunner:
         self.stats.duplicates += len(items)
         self.meters.duplicates.add(len(items), {"target": items[0].message.target})
         for item in items:
+            outcomes[item.index] = Outcome.DUPLICATE
+        for item in items if log.isEnabledFor(logging.INFO) else ():
             log.info(
                 "duplicate delivery suppressed",
                 extra={**ids(item.message), "action": "occurrence.duplicate", "attempt": item.message.attempt},
             )
-            outcomes[item.index] = Outcome.DUPLICATE
 
     async def _already_applied(
         self, items: list[_Item], rows: Sequence[asyncpg.Record], outcomes: dict[int, Outcome]
@@ -572,15 +571,19 @@ def _one_by_one(fn: BatchHandler) -> Callable[[Occurrence, asyncpg.Connection], 
     return alone
 
 
-def _dedupe_columns(items: list[_Item]) -> dict[str, list[Any]]:
-    """The dedupe rows of ``items`` as the columns ``insert_dedupe_batch`` unnests."""
-    messages = [i.message for i in items]
-    return {
-        "occurrence_ids": [m.occurrence_id for m in messages],
-        "schedule_ids": [m.schedule_id for m in messages],
-        "schedule_versions": [m.schedule_version for m in messages],
-        "tenant_ids": [m.tenant_id for m in messages],
-        "scheduled_fors": [m.scheduled_for for m in messages],
-        "attempts": [m.attempt for m in messages],
-        "lease_tokens": [i.token for i in items],
-    }
+def _dedupe_rows(items: list[_Item]) -> str:
+    """The dedupe rows of ``items`` as ``insert_dedupe_batch`` reads them."""
+    return json_rows(
+        [
+            {
+                "occurrence_id": m.occurrence_id,
+                "schedule_id": m.schedule_id,
+                "schedule_version": m.schedule_version,
+                "tenant_id": m.tenant_id,
+                "scheduled_for": m.scheduled_for,
+                "attempt": m.attempt,
+                "lease_token": i.token,
+            }
+            for i, m in ((i, i.message) for i in items)
+        ]
+    )

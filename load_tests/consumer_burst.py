@@ -103,11 +103,13 @@ async def consumer_worker(args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, stop.set)
     run = asyncio.create_task(app.run(stop))
     reported = -1
+    busy = _BusyCpu()
     while not run.done():
         assigned = app.assigned_partitions
         if assigned != reported:
             _say("ASSIGNED", assigned)
             reported = assigned
+        busy.saw(app.stats.applied)
         _say("APPLIED", app.stats.applied)
         await asyncio.wait({run}, timeout=0.25)
     run.result()
@@ -117,12 +119,34 @@ async def consumer_worker(args: argparse.Namespace) -> None:
         json.dumps(
             {
                 "applied": app.stats.applied,
+                "cpu_s": busy.cpu_s,
                 "duplicates": app.stats.duplicates,
                 "failures": app.stats.failures,
                 "abandoned": app.stats.abandoned,
             }
         ),
     )
+
+
+class _BusyCpu:
+    """This process's CPU seconds from its first unit of work to its last (what the work cost, whatever the
+    machine's load; the wall-clock rates depend on what else runs on it)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first: float | None = None
+        self.last: float | None = None
+
+    def saw(self, count: int) -> None:
+        if count > self.count:
+            now = time.process_time()
+            if self.first is None:
+                self.first = now
+            self.last, self.count = now, count
+
+    @property
+    def cpu_s(self) -> float | None:
+        return round(self.last - self.first, 3) if self.first is not None and self.last is not None else None
 
 
 async def engine_worker(args: argparse.Namespace) -> None:
@@ -146,11 +170,13 @@ async def engine_worker(args: argparse.Namespace) -> None:
     first = last = None
     applied = 0
     ready = False
+    busy = _BusyCpu()
     while not all(t.done() for t in tasks):
         if not ready and processor.assigned_partitions:
             _say("READY")
             ready = True
         total = processor.events_applied
+        busy.saw(total)
         if total > applied:
             now = time.time()
             first = first or now
@@ -160,7 +186,7 @@ async def engine_worker(args: argparse.Namespace) -> None:
             if task.done() and task.exception():
                 raise task.exception()  # type: ignore[misc]
     await pool.close()
-    busy = (last - first) if first and last and last > first else None
+    busy_s = (last - first) if first and last and last > first else None
     _say(
         "DONE",
         json.dumps(
@@ -168,7 +194,8 @@ async def engine_worker(args: argparse.Namespace) -> None:
                 "events": applied,
                 "first": first,
                 "last": last,
-                "busy_s": busy,
+                "busy_s": busy_s,
+                "cpu_s": busy.cpu_s,
                 "verdicts": processor.stats.verdicts,
                 "lease_timeouts": reaper.stats.retries + reaper.stats.dead,
             }
@@ -237,7 +264,9 @@ class ConsumerSide:
     targets: the targets whose topics the burst fills. consumer: ``batch`` or ``single`` handlers.
     processes: consumer app processes in the group. batch: occurrences per handler call (batch mode).
     concurrency: handler calls in flight per target and process. run_engine: also run the attempt
-    processor and the reaper here (False if the caller runs them).
+    processor and the reaper here (False if the caller runs them). engine_after_consumers: start them only once
+    the consumers applied everything, so each side is measured alone (the processor on the whole backlog of
+    attempt events; settle_s then includes the engine's start).
     """
 
     bootstrap: str
@@ -252,6 +281,7 @@ class ConsumerSide:
     lease_ttl: float = 30.0
     session_timeout: float = 6.0
     run_engine: bool = True
+    engine_after_consumers: bool = False
     work_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="chronoq-consumer-burst-")))
     consumers: list[Worker] = field(default_factory=list)
     engine: Worker | None = None
@@ -260,10 +290,8 @@ class ConsumerSide:
         """Start every process and wait until the group owns every partition (no join inside the burst)."""
         group = f"burst-{uuid.uuid4().hex[:8]}"
         common = ["--bootstrap", self.bootstrap, "--session-timeout", str(self.session_timeout)]
-        if self.run_engine:
-            self.engine = await Worker.start(
-                "engine", self.work_dir / "engine.log", "--role", "engine", "--database-url", self.engine_url, *common
-            )
+        if self.run_engine and not self.engine_after_consumers:
+            await self._start_engine()
         for n in range(self.processes):
             self.consumers.append(
                 await Worker.start(
@@ -310,6 +338,20 @@ class ConsumerSide:
                 raise TimeoutError(f"consumers own {assigned} of {wanted} partitions after {timeout} s")
             await asyncio.sleep(0.1)
 
+    async def _start_engine(self) -> None:
+        self.engine = await Worker.start(
+            "engine",
+            self.work_dir / "engine.log",
+            "--role",
+            "engine",
+            "--database-url",
+            self.engine_url,
+            "--bootstrap",
+            self.bootstrap,
+            "--session-timeout",
+            str(self.session_timeout),
+        )
+
     def _workers(self) -> list[Worker]:
         return self.consumers + ([self.engine] if self.engine else [])
 
@@ -322,11 +364,15 @@ class ConsumerSide:
         due: the burst instant (``time.time()`` when everything became due).
         """
         deadline = time.monotonic() + timeout
-        settled_at = None
+        settled_at = applied_at = None
         while settled_at is None:
             for worker in self._workers():
                 worker.check_alive()
-            if self.applied() >= expected:
+            if self.applied() >= expected and applied_at is None:
+                applied_at = time.time()
+                if self.run_engine and self.engine is None:
+                    await self._start_engine()
+            if applied_at is not None:
                 open_rows = await engine_pool.fetchval(
                     "SELECT count(*) FROM occurrences WHERE state IN ('SCHEDULED', 'ENQUEUED', 'RUNNING', 'RETRY_WAIT')"
                 )
@@ -352,10 +398,13 @@ class ConsumerSide:
             {
                 "handler_start_max": round(lags[-1], 3) if lags else None,
                 "consumer_rows_per_s": round(len(starts) / (last - first)) if last > first else None,
+                "consumer_cpu_us_per_occurrence": _per(sum(r.get("cpu_s") or 0 for r in reports), len(starts)),
+                "engine_cpu_us_per_event": _per(engine_report.get("cpu_s"), engine_report.get("events")),
                 "attempt_events_per_s": (
                     round(engine_report["events"] / engine_report["busy_s"]) if engine_report.get("busy_s") else None
                 ),
                 "settle_s": round(settled_at - due, 2),
+                "applied_s": round((applied_at or settled_at) - due, 2),
                 "reaper_timeouts": timed_out,
                 "applied": sum(r["applied"] for r in reports),
                 "handler_calls_recorded": len(starts),
@@ -371,6 +420,11 @@ class ConsumerSide:
             if worker.process.returncode is None:
                 worker.process.kill()
                 await worker.process.wait()
+
+
+def _per(cpu_s: float | None, count: int | None) -> float | None:
+    """Microseconds of CPU per unit of work."""
+    return round(cpu_s * 1e6 / count, 1) if cpu_s and count else None
 
 
 def _percentiles(values: list[float]) -> tuple[float | None, ...]:
@@ -479,6 +533,7 @@ async def main(args: argparse.Namespace) -> dict:
             args.concurrency,
             args.partitions,
             args.lease_ttl,
+            engine_after_consumers=args.engine_after_consumers,
             work_dir=home / "workers",
         )
         side.work_dir.mkdir(parents=True, exist_ok=True)
@@ -528,6 +583,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--lease-ttl", type=float, default=30.0)
     parser.add_argument("--engine-state", choices=("ENQUEUED", "SCHEDULED"), default="ENQUEUED")
+    parser.add_argument(
+        "--engine-after-consumers",
+        action="store_true",
+        help="start the attempt processor once the consumers are done: each side measured alone",
+    )
     parser.add_argument("--publish-chunk", type=int, default=20_000)
     parser.add_argument("--json", type=Path, help="also write the figures here")
     # Worker processes (started by the benchmark itself).
@@ -542,12 +602,28 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def run_worker(args: argparse.Namespace) -> None:
+    """A worker process; CHRONOQ_BURST_PROFILE=DIR writes its cProfile statistics there."""
+    work = consumer_worker(args) if args.role == "consumer" else engine_worker(args)
+    folder = os.environ.get("CHRONOQ_BURST_PROFILE")
+    if not folder:
+        asyncio.run(work)
+        return
+    import cProfile
+
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        asyncio.run(work)
+    finally:
+        profile.disable()
+        profile.dump_stats(str(Path(folder) / f"{args.role}-{os.getpid()}.prof"))
+
+
 if __name__ == "__main__":
     arguments = parse()
-    if arguments.role == "consumer":
-        asyncio.run(consumer_worker(arguments))
-    elif arguments.role == "engine":
-        asyncio.run(engine_worker(arguments))
+    if arguments.role in ("consumer", "engine"):
+        run_worker(arguments)
     else:
         result = asyncio.run(main(arguments))
         if arguments.json:

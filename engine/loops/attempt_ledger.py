@@ -35,18 +35,57 @@ from typing import Any
 
 import asyncpg
 
-from engine.control.quotas import DEFAULT_RETRY_BUDGET
-from engine.loops.attempt_outcomes import AttemptMetrics, AttemptOutcomes, AttemptStats
-from engine.records import LockedOccurrence
+from engine.loops.attempt_outcomes import AttemptMetrics, AttemptOutcomes, AttemptStats, lock_occurrence
 from engine.rules.attempt_decisions import Decisions, Verdict, fold_events, tokens_to_read
 from schemas.attempt_events import AttemptEvent
 from schemas.clock import Clock
+from schemas.connections import json_rows
 from schemas.queries import QUERIES
 from schemas.topics import occurrence_topic
 
 log = logging.getLogger("chronoq.attempts")
 
 __all__ = ["AttemptLedger", "Verdict"]
+
+# The columns each write takes from the fold's states (the names are the tables' columns).
+_NEW_ATTEMPT = (
+    "attempt_id",
+    "occurrence_id",
+    "attempt_number",
+    "lease_token",
+    "consumer_group",
+    "worker",
+    "started_at",
+    "heartbeat_at",
+    "lease_expires_at",
+    "finished_at",
+    "result",
+    "error_class",
+    "error_message",
+    "permanent",
+)
+_CHANGED_ATTEMPT = (
+    "lease_token",
+    "heartbeat_at",
+    "lease_expires_at",
+    "finished_at",
+    "result",
+    "error_class",
+    "error_message",
+    "permanent",
+)
+_MOVED_OCCURRENCE = (
+    "occurrence_id",
+    "state",
+    "attempt_count",
+    "lease_token",
+    "lease_expires_at",
+    "enqueued_at",
+    "finished_at",
+    "last_error_class",
+    "last_error_message",
+    "dead_reason",
+)
 
 
 class AttemptLedger:
@@ -74,16 +113,16 @@ class AttemptLedger:
         if not events:
             return []
         ids = sorted({event.occurrence_id for event in events})
-        rows = await conn.fetch(
-            *QUERIES.lock_occurrences(occurrence_ids=ids, default_retry_budget=DEFAULT_RETRY_BUDGET)
-        )
+        rows = await conn.fetch(*QUERIES.lock_occurrences(occurrence_ids=ids))
         tokens = tokens_to_read(events, rows)
         attempts = await conn.fetch(*QUERIES.attempts_by_token(lease_tokens=list(tokens))) if tokens else []
         decisions = fold_events(events, {row["occurrence_id"]: row for row in rows}, attempts, now)
         await self._write(conn, decisions, now)
         for occurrence_id, failure in decisions.failures.items():
-            state = decisions.occurrences[occurrence_id]
-            await self.outcomes.conclude_failure(conn, LockedOccurrence.from_row(state.as_row()), failure, now)
+            # The failed attempt is closed (written above); the retry decision reads the whole row now.
+            occ = await lock_occurrence(conn, occurrence_id)
+            assert occ is not None  # locked by this transaction
+            await self.outcomes.conclude_failure(conn, occ, failure, now)
         verdicts = [decisions.verdicts.get(index, Verdict.IGNORED) for index in range(len(events))]
         for index in decisions.deferred:  # after their occurrence's failure was concluded
             verdicts[index] = await self.apply(conn, events[index], now)
@@ -94,53 +133,20 @@ class AttemptLedger:
         """What the fold decided: one statement per kind of write for the whole batch."""
         new = decisions.new_attempts()
         if new:
-            await conn.execute(
-                *QUERIES.insert_attempts(
-                    attempt_ids=[a.attempt_id for a in new],
-                    occurrence_ids=[a.occurrence_id for a in new],
-                    attempt_numbers=[a.attempt_number for a in new],
-                    lease_tokens=[a.lease_token for a in new],
-                    consumer_groups=[a.consumer_group for a in new],
-                    workers=[a.worker for a in new],
-                    started_ats=[a.started_at for a in new],
-                    heartbeat_ats=[a.heartbeat_at for a in new],
-                    lease_expires_ats=[a.lease_expires_at for a in new],
-                    finished_ats=[a.finished_at for a in new],
-                    results=[a.result for a in new],
-                    error_classes=[a.error_class for a in new],
-                    error_messages=[a.error_message for a in new],
-                    permanents=[a.permanent for a in new],
-                )
-            )
+            rows = [{column: getattr(a, column) for column in _NEW_ATTEMPT} for a in new]
+            await conn.execute(*QUERIES.insert_attempts(attempts=json_rows(rows)))
         changed = decisions.changed_attempts()
         if changed:
+            rows = [{column: getattr(a, column) for column in _CHANGED_ATTEMPT} for a in changed]
             await conn.execute(
-                *QUERIES.update_attempts(
-                    lease_tokens=[a.lease_token for a in changed],
-                    heartbeat_ats=[a.heartbeat_at for a in changed],
-                    lease_expires_ats=[a.lease_expires_at for a in changed],
-                    finished_ats=[a.finished_at for a in changed],
-                    results=[a.result for a in changed],
-                    error_classes=[a.error_class for a in changed],
-                    error_messages=[a.error_message for a in changed],
-                    permanents=[a.permanent for a in changed],
-                )
+                *QUERIES.update_attempts(attempts=json_rows(rows), lease_tokens=[a.lease_token for a in changed])
             )
         moved = decisions.changed_occurrences()
         if moved:
+            rows = [{column: getattr(o, column) for column in _MOVED_OCCURRENCE} for o in moved]
             await conn.execute(
                 *QUERIES.update_occurrences(
-                    occurrence_ids=[o.occurrence_id for o in moved],
-                    states=[o.state.value for o in moved],
-                    attempt_counts=[o.attempt_count for o in moved],
-                    lease_tokens=[o.lease_token for o in moved],
-                    lease_expires_ats=[o.lease_expires_at for o in moved],
-                    enqueued_ats=[o.enqueued_at for o in moved],
-                    finished_ats=[o.finished_at for o in moved],
-                    last_error_classes=[o.last_error_class for o in moved],
-                    last_error_messages=[o.last_error_message for o in moved],
-                    dead_reasons=[o.dead_reason for o in moved],
-                    now=now,
+                    occurrences=json_rows(rows), occurrence_ids=[o.occurrence_id for o in moved], now=now
                 )
             )
         if decisions.finished:

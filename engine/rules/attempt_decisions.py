@@ -134,21 +134,6 @@ class OccurrenceState:
         """Its schedule moved to a newer version or was canceled: consumers skip its deliveries."""
         return self.row["current_version"] > self.row["schedule_version"] or self.row["schedule_state"] == "canceled"
 
-    def as_row(self) -> dict[str, Any]:
-        """The row as it is now (what a decision that needs the whole row, like a retry, reads)."""
-        return {
-            **self.row,
-            "state": self.state.value,
-            "attempt_count": self.attempt_count,
-            "lease_token": self.lease_token,
-            "lease_expires_at": self.lease_expires_at,
-            "enqueued_at": self.enqueued_at,
-            "finished_at": self.finished_at,
-            "last_error_class": self.last_error_class,
-            "last_error_message": self.last_error_message,
-            "dead_reason": self.dead_reason,
-        }
-
 
 @dataclass
 class AttemptState:

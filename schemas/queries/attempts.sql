@@ -18,20 +18,15 @@ FOR UPDATE OF o;
 
 -- name: lock_occurrences
 -- Locks the occurrences :occurrence_ids a batch of attempt events names, in id order (one lock order for
--- every batch: no deadlocks between them), with what the decisions need from their schedules and tenants (a
--- tenant without a row gets the retry budget :default_retry_budget). Schedule and tenant are read per row
--- (LATERAL ... OFFSET 0 keeps them index probes, never a scan of every schedule).
-SELECT o.occurrence_id, o.schedule_id, o.schedule_version, o.tenant_id, o.target, o.scheduled_for, o.state,
-       o.attempt_count, o.attempt_floor, o.lease_token, o.lease_expires_at, o.enqueued_at, o.finished_at,
-       o.last_error_class, o.last_error_message, o.dead_reason,
-       s.version AS current_version, s.state AS schedule_state, s.retry_max_attempts, s.retry_base_s,
-       s.retry_cap_s, s.deadline_s, s.priority, s.payload,
-       coalesce(t.retry_budget_per_hour, :default_retry_budget) AS retry_budget_per_hour
+-- every batch: no deadlocks between them), with what the event rules read: the occurrence's state and lease,
+-- and whether its schedule moved on (current version, state). The schedule is read per row (LATERAL ...
+-- OFFSET 0 keeps it an index probe, never a scan of every schedule). A failure's retry decision reads the
+-- rest with lock_occurrence.
+SELECT o.occurrence_id, o.schedule_id, o.schedule_version, o.tenant_id, o.target, o.state, o.attempt_count,
+       o.lease_token, o.lease_expires_at, o.enqueued_at, o.finished_at, o.last_error_class, o.last_error_message,
+       o.dead_reason, s.version AS current_version, s.state AS schedule_state
 FROM occurrences o
-CROSS JOIN LATERAL (SELECT version, state, retry_max_attempts, retry_base_s, retry_cap_s, deadline_s, priority,
-                           payload
-                    FROM schedules WHERE schedule_id = o.schedule_id OFFSET 0) s
-LEFT JOIN LATERAL (SELECT retry_budget_per_hour FROM tenants WHERE tenant_id = o.tenant_id OFFSET 0) t ON true
+CROSS JOIN LATERAL (SELECT version, state FROM schedules WHERE schedule_id = o.schedule_id OFFSET 0) s
 WHERE o.occurrence_id = ANY (:occurrence_ids::uuid[])
 ORDER BY o.occurrence_id
 FOR UPDATE OF o;
@@ -43,43 +38,43 @@ FROM attempts WHERE lease_token = ANY (:lease_tokens::uuid[]);
 
 -- name: insert_attempts
 -- Records the attempts a batch of events opened (closed too, when their outcome came in the same batch):
--- element i of every array is one attempt. Lease instants are the engine's clock.
+-- :attempts is a JSON array with one object per attempt, keyed by column. Lease instants are the engine's clock.
 INSERT INTO attempts (attempt_id, occurrence_id, attempt_number, lease_token, consumer_group, worker, started_at,
                       heartbeat_at, lease_expires_at, finished_at, result, error_class, error_message, permanent)
-SELECT *
-FROM unnest(:attempt_ids::uuid[], :occurrence_ids::uuid[], :attempt_numbers::integer[], :lease_tokens::uuid[],
-            :consumer_groups::text[], :workers::text[], :started_ats::timestamptz[], :heartbeat_ats::timestamptz[],
-            :lease_expires_ats::timestamptz[], :finished_ats::timestamptz[], :results::text[],
-            :error_classes::text[], :error_messages::text[], :permanents::boolean[]);
+SELECT attempt_id, occurrence_id, attempt_number, lease_token, consumer_group, worker, started_at, heartbeat_at,
+       lease_expires_at, finished_at, result, error_class, error_message, permanent
+FROM jsonb_to_recordset(:attempts::text::jsonb)
+     AS a (attempt_id uuid, occurrence_id uuid, attempt_number integer, lease_token uuid, consumer_group text,
+           worker text, started_at timestamptz, heartbeat_at timestamptz, lease_expires_at timestamptz,
+           finished_at timestamptz, result text, error_class text, error_message text, permanent boolean);
 
 -- name: update_attempts
--- Heartbeats and outcomes of attempts recorded before the batch (element i of every array is one attempt);
--- a NULL leaves the column as it was. The attempts' occurrences are locked, so no one else changes them.
+-- Heartbeats and outcomes of attempts recorded before the batch (:attempts, a JSON array of objects keyed by
+-- column); a null leaves the column as it was. The attempts' occurrences are locked, so no one else changes them.
 UPDATE attempts a
 SET heartbeat_at = coalesce(u.heartbeat_at, a.heartbeat_at),
     lease_expires_at = coalesce(u.lease_expires_at, a.lease_expires_at),
     finished_at = coalesce(u.finished_at, a.finished_at), result = coalesce(u.result, a.result),
     error_class = coalesce(u.error_class, a.error_class), error_message = coalesce(u.error_message, a.error_message),
     permanent = coalesce(u.permanent, a.permanent)
-FROM unnest(:lease_tokens::uuid[], :heartbeat_ats::timestamptz[], :lease_expires_ats::timestamptz[],
-            :finished_ats::timestamptz[], :results::text[], :error_classes::text[], :error_messages::text[],
-            :permanents::boolean[])
-     AS u (lease_token, heartbeat_at, lease_expires_at, finished_at, result, error_class, error_message, permanent)
+FROM jsonb_to_recordset(:attempts::text::jsonb)
+     AS u (lease_token uuid, heartbeat_at timestamptz, lease_expires_at timestamptz, finished_at timestamptz,
+           result text, error_class text, error_message text, permanent boolean)
 WHERE a.lease_token = u.lease_token AND a.lease_token = ANY (:lease_tokens::uuid[]);
 
 -- name: update_occurrences
--- Writes the occurrences a batch of events moved, each column as decided (element i of every array is one
--- occurrence). The ANY condition lets the planner probe the primary key instead of scanning the table.
+-- Writes the occurrences a batch of events moved, each column as decided (:occurrences, a JSON array of
+-- objects keyed by column). The ANY condition on :occurrence_ids lets the planner probe the primary key
+-- instead of scanning the table.
 UPDATE occurrences o
 SET state = u.state, attempt_count = u.attempt_count, lease_token = u.lease_token,
     lease_expires_at = u.lease_expires_at, enqueued_at = u.enqueued_at, finished_at = u.finished_at,
     last_error_class = u.last_error_class, last_error_message = u.last_error_message, dead_reason = u.dead_reason,
     updated_at = coalesce(:now::timestamptz, now())
-FROM unnest(:occurrence_ids::uuid[], :states::text[], :attempt_counts::integer[], :lease_tokens::uuid[],
-            :lease_expires_ats::timestamptz[], :enqueued_ats::timestamptz[], :finished_ats::timestamptz[],
-            :last_error_classes::text[], :last_error_messages::text[], :dead_reasons::text[])
-     AS u (occurrence_id, state, attempt_count, lease_token, lease_expires_at, enqueued_at, finished_at,
-           last_error_class, last_error_message, dead_reason)
+FROM jsonb_to_recordset(:occurrences::text::jsonb)
+     AS u (occurrence_id uuid, state text, attempt_count integer, lease_token uuid, lease_expires_at timestamptz,
+           enqueued_at timestamptz, finished_at timestamptz, last_error_class text, last_error_message text,
+           dead_reason text)
 WHERE o.occurrence_id = u.occurrence_id AND o.occurrence_id = ANY (:occurrence_ids::uuid[]);
 
 -- name: finish_attempt

@@ -30,14 +30,16 @@ WHERE consumer_group = :consumer_group AND occurrence_id = :occurrence_id;
 SELECT 1;
 
 -- name: insert_dedupe_batch
--- A batch handler's dedupe rows, one statement for the batch: each element of the arrays is one occurrence
--- this group applies in the transaction of the batch's effects. Returns the occurrences inserted now; the
--- others were applied before (or by a concurrent twin, which this waits for) and must not reach the handler.
+-- A batch handler's dedupe rows, one statement for the batch: :rows is a JSON array with one object per
+-- occurrence this group applies in the transaction of the batch's effects, keyed by column. Returns the
+-- occurrences inserted now; the others were applied before (or by a concurrent twin, which this waits for)
+-- and must not reach the handler.
 INSERT INTO chronoq_consumer_dedupe (consumer_group, occurrence_id, schedule_id, schedule_version, tenant_id,
                                      scheduled_for, attempt, lease_token)
-SELECT :consumer_group, *
-FROM unnest(:occurrence_ids::uuid[], :schedule_ids::uuid[], :schedule_versions::integer[], :tenant_ids::text[],
-            :scheduled_fors::timestamptz[], :attempts::integer[], :lease_tokens::uuid[])
+SELECT :consumer_group, occurrence_id, schedule_id, schedule_version, tenant_id, scheduled_for, attempt, lease_token
+FROM jsonb_to_recordset(:rows::text::jsonb)
+     AS r (occurrence_id uuid, schedule_id uuid, schedule_version integer, tenant_id text,
+           scheduled_for timestamptz, attempt integer, lease_token uuid)
 ON CONFLICT DO NOTHING
 RETURNING occurrence_id, applied_at;
 

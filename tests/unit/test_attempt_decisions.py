@@ -15,6 +15,18 @@ from schemas.attempt_events import AttemptEvent as Ev
 
 NOW = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 TTL = 30.0
+#: What the processor writes back of an occurrence (engine/loops/attempt_ledger.py).
+MOVED = (
+    "state",
+    "attempt_count",
+    "lease_token",
+    "lease_expires_at",
+    "enqueued_at",
+    "finished_at",
+    "last_error_class",
+    "last_error_message",
+    "dead_reason",
+)
 
 
 def occurrence(
@@ -239,7 +251,7 @@ def test_the_attempts_to_read_are_the_events_tokens_and_the_current_leases():
 def write(tables: dict[str, dict], decisions) -> None:
     """What the processor's statements do with decisions (the set-based writes, in memory)."""
     for state in decisions.changed_occurrences():
-        tables["occurrences"][state.occurrence_id] = state.as_row()
+        tables["occurrences"][state.occurrence_id] = {**state.row, **{c: getattr(state, c) for c in MOVED}}
     for a in decisions.attempts.values():
         if a.new:
             tables["attempts"][a.lease_token] = {
