@@ -150,6 +150,7 @@ class ConsumerApp:
         self._batch_runner: BatchRunner | None = None
         self._lanes: dict[TopicPartition, _Lane] = {}
         self._commit_turn = asyncio.Lock()  # commits and revocations never interleave
+        self._committing: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._running_per_target: collections.Counter[str] = collections.Counter()
         self._in_flight_records = 0
@@ -349,8 +350,9 @@ class ConsumerApp:
             while not stop.is_set() and not self._stopping.is_set():
                 if max_applied is not None and self.stats.applied >= max_applied:
                     break
-                # Raced against stop: a group join can hold a fetch for seconds.
-                fetch = asyncio.create_task(consumer.getmany(timeout_ms=50 if self._tasks else 200))
+                # Raced against stop: a group join can hold a fetch for seconds. With work in flight the poll
+                # is short, so capacity a finished delivery frees is used at once.
+                fetch = asyncio.create_task(consumer.getmany(timeout_ms=10 if self._tasks else 200))
                 await asyncio.wait({fetch, stopper}, return_when=asyncio.FIRST_COMPLETED)
                 if not fetch.done():
                     fetch.cancel()
@@ -364,11 +366,26 @@ class ConsumerApp:
                         lane.offsets.add(record.offset)
                         lane.pending.append(record)
                 self._dispatch(max_applied)
-                await self._commit()
+                self._commit_soon()
                 self._backpressure()
                 self._record_lag()
         finally:
             stopper.cancel()
+            if self._committing is not None:
+                await asyncio.gather(self._committing, return_exceptions=True)
+
+    def _commit_soon(self) -> None:
+        """Commit in the background (one commit at a time): fetching and dispatching never wait for the
+        broker's answer to an offset commit."""
+        previous = self._committing
+        if previous is not None and not previous.done():
+            return
+        if previous is not None and not previous.cancelled() and previous.exception() is not None:
+            log.warning(
+                "offset commit failed; the next one carries the same offsets",
+                extra={"action": "consumer.commit_failed", "error": repr(previous.exception())},
+            )
+        self._committing = asyncio.create_task(self._commit(), name="offset-commit")
 
     def _dispatch(self, max_applied: int | None) -> None:
         """Start pending messages, in offset order per partition, within the concurrency limits.

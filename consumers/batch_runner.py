@@ -208,7 +208,8 @@ class BatchRunner:
         outcomes: dict[int, Outcome],
     ) -> list[_Item]:
         cfg = self.config
-        items = sorted(items, key=lambda i: i.message.occurrence_id)  # one lock order: twins never deadlock
+        # One lock order for every batch (the uuid's bytes, as PostgreSQL orders them): twins never deadlock.
+        items = sorted(items, key=lambda i: i.message.occurrence_id.int)
         for item in items:
             item.token = uuid.uuid4()
         transaction = conn.transaction()
