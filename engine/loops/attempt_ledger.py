@@ -112,7 +112,7 @@ class AttemptLedger:
         """Apply events in order (of their partition): the verdict of each, in order."""
         if not events:
             return []
-        ids = list({event.occurrence_id for event in events})   # the query locks them in id order
+        ids = list({event.occurrence_id for event in events})  # the query locks them in id order
         rows = await conn.fetch(*QUERIES.lock_occurrences(occurrence_ids=ids))
         tokens = tokens_to_read(events, rows)
         attempts = await conn.fetch(*QUERIES.attempts_by_token(lease_tokens=list(tokens))) if tokens else []

@@ -89,6 +89,8 @@ class AttemptProcessorConfig:
         share is applied in one transaction.
     partitions: of the attempts topic, if this processor creates it.
     error_backoff: seconds to wait after a failed batch before reading it again.
+    parallel_partitions: partitions of one poll applied at once, each in its own transaction (default 4: the
+        database works on one while this process decides the next; their occurrences are disjoint).
     """
 
     group: str | None = None
@@ -97,6 +99,7 @@ class AttemptProcessorConfig:
     max_poll_records: int = 4000
     partitions: int = DEFAULT_PARTITIONS
     error_backoff: float = 1.0
+    parallel_partitions: int = 4
 
     def validate(self) -> None:
         if self.heartbeat_interval >= self.session_timeout:
@@ -302,6 +305,7 @@ class AttemptProcessor:
             cfg.partitions,
             cfg.error_backoff,
             summary_every,
+            cfg.parallel_partitions,
         )
         await KafkaProcessorLoop(
             "attempts", self.kafka_bootstrap, settings, self.handle_records, log, after_round=self.record_progress

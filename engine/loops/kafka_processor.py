@@ -64,6 +64,8 @@ class KafkaLoopSettings:
     ``partitions``). session_timeout / heartbeat_interval: group membership timing (s).
     max_poll_records: records fetched at most per partition and poll (None: aiokafka's default).
     error_backoff: seconds before a failed unit is read again. summary_every: seconds between summary lines.
+    parallel_partitions: partitions of one poll handled at once (each unit its own transaction; the units of
+    one partition stay in order). 1: one after the other.
     """
 
     group: str
@@ -75,6 +77,7 @@ class KafkaLoopSettings:
     partitions: int = DEFAULT_PARTITIONS
     error_backoff: float = 1.0
     summary_every: float = SUMMARY_EVERY
+    parallel_partitions: int = 1
 
 
 class _Rewind(Exception):
@@ -128,8 +131,7 @@ class KafkaProcessorLoop:
         try:
             while not stop.is_set():
                 fetched = await self._fetch(consumer, stopped, stop)
-                for tp, records in (fetched or {}).items():
-                    await self.process(consumer, tp, records, stop)
+                await self._process_all(consumer, fetched or {}, stop)
                 if fetched is not None and self.after_round is not None:
                     await self._after_round(consumer, stop)
                 await self.summary.maybe_log()
@@ -181,6 +183,26 @@ class KafkaProcessorLoop:
             log_failure(self.log, self.name, err, self.settings.error_backoff)
             await pause(stop, self.settings.error_backoff)
             return None
+
+    async def _process_all(
+        self,
+        consumer: AIOKafkaConsumer,
+        fetched: Mapping[TopicPartition, Sequence[ConsumerRecord]],
+        stop: asyncio.Event,
+    ) -> None:
+        """Every partition of a poll: one after the other, or up to ``parallel_partitions`` at once (their
+        records are independent: a partition's units still go in order, and its failure rewinds only it)."""
+        if self.settings.parallel_partitions <= 1 or len(fetched) <= 1:
+            for tp, records in fetched.items():
+                await self.process(consumer, tp, records, stop)
+            return
+        limit = asyncio.Semaphore(self.settings.parallel_partitions)
+
+        async def one(tp: TopicPartition, records: Sequence[ConsumerRecord]) -> None:
+            async with limit:
+                await self.process(consumer, tp, records, stop)
+
+        await asyncio.gather(*(one(tp, records) for tp, records in fetched.items()))
 
     async def _after_round(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
         assert self.after_round is not None
