@@ -196,3 +196,36 @@ async def _settled(pool, ids) -> bool:
 
 async def _state_is(pool, ident, expected: str) -> bool:
     return (await occurrence_row(pool, ident))["state"] == expected
+
+
+async def test_batched_and_single_reports_of_one_occurrence_land_on_one_partition(kafka_bootstrap):
+    """The engine's fencing needs every event of an occurrence in produce order, on one partition: the batch
+    path must pick the partition exactly as the keyed single send does."""
+    from aiokafka import AIOKafkaProducer
+
+    from consumers.attempt_reports import AttemptReporter
+    from schemas.attempt_events import AttemptEvent
+    from schemas.topics import ATTEMPTS_TOPIC, create_missing_topics
+    from tests.support.kafka import read_topic
+
+    await create_missing_topics(kafka_bootstrap, [ATTEMPTS_TOPIC])
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", enable_idempotence=False)
+    await producer.start()
+    try:
+        reporter = AttemptReporter(producer, timeout=10.0)
+        occurrences = [uuid.uuid4() for _ in range(40)]
+        tokens = {o: uuid.uuid4() for o in occurrences}
+        await reporter.send_many([AttemptEvent.started(o, 1, tokens[o], 30.0) for o in occurrences])
+        for o in occurrences:
+            await reporter.send(AttemptEvent.heartbeat(o, 1, tokens[o], 30.0))
+        await reporter.send_many([AttemptEvent.succeeded(o, 1, tokens[o]) for o in occurrences])
+    finally:
+        await producer.stop()
+    records = await read_topic(kafka_bootstrap, ATTEMPTS_TOPIC, expected=0, settle=0.3)
+    ours = [(r.partition, r.offset, r.key) for r in records if uuid.UUID(r.key.decode()) in tokens]
+    by_occurrence: dict[bytes, set[int]] = {}
+    for partition, _, key in ours:
+        by_occurrence.setdefault(key, set()).add(partition)
+    assert len(ours) == 3 * len(occurrences)
+    assert all(len(partitions) == 1 for partitions in by_occurrence.values())
+    assert len({p for ps in by_occurrence.values() for p in ps}) > 1  # spread over partitions, not all on one
