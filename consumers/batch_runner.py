@@ -434,8 +434,9 @@ class BatchRunner:
         if canceled:
             await self._skip([(i, "cooperative") for i in canceled], outcomes)
         rest = [i for i in items if not i.started.cancellation.is_canceled]
-        if isinstance(error, FailedOccurrences) and not timed_out:
-            named = [i for i in rest if i.message.occurrence_id in error.errors]
+        named = [i for i in rest if isinstance(error, FailedOccurrences) and i.message.occurrence_id in error.errors]
+        if named and not timed_out:  # naming none of the batch's occurrences says nothing: one by one
+            assert isinstance(error, FailedOccurrences)
             for item in named:
                 outcomes[item.index] = await self.single.conclude_failure(
                     conn,
@@ -564,10 +565,17 @@ def _as_exception(error: BaseException) -> Exception:
 
 
 def _one_by_one(fn: BatchHandler) -> Callable[[Occurrence, asyncpg.Connection], Awaitable[None]]:
-    """A batch handler called with one occurrence: the single protocol runs it."""
+    """A batch handler called with one occurrence: the single protocol runs it (an occurrence the handler
+    names in FailedOccurrences fails with its own error)."""
 
     async def alone(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
-        await fn([occurrence], conn)
+        try:
+            await fn([occurrence], conn)
+        except FailedOccurrences as failed:
+            error = failed.errors.get(occurrence.occurrence_id)
+            if error is None:
+                raise
+            raise _as_exception(error) from failed
 
     return alone
 

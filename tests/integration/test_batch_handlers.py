@@ -229,3 +229,29 @@ async def test_batched_and_single_reports_of_one_occurrence_land_on_one_partitio
     assert len(ours) == 3 * len(occurrences)
     assert all(len(partitions) == 1 for partitions in by_occurrence.values())
     assert len({p for ps in by_occurrence.values() for p in ps}) > 1  # spread over partitions, not all on one
+
+
+async def test_failed_occurrences_naming_none_of_the_batch_reruns_it_one_by_one_and_alone_the_named_error_counts(
+    engine, pool, clock, kafka_bootstrap, consumer_db, effects, target
+):
+    good = [await due_occurrence(pool, "acme", target, clock.now()) for _ in range(2)]
+    poison = await due_occurrence(pool, "acme", target, clock.now())
+    ids = {o.occurrence_id for o in good} | {poison.occurrence_id}
+    await wait_for(lambda: published(pool, ids))
+    calls: list[list] = []
+
+    def confused_then_precise(occurrences: list[Occurrence]) -> None:
+        if len(calls) == 1:  # names an occurrence the batch does not hold: says nothing about this batch
+            raise FailedOccurrences({uuid.uuid4(): PermanentError("not this one")})
+        if any(o.occurrence_id == poison.occurrence_id for o in occurrences):
+            raise FailedOccurrences({poison.occurrence_id: PermanentError("no such customer")})
+
+    app = batch_app(consumer_db, kafka_bootstrap)
+    apply_into(app, target, calls, confused_then_precise)
+    async with Running(app):
+        await wait_for(lambda: _settled(pool, ids))
+
+    assert len(calls[0]) == 3 and all(len(c) == 1 for c in calls[1:])  # the batch, then one by one
+    assert await states(pool, ids) == {**{o.occurrence_id: "SUCCEEDED" for o in good}, poison.occurrence_id: "DEAD"}
+    (dead_attempt,) = [a for a in await attempt_rows(pool, poison.occurrence_id) if a["result"] == "failed"]
+    assert (dead_attempt["error_class"], dead_attempt["permanent"]) == ("PermanentError", True)
