@@ -8,13 +8,20 @@ the handler's effect, with ``started`` / ``succeeded`` / ``failed`` /
 ``chronoq.attempts``. The engine — never this process — decides retries and
 dead letters; the app never needs the engine's database.
 
+Batch handlers (``@app.handler(target, batch=n)``) take up to n occurrences of
+their target per call, in one transaction, deduped by set; their attempts are
+reported in Kafka batches (:mod:`consumers.batch_runner`).
+
 Concurrency and offsets. Handlers run concurrently, bounded per target
-(``@app.handler(target, concurrency=n)``) and per process (``max_in_flight``).
+(``@app.handler(target, concurrency=n)``: calls in flight, each a batch for a
+batch handler) and per process (``max_in_flight``).
 Messages of one partition start in offset order; they may finish in any
 order, and the committed offset of a partition never passes its lowest
 unfinished message (:mod:`consumers.offsets`). A partition with many buffered
 messages is paused, so fetching never outruns the handlers. Offsets are
 committed only after the database commit and the report; auto-commit is off.
+A commit never names a partition this member no longer owns: revocation and
+commits take turns, and a partition revoked meanwhile is left out.
 
 Poison messages (undecodable, or for a target without a handler) go to the
 dead-letter topic and their offsets are committed: they never block a
@@ -51,8 +58,10 @@ from consumers.attempt_runner import (
     ConsumerMetrics,
     ConsumerStats,
     Handler,
+    HandlerRegistration,
     Outcome,
 )
+from consumers.batch_runner import BatchRunner
 from consumers.config import ConsumerConfig
 from consumers.dead_letters import send_to_dead_letters
 from consumers.handlers import HandlerRegistry
@@ -141,9 +150,13 @@ class ConsumerApp:
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._runner: AttemptRunner | None = None
+        self._batch_runner: BatchRunner | None = None
         self._lanes: dict[TopicPartition, _Lane] = {}
+        self._commit_turn = asyncio.Lock()  # commits and revocations never interleave
+        self._committing: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._running_per_target: collections.Counter[str] = collections.Counter()
+        self._in_flight_records = 0
         self._lag_recorded_at = 0.0
         self._background: list[asyncio.Task[None]] = []
 
@@ -156,17 +169,25 @@ class ConsumerApp:
         timeout: float | None = None,
         concurrency: int | None = None,
         permanent_errors: tuple[type[BaseException], ...] = (),
-    ) -> Callable[[Handler], Handler]:
+        batch: int | None = None,
+    ) -> Callable[[Any], Any]:
         """Register ``fn`` as the handler of ``target``'s occurrences.
 
-        timeout: seconds before the handler fails transiently (default ``config.handler_timeout``).
-        concurrency: handlers of this target running at once in this process (default ``config.concurrency``).
+        timeout: seconds before the handler fails transiently (default ``config.handler_timeout``);
+            for a batch handler, the limit of one call.
+        concurrency: handler calls of this target running at once in this process (default
+            ``config.concurrency``).
         permanent_errors: the app's exception types that mean "never retry", besides ``PermanentError``.
+        batch: make it a batch handler, ``async def fn(occurrences: list[Occurrence], conn)``, called with
+            up to ``batch`` occurrences at once (those not applied before; see :mod:`consumers.batch_runner`).
+            Let ``max_poll_records`` be at least ``batch`` so a partition's buffer can fill a batch.
         """
         validate_target(target)
-        registration = self.handlers.limits(timeout, concurrency, permanent_errors)
+        if batch is not None and batch < 1:
+            raise ValueError("batch must be at least 1")
+        registration = self.handlers.limits(timeout, concurrency, permanent_errors, batch)
 
-        def register(fn: Handler) -> Handler:
+        def register(fn: Any) -> Any:
             self.handlers.add(target, registration(fn))
             return fn
 
@@ -191,6 +212,11 @@ class ConsumerApp:
     @property
     def topics(self) -> list[str]:
         return self.handlers.topics
+
+    @property
+    def assigned_partitions(self) -> int:
+        """Partitions this member owns now (0 before the group assigned any)."""
+        return len(self._lanes)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -233,6 +259,9 @@ class ConsumerApp:
         reporter = AttemptReporter(self._producer, cfg.report_timeout, cfg.report_attempts)
         self._runner = AttemptRunner(
             cfg, self._pool, reporter, self.view, self.hooks, self.meters, self.stats, self._stopping
+        )
+        self._batch_runner = BatchRunner(
+            cfg, self._pool, reporter, self.view, self.hooks, self.meters, self.stats, self._stopping, self._runner
         )
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=cfg.kafka_bootstrap,
@@ -355,8 +384,9 @@ class ConsumerApp:
             while not stop.is_set() and not self._stopping.is_set():
                 if max_applied is not None and self.stats.applied >= max_applied:
                     break
-                # Raced against stop: a group join can hold a fetch for seconds.
-                fetch = asyncio.create_task(consumer.getmany(timeout_ms=50 if self._tasks else 200))
+                # Raced against stop: a group join can hold a fetch for seconds. With work in flight the poll
+                # is short, so capacity a finished delivery frees is used at once.
+                fetch = asyncio.create_task(consumer.getmany(timeout_ms=10 if self._tasks else 200))
                 await asyncio.wait({fetch, stopper}, return_when=asyncio.FIRST_COMPLETED)
                 if not fetch.done():
                     fetch.cancel()
@@ -370,21 +400,41 @@ class ConsumerApp:
                         lane.offsets.add(record.offset)
                         lane.pending.append(record)
                 self._dispatch(max_applied)
-                await self._commit()
+                self._commit_soon()
                 self._backpressure()
                 self._record_lag()
         finally:
             stopper.cancel()
+            if self._committing is not None:
+                await asyncio.gather(self._committing, return_exceptions=True)
+
+    def _commit_soon(self) -> None:
+        """Commit in the background (one commit at a time): fetching and dispatching never wait for the
+        broker's answer to an offset commit."""
+        previous = self._committing
+        if previous is not None and not previous.done():
+            return
+        if previous is not None and not previous.cancelled() and previous.exception() is not None:
+            log.warning(
+                "offset commit failed; the next one carries the same offsets",
+                extra={"action": "consumer.commit_failed", "error": repr(previous.exception())},
+            )
+        self._committing = asyncio.create_task(self._commit(), name="offset-commit")
 
     def _dispatch(self, max_applied: int | None) -> None:
-        """Start pending messages, in offset order per partition, within the concurrency limits."""
+        """Start pending messages, in offset order per partition, within the concurrency limits.
+
+        A batch handler's call takes up to its batch size from every partition of its target, a few
+        from each in turn, so one busy partition does not hold the others back.
+        """
         progress = True
         while progress and len(self._tasks) < self.config.max_in_flight:
             progress = False
             for lane in list(self._lanes.values()):
                 if not lane.pending or len(self._tasks) >= self.config.max_in_flight:
                     continue
-                if max_applied is not None and self.stats.applied + len(self._tasks) >= max_applied:
+                room = None if max_applied is None else max_applied - self.stats.applied - self._in_flight_records
+                if room is not None and room <= 0:
                     return
                 registration = self.handlers.for_target(lane.target)
                 limit = registration.concurrency if registration else 1
@@ -393,13 +443,53 @@ class ConsumerApp:
                 poison = _undecodable(lane.pending[0])
                 if not poison and self._running_per_target[lane.target] >= limit:
                     continue
-                record = lane.pending.popleft()
-                if not poison:
-                    self._running_per_target[lane.target] += 1
-                task = asyncio.create_task(self._run_record(lane, record, counted=not poison))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                if poison:
+                    self._start(lane.target, self._run_record(lane, lane.pending.popleft(), counted=False), False)
+                elif registration is not None and registration.batch:
+                    size = registration.batch if room is None else min(registration.batch, room)
+                    self._start(lane.target, self._run_batch(lane.target, self._take(lane.target, size)))
+                else:
+                    self._start(lane.target, self._run_record(lane, lane.pending.popleft()))
                 progress = True
+
+    def _start(self, target: str, work: Any, counted: bool = True) -> None:
+        if counted:
+            self._running_per_target[target] += 1
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _take(self, target: str, size: int) -> list[tuple[_Lane, ConsumerRecord]]:
+        """Up to ``size`` pending records of ``target``'s partitions, round robin, each in offset order."""
+        lanes = [lane for lane in self._lanes.values() if lane.target == target and lane.pending]
+        taken: list[tuple[_Lane, ConsumerRecord]] = []
+        while lanes and len(taken) < size:
+            share = max(1, (size - len(taken)) // len(lanes))
+            for lane in lanes:
+                while lane.pending and share and len(taken) < size:
+                    taken.append((lane, lane.pending.popleft()))
+                    share -= 1
+            lanes = [lane for lane in lanes if lane.pending]
+        self._in_flight_records += len(taken)
+        return taken
+
+    async def _run_batch(self, target: str, taken: list[tuple[_Lane, ConsumerRecord]]) -> None:
+        try:
+            outcomes = await self.handle_batch([record for _, record in taken])
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # noqa: BLE001 - a runtime bug must not kill the app; redelivered later
+            outcomes = [Outcome.ABANDONED] * len(taken)
+            log.exception(
+                "batch delivery failed unexpectedly; it will be redelivered",
+                extra={"action": "consumer.bug", "error": repr(err), "occurrences": len(taken)},
+            )
+        finally:
+            self._running_per_target[target] -= 1
+            self._in_flight_records -= len(taken)
+        for (lane, record), outcome in zip(taken, outcomes, strict=True):
+            if outcome is not Outcome.ABANDONED:
+                lane.offsets.finish(record.offset)
 
     async def _run_record(self, lane: _Lane, record: ConsumerRecord, counted: bool = True) -> None:
         try:
@@ -420,13 +510,22 @@ class ConsumerApp:
             lane.offsets.finish(record.offset)
 
     async def _commit(self, final: bool = False) -> None:
-        """Commit, per partition, up to the lowest unfinished offset (only what moved)."""
+        """Commit, per partition, up to the lowest unfinished offset (only what moved).
+
+        Takes turns with revocation: a commit that waited behind one re-reads the lanes afterwards, so
+        it never names a partition this member gave up.
+        """
+        async with self._commit_turn:
+            await self._commit_owned(final)
+
+    async def _commit_owned(self, final: bool = False) -> None:
         if self._consumer is None:
             return
+        assigned = self._consumer.assignment()
         offsets = {}
         for lane in self._lanes.values():
             position = lane.offsets.committable()
-            if not lane.revoked and position is not None and position != lane.committed:
+            if not lane.revoked and lane.tp in assigned and position is not None and position != lane.committed:
                 offsets[lane.tp] = position
         if not offsets:
             return
@@ -441,7 +540,9 @@ class ConsumerApp:
             )
             return
         for tp, position in offsets.items():
-            self._lanes[tp].committed = position
+            owned = self._lanes.get(tp)
+            if owned is not None:
+                owned.committed = position
 
     def _backpressure(self) -> None:
         """Pause partitions whose buffer is full (fetching never outruns the handlers); resume the others."""
@@ -451,7 +552,10 @@ class ConsumerApp:
         for lane in self._lanes.values():
             if lane.tp not in assigned:  # being revoked: the rebalance listener drops the lane
                 continue
-            full = len(lane.pending) >= self.config.max_poll_records
+            registration = self.handlers.for_target(lane.target)
+            full = len(lane.pending) >= max(
+                self.config.max_poll_records, registration.batch or 0 if registration else 0
+            )
             if full and not lane.paused:
                 consumer.pause(lane.tp)
                 lane.paused = True
@@ -496,13 +600,17 @@ class ConsumerApp:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _revoke(self, revoked: list[TopicPartition]) -> None:
-        """Partitions are leaving this member: commit what finished, forget what did not start."""
-        await self._commit()
-        for tp in revoked:
-            lane = self._lanes.pop(tp, None)
-            if lane is not None:
-                lane.revoked = True
-                lane.pending.clear()
+        """Partitions are leaving this member: commit what finished, forget what did not start.
+
+        One turn with the commits: nothing committed after this names the revoked partitions.
+        """
+        async with self._commit_turn:
+            await self._commit_owned()
+            for tp in revoked:
+                lane = self._lanes.pop(tp, None)
+                if lane is not None:
+                    lane.revoked = True
+                    lane.pending.clear()
 
     def _assign(self, assigned: list[TopicPartition]) -> None:
         for tp in assigned:
@@ -526,7 +634,11 @@ class ConsumerApp:
             span.set_attribute("chronoq.occurrence_id", str(message.occurrence_id))
             span.set_attribute("chronoq.tenant_id", message.tenant_id)
             span.set_attribute("chronoq.attempt", message.attempt)
-            outcome = await self._runner.deliver(message, registration)
+            if registration.batch:
+                assert self._batch_runner is not None
+                (outcome,) = await self._batch_runner.deliver([message], registration)
+            else:
+                outcome = await self._runner.deliver(message, registration)
             span.set_attribute("chronoq.outcome", outcome.value)
         return outcome
 
@@ -551,6 +663,39 @@ class ConsumerApp:
                 " an operator grants it with chronoq target grant",
                 "tenant_id",
             )
+
+    async def handle_batch(self, records: list[ConsumerRecord]) -> list[Outcome]:
+        """Process the records of one batch handler's call completely; one outcome per record, in order.
+
+        Undecodable records go to the dead-letter topic on their own; a record whose message names a
+        target with a single handler is handled as a single delivery.
+        """
+        assert self._batch_runner is not None, "call start() first"
+        outcomes: dict[int, Outcome] = {}
+        groups: dict[int, tuple[HandlerRegistration, list[tuple[int, OccurrenceMessage]]]] = {}
+        for index, record in enumerate(records):
+            try:
+                message = decode_occurrence(record.value, record.headers)
+                registration = self.handlers.for_target(message.target)
+                if registration is None:
+                    raise MalformedMessage(f"no handler for target {message.target!r} in this app", "target")
+                await self._check_tenant(record.topic, message)
+            except MalformedMessage as err:
+                outcomes[index] = await self._dead_letter(record, str(err), err.field)
+                continue
+            if not registration.batch:
+                outcomes[index] = await self.handle_record(record)
+                continue
+            groups.setdefault(id(registration), (registration, []))[1].append((index, message))
+        for registration, members in groups.values():
+            context = obs.extract_trace_context(records[members[0][0]].headers)
+            with self.tracer.start_as_current_span(obs.SPAN_CONSUME, context=context) as span:
+                span.set_attribute("chronoq.batch_size", len(members))
+                span.set_attribute("chronoq.target", members[0][1].target)
+                delivered = await self._batch_runner.deliver([m for _, m in members], registration)
+                span.set_attribute("chronoq.applied", sum(o is Outcome.APPLIED for o in delivered))
+            outcomes.update((index, outcome) for (index, _), outcome in zip(members, delivered, strict=True))
+        return [outcomes[index] for index in range(len(records))]
 
     async def _dead_letter(self, record: ConsumerRecord, reason: str, field: str | None = None) -> Outcome:
         assert self._producer is not None

@@ -3,18 +3,31 @@
 Every send waits for the broker's acknowledgement (acks=all): the runtime
 moves on only once the engine is certain to see the event. A broker that does
 not answer within ``report_timeout`` is an infrastructure error.
+
+:meth:`AttemptReporter.send_many` reports a batch handler's events with one
+Kafka batch per partition (one message per occurrence, as always). It picks
+each partition exactly as the keyed single send does (the Java client's
+murmur2 of the key), so every event of one occurrence still lands on one
+partition, in the order it was produced, whichever way it was sent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import uuid
+from collections.abc import Sequence
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
+from aiokafka.partitioner import DefaultPartitioner
 
 from consumers.errors import InfrastructureError
 from schemas.attempt_events import AttemptEvent
 from schemas.topics import ATTEMPTS_TOPIC
+
+#: Occurrences whose partition is remembered (the started, heartbeat and outcome events of one delivery
+#: share it; murmur2 in pure Python costs more than encoding the event).
+_PARTITION_MEMORY = 100_000
 
 
 class AttemptReporter:
@@ -23,6 +36,9 @@ class AttemptReporter:
         self.timeout = timeout
         self.enabled = enabled
         self.sent = 0
+        self._partitioner = DefaultPartitioner()
+        self._partitions: list[int] = []
+        self._partition_of: dict[uuid.UUID, int] = {}
 
     async def send(self, event: AttemptEvent) -> None:
         """Publish one event and wait for the acknowledgement; InfrastructureError if the broker fails."""
@@ -36,3 +52,45 @@ class AttemptReporter:
         except (TimeoutError, KafkaError) as err:
             raise InfrastructureError(f"could not report {event.event} for {event.occurrence_id}: {err!r}") from err
         self.sent += 1
+
+    async def send_many(self, events: Sequence[AttemptEvent]) -> None:
+        """Publish events, one Kafka batch per partition, and wait for every acknowledgement.
+
+        InfrastructureError if any is not acknowledged within ``report_timeout``: some may have been
+        delivered, so a retry sends duplicates, which the engine recognises as such.
+        """
+        if not self.enabled or not events:
+            return
+        try:
+            await asyncio.wait_for(self._send_batches(events), self.timeout)
+        except (TimeoutError, KafkaError) as err:
+            raise InfrastructureError(f"could not report {len(events)} attempt events: {err!r}") from err
+        self.sent += len(events)
+
+    async def _send_batches(self, events: Sequence[AttemptEvent]) -> None:
+        partitions = sorted(await self.producer.partitions_for(ATTEMPTS_TOPIC))
+        if partitions != self._partitions:
+            self._partitions, self._partition_of = partitions, {}
+        groups: dict[int, list[AttemptEvent]] = {}
+        for event in events:
+            groups.setdefault(self._partition(event), []).append(event)
+        acknowledgements = []
+        for partition, group in groups.items():
+            batch = self.producer.create_batch()
+            for event in group:
+                value, key, headers = event.encode(), event.key, event.headers()
+                if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
+                    acknowledgements.append(await self.producer.send_batch(batch, ATTEMPTS_TOPIC, partition=partition))
+                    batch = self.producer.create_batch()
+                    batch.append(key=key, value=value, timestamp=None, headers=headers)
+            acknowledgements.append(await self.producer.send_batch(batch, ATTEMPTS_TOPIC, partition=partition))
+        await asyncio.gather(*acknowledgements)
+
+    def _partition(self, event: AttemptEvent) -> int:
+        partition = self._partition_of.get(event.occurrence_id)
+        if partition is None:
+            if len(self._partition_of) >= _PARTITION_MEMORY:
+                self._partition_of.clear()
+            partition = self._partitioner(event.key, self._partitions, self._partitions)
+            self._partition_of[event.occurrence_id] = partition
+        return partition

@@ -40,6 +40,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import asyncpg
 from opentelemetry import metrics
@@ -58,6 +59,7 @@ from schemas.queries import CONSUMER_QUERIES
 log = logging.getLogger("chronoq.consumer")
 
 Handler = Callable[[Occurrence, asyncpg.Connection], Awaitable[None]]
+BatchHandler = Callable[[list[Occurrence], asyncpg.Connection], Awaitable[None]]
 Hook = Callable[[Occurrence], Awaitable[None]]
 
 LEASE_EXPIRED = "LeaseExpired"
@@ -75,12 +77,14 @@ class Outcome(enum.Enum):
 
 @dataclass(frozen=True)
 class HandlerRegistration:
-    """A target's handler and its limits."""
+    """A target's handler and its limits. ``batch``: the handler takes a list of up to that many
+    occurrences (:mod:`consumers.batch_runner`); None: one occurrence per call."""
 
-    fn: Handler
+    fn: Handler | BatchHandler
     timeout: float
     concurrency: int
     permanent_errors: tuple[type[BaseException], ...] = ()
+    batch: int | None = None
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,7 @@ class ConsumerStats:
     dead_lettered: int = 0
     infrastructure_errors: int = 0
     abandoned: int = 0
+    batch_failures: int = 0  # batches whose failure sent their occurrences through one by one
     outcomes: list[tuple[uuid.UUID, int, str]] = field(default_factory=list)  # last 1000 (id, attempt, outcome)
 
     def record(self, occurrence_id: uuid.UUID, attempt: int, outcome: Outcome) -> None:
@@ -126,9 +131,12 @@ class ConsumerMetrics:
         self.duration = meter.create_histogram(obs.HANDLER_DURATION, unit="s")
         self.canceled = meter.create_counter(obs.CANCELED_DELIVERIES, unit="1")
         self.lag = meter.create_gauge(obs.CONSUMER_LAG, unit="1")
+        self.batch_size = meter.create_histogram(
+            obs.CONSUMER_BATCH_SIZE, unit="1", description="occurrences per batch handler delivery"
+        )
 
 
-class _LocalLease:
+class LocalLease:
     """This worker's own view of its lease: renewed by acknowledged heartbeats, lost once overdue.
 
     Monotonic time keeps running while a process is stopped (SIGSTOP), so a
@@ -150,7 +158,7 @@ class _LocalLease:
         return not self.lost
 
 
-def _ms(seconds: float) -> str:
+def limit_ms(seconds: float) -> str:
     return str(max(int(seconds * 1000), 1))
 
 
@@ -186,7 +194,7 @@ class AttemptRunner:
                 log.warning(
                     "infrastructure error; the delivery is retried in place, no attempt consumed",
                     extra={
-                        **_ids(message),
+                        **ids(message),
                         "action": "occurrence.infrastructure_error",
                         "error": str(err),
                         "retry_in_s": backoff,
@@ -231,7 +239,7 @@ class AttemptRunner:
             await transaction.start()
             await conn.fetchval(
                 *CONSUMER_QUERIES.limit_transaction(
-                    lock_timeout_ms=_ms(cfg.lock_timeout), idle_timeout_ms=_ms(cfg.idle_timeout)
+                    lock_timeout_ms=limit_ms(cfg.lock_timeout), idle_timeout_ms=limit_ms(cfg.idle_timeout)
                 )
             )
             applied_at = await conn.fetchval(
@@ -247,15 +255,15 @@ class AttemptRunner:
                 )
             )
         except asyncpg.exceptions.LockNotAvailableError as err:
-            await _rollback(transaction)
+            await rollback(transaction)
             raise InfrastructureError(
                 "another attempt of this occurrence holds its uncommitted dedupe row; trying again later"
             ) from err
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
-            await _rollback(transaction)
+            await rollback(transaction)
             raise InfrastructureError(f"app database error before the handler: {err!r}") from err
         if applied_at is None:
-            await _rollback(transaction)
+            await rollback(transaction)
             return await self._duplicate(conn, message)
         try:
             await self.reporter.send(
@@ -264,12 +272,12 @@ class AttemptRunner:
                 )
             )
         except InfrastructureError:
-            await _rollback(transaction)
+            await rollback(transaction)
             raise
-        lease = _LocalLease(cfg.lease_ttl)
+        lease = LocalLease(cfg.lease_ttl)
         obsolete = self.view.verdict(message.schedule_id, message.schedule_version)  # right before the handler
         if obsolete:
-            await _rollback(transaction)
+            await rollback(transaction)
             return await self._skip(message, obsolete, token)
         occurrence = Occurrence.from_message(message, applied_at, token, Cancellation())
         if self.hooks.after_started:
@@ -277,8 +285,8 @@ class AttemptRunner:
         error, timed_out = await self._run_handler(conn, transaction, occurrence, registration, lease)
         if error is None:
             return await self._succeeded(occurrence)
-        await _rollback(transaction)
-        return await self._failed(conn, occurrence, registration, lease, error, timed_out)
+        await rollback(transaction)
+        return await self.conclude_failure(conn, occurrence, registration, lease, error, timed_out)
 
     async def _run_handler(
         self,
@@ -286,7 +294,7 @@ class AttemptRunner:
         transaction: asyncpg.transaction.Transaction,
         occurrence: Occurrence,
         registration: HandlerRegistration,
-        lease: _LocalLease,
+        lease: LocalLease,
     ) -> tuple[Exception | None, bool]:
         started = time.perf_counter()
         deadline = asyncio.timeout(registration.timeout)
@@ -295,7 +303,7 @@ class AttemptRunner:
             heartbeats = asyncio.create_task(self._heartbeats(occurrence, lease), name="lease-heartbeats")
             try:
                 async with deadline:
-                    await registration.fn(occurrence, conn)
+                    await cast(Handler, registration.fn)(occurrence, conn)
                 if self.hooks.before_commit:
                     await self.hooks.before_commit(occurrence)
                 await transaction.commit()
@@ -307,7 +315,7 @@ class AttemptRunner:
         self.meters.duration.record(time.perf_counter() - started, {"target": occurrence.target})
         return error, deadline.expired()
 
-    async def _heartbeats(self, occurrence: Occurrence, lease: _LocalLease) -> None:
+    async def _heartbeats(self, occurrence: Occurrence, lease: LocalLease) -> None:
         """Renew the lease while the handler runs; stop for good once it is overdue."""
         while True:
             await asyncio.sleep(self.config.renew_interval)
@@ -315,7 +323,7 @@ class AttemptRunner:
                 log.warning(
                     "lease overdue (the process was paused or starved); no longer renewing it",
                     extra={
-                        **_ids(occurrence),
+                        **ids(occurrence),
                         "action": "attempt.lease_lost",
                         "lease_token": str(occurrence.lease_token),
                     },
@@ -334,7 +342,7 @@ class AttemptRunner:
             except InfrastructureError as err:
                 log.warning(
                     "heartbeat not delivered",
-                    extra={**_ids(occurrence), "action": "attempt.heartbeat_failed", "error": str(err)},
+                    extra={**ids(occurrence), "action": "attempt.heartbeat_failed", "error": str(err)},
                 )
                 continue
             lease.renewed(sent_at)
@@ -346,7 +354,7 @@ class AttemptRunner:
         self.meters.applied.add(1, {"target": occurrence.target})
         log.info(
             "occurrence applied",
-            extra={**_ids(occurrence), "action": "occurrence.applied", "attempt": occurrence.attempt},
+            extra={**ids(occurrence), "action": "occurrence.applied", "attempt": occurrence.attempt},
         )
         if self.hooks.after_commit:
             await self.hooks.after_commit(occurrence)
@@ -357,15 +365,17 @@ class AttemptRunner:
             await self.hooks.after_report(occurrence)
         return Outcome.APPLIED
 
-    async def _failed(
+    async def conclude_failure(
         self,
         conn: asyncpg.Connection,
         occurrence: Occurrence,
         registration: HandlerRegistration,
-        lease: _LocalLease,
+        lease: LocalLease,
         error: Exception,
         timed_out: bool,
     ) -> Outcome:
+        """Classify a failed attempt (rolled back) and report it: canceled, failed (permanent or not), or
+        an infrastructure error when the app database is gone (raised: the delivery is retried in place)."""
         token = occurrence.lease_token
         assert token is not None
         if isinstance(error, OccurrenceCanceled) or occurrence.cancellation.is_canceled:
@@ -378,7 +388,7 @@ class AttemptRunner:
             if not lease.check():
                 error_class = LEASE_EXPIRED
                 text = f"the attempt outlived its {self.config.lease_ttl} s lease; its transaction was ended"
-            elif not await self._database_reachable():
+            elif not await self.database_reachable():
                 raise InfrastructureError(f"app database unreachable during the handler: {error!r}") from error
             else:
                 text = f"the attempt's database session ended: {text}"
@@ -389,7 +399,7 @@ class AttemptRunner:
         log.warning(
             "handler failed",
             extra={
-                **_ids(occurrence),
+                **ids(occurrence),
                 "action": "occurrence.failed",
                 "attempt": occurrence.attempt,
                 "error_class": error_class,
@@ -411,7 +421,7 @@ class AttemptRunner:
         self.meters.duplicates.add(1, {"target": message.target})
         log.info(
             "duplicate delivery suppressed",
-            extra={**_ids(message), "action": "occurrence.duplicate", "attempt": message.attempt},
+            extra={**ids(message), "action": "occurrence.duplicate", "attempt": message.attempt},
         )
         event = AttemptEvent.already_applied(
             message.occurrence_id, message.attempt, row["lease_token"] if row else None, self.config.group
@@ -424,7 +434,7 @@ class AttemptRunner:
         log.info(
             "occurrence canceled: not applied",
             extra={
-                **_ids(occurrence),
+                **ids(occurrence),
                 "action": "occurrence.canceled",
                 "reason": reason,
                 "version": occurrence.schedule_version,
@@ -460,7 +470,7 @@ class AttemptRunner:
                 return False
             backoff = min(backoff * 2, self.config.redelivery_backoff_max)
 
-    async def _database_reachable(self) -> bool:
+    async def database_reachable(self) -> bool:
         try:
             async with asyncio.timeout(5):
                 await self.pool.fetchval(*CONSUMER_QUERIES.ping())
@@ -469,7 +479,7 @@ class AttemptRunner:
         return True
 
 
-async def _rollback(transaction: asyncpg.transaction.Transaction) -> None:
+async def rollback(transaction: asyncpg.transaction.Transaction) -> None:
     """Roll back if still possible; a dead connection has rolled back already."""
     try:
         await transaction.rollback()
@@ -477,7 +487,7 @@ async def _rollback(transaction: asyncpg.transaction.Transaction) -> None:
         pass
 
 
-def _ids(occurrence: OccurrenceMessage | Occurrence) -> dict[str, str]:
+def ids(occurrence: OccurrenceMessage | Occurrence) -> dict[str, str]:
     return {
         "occurrence_id": str(occurrence.occurrence_id),
         "schedule_id": str(occurrence.schedule_id),

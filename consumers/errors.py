@@ -7,6 +7,8 @@
   signalled that its schedule was canceled (``occurrence.cancellation``).
 * Anything else a handler raises is transient: the engine retries it with
   backoff until the schedule's max attempts.
+* :class:`FailedOccurrences` (batch handlers only): names which occurrences of
+  the batch failed and why; each is classified as above, the others run again.
 
 Infrastructure errors — the app's own database unreachable, the broker
 unavailable — are not the occurrence's fault and do not consume an attempt:
@@ -15,6 +17,8 @@ the runtime retries the delivery in place with backoff.
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Mapping
 from typing import ClassVar
 
 import asyncpg
@@ -37,6 +41,24 @@ class OccurrenceCanceled(ChronoqError):
     """The occurrence's schedule was canceled while its handler ran (``raise_if_canceled``)."""
 
     code: ClassVar[str] = "canceled"
+
+
+class FailedOccurrences(ChronoqError):
+    """Raise in a batch handler to say which occurrences failed: ``{occurrence_id: error}``.
+
+    The batch's transaction rolls back. Each named occurrence is reported failed with its own error
+    (a :class:`PermanentError` or a type in ``permanent_errors`` makes it DEAD, anything else is retried
+    by the engine); the occurrences not named run again at once, as a batch, without them.
+    """
+
+    code: ClassVar[str] = "failed_occurrences"
+
+    def __init__(self, errors: Mapping[uuid.UUID, BaseException]) -> None:
+        self.errors = dict(errors)
+        super().__init__(
+            f"{len(self.errors)} occurrence(s) of the batch failed: "
+            + ", ".join(f"{ident}: {type(err).__name__}" for ident, err in list(self.errors.items())[:5])
+        )
 
 
 class InfrastructureError(ChronoqError):

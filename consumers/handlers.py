@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from consumers.attempt_runner import Handler, HandlerRegistration
+from consumers.attempt_runner import BatchHandler, Handler, HandlerRegistration
 from schemas.topics import occurrence_topic, validate_target
 
 
 class HandlerRegistry:
-    """Handlers by target with their limits (timeout, concurrency, permanent errors)."""
+    """Handlers by target with their limits (timeout, concurrency, permanent errors, batch size)."""
 
     def __init__(self, default_timeout: float, default_concurrency: int) -> None:
         self.default_timeout = default_timeout
@@ -18,14 +18,18 @@ class HandlerRegistry:
         self.fallback: HandlerRegistration | None = None
 
     def limits(
-        self, timeout: float | None, concurrency: int | None, permanent_errors: tuple[type[BaseException], ...]
-    ) -> Callable[[Handler], HandlerRegistration]:
+        self,
+        timeout: float | None,
+        concurrency: int | None,
+        permanent_errors: tuple[type[BaseException], ...],
+        batch: int | None = None,
+    ) -> Callable[[Handler | BatchHandler], HandlerRegistration]:
         """Validate a handler's limits now (before the handler exists); return what registers it."""
         timeout = self.default_timeout if timeout is None else timeout
         concurrency = self.default_concurrency if concurrency is None else concurrency
         if timeout <= 0 or concurrency < 1:
             raise ValueError("a handler needs a positive timeout and a concurrency of at least 1")
-        return lambda fn: HandlerRegistration(fn, timeout, concurrency, tuple(permanent_errors))
+        return lambda fn: HandlerRegistration(fn, timeout, concurrency, tuple(permanent_errors), batch)
 
     def add(self, target: str, registration: HandlerRegistration) -> None:
         validate_target(target)

@@ -86,6 +86,23 @@ class ScheduleStateView:
             if not watchers:
                 self._watchers.pop(schedule_id, None)
 
+    @contextmanager
+    def watch_many(self, watched: list[tuple[uuid.UUID, Cancellation]]) -> Iterator[None]:
+        """:meth:`watch` for a whole batch at once (one context, not one per occurrence)."""
+        for schedule_id, cancellation in watched:
+            self._watchers.setdefault(schedule_id, set()).add(cancellation)
+            if self.verdict(schedule_id, 0) == SCHEDULE_CANCELED:
+                cancellation.cancel(SCHEDULE_CANCELED)
+        try:
+            yield
+        finally:
+            for schedule_id, cancellation in watched:
+                watchers = self._watchers.get(schedule_id)
+                if watchers is not None:
+                    watchers.discard(cancellation)
+                    if not watchers:
+                        del self._watchers[schedule_id]
+
     def __len__(self) -> int:
         return len(self._latest)
 

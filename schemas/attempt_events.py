@@ -28,6 +28,7 @@ time: the engine judges leases by its own clock.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,7 @@ from schemas.messages import HEADER_FORMAT, HEADER_OCCURRENCE_ID, decode_json_ob
 from schemas.record_fields import MAX_NAME
 
 FORMAT_VERSION = 1
+_FORMAT_HEADER = str(FORMAT_VERSION).encode()
 
 STARTED = "started"
 HEARTBEAT = "heartbeat"
@@ -175,23 +177,23 @@ class AttemptEvent:
             applied_by=applied_by,
         )
 
-    @property
+    @functools.cached_property
     def key(self) -> bytes:
         """Keyed by occurrence: the events of one occurrence stay ordered on one partition."""
         return str(self.occurrence_id).encode()
 
     def headers(self) -> list[tuple[str, bytes]]:
-        return [(HEADER_FORMAT, str(FORMAT_VERSION).encode()), (HEADER_OCCURRENCE_ID, str(self.occurrence_id).encode())]
+        return [(HEADER_FORMAT, _FORMAT_HEADER), (HEADER_OCCURRENCE_ID, self.key)]
 
     def encode(self) -> bytes:
         data: dict[str, Any] = {
             "format": FORMAT_VERSION,
             "event": self.event,
-            "occurrence_id": str(self.occurrence_id),
+            "occurrence_id": self.occurrence_id,
             "attempt": self.attempt,
         }
         if self.lease_token is not None:
-            data["lease_token"] = str(self.lease_token)
+            data["lease_token"] = self.lease_token
         optional = {
             "lease_ttl": self.lease_ttl,
             "consumer_group": self.consumer_group,
@@ -204,8 +206,9 @@ class AttemptEvent:
         if self.event == FAILED:
             data["permanent"] = self.permanent
         if self.applied_by is not None:
-            data["applied_by"] = str(self.applied_by)
-        return orjson.dumps(data)
+            data["applied_by"] = self.applied_by
+        # orjson writes uuid.UUID as its canonical string itself; other UUID types (asyncpg's) through str().
+        return orjson.dumps(data, default=str)
 
 
 def _printable(text: str) -> str:

@@ -48,6 +48,11 @@ LEASE_TIMEOUTS = "chronoq.lease_timeouts"  # counter: RUNNING attempts the reape
 OVERLAP_SKIPS = "chronoq.overlap_skips"  # counter: occurrences SKIPPED_OVERLAP
 CANCELED_DELIVERIES = "chronoq.canceled_deliveries"  # counter (consumer): skipped, older version or canceled
 CONSUMER_LAG = "chronoq.consumer_lag"  # gauge (consumer), per partition: high water - committable
+CONSUMER_BATCH_SIZE = "chronoq.consumer_batch_size"  # histogram (consumer): occurrences per batch handler delivery
+ATTEMPT_EVENT_BATCH = "chronoq.attempt_event_batch"  # histogram: attempt events applied per transaction
+ATTEMPT_EVENTS_LAG = "chronoq.attempt_events_lag"  # gauge, per partition: attempt events not applied yet
+REJECTED_EVENTS = "chronoq.rejected_attempt_events"  # counter, attr event: failed verification
+REAPER_DEFERRED = "chronoq.reaper_deferred"  # gauge, s: how far the reaper trails now (attempt events not applied yet)
 # Operator features.
 BACKFILLED_OCCURRENCES = (
     "chronoq.backfilled_occurrences"  # counter: past slots a backfill released (created or refired)

@@ -1,82 +1,98 @@
-"""The attempt ledger: what each attempt event does to its occurrence.
+"""The engine side of attempts: what attempt events and expired leases do to occurrences and attempts.
 
-Consumer runtimes report every delivery on ``chronoq.attempts`` (see
-``schemas/attempt_events.py``); the attempt processor
-(:mod:`engine.loops.attempt_processor`) hands each event to
-:meth:`AttemptLedger.apply`, which applies it to the occurrence under a row
-lock, following ``engine.rules.occurrence_states`` (how an attempt's end
-becomes a retry, a dead letter or a final state is
-:mod:`engine.loops.attempt_outcomes`, shared with the reaper):
+Consumer runtimes report every delivery on ``chronoq.attempts`` (see ``schemas/attempt_events.py``). The
+rules — which event is accepted, a duplicate, fenced or ignored, and what it changes — are one pure fold,
+:mod:`engine.rules.attempt_decisions`, following ``engine.rules.occurrence_states``. This ledger is its I/O,
+set-based: for a batch of events it
 
-* ``started`` opens an attempt with the consumer's fresh lease token and makes
-  it current (ENQUEUED → RUNNING). It is accepted for the next delivery
-  (``attempt == attempt_count + 1``) of an occurrence not yet running, or — a
-  **takeover** — for the same delivery of a RUNNING occurrence under another
-  token: the redelivery reached a new partition owner after the old one
-  crashed before committing its offset. Consumers send ``started`` only after
-  they inserted the dedupe row, and that row's lock is exclusive, so the
-  newest start of a delivery is the only worker that can still apply it; the
-  previous attempt is closed as ``fenced``. A ``started`` for an older
-  delivery (the reaper or a failure already moved on) is rejected.
-* ``heartbeat`` / ``succeeded`` / ``failed`` / ``canceled`` with a token are
-  accepted only for the **current** lease token. Any other token is fenced:
-  rejected, counted (``chronoq.fenced_attempt_events``) and logged with
-  ``action=attempt.fenced``. An exact repeat of an outcome already recorded
-  for that token (Kafka redelivered the event) is a harmless duplicate.
-* ``failed`` asks ``engine.rules.retry_policy``: a retry becomes RETRY_WAIT plus a
-  new outbox row (same occurrence_id, attempt + 1, due at now + backoff); no
-  retry left becomes DEAD plus a dead-letter outbox row.
-* ``canceled`` without a token (a consumer skipped a delivery of an older
-  version or a canceled schedule) is accepted only if the engine agrees the
-  version is obsolete; an occurrence that is already CANCELED stays so.
-* ``already_applied`` (the consumer found the dedupe row) is a fact: any
-  unfinished or DEAD occurrence becomes SUCCEEDED.
+1. locks every occurrence the batch names (one statement, in id order) and reads every attempt their lease
+   tokens name (one statement);
+2. folds each occurrence's events, in order, over that snapshot;
+3. writes what the fold decided with one statement per kind for the whole batch: new attempts, changed
+   attempts, changed occurrences, unsent deliveries of finished occurrences;
+4. concludes each accepted ``failed`` (:mod:`engine.loops.attempt_outcomes`, ``engine.rules.retry_policy``:
+   RETRY_WAIT plus a new outbox row with the same occurrence_id and attempt + 1, or DEAD plus a dead-letter
+   row, or CANCELED when the schedule changed meanwhile — reads and writes per occurrence, rare by nature),
+   then applies that occurrence's later events of the batch one at a time.
 
-Everything an event changes — occurrence, attempt, outbox rows, the tenant's
-retry budget — is written in one transaction; the Kafka offset is committed
-after it, so a crash in between re-applies events, which are idempotent.
+Fencing stays per occurrence: the fold checks each event's lease token against its own occurrence's
+current lease. A burst's ``started`` and ``succeeded`` usually arrive in one batch and cost one write of
+the occurrence (ENQUEUED → SUCCEEDED) and one attempt row. The per-event path (:meth:`AttemptLedger.apply`)
+is the same code with a batch of one.
+
+Everything a batch changes — occurrences, attempts, outbox rows, the tenant's retry budget — is written in
+the caller's transaction; the Kafka offset is committed after it, so a crash in between re-applies
+events, which are idempotent.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-import uuid
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from enum import Enum
+from typing import Any
 
 import asyncpg
 
-from engine.loops.attempt_outcomes import (
-    AttemptMetrics,
-    AttemptOutcomes,
-    AttemptStats,
-    Failure,
-    ids_of,
-    lock_occurrence,
-)
-from engine.records import Attempt, LockedOccurrence
-from engine.rules.occurrence_states import Event, State, allowed, transition
-from schemas import attempt_events as events
+from engine.loops.attempt_outcomes import AttemptMetrics, AttemptOutcomes, AttemptStats, lock_occurrence
+from engine.rules.attempt_decisions import Decisions, Verdict, fold_events, tokens_to_read
 from schemas.attempt_events import AttemptEvent
 from schemas.clock import Clock
+from schemas.connections import json_rows
 from schemas.queries import QUERIES
+from schemas.topics import occurrence_topic
 
 log = logging.getLogger("chronoq.attempts")
 
+__all__ = ["AttemptLedger", "Verdict"]
 
-class Verdict(str, Enum):
-    ACCEPTED = "accepted"  # the event changed state
-    DUPLICATE = "duplicate"  # the same outcome was already recorded (Kafka redelivered the event)
-    FENCED = "fenced"  # the lease token is not the current one: rejected
-    IGNORED = "ignored"  # nothing to do (e.g. the occurrence is already CANCELED)
-    UNKNOWN = "unknown"  # no such occurrence
+# The columns each write takes from the fold's states (the names are the tables' columns).
+_NEW_ATTEMPT = (
+    "attempt_id",
+    "occurrence_id",
+    "attempt_number",
+    "lease_token",
+    "consumer_group",
+    "worker",
+    "started_at",
+    "heartbeat_at",
+    "lease_expires_at",
+    "finished_at",
+    "result",
+    "error_class",
+    "error_message",
+    "permanent",
+)
+_CHANGED_ATTEMPT = (
+    "lease_token",
+    "heartbeat_at",
+    "lease_expires_at",
+    "finished_at",
+    "result",
+    "error_class",
+    "error_message",
+    "permanent",
+)
+_MOVED_OCCURRENCE = (
+    "occurrence_id",
+    "state",
+    "attempt_count",
+    "lease_token",
+    "lease_expires_at",
+    "enqueued_at",
+    "finished_at",
+    "last_error_class",
+    "last_error_message",
+    "dead_reason",
+)
 
 
 class AttemptLedger:
-    """The decisions about one occurrence's attempts, inside a caller's transaction.
+    """Applies attempt events and failure conclusions inside a caller's transaction.
 
-    Shared by the attempt processor (events) and the reaper (expired leases).
+    What an attempt's end leads to (retry, dead letter, final state) is :mod:`engine.loops.attempt_outcomes`,
+    shared with the reaper.
     """
 
     def __init__(self, clock: Clock, rng: random.Random, meters: AttemptMetrics, stats: AttemptStats) -> None:
@@ -87,154 +103,80 @@ class AttemptLedger:
     # -- events ---------------------------------------------------------------------------------
 
     async def apply(self, conn: asyncpg.Connection, event: AttemptEvent, now: datetime) -> Verdict:
-        occ = await lock_occurrence(conn, event.occurrence_id)
-        if occ is None:
-            return Verdict.UNKNOWN
-        found = (
-            await conn.fetchrow(*QUERIES.find_attempt(lease_token=event.lease_token))
-            if event.lease_token is not None
-            else None
-        )
-        known = Attempt.from_row(found) if found is not None else None
-        if known is not None and known.occurrence_id != occ.occurrence_id:
-            return Verdict.FENCED  # a token of another occurrence: never ours
-        handler = {
-            events.STARTED: self._started,
-            events.HEARTBEAT: self._heartbeat,
-            events.SUCCEEDED: self._succeeded,
-            events.FAILED: self._failed,
-            events.CANCELED: self._canceled,
-            events.ALREADY_APPLIED: self._already_applied,
-        }[event.event]
-        return await handler(conn, occ, known, event, now)
+        """One event (a batch of one)."""
+        return (await self.apply_batch(conn, [event], now))[0]
 
-    def _current(self, occ: LockedOccurrence, event: AttemptEvent) -> bool:
-        return occ.state == State.RUNNING.value and occ.lease_token == event.lease_token
+    async def apply_batch(
+        self, conn: asyncpg.Connection, events: Sequence[AttemptEvent], now: datetime
+    ) -> list[Verdict]:
+        """Apply events in order (of their partition): the verdict of each, in order."""
+        if not events:
+            return []
+        ids = list({event.occurrence_id for event in events})  # the query locks them in id order
+        rows = await conn.fetch(*QUERIES.lock_occurrences(occurrence_ids=ids))
+        tokens = tokens_to_read(events, rows)
+        attempts = await conn.fetch(*QUERIES.attempts_by_token(lease_tokens=list(tokens))) if tokens else []
+        decisions = fold_events(events, {row["occurrence_id"]: row for row in rows}, attempts, now)
+        await self._write(conn, decisions, now)
+        for occurrence_id, failure in decisions.failures.items():
+            # The failed attempt is closed (written above); the retry decision reads the whole row now.
+            occ = await lock_occurrence(conn, occurrence_id)
+            assert occ is not None  # locked by this transaction
+            await self.outcomes.conclude_failure(conn, occ, failure, now)
+        verdicts = [decisions.verdicts.get(index, Verdict.IGNORED) for index in range(len(events))]
+        for index in decisions.deferred:  # after their occurrence's failure was concluded
+            verdicts[index] = await self.apply(conn, events[index], now)
+        self._report(decisions)
+        return verdicts
 
-    async def _started(
-        self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent, now: datetime
-    ) -> Verdict:
-        if known is not None:
-            return Verdict.DUPLICATE
-        state = State(occ.state)
-        fresh = state in (State.SCHEDULED, State.ENQUEUED, State.RETRY_WAIT) and event.attempt == occ.attempt_count + 1
-        takeover = state is State.RUNNING and event.attempt == occ.attempt_count
-        if not (fresh or takeover):
-            return Verdict.FENCED
-        if takeover:
-            await self.outcomes.finish_attempt(
-                conn, occ.lease_token, "fenced", now, Failure("Superseded", f"lease taken over by {event.lease_token}")
+    async def _write(self, conn: asyncpg.Connection, decisions: Decisions, now: datetime) -> None:
+        """What the fold decided: one statement per kind of write for the whole batch."""
+        new = decisions.new_attempts()
+        if new:
+            rows = [{column: getattr(a, column) for column in _NEW_ATTEMPT} for a in new]
+            await conn.execute(*QUERIES.insert_attempts(attempts=json_rows(rows)))
+        changed = decisions.changed_attempts()
+        if changed:
+            rows = [{column: getattr(a, column) for column in _CHANGED_ATTEMPT} for a in changed]
+            await conn.execute(
+                *QUERIES.update_attempts(attempts=json_rows(rows), lease_tokens=[a.lease_token for a in changed])
             )
-        transition(state, Event.STARTED)
-        await conn.fetchval(
-            *QUERIES.start_attempt(
-                occurrence_id=occ.occurrence_id,
-                attempt_id=uuid.uuid4(),
-                attempt_number=event.attempt,
-                lease_token=event.lease_token,
-                consumer_group=event.consumer_group,
-                worker=event.worker,
-                lease_ttl_s=event.lease_ttl,
-                now=now,
+        moved = decisions.changed_occurrences()
+        if moved:
+            rows = [{column: getattr(o, column) for column in _MOVED_OCCURRENCE} for o in moved]
+            await conn.execute(
+                *QUERIES.update_occurrences(
+                    occurrences=json_rows(rows), occurrence_ids=[o.occurrence_id for o in moved], now=now
+                )
             )
-        )
-        log.info(
-            "attempt started",
-            extra=ids_of(
-                occ,
-                action="attempt.started",
-                attempt=event.attempt,
-                lease_token=str(event.lease_token),
-                takeover=takeover,
-            ),
-        )
-        return Verdict.ACCEPTED
-
-    async def _heartbeat(
-        self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent, now: datetime
-    ) -> Verdict:
-        if not self._current(occ, event):
-            return Verdict.FENCED
-        await conn.fetchval(
-            *QUERIES.renew_lease(
-                lease_token=event.lease_token, lease_ttl_s=event.lease_ttl, now=now, occurrence_id=occ.occurrence_id
+        if decisions.finished:
+            await conn.execute(
+                *QUERIES.discard_pending_deliveries_of(
+                    occurrence_ids=[o.occurrence_id for o in decisions.finished],
+                    topics=[occurrence_topic(o.row["target"]) for o in decisions.finished],
+                    now=now,
+                )
             )
-        )
-        return Verdict.ACCEPTED
 
-    async def _succeeded(
-        self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent, now: datetime
-    ) -> Verdict:
-        if not self._current(occ, event):
-            return _repeat_or_fenced(known, "succeeded")
-        await self.outcomes.finish_attempt(conn, event.lease_token, "succeeded", now)
-        await self.outcomes.finish(conn, occ, Event.SUCCEEDED, now)
-        return Verdict.ACCEPTED
-
-    async def _failed(
-        self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent, now: datetime
-    ) -> Verdict:
-        if not self._current(occ, event):
-            return _repeat_or_fenced(known, "failed")
-        failure = Failure(event.error_class or "Error", event.error_message or "", event.permanent)
-        await self.outcomes.finish_attempt(conn, event.lease_token, "failed", now, failure)
-        await self.outcomes.conclude_failure(conn, occ, failure, now)
-        return Verdict.ACCEPTED
-
-    async def _canceled(
-        self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent, now: datetime
-    ) -> Verdict:
-        state = State(occ.state)
-        if event.lease_token is not None:
-            if self._current(occ, event):
-                await self.outcomes.finish_attempt(conn, event.lease_token, "canceled", now)
-                await self.outcomes.finish(conn, occ, Event.CANCEL, now)
-                return Verdict.ACCEPTED
-            if state is State.CANCELED:
-                return Verdict.IGNORED
-            return _repeat_or_fenced(known, "canceled")
-        if state is State.CANCELED:
-            return Verdict.IGNORED
-        obsolete = occ.obsolete
-        if state in (State.SCHEDULED, State.ENQUEUED, State.RETRY_WAIT) and obsolete:
-            await self.outcomes.finish(conn, occ, Event.CANCEL, now)
-            return Verdict.ACCEPTED
-        if not obsolete:
+    def _report(self, decisions: Decisions) -> None:
+        """Metrics and the log line of every transition (after the writes; the caller commits)."""
+        for result, n in decisions.closed.items():
+            self.meters.attempts.add(n, {"result": result})
+        if log.isEnabledFor(logging.INFO):
+            for change in decisions.transitions:
+                log.info(
+                    change.action.replace(".", " ").replace("_", " "),
+                    extra=_ids(change.occurrence.row, action=change.action, **change.fields),
+                )
+        for warning in decisions.warnings:
+            message = {
+                "attempt.cancel_unconfirmed": "a consumer skipped an occurrence the engine does not consider obsolete",
+                "occurrence.applied_after_final": "effect applied for an occurrence in a final state",
+            }
             log.warning(
-                "a consumer skipped an occurrence the engine does not consider obsolete",
-                extra=ids_of(
-                    occ, action="attempt.cancel_unconfirmed", reason=event.reason, consumer_group=event.consumer_group
-                ),
+                message.get(warning.action, warning.action),
+                extra=_ids(warning.occurrence.row, action=warning.action, **warning.fields),
             )
-        return Verdict.IGNORED
-
-    async def _already_applied(
-        self, conn: asyncpg.Connection, occ: LockedOccurrence, known: Attempt | None, event: AttemptEvent, now: datetime
-    ) -> Verdict:
-        state = State(occ.state)
-        if state is State.SUCCEEDED:
-            return Verdict.DUPLICATE
-        if not allowed(state, Event.ALREADY_APPLIED):
-            log.warning(
-                "effect applied for an occurrence in a final state",
-                extra=ids_of(
-                    occ, action="occurrence.applied_after_final", state=state.value, applied_by=str(event.applied_by)
-                ),
-            )
-            return Verdict.IGNORED
-        if state is State.RUNNING:
-            mine = occ.lease_token == event.applied_by
-            await self.outcomes.finish_attempt(
-                conn,
-                occ.lease_token,
-                "succeeded" if mine else "fenced",
-                now,
-                None if mine else Failure("AppliedElsewhere", f"effect applied by {event.applied_by}"),
-            )
-        await self.outcomes.finish(conn, occ, Event.ALREADY_APPLIED, now)
-        return Verdict.ACCEPTED
-
-    # -- outcomes -------------------------------------------------------------------------------
 
     def fenced(self, event: AttemptEvent, verdict: Verdict) -> None:
         """Count and log a rejected event (called after the transaction, once per event)."""
@@ -256,7 +198,10 @@ class AttemptLedger:
         )
 
 
-def _repeat_or_fenced(known: Attempt | None, result: str) -> Verdict:
-    if known is not None and known.result == result:
-        return Verdict.DUPLICATE
-    return Verdict.FENCED
+def _ids(row: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
+    return {
+        "occurrence_id": str(row["occurrence_id"]),
+        "schedule_id": str(row["schedule_id"]),
+        "tenant_id": row["tenant_id"],
+        **extra,
+    }

@@ -30,6 +30,7 @@ from opentelemetry import metrics
 
 from engine.control.quotas import DEFAULT_RETRY_BUDGET
 from engine.records import LockedOccurrence
+from engine.rules.attempt_decisions import Failure
 from engine.rules.occurrence_states import Event, State, transition
 from engine.rules.retry_policy import RetryDecision, decide_retry, spend_budget
 from schemas import observability as obs
@@ -40,7 +41,7 @@ from schemas.queries import QUERIES
 from schemas.topics import DEAD_LETTER_TOPIC, occurrence_topic, schedule_key
 
 if TYPE_CHECKING:
-    from engine.loops.attempt_ledger import Verdict
+    from engine.rules.attempt_decisions import Verdict
 
 log = logging.getLogger("chronoq.attempts")
 
@@ -57,8 +58,8 @@ class AttemptStats:
     dead: int = 0
     poison: int = 0
 
-    def count(self, verdict: Verdict) -> None:
-        self.verdicts[verdict.value] = self.verdicts.get(verdict.value, 0) + 1
+    def count(self, verdict: Verdict, n: int = 1) -> None:
+        self.verdicts[verdict.value] = self.verdicts.get(verdict.value, 0) + n
 
     def __getitem__(self, verdict: Verdict) -> int:
         return self.verdicts.get(verdict.value, 0)
@@ -74,13 +75,10 @@ class AttemptMetrics:
         self.fenced = meter.create_counter(obs.FENCED_EVENTS, unit="1")
         self.lease_timeouts = meter.create_counter(obs.LEASE_TIMEOUTS, unit="1")
         self.poison = meter.create_counter(obs.POISON_MESSAGES, unit="1")
-
-
-@dataclass(frozen=True)
-class Failure:
-    error_class: str
-    error_message: str
-    permanent: bool = False
+        self.rejected = meter.create_counter(obs.REJECTED_EVENTS, unit="1")
+        self.batch = meter.create_histogram(
+            obs.ATTEMPT_EVENT_BATCH, unit="1", description="attempt events applied per transaction"
+        )
 
 
 async def lock_occurrence(conn: asyncpg.Connection, occurrence_id: uuid.UUID) -> LockedOccurrence | None:

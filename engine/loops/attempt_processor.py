@@ -1,13 +1,23 @@
-"""The attempt processor: consume ``chronoq.attempts`` and apply each event through the ledger.
+"""The attempt processor: consume ``chronoq.attempts`` and apply the events, a partition's batch at a time.
 
-Events are applied in order, a batch per transaction and each event in its own
-savepoint (:mod:`engine.loops.attempt_ledger` decides what each one does).
-Everything an event changes is written in that transaction; the Kafka offset
-is committed after it, so a crash in between re-applies events, which are
-idempotent. An event that fails on a database constraint is logged and
-skipped, never blocking its partition; an undecodable record is counted as
-poison and skipped. Joining, offsets, backoff and the summary line are the
-Kafka processor skeleton's (:mod:`engine.loops.kafka_processor`).
+Each fetched partition's events are one unit: decoded (an undecodable record is counted as poison and
+skipped), passed through the verification seam (:class:`EventVerifier`; nothing is rejected without
+one), then applied set-based in one transaction by :meth:`AttemptLedger.apply_batch` — one statement per
+kind of write for the batch, fencing per occurrence. Everything the batch changes is written in that
+transaction; the Kafka offset is committed after it, so a crash in between re-applies events, which are
+idempotent.
+
+Errors. A transient database error (the backend terminated, a deadlock, the database away) fails the
+unit: its partition is rewound and read again, and the other partitions of the fetch are still processed
+(the skeleton's rule, :mod:`engine.loops.kafka_processor`), so a fetched event is always applied or read
+again. Any other database error in the set-based statements (a bug, or a constraint one event violates)
+makes the batch fall back to one event at a time, each in a savepoint: the event that fails is logged and
+skipped, never blocking its partition.
+
+Progress. After every poll the processor records, per partition it has read to its end, the engine
+instant up to which every event of that partition is applied (``attempt_event_progress``); the lease
+reaper judges leases by that instant, so a backlog of heartbeats and outcomes never makes it time out
+healthy attempts. The lag (events not yet applied) is a gauge per partition.
 """
 
 from __future__ import annotations
@@ -15,12 +25,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
+from typing import Protocol
 
 import asyncpg
+from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
 from opentelemetry import metrics, trace
 
@@ -38,6 +51,32 @@ from schemas.topics import ATTEMPTS_TOPIC, DEFAULT_PARTITIONS
 
 log = logging.getLogger("chronoq.attempts")
 
+#: The progress of a partition nobody has read yet: every lease ends after it.
+PROGRESS_FLOOR = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class ReceivedEvent:
+    """An attempt event as it arrived: decoded, with the record's bytes and headers (what a signature covers)."""
+
+    event: AttemptEvent
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...] = ()
+    partition: int | None = None
+    offset: int | None = None
+
+
+class EventVerifier(Protocol):
+    """Decides whether each received event comes from the consumer it claims to (e.g. an HMAC over the record
+    with a credential the engine issued per target and consumer group).
+
+    Called once per batch, inside the batch's transaction before anything is applied, so looking the
+    credentials up is one statement for the batch. Returns, per event in order, None for an authentic event
+    or the reason it is rejected; a rejected event changes nothing and is counted and logged.
+    """
+
+    async def verify(self, conn: asyncpg.Connection, received: Sequence[ReceivedEvent]) -> Sequence[str | None]: ...
+
 
 @dataclass(frozen=True)
 class AttemptProcessorConfig:
@@ -46,17 +85,21 @@ class AttemptProcessorConfig:
         and engines of different databases (tests, staging) on one broker never take each other's events.
     session_timeout / heartbeat_interval: group membership timing (s); the embedded broker's first
         join takes about half the session timeout (docs/broker.md).
-    max_poll_records: events applied per transaction.
+    max_poll_records: events fetched per poll, all partitions together (default 4000); each partition's
+        share is applied in one transaction.
     partitions: of the attempts topic, if this processor creates it.
     error_backoff: seconds to wait after a failed batch before reading it again.
+    parallel_partitions: partitions of one poll applied at once, each in its own transaction (default 4: the
+        database works on one while this process decides the next; their occurrences are disjoint).
     """
 
     group: str | None = None
     session_timeout: float = 10.0
     heartbeat_interval: float = 3.0
-    max_poll_records: int = 500
+    max_poll_records: int = 4000
     partitions: int = DEFAULT_PARTITIONS
     error_backoff: float = 1.0
+    parallel_partitions: int = 4
 
     def validate(self) -> None:
         if self.heartbeat_interval >= self.session_timeout:
@@ -66,7 +109,7 @@ class AttemptProcessorConfig:
 
 
 class AttemptProcessor:
-    """Reads ``chronoq.attempts`` and applies each event in the engine database."""
+    """Reads ``chronoq.attempts`` and applies the events in the engine database."""
 
     def __init__(
         self,
@@ -77,6 +120,7 @@ class AttemptProcessor:
         rng: random.Random | None = None,
         meter: metrics.Meter | None = None,
         tracer: trace.Tracer | None = None,
+        verifier: EventVerifier | None = None,
     ) -> None:
         self.pool = pool
         self.kafka_bootstrap = kafka_bootstrap
@@ -84,56 +128,111 @@ class AttemptProcessor:
         self.config.validate()
         self.clock = clock or DatabaseClock()
         self.stats = AttemptStats()
-        self.meters = AttemptMetrics(meter or obs.get_meter("engine"))
+        meter = meter or obs.get_meter("engine")
+        self.meters = AttemptMetrics(meter)
+        self._lag = meter.create_gauge(
+            obs.ATTEMPT_EVENTS_LAG, unit="1", description="attempt events fetched or waiting, not applied yet"
+        )
         self.tracer = tracer or obs.get_tracer("engine")
+        self.verifier = verifier
         self.ledger = AttemptLedger(self.clock, rng or random.Random(), self.meters, self.stats)
+        self.assigned_partitions = 0
+        # The engine instant of the last progress write, and this host's time right after it: a poll
+        # answered after that moment covers every event produced before that instant.
+        self._mark: tuple[datetime, float] | None = None
+        self._known_partitions: set[int] = set()
+
+    @property
+    def events_applied(self) -> int:
+        """Events decided so far (every verdict), for benchmarks and status."""
+        return sum(self.stats.verdicts.values())
 
     async def apply_events(self, batch: Sequence[AttemptEvent]) -> list[Verdict]:
-        """Apply events in order, in one transaction; each event is all-or-nothing (a savepoint).
+        """Apply events in order, in one transaction (no Kafka: tests and tools call this directly)."""
+        return await self.apply_received(
+            [ReceivedEvent(event, event.encode(), tuple(event.headers())) for event in batch]
+        )
 
-        A transient error (the database is away, a deadlock) fails the whole batch, which is read
-        again; any other error fails only its event, which is logged, counted as poison and skipped
-        so it never blocks the partition.
+    async def apply_received(self, received: Sequence[ReceivedEvent]) -> list[Verdict]:
+        """Verify, then apply set-based in one transaction; the verdict of every event, in order.
+
+        A transient error fails the whole batch (it is read again); any other error makes it fall back to
+        one event at a time in savepoints, skipping (and counting as poison) only the event that fails.
         """
-        verdicts: list[Verdict] = []
         with self.tracer.start_as_current_span(obs.SPAN_ATTEMPT_EVENTS) as span:
-            span.set_attribute("chronoq.events", len(batch))
+            span.set_attribute("chronoq.events", len(received))
             async with self.pool.acquire() as conn, conn.transaction():
                 now: datetime = await conn.fetchval(*QUERIES.current_instant(now=self.clock.now()))
-                for event in batch:
-                    try:
-                        async with conn.transaction():
-                            verdict = await self.ledger.apply(conn, event, now)
-                    except Exception as err:
-                        if is_transient(err):
-                            raise
-                        # A value the database refuses, a constraint this event violates, or a bug: skip and
-                        # count it, never block the partition on it.
-                        self.stats.poison += 1
-                        self.meters.poison.add(1, {"topic": ATTEMPTS_TOPIC})
-                        log.exception(
-                            "attempt event could not be applied; skipped",
-                            extra={
-                                "action": "attempt.apply_failed",
-                                "occurrence_id": str(event.occurrence_id),
-                                "event": event.event,
-                                "error": repr(err),
-                            },
-                        )
-                        verdict = Verdict.IGNORED
-                    verdicts.append(verdict)
-        for event, verdict in zip(batch, verdicts, strict=True):
-            self.stats.count(verdict)
-            self.ledger.fenced(event, verdict)
+                rejections = (
+                    await self.verifier.verify(conn, received) if self.verifier is not None else [None] * len(received)
+                )
+                accepted = [r.event for r, why in zip(received, rejections, strict=True) if why is None]
+                try:
+                    async with conn.transaction():
+                        applied = await self.ledger.apply_batch(conn, accepted, now)
+                except Exception as err:  # noqa: BLE001 - a transient error re-reads; anything else is isolated
+                    if is_transient(err):
+                        raise
+                    log.warning(
+                        "attempt batch could not be applied at once; applying it one event at a time",
+                        extra={"action": "attempt.batch_fallback", "events": len(accepted), "error": repr(err)},
+                    )
+                    applied = [await self._apply_alone(conn, event, now) for event in accepted]
+        verdicts, results = [], iter(applied)
+        for item, why in zip(received, rejections, strict=True):
+            verdicts.append(next(results) if why is None else self._rejected(item, why))
+        for item, verdict in zip(received, verdicts, strict=True):
+            self.ledger.fenced(item.event, verdict)
+        for verdict, n in Counter(verdicts).items():
+            self.stats.count(verdict, n)
+        self.meters.batch.record(len(received))
         return verdicts
+
+    async def _apply_alone(self, conn: asyncpg.Connection, event: AttemptEvent, now: datetime) -> Verdict:
+        try:
+            async with conn.transaction():
+                return await self.ledger.apply(conn, event, now)
+        except Exception as err:
+            if is_transient(err):
+                raise
+            # A value the database refuses, a constraint this event violates, or a bug: skip and count it,
+            # never block the partition on it.
+            self.stats.poison += 1
+            self.meters.poison.add(1, {"topic": ATTEMPTS_TOPIC})
+            log.exception(
+                "attempt event could not be applied; skipped",
+                extra={
+                    "action": "attempt.apply_failed",
+                    "occurrence_id": str(event.occurrence_id),
+                    "event": event.event,
+                    "error": repr(err),
+                },
+            )
+            return Verdict.IGNORED
+
+    def _rejected(self, item: ReceivedEvent, why: str) -> Verdict:
+        self.meters.rejected.add(1, {"event": item.event.event})
+        log.warning(
+            "attempt event rejected: it failed verification",
+            extra={
+                "action": "attempt.rejected",
+                "occurrence_id": str(item.event.occurrence_id),
+                "event": item.event.event,
+                "consumer_group": item.event.consumer_group,
+                "partition": item.partition,
+                "offset": item.offset,
+                "reason": why,
+            },
+        )
+        return Verdict.REJECTED
 
     async def handle_records(self, records: Sequence[ConsumerRecord]) -> dict[str, int]:
         """Decode a partition's records (undecodable ones are counted as poison and skipped) and apply them."""
-        batch: list[AttemptEvent] = []
+        received: list[ReceivedEvent] = []
         poison = 0
         for record in records:
             try:
-                batch.append(decode_attempt_event(record.value))
+                event = decode_attempt_event(record.value)
             except MalformedMessage as err:
                 poison += 1
                 self.stats.poison += 1
@@ -147,8 +246,48 @@ class AttemptProcessor:
                         "error": str(err),
                     },
                 )
-        verdicts = await self.apply_events(batch) if batch else []
+                continue
+            received.append(
+                ReceivedEvent(event, record.value, tuple(record.headers or ()), record.partition, record.offset)
+            )
+        verdicts = await self.apply_received(received) if received else []
         return {**Counter(verdict.value for verdict in verdicts), **({"poison": poison} if poison else {})}
+
+    async def record_progress(self, consumer: AIOKafkaConsumer) -> None:
+        """After a poll: the partitions read to their end, as of the previous mark, and the lag gauges.
+
+        A partition counts as read to its end when every fetched event is applied (its position reached
+        the high watermark) and that watermark came in a fetch answered after the mark was taken: then
+        every event produced before the mark's engine instant is applied.
+        """
+        assignment = consumer.assignment()
+        self.assigned_partitions = len(assignment)
+        caught_up = []
+        for tp in sorted(assignment, key=lambda t: t.partition):
+            high = consumer.highwater(tp)
+            if high is None:
+                continue
+            position = await consumer.position(tp)
+            self._lag.set(max(high - position, 0), {"partition": tp.partition})
+            polled = consumer.last_poll_timestamp(tp)
+            if self._mark is not None and position >= high and polled is not None and polled / 1000 > self._mark[1]:
+                caught_up.append(tp.partition)
+        new = sorted({tp.partition for tp in assignment} - self._known_partitions)
+        if new:
+            # Partitions just assigned and not read yet: their progress starts at the floor (or stays where a
+            # previous owner left it), so the reaper waits for this processor instead of judging by now.
+            await self.pool.fetchval(
+                *QUERIES.record_attempt_progress(partitions=new, applied_through=PROGRESS_FLOOR, now=self.clock.now())
+            )
+            self._known_partitions.update(new)
+        now: datetime = await self.pool.fetchval(
+            *QUERIES.record_attempt_progress(
+                partitions=caught_up,
+                applied_through=self._mark[0] if self._mark else PROGRESS_FLOOR,
+                now=self.clock.now(),
+            )
+        )
+        self._mark = (now, time.time())
 
     async def run(self, stop: asyncio.Event, summary_every: float = SUMMARY_EVERY) -> None:
         """Consume attempt events until ``stop`` is set; the offset is committed after the database."""
@@ -166,5 +305,8 @@ class AttemptProcessor:
             cfg.partitions,
             cfg.error_backoff,
             summary_every,
+            cfg.parallel_partitions,
         )
-        await KafkaProcessorLoop("attempts", self.kafka_bootstrap, settings, self.handle_records, log).run(stop)
+        await KafkaProcessorLoop(
+            "attempts", self.kafka_bootstrap, settings, self.handle_records, log, after_round=self.record_progress
+        ).run(stop)

@@ -28,6 +28,9 @@ in the engine database and return counts for the summary.
   reject what they can themselves (commands are answered, undecodable events
   counted); this is the last line. Other partitions of the same fetch are
   still processed;
+* **after every poll** (records or none), ``after_round(consumer)`` if given: the attempt processor records
+  there how far it has read each partition, and its lag. A failure there is logged like a unit's, and the
+  loop goes on;
 * **a one-line summary** every ``summary_every`` seconds
   (:class:`engine.loops.reporting.LoopSummary`).
 """
@@ -52,6 +55,7 @@ from schemas.error_classification import is_transient
 from schemas.topics import DEFAULT_PARTITIONS, create_missing_topics
 
 Handle = Callable[[Sequence[ConsumerRecord]], Awaitable[Mapping[str, int]]]
+AfterRound = Callable[[AIOKafkaConsumer], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,8 @@ class KafkaLoopSettings:
     ``partitions``). session_timeout / heartbeat_interval: group membership timing (s).
     max_poll_records: records fetched at most per partition and poll (None: aiokafka's default).
     error_backoff: seconds before a failed unit is read again. summary_every: seconds between summary lines.
+    parallel_partitions: partitions of one poll handled at once (each unit its own transaction; the units of
+    one partition stay in order). 1: one after the other.
     """
 
     group: str
@@ -71,6 +77,7 @@ class KafkaLoopSettings:
     partitions: int = DEFAULT_PARTITIONS
     error_backoff: float = 1.0
     summary_every: float = SUMMARY_EVERY
+    parallel_partitions: int = 1
 
 
 class _Rewind(Exception):
@@ -93,6 +100,7 @@ class KafkaProcessorLoop:
         log: logging.Logger,
         unit: Literal["batch", "record"] = "batch",
         monotonic: Callable[[], float] = time.monotonic,
+        after_round: AfterRound | None = None,
     ) -> None:
         self.name = name
         self.bootstrap = bootstrap
@@ -100,6 +108,7 @@ class KafkaProcessorLoop:
         self.handle = handle
         self.log = log
         self.unit = unit
+        self.after_round = after_round
         self._skipped = obs.get_meter("engine").create_counter(obs.RECORDS_SKIPPED, unit="1")
         self.summary = LoopSummary(name, log, settings.summary_every, monotonic=monotonic)
 
@@ -122,8 +131,9 @@ class KafkaProcessorLoop:
         try:
             while not stop.is_set():
                 fetched = await self._fetch(consumer, stopped, stop)
-                for tp, records in (fetched or {}).items():
-                    await self.process(consumer, tp, records, stop)
+                await self._process_all(consumer, fetched or {}, stop)
+                if fetched is not None and self.after_round is not None:
+                    await self._after_round(consumer, stop)
                 await self.summary.maybe_log()
         finally:
             stopped.cancel()
@@ -173,6 +183,35 @@ class KafkaProcessorLoop:
             log_failure(self.log, self.name, err, self.settings.error_backoff)
             await pause(stop, self.settings.error_backoff)
             return None
+
+    async def _process_all(
+        self,
+        consumer: AIOKafkaConsumer,
+        fetched: Mapping[TopicPartition, Sequence[ConsumerRecord]],
+        stop: asyncio.Event,
+    ) -> None:
+        """Every partition of a poll: one after the other, or up to ``parallel_partitions`` at once (their
+        records are independent: a partition's units still go in order, and its failure rewinds only it)."""
+        if self.settings.parallel_partitions <= 1 or len(fetched) <= 1:
+            for tp, records in fetched.items():
+                await self.process(consumer, tp, records, stop)
+            return
+        limit = asyncio.Semaphore(self.settings.parallel_partitions)
+
+        async def one(tp: TopicPartition, records: Sequence[ConsumerRecord]) -> None:
+            async with limit:
+                await self.process(consumer, tp, records, stop)
+
+        await asyncio.gather(*(one(tp, records) for tp, records in fetched.items()))
+
+    async def _after_round(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
+        assert self.after_round is not None
+        try:
+            await self.after_round(consumer)
+        except Exception as err:  # noqa: BLE001 - bookkeeping after a poll must not end the loop
+            self.summary.add({"errors": 1})
+            log_failure(self.log, self.name, err, self.settings.error_backoff)
+            await pause(stop, self.settings.error_backoff)
 
     async def process(
         self, consumer: AIOKafkaConsumer, tp: TopicPartition, records: Sequence[ConsumerRecord], stop: asyncio.Event

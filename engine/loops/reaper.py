@@ -10,6 +10,14 @@ and applies the same retry rules as a transient failure (error class
 afterwards is fenced. Its effect, if it ever commits, is still protected by
 the consumer's dedupe row.
 
+Leases are judged by what the engine has read: a lease counts as expired only
+if it ended before the attempt processor's progress (``attempt_event_progress``:
+every attempt event produced before that instant is applied). During a burst
+the heartbeats and outcomes of healthy attempts can wait in ``chronoq.attempts``
+longer than a lease lasts; they are not missing, only unread, and the reaper
+waits for them instead of timing those attempts out. How far it trails now is
+the ``chronoq.reaper_deferred`` gauge.
+
 Each pass locks up to ``batch_size`` expired occurrences with SKIP LOCKED (the
 attempt processor and other reapers never wait for it) and decides each in
 the same transaction. The loop also records the dead-letter list's size and
@@ -73,6 +81,9 @@ class Reaper:
         self.stats = AttemptStats()
         self.meters = AttemptMetrics(meter)
         self._dlq_size = meter.create_gauge(obs.DLQ_SIZE, unit="1")
+        self._deferred = meter.create_gauge(
+            obs.REAPER_DEFERRED, unit="s", description="how far the reaper trails now: attempt events not applied"
+        )
         self.outcomes = AttemptOutcomes(self.clock, rng or random.Random(), self.meters, self.stats)
         self._passes = 0
         self.dead_letters = 0
@@ -111,6 +122,8 @@ class Reaper:
         """Record the DLQ size gauge and prune old retry-budget windows; return the DLQ size."""
         size = await self.pool.fetchval(*QUERIES.dead_letter_count())
         self._dlq_size.set(size)
+        row = await self.pool.fetchrow(*QUERIES.reaping_horizon(now=self.clock.now()))
+        self._deferred.set(max((row["now"] - row["horizon"]).total_seconds(), 0.0))
         await self.pool.execute(*QUERIES.prune_retry_usage(now=self.clock.now()))
         return size
 

@@ -16,43 +16,66 @@ LEFT JOIN tenants t ON t.tenant_id = o.tenant_id
 WHERE o.occurrence_id = :occurrence_id
 FOR UPDATE OF o;
 
--- name: find_attempt
--- The attempt a lease token belongs to (tokens are unique across all attempts).
-SELECT * FROM attempts WHERE lease_token = :lease_token;
+-- name: lock_occurrences
+-- Locks the occurrences :occurrence_ids a batch of attempt events names, in id order (one lock order for
+-- every batch: no deadlocks between them), with what the event rules read: the occurrence's state and lease,
+-- and whether its schedule moved on (current version, state). The schedule is read per row (LATERAL ...
+-- OFFSET 0 keeps it an index probe, never a scan of every schedule). A failure's retry decision reads the
+-- rest with lock_occurrence.
+SELECT o.occurrence_id, o.schedule_id, o.schedule_version, o.tenant_id, o.target, o.state, o.attempt_count,
+       o.lease_token, o.lease_expires_at, o.enqueued_at, o.finished_at, o.last_error_class, o.last_error_message,
+       o.dead_reason, s.version AS current_version, s.state AS schedule_state
+FROM occurrences o
+CROSS JOIN LATERAL (SELECT version, state FROM schedules WHERE schedule_id = o.schedule_id OFFSET 0) s
+WHERE o.occurrence_id = ANY (:occurrence_ids::uuid[])
+ORDER BY o.occurrence_id
+FOR UPDATE OF o;
 
--- name: start_attempt
--- Records a started attempt and makes its lease the occurrence's current one (RUNNING, lease until
--- now + :lease_ttl_s seconds on the engine's clock).
-WITH attempt AS (
-    INSERT INTO attempts (attempt_id, occurrence_id, attempt_number, lease_token, consumer_group, worker,
-                          started_at, lease_expires_at)
-    VALUES (:attempt_id, :occurrence_id, :attempt_number, :lease_token, :consumer_group, :worker,
-            coalesce(:now::timestamptz, now()),
-            coalesce(:now::timestamptz, now()) + make_interval(secs => :lease_ttl_s))
-    RETURNING lease_expires_at
-)
-UPDATE occurrences
-SET state = 'RUNNING', attempt_count = :attempt_number, lease_token = :lease_token,
-    lease_expires_at = (SELECT lease_expires_at FROM attempt),
-    enqueued_at = coalesce(enqueued_at, coalesce(:now::timestamptz, now())),
+-- name: attempts_by_token
+-- The attempts the lease tokens :lease_tokens name (tokens are unique across all attempts).
+SELECT lease_token, occurrence_id, attempt_number, result, finished_at
+FROM attempts WHERE lease_token = ANY (:lease_tokens::uuid[]);
+
+-- name: insert_attempts
+-- Records the attempts a batch of events opened (closed too, when their outcome came in the same batch):
+-- :attempts is a JSON array with one object per attempt, keyed by column. Lease instants are the engine's clock.
+INSERT INTO attempts (attempt_id, occurrence_id, attempt_number, lease_token, consumer_group, worker, started_at,
+                      heartbeat_at, lease_expires_at, finished_at, result, error_class, error_message, permanent)
+SELECT attempt_id, occurrence_id, attempt_number, lease_token, consumer_group, worker, started_at, heartbeat_at,
+       lease_expires_at, finished_at, result, error_class, error_message, permanent
+FROM jsonb_to_recordset(:attempts::text::jsonb)
+     AS a (attempt_id uuid, occurrence_id uuid, attempt_number integer, lease_token uuid, consumer_group text,
+           worker text, started_at timestamptz, heartbeat_at timestamptz, lease_expires_at timestamptz,
+           finished_at timestamptz, result text, error_class text, error_message text, permanent boolean);
+
+-- name: update_attempts
+-- Heartbeats and outcomes of attempts recorded before the batch (:attempts, a JSON array of objects keyed by
+-- column); a null leaves the column as it was. The attempts' occurrences are locked, so no one else changes them.
+UPDATE attempts a
+SET heartbeat_at = coalesce(u.heartbeat_at, a.heartbeat_at),
+    lease_expires_at = coalesce(u.lease_expires_at, a.lease_expires_at),
+    finished_at = coalesce(u.finished_at, a.finished_at), result = coalesce(u.result, a.result),
+    error_class = coalesce(u.error_class, a.error_class), error_message = coalesce(u.error_message, a.error_message),
+    permanent = coalesce(u.permanent, a.permanent)
+FROM jsonb_to_recordset(:attempts::text::jsonb)
+     AS u (lease_token uuid, heartbeat_at timestamptz, lease_expires_at timestamptz, finished_at timestamptz,
+           result text, error_class text, error_message text, permanent boolean)
+WHERE a.lease_token = u.lease_token AND a.lease_token = ANY (:lease_tokens::uuid[]);
+
+-- name: update_occurrences
+-- Writes the occurrences a batch of events moved, each column as decided (:occurrences, a JSON array of
+-- objects keyed by column). The ANY condition on :occurrence_ids lets the planner probe the primary key
+-- instead of scanning the table.
+UPDATE occurrences o
+SET state = u.state, attempt_count = u.attempt_count, lease_token = u.lease_token,
+    lease_expires_at = u.lease_expires_at, enqueued_at = u.enqueued_at, finished_at = u.finished_at,
+    last_error_class = u.last_error_class, last_error_message = u.last_error_message, dead_reason = u.dead_reason,
     updated_at = coalesce(:now::timestamptz, now())
-WHERE occurrence_id = :occurrence_id
-RETURNING lease_expires_at;
-
--- name: renew_lease
--- A heartbeat of the current attempt: its lease now ends :lease_ttl_s seconds after now.
-WITH occurrence AS (
-    UPDATE occurrences
-    SET lease_expires_at = coalesce(:now::timestamptz, now()) + make_interval(secs => :lease_ttl_s),
-        updated_at = coalesce(:now::timestamptz, now())
-    WHERE occurrence_id = :occurrence_id AND lease_token = :lease_token AND state = 'RUNNING'
-    RETURNING lease_expires_at
-)
-UPDATE attempts
-SET heartbeat_at = coalesce(:now::timestamptz, now()),
-    lease_expires_at = (SELECT lease_expires_at FROM occurrence)
-WHERE lease_token = :lease_token AND EXISTS (SELECT 1 FROM occurrence)
-RETURNING lease_expires_at;
+FROM jsonb_to_recordset(:occurrences::text::jsonb)
+     AS u (occurrence_id uuid, state text, attempt_count integer, lease_token uuid, lease_expires_at timestamptz,
+           enqueued_at timestamptz, finished_at timestamptz, last_error_class text, last_error_message text,
+           dead_reason text)
+WHERE o.occurrence_id = u.occurrence_id AND o.occurrence_id = ANY (:occurrence_ids::uuid[]);
 
 -- name: finish_attempt
 -- Closes an open attempt with its result (succeeded, failed, timed_out, fenced, canceled).
@@ -79,11 +102,33 @@ SET state = 'RETRY_WAIT', lease_token = NULL, lease_expires_at = NULL, last_erro
 WHERE occurrence_id = :occurrence_id;
 
 -- name: expired_leases
--- Locks up to :limit RUNNING occurrences whose lease expired (the worker stopped heartbeating).
--- SKIP LOCKED: several reapers, and the attempt processor, never wait for each other.
+-- Locks up to :limit RUNNING occurrences whose lease expired (the worker stopped heartbeating) before the
+-- attempt processor's progress: a heartbeat still unread in chronoq.attempts cannot have been missed. With
+-- no progress recorded (no processor ran), now decides alone. SKIP LOCKED: several reapers, and the attempt
+-- processor, never wait for each other.
 SELECT occurrence_id
 FROM occurrences
-WHERE state = 'RUNNING' AND lease_expires_at <= coalesce(:now::timestamptz, now())
+WHERE state = 'RUNNING'
+  AND lease_expires_at <= least(coalesce(:now::timestamptz, now()),
+                                (SELECT min(applied_through) FROM attempt_event_progress))
 ORDER BY lease_expires_at
 LIMIT :limit
 FOR UPDATE SKIP LOCKED;
+
+-- name: reaping_horizon
+-- Now, and the instant the reaper judges leases by: now, or the attempt processor's progress if that trails.
+SELECT coalesce(:now::timestamptz, now()) AS now,
+       least(coalesce(:now::timestamptz, now()), (SELECT min(applied_through) FROM attempt_event_progress)) AS horizon;
+
+-- name: record_attempt_progress
+-- The attempt processor read partitions :partitions to their end as of :applied_through (the engine's clock):
+-- every event of theirs produced before it is applied. Progress only moves forward. Returns the database's
+-- instant (the next round's mark).
+WITH progress AS (
+    INSERT INTO attempt_event_progress AS p (partition, applied_through, updated_at)
+    SELECT partition, :applied_through::timestamptz, coalesce(:now::timestamptz, now())
+    FROM unnest(:partitions::integer[]) AS partition
+    ON CONFLICT (partition) DO UPDATE
+    SET applied_through = greatest(p.applied_through, excluded.applied_through), updated_at = excluded.updated_at
+)
+SELECT coalesce(:now::timestamptz, now());

@@ -36,3 +36,29 @@ SELECT consumer_group, occurrence_id, schedule_id, schedule_version, scheduled_f
 FROM chronoq_consumer_dedupe
 WHERE scheduled_for >= :window_from AND scheduled_for < :window_to
   AND (:tenant_id::text IS NULL OR tenant_id = :tenant_id) AND (:group::text IS NULL OR consumer_group = :group);
+
+-- name: insert_dedupe_batch
+-- A batch handler's dedupe rows, one statement for the batch: :rows is a JSON array with one object per
+-- occurrence this group applies in the transaction of the batch's effects, keyed by column. Returns the
+-- occurrences inserted now; the others were applied before (or by a concurrent twin, which this waits for)
+-- and must not reach the handler.
+INSERT INTO chronoq_consumer_dedupe (consumer_group, occurrence_id, schedule_id, schedule_version, tenant_id,
+                                     scheduled_for, attempt, lease_token)
+SELECT :consumer_group, occurrence_id, schedule_id, schedule_version, tenant_id, scheduled_for, attempt, lease_token
+FROM jsonb_to_recordset(:rows::text::jsonb)
+     AS r (occurrence_id uuid, schedule_id uuid, schedule_version integer, tenant_id text,
+           scheduled_for timestamptz, attempt integer, lease_token uuid)
+ON CONFLICT DO NOTHING
+RETURNING occurrence_id, applied_at;
+
+-- name: dedupe_rows
+-- Which attempts applied the occurrences :occurrence_ids for this group (those that were applied).
+SELECT occurrence_id, applied_at, attempt, lease_token FROM chronoq_consumer_dedupe
+WHERE consumer_group = :consumer_group AND occurrence_id = ANY (:occurrence_ids::uuid[]);
+
+-- name: delete_dedupe_rows
+-- Takes back, inside the batch's transaction, the dedupe rows it inserted for occurrences that became
+-- obsolete before the handler ran (they are not applied; their rows never commit).
+DELETE FROM chronoq_consumer_dedupe
+WHERE consumer_group = :consumer_group AND occurrence_id = ANY (:occurrence_ids::uuid[])
+  AND lease_token = ANY (:lease_tokens::uuid[]);

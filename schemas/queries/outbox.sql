@@ -82,3 +82,12 @@ SELECT message FROM outbox WHERE occurrence_id = :occurrence_id AND topic = :top
 UPDATE outbox
 SET discarded_at = coalesce(:now::timestamptz, now())
 WHERE occurrence_id = :occurrence_id AND topic = :topic AND sent_at IS NULL AND discarded_at IS NULL;
+
+-- name: discard_pending_deliveries_of
+-- Occurrences that finished (element i of :occurrence_ids, on its occurrence topic :topics[i]) need no further
+-- delivery: drop their unsent rows.
+UPDATE outbox o
+SET discarded_at = coalesce(:now::timestamptz, now())
+FROM unnest(:occurrence_ids::uuid[], :topics::text[]) AS f (occurrence_id, topic)
+WHERE o.occurrence_id = f.occurrence_id AND o.topic = f.topic AND o.occurrence_id = ANY (:occurrence_ids::uuid[])
+  AND o.sent_at IS NULL AND o.discarded_at IS NULL;

@@ -18,6 +18,12 @@ CREATE TABLE public.attempt_credentials (
     CONSTRAINT attempt_credentials_consumer_group_check CHECK (((length(consumer_group) >= 1) AND (length(consumer_group) <= 255))),
     CONSTRAINT attempt_credentials_secret_check CHECK ((length(secret) = 32))
 );
+CREATE TABLE public.attempt_event_progress (
+    partition integer NOT NULL,
+    applied_through timestamp with time zone NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT attempt_event_progress_partition_check CHECK ((partition >= 0))
+);
 CREATE TABLE public.attempts (
     attempt_id uuid NOT NULL,
     occurrence_id uuid NOT NULL,
@@ -381,6 +387,8 @@ CREATE TABLE public.tenants (
 );
 ALTER TABLE ONLY public.attempt_credentials
     ADD CONSTRAINT attempt_credentials_pkey PRIMARY KEY (credential_id);
+ALTER TABLE ONLY public.attempt_event_progress
+    ADD CONSTRAINT attempt_event_progress_pkey PRIMARY KEY (partition);
 ALTER TABLE ONLY public.attempts
     ADD CONSTRAINT attempts_lease_token_key UNIQUE (lease_token);
 ALTER TABLE ONLY public.attempts

@@ -8,8 +8,11 @@ application of one occurrence would show as a second row). At every handoff
 the process prints ``AT <point> <occurrence_id> <lease_token>`` on stdout; at
 the ``--pause-at`` point it then waits for a line on stdin before going on,
 so a test can kill or stop it exactly there. ``RESULT <outcome>`` lines and
-the exit status tell how it ended. SIGTERM/SIGINT are the runtime's own: the
-first drains, the second aborts.
+the exit status tell how it ended. With ``--batch N`` the handler is a batch
+handler (it prints ``BATCH <n> <ids...>``); the hooks still run per
+occurrence, so the process stops at the batch's first occurrence, with the
+whole batch at that point. SIGTERM/SIGINT are the runtime's own: the first
+drains, the second aborts.
 """
 
 from __future__ import annotations
@@ -59,6 +62,21 @@ async def main(args: argparse.Namespace) -> int:
     )
     app = ConsumerApp(config, hooks=hooks(args.pause_at))
 
+    if args.batch:
+
+        @app.handler(args.target, batch=args.batch)
+        async def apply_batch(occurrences: list[Occurrence], conn: asyncpg.Connection) -> None:
+            say("BATCH", len(occurrences), *(o.occurrence_id for o in occurrences))
+            await conn.executemany(
+                "INSERT INTO effects (occurrence_id, attempt, lease_token) VALUES ($1, $2, $3)",
+                [(o.occurrence_id, o.attempt, o.lease_token) for o in occurrences],
+            )
+            say("BATCH_DONE", len(occurrences))
+
+        applied = await app.run()
+        say("RESULT", f"applied={applied}", *(f"{o[0]}:{o[1]}:{o[2]}" for o in app.stats.outcomes))
+        return 0
+
     @app.handler(args.target, concurrency=4)
     async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
         say("HANDLER", occurrence.occurrence_id, occurrence.attempt)
@@ -85,6 +103,7 @@ if __name__ == "__main__":
     parser.add_argument("--target", required=True)
     parser.add_argument("--pause-at", choices=POINTS)
     parser.add_argument("--handler-seconds", type=float, default=0.0)
+    parser.add_argument("--batch", type=int, help="a batch handler taking up to this many occurrences per call")
     parser.add_argument("--session-timeout", type=float, default=2.0)
     parser.add_argument("--lease-ttl", type=float, default=30.0)
     parser.add_argument("--idle-timeout", type=float)

@@ -4,6 +4,7 @@ Kafka skeleton, and which roles a process runs."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Literal
@@ -244,3 +245,30 @@ def test_roles_say_what_each_process_runs() -> None:
         ServiceConfig(roles=frozenset({Role.API})).validate(None)
     with pytest.raises(ValueError, match="at least one role"):
         ServiceConfig(roles=frozenset()).validate("k:9092")
+
+
+async def test_partitions_of_one_poll_run_at_once_and_a_failing_one_rewinds_only_itself() -> None:
+    running, most = 0, 0
+    handled: list[int] = []
+
+    async def handle(records) -> dict[str, int]:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0)  # let the other partitions start
+        running -= 1
+        if any(r.offset == 21 for r in records):
+            raise asyncpg.exceptions.ConnectionDoesNotExistError("gone")
+        handled.extend(r.offset for r in records)
+        return {"applied": len(records)}
+
+    settings = dataclasses.replace(SETTINGS, parallel_partitions=2)
+    loop = KafkaProcessorLoop("attempts", "unused:9092", settings, handle, logging.getLogger("test.loop"))
+    consumer = FakeConsumer()
+    tps = [TopicPartition("chronoq.attempts", n) for n in range(3)]
+    fetched = {tp: [Record(n * 10), Record(n * 10 + 1)] for n, tp in enumerate(tps)}
+    await loop._process_all(consumer, fetched, asyncio.Event())
+    assert most == 2  # two at once, never more
+    assert sorted(handled) == [0, 1, 10, 11]
+    assert consumer.seeks == [(tps[2], 20)]  # only the failed partition is read again
+    assert sorted((tp.partition, o) for c in consumer.commits for tp, o in c.items()) == [(0, 2), (1, 12)]

@@ -1,0 +1,92 @@
+"""The attempt processor when its database backend dies mid-transaction: every fetched event is applied.
+
+Found by the fault-injection run of issue 13: when one partition's batch failed (its backend was
+terminated in the middle of the transaction), the loop discarded the records already fetched for the
+other partitions and rewound only the failing one. The fetch position had moved past the discarded
+records, so they were never applied and their occurrences stayed ENQUEUED for good.
+
+The fault here is real: a trigger on ``attempts`` terminates its own backend (``pg_terminate_backend``)
+the first time an attempt is recorded, in the middle of the processor's transaction. A sequence, not a
+table, remembers that it fired: sequences are not rolled back with the transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from aiokafka import AIOKafkaProducer
+
+from engine.loops.attempt_processor import AttemptProcessor, AttemptProcessorConfig
+from schemas.attempt_events import AttemptEvent
+from schemas.topics import ATTEMPTS_TOPIC, create_missing_topics
+from tests.support.rows import due_occurrence
+from tests.support.waiting import wait_for
+
+TERMINATE_ONCE = """
+CREATE SEQUENCE fault_fired;
+CREATE FUNCTION terminate_own_backend_once() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF nextval('fault_fired') = 1 THEN
+        PERFORM pg_terminate_backend(pg_backend_pid());
+        PERFORM pg_sleep(5);   -- the termination interrupts this
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER terminate_once BEFORE INSERT ON attempts FOR EACH ROW EXECUTE FUNCTION terminate_own_backend_once();
+"""
+
+
+async def produce_events(bootstrap: str, events: list[AttemptEvent]) -> None:
+    """As the consumer runtime does: keyed by occurrence, so the events spread over the partitions."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
+    await producer.start()
+    try:
+        futures = [await producer.send(ATTEMPTS_TOPIC, e.encode(), key=e.key) for e in events]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+async def test_a_batch_whose_backend_is_terminated_mid_transaction_drops_no_event_of_any_partition(
+    pool, clock, target, kafka_bootstrap
+):
+    occurrences = [await due_occurrence(pool, "acme", target, clock.now()) for _ in range(48)]
+    await pool.execute(TERMINATE_ONCE)
+    events = []
+    for occurrence in occurrences:
+        token = uuid.uuid4()
+        events += [
+            AttemptEvent.started(occurrence.occurrence_id, 1, token, 30.0, "billing", "host:1"),
+            AttemptEvent.succeeded(occurrence.occurrence_id, 1, token),
+        ]
+    await create_missing_topics(kafka_bootstrap, [ATTEMPTS_TOPIC])
+    # Every event is in the topic before the processor's first fetch, so one fetch holds several partitions.
+    await produce_events(kafka_bootstrap, events)
+    processor = AttemptProcessor(
+        pool,
+        kafka_bootstrap,
+        AttemptProcessorConfig(
+            session_timeout=2.0, heartbeat_interval=0.4, max_poll_records=100_000, error_backoff=0.05
+        ),
+        clock=clock,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(processor.run(stop))
+    ids = [o.occurrence_id for o in occurrences]
+
+    async def all_succeeded() -> bool:
+        if task.done():
+            task.result()  # a crashed processor fails the test with its own error
+        states = await pool.fetch("SELECT state FROM occurrences WHERE occurrence_id = ANY($1)", ids)
+        return all(r["state"] == "SUCCEEDED" for r in states)
+
+    try:
+        await wait_for(all_succeeded, timeout=30)
+    finally:
+        stop.set()
+        await task
+    assert await pool.fetchval("SELECT last_value FROM fault_fired") >= 1, "the fault was injected"
+    assert await pool.fetchval(
+        "SELECT count(*) FROM attempts WHERE occurrence_id = ANY($1) AND result = 'succeeded'", ids
+    ) == len(ids)
