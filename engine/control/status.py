@@ -25,6 +25,7 @@ from schemas.topics import ATTEMPTS_TOPIC
 
 RECENT_OUTBOX_ROWS = 200_000
 
+
 def _seconds(later: datetime | None, earlier: datetime | None) -> float | None:
     """later - earlier in seconds."""
     if later is None or earlier is None:
