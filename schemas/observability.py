@@ -61,6 +61,13 @@ CALENDAR_CHANGES = "chronoq.calendar_changes"  # counter, attr change: create|up
 # Hostile input and tenant isolation (docs/security.md).
 RECORDS_SKIPPED = "chronoq.records_skipped"  # counter, attr loop: records passed after a non-transient failure
 TARGET_REFUSALS = "chronoq.target_refusals"  # counter: schedules refused on another tenant's target
+# The sharded data plane (issue 12).
+TENANT_DISPATCHES = "chronoq.tenant_dispatches"  # counter, attrs tenant_id, lane: ahead-lane rows published
+AHEAD_BACKLOG = "chronoq.ahead_backlog"  # gauge, attr lane: due ahead-lane rows not yet published
+QUARANTINED_DELIVERIES = "chronoq.quarantined_deliveries"  # counter: poison rows set aside after bounded tries
+SHARDS_OWNED = "chronoq.shards_owned"  # gauge, attr node_id: shard leases this node holds
+SHARD_MOVES = "chronoq.shard_moves"  # counter, attr direction: acquired|released
+SETTLED_DELIVERIES = "chronoq.settled_deliveries"  # counter: ahead-lane rows the settle pass recorded ENQUEUED
 # Proof and recovery: the reconciler, stuck occurrences, the attempt processor's own lag.
 RECONCILE_COUNTS = "chronoq.reconcile.counts"  # gauge, attr count: expected|missing|unexpected|... of the last run
 RECONCILE_DURATION = "chronoq.reconcile.duration"  # histogram, s: one reconcile run

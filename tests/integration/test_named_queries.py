@@ -29,6 +29,8 @@ async def test_every_engine_query_prepares_on_the_migrated_engine_database(engin
     try:
         async with conn.transaction():
             await create_run_tables(conn)  # the reconciler's queries read the temporary tables of its run
+            # materialize_staged reads the session's staging table, which the materializer creates first.
+            await conn.execute(*QUERIES.create_staging())
             assert await prepare_all(conn, QUERIES) == {}
     finally:
         await conn.close()
