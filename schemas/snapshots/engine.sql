@@ -453,6 +453,7 @@ CREATE INDEX occurrences_tenant_time ON public.occurrences USING btree (tenant_i
 CREATE INDEX outbox_occurrence ON public.outbox USING btree (occurrence_id);
 CREATE INDEX outbox_overlap_held ON public.outbox USING btree (available_at) WHERE ((claim_expires_at = 'infinity'::timestamp with time zone) AND (sent_at IS NULL) AND (discarded_at IS NULL));
 CREATE INDEX outbox_pending ON public.outbox USING btree (available_at) WHERE ((sent_at IS NULL) AND (discarded_at IS NULL));
+CREATE INDEX outbox_unsent_keyed ON public.outbox USING btree (topic, message_key, id) WHERE ((occurrence_id IS NULL) AND (sent_at IS NULL) AND (discarded_at IS NULL));
 CREATE INDEX reconcile_runs_recent ON public.reconcile_runs USING btree (finished_at);
 CREATE INDEX schedules_calendar ON public.schedules USING btree (calendar_id) WHERE ((calendar_id IS NOT NULL) AND (state = ANY (ARRAY['active'::text, 'paused'::text])));
 CREATE INDEX schedules_due ON public.schedules USING btree (shard, next_run_at) WHERE (state = 'active'::text);
