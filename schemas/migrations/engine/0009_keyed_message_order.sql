@@ -1,4 +1,4 @@
--- chronoq engine, migration 0008: the relay publishes one key's messages in the order they were written.
+-- chronoq engine, migration 0009: the relay publishes one key's messages in the order they were written.
 --
 -- claim_due_outbox claims a message of no occurrence (schedule state, target binding, command result)
 -- only when no older unsent message with the same topic and key exists (compaction keeps a key's last
