@@ -1,6 +1,6 @@
 """`chronoq status`: what the engine is doing right now, in one read-only pass.
 
-Engine nodes and shard ownership (when the database has shard leases), lease
+Engine nodes and shard ownership, lease
 expiries, materialization lag and the due backlog by age, the outbox backlog,
 relay rates, attempts in flight and the dead-letter list, consumer lag per
 group from the broker (the attempt processor's own lag on
@@ -25,25 +25,11 @@ from schemas.topics import ATTEMPTS_TOPIC
 
 RECENT_OUTBOX_ROWS = 200_000
 
-_OWNER_KEYS = ("owner", "owner_node", "node_id", "holder")
-_EXPIRY_KEYS = ("expires_at", "lease_expires_at", "expires")
-_NODE_KEYS = ("node_id", "id", "node")
-_HEARTBEAT_KEYS = ("heartbeat_at", "heartbeat", "last_heartbeat")
 
-
-def _field(row: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
-    for key in keys:
-        if key in row:
-            return row[key]
-    return None
-
-
-def _seconds(later: datetime | str | None, earlier: datetime | str | None) -> float | None:
-    """later - earlier in seconds; instants read through to_jsonb arrive as ISO strings."""
+def _seconds(later: datetime | None, earlier: datetime | None) -> float | None:
+    """later - earlier in seconds."""
     if later is None or earlier is None:
         return None
-    later = datetime.fromisoformat(later) if isinstance(later, str) else later
-    earlier = datetime.fromisoformat(earlier) if isinstance(earlier, str) else earlier
     return round((later - earlier).total_seconds(), 3)
 
 
@@ -139,53 +125,36 @@ async def engine_status(
 
 
 async def _nodes(conn: asyncpg.Connection, now: datetime) -> dict[str, Any]:
-    if not await conn.fetchval(*QUERIES.table_exists(table_name="engine_nodes")):
-        return {"note": "no engine node registry in this database"}
-    nodes = []
-    for row in await conn.fetch(*QUERIES.table_rows(table_name="engine_nodes")):
-        node = row["row"]
-        expiry = _field(node, _EXPIRY_KEYS)
-        heartbeat = _field(node, _HEARTBEAT_KEYS)
-        nodes.append(
-            {
-                "node": _field(node, _NODE_KEYS),
-                "heartbeat_age_s": _seconds(now, heartbeat) if heartbeat else None,
-                "expires_in_s": _seconds(expiry, now),
-                "live": expiry is None or (_seconds(expiry, now) or 0) > 0,
-            }
-        )
-    return {"nodes": sorted(nodes, key=lambda n: str(n["node"]))}
+    nodes = [
+        {
+            "node": row["node_id"],
+            "heartbeat_age_s": round(row["heartbeat_age_s"], 3),
+            "expires_in_s": round(row["expires_in_s"], 3),
+            "live": row["expires_in_s"] > 0,
+        }
+        for row in await conn.fetch(*QUERIES.engine_node_ages(now=now))
+    ]
+    return {"nodes": nodes}
 
 
 async def _shards(conn: asyncpg.Connection, now: datetime) -> dict[str, Any]:
-    if not await conn.fetchval(*QUERIES.table_exists(table_name="shard_leases")):
-        return {"note": "no shard leases"}
-    owners: dict[str, dict[str, Any]] = {}
-    unowned = expired = total = 0
-    for row in await conn.fetch(*QUERIES.table_rows(table_name="shard_leases")):
-        lease = row["row"]
-        total += 1
-        owner = _field(lease, _OWNER_KEYS)
-        remaining = _seconds(_field(lease, _EXPIRY_KEYS), now)
-        if owner is None:
-            unowned += 1
-            continue
-        if remaining is not None and remaining <= 0:
-            expired += 1
-        entry = owners.setdefault(
-            str(owner), {"owner": owner, "shards": 0, "soonest_expiry_in_s": None, "max_epoch": None}
-        )
-        entry["shards"] += 1
-        if remaining is not None and (entry["soonest_expiry_in_s"] is None or remaining < entry["soonest_expiry_in_s"]):
-            entry["soonest_expiry_in_s"] = remaining
-        epoch = lease.get("epoch")
-        if isinstance(epoch, int) and (entry["max_epoch"] is None or epoch > entry["max_epoch"]):
-            entry["max_epoch"] = epoch
+    rows = await conn.fetch(*QUERIES.shard_lease_owners(now=now))
+    owned = [row for row in rows if row["owner"] is not None]
     return {
-        "leases": total,
-        "unowned": unowned,
-        "expired": expired,
-        "owners": sorted(owners.values(), key=lambda o: str(o["owner"])),
+        "leases": sum(row["shards"] for row in rows),
+        "unowned": sum(row["shards"] for row in rows if row["owner"] is None),
+        "expired": sum(row["expired"] for row in owned),
+        "owners": [
+            {
+                "owner": row["owner"],
+                "shards": row["shards"],
+                "soonest_expiry_in_s": None
+                if row["soonest_expiry_in_s"] is None
+                else round(row["soonest_expiry_in_s"], 3),
+                "max_epoch": row["max_epoch"],
+            }
+            for row in owned
+        ],
     }
 
 
@@ -206,25 +175,20 @@ async def _consumers(kafka_bootstrap: str | None, timeout: float) -> dict[str, A
 def status_lines(status: Mapping[str, Any]) -> list[str]:
     """The status as text for a terminal."""
     out = [f"chronoq status as of {status['as_of']}"]
-    nodes = status["nodes"]
-    if "note" in nodes:
-        out.append(f"  nodes: {nodes['note']}")
-    else:
-        for node in nodes["nodes"]:
-            out.append(
-                f"  node {node['node']}: heartbeat {node['heartbeat_age_s']} s ago, expires in"
-                f" {node['expires_in_s']} s{'' if node['live'] else ' (EXPIRED)'}"
-            )
+    if not status["nodes"]["nodes"]:
+        out.append("  nodes: none registered (no engine node has run on this database)")
+    for node in status["nodes"]["nodes"]:
+        out.append(
+            f"  node {node['node']}: heartbeat {node['heartbeat_age_s']} s ago, expires in"
+            f" {node['expires_in_s']} s{'' if node['live'] else ' (EXPIRED)'}"
+        )
     shards = status["shards"]
-    if "note" in shards:
-        out.append(f"  shards: {shards['note']}")
-    else:
-        out.append(f"  shards: {shards['leases']} leases, {shards['unowned']} unowned, {shards['expired']} expired")
-        for owner in shards["owners"]:
-            out.append(
-                f"    {owner['owner']}: {owner['shards']} shards, soonest expiry in"
-                f" {owner['soonest_expiry_in_s']} s, epoch <= {owner['max_epoch']}"
-            )
+    out.append(f"  shards: {shards['leases']} leases, {shards['unowned']} unowned, {shards['expired']} expired")
+    for owner in shards["owners"]:
+        out.append(
+            f"    {owner['owner']}: {owner['shards']} shards, soonest expiry in"
+            f" {owner['soonest_expiry_in_s']} s, epoch <= {owner['max_epoch']}"
+        )
     out.append("  schedules: " + (", ".join(f"{k} {v}" for k, v in sorted(status["schedules"].items())) or "none"))
     m = status["materialization"]
     ages = m["due_by_age"]

@@ -1,14 +1,27 @@
 -- Queries of `chronoq status`: what the engine is doing, read-only and bounded.
 -- :now is the instant to judge by (the run's current_instant).
 
--- name: table_exists
--- Whether a table exists (shard leases and engine nodes come with a later migration).
-SELECT to_regclass(:table_name) IS NOT NULL;
+-- name: engine_node_ages
+-- Every engine node that registered (shard leases, migration 0008): seconds since its heartbeat and until
+-- its registration expires (negative: past).
+SELECT node_id,
+       extract(epoch FROM :now::timestamptz - heartbeat_at)::float8 AS heartbeat_age_s,
+       extract(epoch FROM expires_at - :now::timestamptz)::float8 AS expires_in_s
+FROM engine_nodes
+ORDER BY node_id;
 
--- name: table_rows
--- Every row of table :table_name as JSON, whatever its columns (engine nodes, shard leases: the status
--- reads node id, owner, epoch, heartbeat and expiry by name). Check table_exists first.
-SELECT row FROM chronoq_table_rows(:table_name::regclass) AS row;
+-- name: shard_lease_owners
+-- Shard leases per owner (NULL: never owned or released): how many, how many expired, the soonest expiry
+-- in seconds from :now and the highest epoch. An unowned lease's expiry may be -infinity: not measured.
+SELECT owner,
+       count(*)::int AS shards,
+       count(*) FILTER (WHERE expires_at <= :now::timestamptz)::int AS expired,
+       min(extract(epoch FROM expires_at - :now::timestamptz)::float8) FILTER (WHERE isfinite(expires_at))
+           AS soonest_expiry_in_s,
+       max(epoch) AS max_epoch
+FROM shard_leases
+GROUP BY owner
+ORDER BY owner NULLS LAST;
 
 -- name: materialization_backlog
 -- Active schedules whose cursor is due, by how long it has been due, plus those due within :horizon_s seconds

@@ -31,7 +31,7 @@ async def test_status_reports_backlogs_in_flight_and_the_last_reconcile(pool, ac
     )
     status = await engine_status(pool, None, clock=clock)
     assert status["as_of"] == "2026-11-29T10:03:45Z"
-    assert status["shards"] == {"note": "no shard leases"} or "leases" in status["shards"]
+    assert status["shards"] == {"leases": 256, "unowned": 256, "expired": 0, "owners": []}
     assert status["schedules"] == {"active": 3}
     assert status["materialization"]["due_by_age"] == {"over_1h": 0, "5m_to_1h": 0, "1m_to_5m": 3, "under_1m": 0}
     assert status["materialization"]["lag_s"] == 105.0  # cursor 10:02:00, now 10:03:45
@@ -51,30 +51,24 @@ async def test_status_reports_backlogs_in_flight_and_the_last_reconcile(pool, ac
     assert status["last_reconcile"]["clean"] is True
     assert status["last_reconcile"]["counts"]["pending"] == 3  # 10:01 exists, 10:02 not yet (10:03 is outside)
     text = "\n".join(status_lines(status))
-    assert "no shard leases" in text and "last reconcile #" in text and "CLEAN" in text
+    assert "256 leases, 256 unowned" in text and "last reconcile #" in text and "CLEAN" in text
 
 
-async def test_shard_leases_and_nodes_are_read_when_the_tables_exist(pool, clock):
-    # The tables arrive with the dispatch rewrite; the status reads whatever columns they have.
-    await pool.execute(
-        "CREATE TABLE IF NOT EXISTS engine_nodes (node_id text PRIMARY KEY, heartbeat_at timestamptz,"
-        " expires_at timestamptz)"
-    )
-    await pool.execute(
-        "CREATE TABLE IF NOT EXISTS shard_leases (shard int PRIMARY KEY, owner text, epoch bigint,"
-        " expires_at timestamptz)"
-    )
+async def test_shard_leases_and_nodes_are_reported(pool, clock):
     now = clock.now()
     await pool.execute(
-        "INSERT INTO engine_nodes VALUES ('node-a', $1, $2), ('node-b', $3, $4)",
+        "INSERT INTO engine_nodes (node_id, started_at, heartbeat_at, expires_at)"
+        " VALUES ('node-a', $1, $2, $3), ('node-b', $1, $4, $5)",
+        now - timedelta(minutes=5),
         now - timedelta(seconds=1),
         now + timedelta(seconds=9),
         now - timedelta(seconds=30),
         now - timedelta(seconds=20),
     )
+    # Of the 256 leases: node-a holds shards 0-2 (epoch 7), the rest were never owned (expiry -infinity).
     await pool.executemany(
-        "INSERT INTO shard_leases VALUES ($1, $2, $3, $4)",
-        [(s, "node-a" if s < 3 else None, 7, now + timedelta(seconds=s + 1)) for s in range(4)],
+        "UPDATE shard_leases SET owner = $2, epoch = 7, expires_at = $3 WHERE shard = $1",
+        [(s, "node-a", now + timedelta(seconds=s + 1)) for s in range(3)],
     )
     status = await engine_status(pool, None, clock=clock)
     assert status["nodes"]["nodes"] == [
@@ -82,8 +76,8 @@ async def test_shard_leases_and_nodes_are_read_when_the_tables_exist(pool, clock
         {"node": "node-b", "heartbeat_age_s": 30.0, "expires_in_s": -20.0, "live": False},
     ]
     assert status["shards"] == {
-        "leases": 4,
-        "unowned": 1,
+        "leases": 256,
+        "unowned": 253,
         "expired": 0,
         "owners": [{"owner": "node-a", "shards": 3, "soonest_expiry_in_s": 1.0, "max_epoch": 7}],
     }

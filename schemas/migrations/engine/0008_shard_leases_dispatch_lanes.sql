@@ -119,3 +119,7 @@ CREATE TABLE dispatch_quarantine (
     quarantined_at timestamptz NOT NULL,
     PRIMARY KEY (occurrence_id, topic)
 );
+
+-- chronoq status reads engine_nodes and shard_leases with typed queries now that they exist; the
+-- generic row reader migration 0007 added for them is not needed any more.
+DROP FUNCTION chronoq_table_rows(regclass);

@@ -1,4 +1,4 @@
--- chronoq engine, migration 0009: how far the attempt processor has read each
+-- chronoq engine, migration 0010: how far the attempt processor has read each
 -- partition of chronoq.attempts, so the lease reaper judges leases only by
 -- events the engine has applied.
 --
