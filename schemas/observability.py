@@ -61,6 +61,10 @@ CALENDAR_CHANGES = "chronoq.calendar_changes"  # counter, attr change: create|up
 # Hostile input and tenant isolation (docs/security.md).
 RECORDS_SKIPPED = "chronoq.records_skipped"  # counter, attr loop: records passed after a non-transient failure
 TARGET_REFUSALS = "chronoq.target_refusals"  # counter: schedules refused on another tenant's target
+# counter, attr reason: unsigned|malformed|unknown_credential|expired_credential|wrong_target|bad_signature
+ATTEMPT_EVENTS_REJECTED = "chronoq.attempt_events_rejected"
+# counter, attr reason: too_large|invalid_topic|unauthorized_topic|refused (relay quarantined an outbox row)
+OUTBOX_QUARANTINED = "chronoq.outbox_quarantined"
 # Proof and recovery: the reconciler, stuck occurrences, the attempt processor's own lag.
 RECONCILE_COUNTS = "chronoq.reconcile.counts"  # gauge, attr count: expected|missing|unexpected|... of the last run
 RECONCILE_DURATION = "chronoq.reconcile.duration"  # histogram, s: one reconcile run
