@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections.abc import Sequence
 from datetime import timedelta
 
 import asyncpg
@@ -220,7 +221,7 @@ async def _state(pool, ident, expected: str) -> bool:
     return (await occurrence_row(pool, ident))["state"] == expected
 
 
-async def _produce(bootstrap: str, records: list[tuple[Ev, list[tuple[str, bytes | None]]]]) -> None:
+async def _produce(bootstrap: str, records: list[tuple[Ev, Sequence[tuple[str, bytes | None]]]]) -> None:
     await create_missing_topics(bootstrap, [ATTEMPTS_TOPIC])
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
     await producer.start()
