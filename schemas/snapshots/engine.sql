@@ -109,7 +109,7 @@ CREATE TABLE public.occurrences (
     dead_reason text,
     origin text DEFAULT 'schedule'::text NOT NULL,
     requested_by text,
-    CONSTRAINT occurrences_dead_reason_check CHECK ((dead_reason = ANY (ARRAY['permanent_error'::text, 'max_attempts'::text, 'deadline'::text, 'retry_budget'::text]))),
+    CONSTRAINT occurrences_dead_reason_check CHECK ((dead_reason = ANY (ARRAY['permanent_error'::text, 'max_attempts'::text, 'deadline'::text, 'retry_budget'::text, 'unpublishable'::text]))),
     CONSTRAINT occurrences_origin_check CHECK ((origin = ANY (ARRAY['schedule'::text, 'backfill'::text, 'manual'::text]))),
     CONSTRAINT occurrences_state_check CHECK ((state = ANY (ARRAY['SCHEDULED'::text, 'ENQUEUED'::text, 'RUNNING'::text, 'SUCCEEDED'::text, 'RETRY_WAIT'::text, 'DEAD'::text, 'MISSED'::text, 'CANCELED'::text, 'SKIPPED_OVERLAP'::text])))
 );

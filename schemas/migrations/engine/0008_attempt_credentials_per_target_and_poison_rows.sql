@@ -17,3 +17,7 @@ CREATE INDEX attempt_credentials_target ON attempt_credentials (target);
 -- occurrence finished.
 ALTER TABLE outbox ADD COLUMN poison_failures integer NOT NULL DEFAULT 0;
 ALTER TABLE outbox ADD COLUMN quarantined_at timestamptz;
+-- An occurrence whose delivery was quarantined is DEAD for this reason.
+ALTER TABLE occurrences DROP CONSTRAINT occurrences_dead_reason_check;
+ALTER TABLE occurrences ADD CONSTRAINT occurrences_dead_reason_check
+    CHECK (dead_reason IN ('permanent_error', 'max_attempts', 'deadline', 'retry_budget', 'unpublishable'));
