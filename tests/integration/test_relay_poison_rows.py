@@ -11,21 +11,10 @@ from datetime import timedelta
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import (
-    ClusterAuthorizationFailedError,
-    InvalidTopicError,
-    KafkaConnectionError,
-    MessageSizeTooLargeError,
-    NotLeaderForPartitionError,
-    PolicyViolationError,
-    RequestTimedOutError,
-    TopicAuthorizationFailedError,
-)
 
 from engine.control.dead_letters import list_dead_letters
 from relay.dispatcher import Relay, RelayConfig
 from relay.outbox import OutboxStore
-from relay.publish_refusals import RecordTooLarge, refusal_reason
 from relay.publisher import KafkaPublisher, PublisherConfig
 from schemas import observability as obs
 from schemas.messages import decode_occurrence
@@ -176,24 +165,3 @@ async def test_a_topic_the_broker_refuses_to_create_fails_only_its_own_rows(
     assert (await relay.run_once()).quarantined == 1
     await assert_quarantined(pool, doomed.occurrence_id, "InvalidTopicError")
     assert quarantined(telemetry) == {"invalid_topic": 1}
-
-
-@pytest.mark.parametrize(
-    ("error", "reason"),
-    [
-        (MessageSizeTooLargeError(), "too_large"),
-        (RecordTooLarge("40000 bytes"), "too_large"),
-        (InvalidTopicError(), "invalid_topic"),
-        (TopicAuthorizationFailedError(), "unauthorized_topic"),
-        (PolicyViolationError(), "refused"),
-        # Transient, or about the relay rather than the row: retried without limit, never quarantined.
-        (TimeoutError("no acknowledgement within ack_timeout: outcome unknown"), None),
-        (KafkaConnectionError(), None),
-        (RequestTimedOutError(), None),
-        (NotLeaderForPartitionError(), None),
-        (ClusterAuthorizationFailedError(), None),
-        (None, None),
-    ],
-)
-def test_only_refusals_about_the_row_itself_count_towards_quarantine(error, reason):
-    assert refusal_reason(error) == reason
