@@ -17,6 +17,7 @@ The contract is ``schemas/attempt_credentials.py``.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
@@ -51,11 +52,21 @@ class ReceivedEvent:
         return self.claim.credential_id if self.claim is not None else None
 
 
-async def authenticate(conn: asyncpg.Connection, received: ReceivedEvent, now: datetime) -> Rejection | None:
-    """Why this event must not be applied, or None if it may be (inside the caller's transaction)."""
-    row = await conn.fetchrow(
-        *QUERIES.attempt_authority(occurrence_id=received.event.occurrence_id, credential_id=received.credential_id)
+async def authenticate(
+    conn: asyncpg.Connection, batch: Sequence[ReceivedEvent], now: datetime
+) -> list[Rejection | None]:
+    """Why each event must not be applied, or None if it may be (one query for the batch, in the caller's
+    transaction)."""
+    rows = await conn.fetch(
+        *QUERIES.attempt_authorities(
+            occurrence_ids=[r.event.occurrence_id for r in batch], credential_ids=[r.credential_id for r in batch]
+        )
     )
+    by_position = {row["ordinal"]: row for row in rows}
+    return [_judge(by_position.get(i), received, now) for i, received in enumerate(batch, start=1)]
+
+
+def _judge(row: asyncpg.Record | None, received: ReceivedEvent, now: datetime) -> Rejection | None:
     if row is None:
         return None  # no such occurrence: the ledger answers "unknown" and changes nothing
     claim = received.claim

@@ -109,21 +109,22 @@ class AttemptProcessor:
         so it never blocks the partition.
         """
         verdicts: list[Verdict] = []
+        rejected: list[tuple[Rejection, ReceivedEvent]] = []
         with self.tracer.start_as_current_span(obs.SPAN_ATTEMPT_EVENTS) as span:
             span.set_attribute("chronoq.events", len(batch))
             async with self.pool.acquire() as conn, conn.transaction():
                 now: datetime = await conn.fetchval(*QUERIES.current_instant(now=self.clock.now()))
-                for item in batch:
-                    received = item if isinstance(item, ReceivedEvent) else ReceivedEvent(item)
+                received_batch = [item if isinstance(item, ReceivedEvent) else ReceivedEvent(item) for item in batch]
+                judged = await authenticate(conn, received_batch, now)
+                for received, rejection in zip(received_batch, judged, strict=True):
                     event = received.event
                     try:
                         async with conn.transaction():
-                            rejection = await authenticate(conn, received, now)
                             if rejection is None:
                                 verdict = await self.ledger.apply(conn, event, now)
                             else:
                                 verdict = Verdict.REJECTED
-                                self._reject(rejection, received)
+                                rejected.append((rejection, received))
                     except Exception as err:
                         if is_transient(err):
                             raise
@@ -146,6 +147,8 @@ class AttemptProcessor:
             event = item.event if isinstance(item, ReceivedEvent) else item
             self.stats.count(verdict)
             self.ledger.fenced(event, verdict)
+        for rejection, received in rejected:  # counted once the batch committed, like every verdict
+            self._reject(rejection, received)
         return verdicts
 
     def _reject(self, rejection: Rejection, received: ReceivedEvent) -> None:

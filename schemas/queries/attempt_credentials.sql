@@ -29,13 +29,13 @@ FROM attempt_credentials
 WHERE target = :target
 ORDER BY created_at DESC, credential_id;
 
--- name: attempt_authority
--- What verifying one attempt event needs: the target of occurrence :occurrence_id, whether that target
--- has ever had a credential (then every event must be signed), and the claimed credential :credential_id
--- (NULL: unsigned) if it exists. No row when the occurrence does not exist.
-SELECT o.target,
+-- name: attempt_authorities
+-- What verifying a batch of attempt events needs, one row per event that is about an existing occurrence
+-- (position :ordinal in the batch, from 1): the occurrence's target, whether that target has ever had a
+-- credential (then every event must be signed), and the claimed credential (NULL: unsigned) if it exists.
+SELECT e.ordinal, o.target,
        EXISTS (SELECT 1 FROM attempt_credentials a WHERE a.target = o.target) AS enforced,
        c.target AS credential_target, c.secret, c.revoked_at
-FROM occurrences o
-LEFT JOIN attempt_credentials c ON c.credential_id = :credential_id::uuid
-WHERE o.occurrence_id = :occurrence_id;
+FROM unnest(:occurrence_ids::uuid[], :credential_ids::uuid[]) WITH ORDINALITY AS e (occurrence_id, credential_id, ordinal)
+JOIN occurrences o ON o.occurrence_id = e.occurrence_id
+LEFT JOIN attempt_credentials c ON c.credential_id = e.credential_id;
