@@ -36,8 +36,11 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import InvalidTopicError, KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
-from relay.publish_refusals import RecordTooLarge, refusal_reason
+from relay.publish_refusals import REFUSED, TOO_LARGE, RecordTooLarge, refusal_reason
 from schemas.topics import DEFAULT_PARTITIONS, ensure_topics
+
+# Refusals of a batch that may be one member's fault (unlike a topic's: every member shares it).
+_MAYBE_ONE_RECORDS_FAULT = frozenset({TOO_LARGE, REFUSED})
 
 # Kafka's rule for topic names (org.apache.kafka.common.internals.Topic).
 _LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
@@ -189,7 +192,7 @@ class KafkaPublisher:
         return [
             record
             for members in submitted
-            if len(members) > 1 and refusal_reason(outcome.get(members[0].ref)) is not None
+            if len(members) > 1 and refusal_reason(outcome.get(members[0].ref)) in _MAYBE_ONE_RECORDS_FAULT
             for record in members
         ]
 
