@@ -230,7 +230,7 @@ class ConsumerApp:
         self._background.append(asyncio.create_task(self.view.follow(self._stopping), name="schedule-states"))
         await self.bindings.start(cfg.kafka_bootstrap, cfg.state_catch_up_timeout)
         self._background.append(asyncio.create_task(self.bindings.follow(self._stopping), name="target-bindings"))
-        reporter = AttemptReporter(self._producer, cfg.report_timeout, cfg.report_attempts)
+        reporter = AttemptReporter(self._producer, cfg.report_timeout, cfg.report_attempts, cfg.credentials())
         self._runner = AttemptRunner(
             cfg, self._pool, reporter, self.view, self.hooks, self.meters, self.stats, self._stopping
         )

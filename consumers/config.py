@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from schemas.attempt_credentials import AttemptCredential
 from schemas.topics import DEFAULT_PARTITIONS
 
 
@@ -63,6 +65,12 @@ class ConsumerConfig:
     binding_wait: seconds an occurrence of a tenant its target is not bound to
         waits for the target-binding topic to be read to its end (a grant may be
         on its way) before it is dead-lettered (default 5).
+    attempt_credentials: target -> attempt credential token (``cqa_...``, from
+        ``chronoq target credential issue|rotate <target>``). Every attempt event
+        about an occurrence of such a target is signed with it; the engine
+        rejects unsigned events for a target that has a credential
+        (docs/security.md). Never shown in ``repr``. ``chronoq consume`` reads
+        it from ``CHRONOQ_ATTEMPT_CREDENTIALS`` (``target=cqa_...,...``).
     """
 
     group: str
@@ -89,6 +97,17 @@ class ConsumerConfig:
     worker: str = field(default_factory=_worker_id)
     tenants: frozenset[str] | None = None
     binding_wait: float = 5.0
+    attempt_credentials: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    def credentials(self) -> dict[str, AttemptCredential]:
+        """The parsed credentials by target (ValueError naming the target whose token is malformed)."""
+        parsed: dict[str, AttemptCredential] = {}
+        for target, token in self.attempt_credentials.items():
+            try:
+                parsed[target] = AttemptCredential.from_token(token)
+            except ValueError as err:
+                raise ValueError(f"attempt_credentials[{target!r}]: {err}") from None
+        return parsed
 
     @property
     def renew_interval(self) -> float:
@@ -132,3 +151,4 @@ class ConsumerConfig:
             raise ValueError("tenants must name at least one tenant (or be None for the target bindings)")
         if self.shutdown_grace < 0:
             raise ValueError("shutdown_grace must not be negative")
+        self.credentials()

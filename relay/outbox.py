@@ -5,6 +5,11 @@ a relay that was paused past its claim (another relay has since re-claimed and
 published the rows) changes nothing when it wakes up. A row is marked sent
 only after the broker acknowledged it; a crash anywhere before that leaves the
 row unsent and it is published again (a duplicate, never a loss).
+
+A row the broker refuses for a reason about the row itself is given back with
+a delay (:meth:`OutboxStore.refuse`) and, once refused often enough,
+quarantined (:meth:`OutboxStore.quarantine`): never claimed again, its
+occurrence DEAD with the reason, in the dead-letter list.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import asyncpg
 
 from schemas.clock import Clock
 from schemas.queries import QUERIES
+from schemas.topics import OCCURRENCE_TOPIC_PREFIX
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,32 @@ class OutboxStore:
     async def release(self, token: uuid.UUID, ids: Sequence[int], error: str) -> None:
         """Give unpublished rows back for an immediate retry."""
         await self.pool.execute(*QUERIES.release_outbox_claims(ids=list(ids), token=token, error=error[:1000]))
+
+    async def refuse(self, token: uuid.UUID, ids: Sequence[int], error: str, retry_after: timedelta) -> dict[int, int]:
+        """Give refused rows back for a later try; each row's refusals so far, by id."""
+        rows = await self.pool.fetch(
+            *QUERIES.refuse_outbox_rows(
+                now=self.clock.now(),
+                ids=list(ids),
+                token=token,
+                error=error[:1000],
+                retry_after_s=retry_after.total_seconds(),
+            )
+        )
+        return {r["id"]: r["poison_failures"] for r in rows}
+
+    async def quarantine(self, ids: Sequence[int], error_class: str, error: str) -> list[asyncpg.Record]:
+        """Never publish these rows; their waiting occurrences go DEAD (returned: occurrence_id, tenant_id,
+        target)."""
+        return await self.pool.fetch(
+            *QUERIES.quarantine_outbox_rows(
+                now=self.clock.now(),
+                ids=list(ids),
+                error_class=error_class[:200],
+                error=error[:1000],
+                occurrence_topic_prefix=OCCURRENCE_TOPIC_PREFIX,
+            )
+        )
 
     async def backlog(self) -> int:
         return await self.pool.fetchval(*QUERIES.outbox_backlog(now=self.clock.now()))

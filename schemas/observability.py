@@ -68,6 +68,10 @@ QUARANTINED_DELIVERIES = "chronoq.quarantined_deliveries"  # counter: poison row
 SHARDS_OWNED = "chronoq.shards_owned"  # gauge, attr node_id: shard leases this node holds
 SHARD_MOVES = "chronoq.shard_moves"  # counter, attr direction: acquired|released
 SETTLED_DELIVERIES = "chronoq.settled_deliveries"  # counter: ahead-lane rows the settle pass recorded ENQUEUED
+# counter, attr reason: unsigned|malformed|unknown_credential|expired_credential|wrong_target|bad_signature
+ATTEMPT_EVENTS_REJECTED = "chronoq.attempt_events_rejected"
+# counter, attr reason: too_large|invalid_topic|unauthorized_topic|refused (relay quarantined an outbox row)
+OUTBOX_QUARANTINED = "chronoq.outbox_quarantined"
 # Proof and recovery: the reconciler, stuck occurrences, the attempt processor's own lag.
 RECONCILE_COUNTS = "chronoq.reconcile.counts"  # gauge, attr count: expected|missing|unexpected|... of the last run
 RECONCILE_DURATION = "chronoq.reconcile.duration"  # histogram, s: one reconcile run

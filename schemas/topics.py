@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Sequence
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError, UnknownTopicOrPartitionError, for_code
 
 from schemas.errors import InvalidInput
 
@@ -116,7 +116,9 @@ async def ensure_topics(
         return
     for topic, code, *_ in getattr(response, "topic_errors", []):
         if code not in (0, TopicAlreadyExistsError.errno):
-            raise KafkaError(f"could not create topic {topic}: error code {code}")
+            # The broker's own error class (InvalidTopicError, TopicAuthorizationFailedError...), so a caller
+            # can tell a topic that can never be created from a broker that is briefly unable to.
+            raise for_code(code)(f"could not create topic {topic}: error code {code}")
     log.info("created topics", extra={"action": "topics.created", "topics": [t.name for t in new]})
 
 

@@ -71,6 +71,7 @@ class Verdict(str, Enum):
     FENCED = "fenced"  # the lease token is not the current one: rejected
     IGNORED = "ignored"  # nothing to do (e.g. the occurrence is already CANCELED)
     UNKNOWN = "unknown"  # no such occurrence
+    REJECTED = "rejected"  # not authenticated as the consumer side of the occurrence's target: not applied
 
 
 class AttemptLedger:

@@ -4,10 +4,14 @@ Events are applied in order, a batch per transaction and each event in its own
 savepoint (:mod:`engine.loops.attempt_ledger` decides what each one does).
 Everything an event changes is written in that transaction; the Kafka offset
 is committed after it, so a crash in between re-applies events, which are
-idempotent. An event that fails on a database constraint is logged and
-skipped, never blocking its partition; an undecodable record is counted as
-poison and skipped. Joining, offsets, backoff and the summary line are the
-Kafka processor skeleton's (:mod:`engine.loops.kafka_processor`).
+idempotent. Every event is first authenticated
+(:mod:`engine.loops.attempt_authentication`): one not signed by the consumer
+side of its occurrence's target, when that target has a credential, is
+rejected, counted (``chronoq.attempt_events_rejected``) and changes nothing.
+An event that fails on a database constraint is logged and skipped, never
+blocking its partition; an undecodable record is counted as poison and
+skipped. Joining, offsets, backoff and the summary line are the Kafka
+processor skeleton's (:mod:`engine.loops.kafka_processor`).
 """
 
 from __future__ import annotations
@@ -24,11 +28,13 @@ import asyncpg
 from aiokafka.structs import ConsumerRecord
 from opentelemetry import metrics, trace
 
+from engine.loops.attempt_authentication import ReceivedEvent, Rejection, authenticate
 from engine.loops.attempt_ledger import AttemptLedger, Verdict
 from engine.loops.attempt_outcomes import AttemptMetrics, AttemptStats
 from engine.loops.kafka_processor import KafkaLoopSettings, KafkaProcessorLoop
 from engine.loops.reporting import SUMMARY_EVERY
 from schemas import observability as obs
+from schemas.attempt_credentials import signed_by
 from schemas.attempt_events import AttemptEvent, decode_attempt_event
 from schemas.clock import Clock, DatabaseClock
 from schemas.error_classification import is_transient
@@ -87,23 +93,38 @@ class AttemptProcessor:
         self.meters = AttemptMetrics(meter or obs.get_meter("engine"))
         self.tracer = tracer or obs.get_tracer("engine")
         self.ledger = AttemptLedger(self.clock, rng or random.Random(), self.meters, self.stats)
+        self.rejections: Counter[str] = Counter()
+        self._rejected = (meter or obs.get_meter("engine")).create_counter(
+            obs.ATTEMPT_EVENTS_REJECTED, unit="1", description="attempt events not authenticated: not applied"
+        )
 
-    async def apply_events(self, batch: Sequence[AttemptEvent]) -> list[Verdict]:
+    async def apply_events(self, batch: Sequence[AttemptEvent | ReceivedEvent]) -> list[Verdict]:
         """Apply events in order, in one transaction; each event is all-or-nothing (a savepoint).
+
+        An event is applied only if it is authenticated (a bare AttemptEvent counts as unsigned):
+        any other is REJECTED, counted and logged, and changes nothing.
 
         A transient error (the database is away, a deadlock) fails the whole batch, which is read
         again; any other error fails only its event, which is logged, counted as poison and skipped
         so it never blocks the partition.
         """
         verdicts: list[Verdict] = []
+        rejected: list[tuple[Rejection, ReceivedEvent]] = []
         with self.tracer.start_as_current_span(obs.SPAN_ATTEMPT_EVENTS) as span:
             span.set_attribute("chronoq.events", len(batch))
             async with self.pool.acquire() as conn, conn.transaction():
                 now: datetime = await conn.fetchval(*QUERIES.current_instant(now=self.clock.now()))
-                for event in batch:
+                received_batch = [item if isinstance(item, ReceivedEvent) else ReceivedEvent(item) for item in batch]
+                judged = await authenticate(conn, received_batch, now)
+                for received, rejection in zip(received_batch, judged, strict=True):
+                    event = received.event
                     try:
                         async with conn.transaction():
-                            verdict = await self.ledger.apply(conn, event, now)
+                            if rejection is None:
+                                verdict = await self.ledger.apply(conn, event, now)
+                            else:
+                                verdict = Verdict.REJECTED
+                                rejected.append((rejection, received))
                     except Exception as err:
                         if is_transient(err):
                             raise
@@ -122,18 +143,36 @@ class AttemptProcessor:
                         )
                         verdict = Verdict.IGNORED
                     verdicts.append(verdict)
-        for event, verdict in zip(batch, verdicts, strict=True):
+        for item, verdict in zip(batch, verdicts, strict=True):
+            event = item.event if isinstance(item, ReceivedEvent) else item
             self.stats.count(verdict)
             self.ledger.fenced(event, verdict)
+        for rejection, received in rejected:  # counted once the batch committed, like every verdict
+            self._reject(rejection, received)
         return verdicts
+
+    def _reject(self, rejection: Rejection, received: ReceivedEvent) -> None:
+        """Count and log an event that was not authenticated (the record's content, never a secret)."""
+        self.rejections[rejection.value] += 1
+        self._rejected.add(1, {"reason": rejection.value})
+        log.warning(
+            "attempt event rejected: not authenticated as the consumer side of its target",
+            extra={
+                "action": "attempt.rejected",
+                "reason": rejection.value,
+                "occurrence_id": str(received.event.occurrence_id),
+                "event": received.event.event,
+                "credential_id": str(received.credential_id) if received.credential_id else None,
+            },
+        )
 
     async def handle_records(self, records: Sequence[ConsumerRecord]) -> dict[str, int]:
         """Decode a partition's records (undecodable ones are counted as poison and skipped) and apply them."""
-        batch: list[AttemptEvent] = []
-        poison = 0
+        batch: list[ReceivedEvent] = []
+        poison = rejected = 0
         for record in records:
             try:
-                batch.append(decode_attempt_event(record.value))
+                event = decode_attempt_event(record.value)
             except MalformedMessage as err:
                 poison += 1
                 self.stats.poison += 1
@@ -147,8 +186,18 @@ class AttemptProcessor:
                         "error": str(err),
                     },
                 )
+                continue
+            try:
+                claim = signed_by(record.headers)
+            except MalformedMessage:
+                rejected += 1  # garbled credential headers: decodable, but it proves nothing
+                self._reject(Rejection.MALFORMED, ReceivedEvent(event))
+                continue
+            batch.append(ReceivedEvent(event, claim, record.key, record.value or b""))
         verdicts = await self.apply_events(batch) if batch else []
-        return {**Counter(verdict.value for verdict in verdicts), **({"poison": poison} if poison else {})}
+        counts = Counter(verdict.value for verdict in verdicts)
+        counts[Verdict.REJECTED.value] += rejected
+        return {**{k: v for k, v in counts.items() if v}, **({"poison": poison} if poison else {})}
 
     async def run(self, stop: asyncio.Event, summary_every: float = SUMMARY_EVERY) -> None:
         """Consume attempt events until ``stop`` is set; the offset is committed after the database."""

@@ -291,9 +291,17 @@ def relay_periodic_loop(relay: Relay, config: RelayConfig, summary_every: float 
     async def run_pass() -> PassOutcome:
         report = await relay.run_once()
         return PassOutcome(
-            {"published": report.published, "failed": report.failed, "fenced": report.fenced},
+            {
+                "published": report.published,
+                "failed": report.failed,
+                "fenced": report.fenced,
+                "refused": report.refused,
+                "quarantined": report.quarantined,
+            },
             more=report.claimed >= config.batch_size,
-            retry_later=report.failed > 0,
+            # Refused rows wait refusal_retry_delay on their own: only a transient failure (the broker away)
+            # slows the whole loop down.
+            retry_later=report.failed > report.refused,
         )
 
     async def gauges() -> dict[str, int]:

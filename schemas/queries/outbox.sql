@@ -92,3 +92,34 @@ SELECT message FROM outbox WHERE occurrence_id = :occurrence_id AND topic = :top
 UPDATE outbox
 SET discarded_at = coalesce(:now::timestamptz, now())
 WHERE occurrence_id = :occurrence_id AND topic = :topic AND sent_at IS NULL AND discarded_at IS NULL;
+
+-- name: refuse_outbox_rows
+-- Gives back rows the broker refused for a reason about the row itself (too large, invalid or unauthorized
+-- topic): one more such refusal counted, and the next try not before :retry_after_s seconds from now, so a
+-- refused row never heads the next pass. Returns each row's refusals so far.
+UPDATE outbox
+SET claim_token = NULL, claim_expires_at = NULL, last_error = :error, poison_failures = poison_failures + 1,
+    available_at = greatest(available_at, coalesce(:now::timestamptz, now()) + make_interval(secs => :retry_after_s))
+WHERE id = ANY (:ids::bigint[]) AND claim_token = :token AND sent_at IS NULL
+RETURNING id, poison_failures;
+
+-- name: quarantine_outbox_rows
+-- Gives up on rows refused too often: they are never claimed again (discarded, quarantined), and each
+-- occurrence whose delivery this was and that still waited for it (SCHEDULED, RETRY_WAIT) goes DEAD with
+-- reason 'unpublishable' and the broker's error, so it shows in the dead-letter list and can be replayed.
+-- Returns the occurrences that went DEAD.
+WITH quarantined AS (
+    UPDATE outbox
+    SET discarded_at = coalesce(:now::timestamptz, now()), quarantined_at = coalesce(:now::timestamptz, now()),
+        last_error = :error
+    WHERE id = ANY (:ids::bigint[]) AND sent_at IS NULL AND discarded_at IS NULL
+    RETURNING occurrence_id, topic
+)
+UPDATE occurrences o
+SET state = 'DEAD', finished_at = coalesce(:now::timestamptz, now()), lease_token = NULL, lease_expires_at = NULL,
+    dead_reason = 'unpublishable', last_error_class = :error_class, last_error_message = :error,
+    updated_at = coalesce(:now::timestamptz, now())
+FROM quarantined q
+WHERE o.occurrence_id = q.occurrence_id AND starts_with(q.topic, :occurrence_topic_prefix)
+  AND o.state IN ('SCHEDULED', 'RETRY_WAIT')
+RETURNING o.occurrence_id, o.tenant_id, o.target;
