@@ -1,0 +1,285 @@
+"""How every chronoq Kafka client authenticates and encrypts: one typed config, one place that turns it into
+aiokafka's keyword arguments, and one start-up check that fails fast on a refused credential.
+
+Every producer, consumer and admin client of the project (relay publisher,
+engine processors, consumer runtime and its views, service client, CLI) is
+built with ``**security.client_options()``, so a cluster that requires TLS
+or SASL is reached the same way by all of them. Library users put a
+:class:`KafkaSecurity` in their config dataclass; the CLI reads it from the
+``CHRONOQ_KAFKA_*`` environment (``engine/cli/endpoints.py``).
+
+Secrets: the SASL password is not part of ``repr()`` (nor of :meth:`describe`,
+which is what ``chronoq status`` prints), and no error raised here contains it.
+
+Fail fast: aiokafka logs the real reason a bootstrap failed (a refused
+password, a certificate it does not trust) and raises only "Unable to
+bootstrap", which every chronoq loop treats as an outage and retries forever.
+:func:`start_client` starts a client and, when it cannot bootstrap, connects
+once more by hand to find out why; a refused credential or certificate is a
+:class:`KafkaSecurityError` (not transient, its message says what to fix),
+anything else stays the transient connection error it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from aiokafka import errors as kafka_errors
+from aiokafka.conn import create_conn
+from aiokafka.helpers import create_ssl_context
+
+from schemas.errors import ChronoqError
+
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+class KafkaSecurityError(ChronoqError):
+    """The broker refused chronoq's credentials or certificate, or chronoq refused the broker's certificate.
+
+    Not transient: the same connection fails the same way until the configuration (or the broker's users,
+    certificates or ACLs) changes, so loops stop instead of retrying it. ``field`` names the
+    ``CHRONOQ_KAFKA_*`` setting most likely at fault.
+    """
+
+    code = "kafka_security"
+    http_status = 502
+
+    def __init__(self, field: str | None, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(problem)
+
+
+class KafkaAuthorizationError(ChronoqError):
+    """The broker's ACLs refuse this principal an operation (read a topic, join a group, write a topic).
+
+    Not transient: waiting does not grant an ACL. The message names the principal's resource and the
+    command that prints the ACLs a consumer app needs.
+    """
+
+    code = "kafka_authorization"
+    http_status = 403
+
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+        super().__init__(problem)
+
+
+#: aiokafka's errors for an ACL refusal (none is retriable in aiokafka either).
+AUTHORIZATION_ERRORS: tuple[type[kafka_errors.KafkaError], ...] = (
+    kafka_errors.TopicAuthorizationFailedError,
+    kafka_errors.GroupAuthorizationFailedError,
+    kafka_errors.ClusterAuthorizationFailedError,
+    kafka_errors.TransactionalIdAuthorizationFailed,
+)
+
+
+@dataclass(frozen=True)
+class KafkaSecurity:
+    """protocol: ``PLAINTEXT`` (default), ``SSL``, ``SASL_PLAINTEXT`` or ``SASL_SSL``.
+    sasl_mechanism: ``PLAIN``, ``SCRAM-SHA-256`` or ``SCRAM-SHA-512`` (SASL protocols only; default PLAIN).
+    sasl_username / sasl_password: the SASL user (required with a SASL protocol). The password is never
+        part of ``repr()`` or :meth:`describe`.
+    ssl_cafile: PEM file of the CA(s) that signed the broker's certificate (default: the system's CAs).
+    ssl_certfile / ssl_keyfile: this client's PEM certificate (chain) and unencrypted private key, for a
+        listener that requires client certificates (mutual TLS); the key may also be inside the certfile.
+    ssl_check_hostname: verify that the broker's certificate names the host connected to (default True;
+        turn it off only for a broker reached by an address its certificate does not list).
+    """
+
+    protocol: str = "PLAINTEXT"
+    sasl_mechanism: str = "PLAIN"
+    sasl_username: str | None = None
+    sasl_password: str | None = field(default=None, repr=False)
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_check_hostname: bool = True
+
+    @property
+    def uses_ssl(self) -> bool:
+        return self.protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+
+    def validate(self) -> None:
+        """Cross-field rules; a :class:`KafkaSecurityError` naming the setting at fault."""
+        if self.protocol not in SECURITY_PROTOCOLS:
+            raise KafkaSecurityError("security_protocol", f"{self.protocol!r} is not one of {', '.join(SECURITY_PROTOCOLS)}")
+        if self.uses_sasl:
+            if self.sasl_mechanism not in SASL_MECHANISMS:
+                raise KafkaSecurityError(
+                    "sasl_mechanism", f"{self.sasl_mechanism!r} is not one of {', '.join(SASL_MECHANISMS)}"
+                )
+            if not self.sasl_username or self.sasl_password is None:
+                raise KafkaSecurityError(
+                    "sasl_username", f"{self.protocol} needs a SASL username and password ({self.sasl_mechanism})"
+                )
+        if not self.uses_ssl and (self.ssl_cafile or self.ssl_certfile or self.ssl_keyfile):
+            raise KafkaSecurityError(
+                "security_protocol", f"SSL files are set but the protocol is {self.protocol}: use SSL or SASL_SSL"
+            )
+        if self.ssl_keyfile and not self.ssl_certfile:
+            raise KafkaSecurityError("ssl_certfile", "a client key needs its certificate (ssl_certfile)")
+
+    def client_options(self) -> dict[str, Any]:
+        """The keyword arguments every aiokafka producer, consumer and admin client of chronoq is built with."""
+        self.validate()
+        options: dict[str, Any] = {"security_protocol": self.protocol}
+        if self.uses_ssl:
+            options["ssl_context"] = self.ssl_context()
+        if self.uses_sasl:
+            options["sasl_mechanism"] = self.sasl_mechanism
+            options["sasl_plain_username"] = self.sasl_username
+            options["sasl_plain_password"] = self.sasl_password
+        return options
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """A verifying TLS context from the CA, client certificate and key files (a clear error if one is unreadable)."""
+        try:
+            context = create_ssl_context(cafile=self.ssl_cafile, certfile=self.ssl_certfile, keyfile=self.ssl_keyfile)
+        except FileNotFoundError as err:
+            raise KafkaSecurityError(_file_setting(self, err.filename), f"cannot read {err.filename}: no such file") from None
+        except (ssl.SSLError, OSError) as err:
+            # ssl's messages name the PEM problem, never a file's contents.
+            raise KafkaSecurityError("ssl_certfile", f"cannot load the TLS files: {err}") from None
+        context.check_hostname = self.ssl_check_hostname
+        return context
+
+    def describe(self) -> str:
+        """One line for ``chronoq status`` and logs: the protocol, mechanism, user and files, never the password."""
+        parts = [self.protocol]
+        if self.uses_sasl:
+            parts.append(f"{self.sasl_mechanism} user {self.sasl_username}")
+        if self.uses_ssl:
+            parts.append(f"CA {self.ssl_cafile or 'system'}")
+            if self.ssl_certfile:
+                parts.append(f"client certificate {self.ssl_certfile}")
+            if not self.ssl_check_hostname:
+                parts.append("hostname not checked")
+        return ", ".join(parts)
+
+
+PLAINTEXT = KafkaSecurity()
+
+
+def _file_setting(security: KafkaSecurity, filename: object) -> str:
+    for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+        if getattr(security, name) == filename:
+            return name
+    return "ssl_cafile"
+
+
+class _Startable(Protocol):
+    async def start(self) -> None: ...
+
+
+async def start_client(client: _Startable, bootstrap: str, security: KafkaSecurity) -> None:
+    """``await client.start()``; when it cannot bootstrap, raise :class:`KafkaSecurityError` if the reason is
+    a refused credential or certificate (see the module docstring), else the transient error it was."""
+    try:
+        await client.start()
+    except kafka_errors.KafkaConnectionError:
+        refusal = await security_refusal(bootstrap, security)
+        if refusal is not None:
+            raise refusal from None
+        raise
+
+
+async def security_refusal(bootstrap: str, security: KafkaSecurity, timeout: float = 10.0) -> KafkaSecurityError | None:
+    """Connect to each bootstrap server once; the :class:`KafkaSecurityError` if the TLS handshake or SASL
+    authentication was refused, None if a server was reachable and accepted us, or was unreachable (an outage)."""
+    options = security.client_options()
+    for server in bootstrap.split(","):
+        host, _, port = server.strip().rpartition(":")
+        try:
+            conn = await asyncio.wait_for(
+                create_conn(
+                    host.strip("[]"),
+                    int(port),
+                    ssl_context=options.get("ssl_context"),
+                    security_protocol=security.protocol,
+                    sasl_mechanism=security.sasl_mechanism,
+                    sasl_plain_username=security.sasl_username,
+                    sasl_plain_password=security.sasl_password,
+                ),
+                timeout,
+            )
+        except ssl.SSLCertVerificationError as err:
+            return KafkaSecurityError(
+                "ssl_cafile",
+                f"the Kafka broker {server}'s TLS certificate is not trusted ({err.verify_message});"
+                " set CHRONOQ_KAFKA_SSL_CAFILE to the CA that signed it"
+                + (" (or, for a name mismatch, CHRONOQ_KAFKA_SSL_CHECK_HOSTNAME=0)" if "hostname" in str(err) else ""),
+            )
+        except ssl.SSLError as err:
+            return KafkaSecurityError(
+                "ssl_certfile",
+                f"the TLS handshake with the Kafka broker {server} failed ({err.reason or err}): the broker may"
+                " require a client certificate (CHRONOQ_KAFKA_SSL_CERTFILE / _KEYFILE) signed by a CA it trusts",
+            )
+        except (
+            kafka_errors.SaslAuthenticationFailed,
+            kafka_errors.AuthenticationFailedError,
+            kafka_errors.IllegalSaslStateError,
+        ) as err:
+            return KafkaSecurityError(
+                "sasl_password",
+                f"the Kafka broker {server} refused SASL {security.sasl_mechanism} authentication of user"
+                f" {security.sasl_username!r}: {_without(err, security.sasl_password)} (check"
+                " CHRONOQ_KAFKA_SASL_USERNAME / _PASSWORD / _MECHANISM)",
+            )
+        except kafka_errors.UnsupportedSaslMechanismError as err:
+            return KafkaSecurityError(
+                "sasl_mechanism",
+                f"the Kafka broker {server} does not offer SASL {security.sasl_mechanism}:"
+                f" {_without(err, security.sasl_password)}",
+            )
+        except ConnectionResetError:
+            # A TLS listener spoken to in plain text, or a broker that closed on a refused client
+            # certificate before the handshake completed (TLS 1.3 reports that late): say so.
+            if not security.uses_ssl:
+                return KafkaSecurityError(
+                    "security_protocol",
+                    f"the Kafka broker {server} closed the connection at once: it may expect TLS"
+                    " (CHRONOQ_KAFKA_SECURITY_PROTOCOL=SSL or SASL_SSL)",
+                )
+            continue
+        except kafka_errors.KafkaConnectionError as err:
+            # Under TLS 1.3 the server checks the client's certificate after the client considers the
+            # handshake done: a refusal shows on the first request (aiokafka's version lookup), as a
+            # closed connection caused by the server's TLS alert.
+            alert = _tls_alert(err)
+            if security.uses_ssl and alert:
+                return KafkaSecurityError(
+                    "ssl_certfile",
+                    f"the Kafka broker {server} refused this client's TLS certificate ({alert}): it requires a"
+                    " client certificate (CHRONOQ_KAFKA_SSL_CERTFILE / _KEYFILE) signed by a CA it trusts",
+                )
+            continue
+        except (OSError, asyncio.TimeoutError, kafka_errors.KafkaError):
+            continue  # unreachable or unanswered: an outage, not a refusal
+        conn.close()
+        return None
+    return None
+
+
+def _tls_alert(err: BaseException) -> str | None:
+    """The TLS alert behind a connection error (``TLSV13_ALERT_CERTIFICATE_REQUIRED``...), if there is one."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError):
+            return str(seen.reason or seen)
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _without(err: BaseException, secret: str | None) -> str:
+    text = str(err)
+    return text.replace(secret, "***") if secret else text
