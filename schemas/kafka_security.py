@@ -111,7 +111,9 @@ class KafkaSecurity:
     def validate(self) -> None:
         """Cross-field rules; a :class:`KafkaSecurityError` naming the setting at fault."""
         if self.protocol not in SECURITY_PROTOCOLS:
-            raise KafkaSecurityError("security_protocol", f"{self.protocol!r} is not one of {', '.join(SECURITY_PROTOCOLS)}")
+            raise KafkaSecurityError(
+                "security_protocol", f"{self.protocol!r} is not one of {', '.join(SECURITY_PROTOCOLS)}"
+            )
         if self.uses_sasl:
             if self.sasl_mechanism not in SASL_MECHANISMS:
                 raise KafkaSecurityError(
@@ -141,11 +143,13 @@ class KafkaSecurity:
         return options
 
     def ssl_context(self) -> ssl.SSLContext:
-        """A verifying TLS context from the CA, client certificate and key files (a clear error if one is unreadable)."""
+        """A verifying TLS context from the CA, client certificate and key files (a clear error if unreadable)."""
         try:
             context = create_ssl_context(cafile=self.ssl_cafile, certfile=self.ssl_certfile, keyfile=self.ssl_keyfile)
         except FileNotFoundError as err:
-            raise KafkaSecurityError(_file_setting(self, err.filename), f"cannot read {err.filename}: no such file") from None
+            raise KafkaSecurityError(
+                _file_setting(self, err.filename), f"cannot read {err.filename}: no such file"
+            ) from None
         except (ssl.SSLError, OSError) as err:
             # ssl's messages name the PEM problem, never a file's contents.
             raise KafkaSecurityError("ssl_certfile", f"cannot load the TLS files: {err}") from None
@@ -263,7 +267,7 @@ async def security_refusal(bootstrap: str, security: KafkaSecurity, timeout: flo
                     " client certificate (CHRONOQ_KAFKA_SSL_CERTFILE / _KEYFILE) signed by a CA it trusts",
                 )
             continue
-        except (OSError, asyncio.TimeoutError, kafka_errors.KafkaError):
+        except (TimeoutError, OSError, kafka_errors.KafkaError):
             continue  # unreachable or unanswered: an outage, not a refusal
         conn.close()
         return None

@@ -21,6 +21,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
 
 from schemas.errors import InvalidInput
+from schemas.kafka_security import PLAINTEXT, KafkaSecurity, start_client
 
 log = logging.getLogger("chronoq.topics")
 
@@ -118,17 +119,19 @@ async def ensure_topics(
     log.info("created topics", extra={"action": "topics.created", "topics": [t.name for t in new]})
 
 
-async def create_missing_topics(bootstrap: str, topics: Sequence[str], partitions: int = DEFAULT_PARTITIONS) -> None:
+async def create_missing_topics(
+    bootstrap: str, topics: Sequence[str], partitions: int = DEFAULT_PARTITIONS, security: KafkaSecurity = PLAINTEXT
+) -> None:
     """Connect an admin client, create the topics that do not exist, disconnect."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security.client_options())
+    await start_client(admin, bootstrap, security)
     try:
         await ensure_topics(admin, topics, partitions)
     finally:
         await admin.close()
 
 
-async def topic_partitions(bootstrap: str, topic: str) -> list[int]:
+async def topic_partitions(bootstrap: str, topic: str, security: KafkaSecurity = PLAINTEXT) -> list[int]:
     """The partition numbers of ``topic``, or ``[]`` when it does not exist; never creates it.
 
     Asked of an admin client on purpose: aiokafka's consumer keeps metadata
@@ -139,8 +142,8 @@ async def topic_partitions(bootstrap: str, topic: str) -> list[int]:
     periodic refresh, minutes later. The existence check comes first because
     tansu creates a topic that a Metadata request names.
     """
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security.client_options())
+    await start_client(admin, bootstrap, security)
     try:
         if topic not in set(await admin.list_topics()):
             return []

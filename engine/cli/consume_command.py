@@ -33,7 +33,11 @@ def consumer_config(endpoints: Endpoints, group: str, report_attempts: bool = Tr
             report_attempts=report_attempts,
         )
     return ConsumerConfig(
-        group, endpoints.kafka_bootstrap, endpoints.consumer_database_url, report_attempts=report_attempts
+        group,
+        endpoints.kafka_bootstrap,
+        endpoints.consumer_database_url,
+        report_attempts=report_attempts,
+        kafka_security=endpoints.kafka_security,
     )
 
 

@@ -43,6 +43,7 @@ from relay.dispatcher import Relay, RelayConfig
 from relay.publisher import KafkaPublisher, PublisherConfig
 from schemas.clock import Clock, DatabaseClock
 from schemas.connections import create_pool
+from schemas.kafka_security import PLAINTEXT, KafkaSecurity
 from schemas.migrations import apply_migrations
 
 log = logging.getLogger("chronoq.service")
@@ -84,6 +85,7 @@ class ServiceConfig:
     summary_every: seconds between each loop's one-line summary log (0: none).
     idempotent_publisher: the relay uses the idempotent producer (the broker must
         support it: Apache Kafka does, tansu does not; default False).
+    kafka_security: TLS and SASL of every Kafka client these roles open (default PLAINTEXT).
     The other fields configure one role each.
     """
 
@@ -92,6 +94,7 @@ class ServiceConfig:
     metrics_socket: socket.socket | None = None
     summary_every: float = SUMMARY_EVERY
     idempotent_publisher: bool = False
+    kafka_security: KafkaSecurity = PLAINTEXT
     materializer: MaterializerConfig = field(default_factory=MaterializerConfig)
     attempts: AttemptProcessorConfig = field(default_factory=AttemptProcessorConfig)
     reaper: ReaperConfig = field(default_factory=ReaperConfig)
@@ -139,7 +142,7 @@ async def run_services(
             materializer = Materializer(pool, config.materializer, clock)
             runs[Role.MATERIALIZER] = lambda: materializer.run(stop, every)
         if Role.ATTEMPTS in roles:
-            attempts = AttemptProcessor(pool, kafka_bootstrap, config.attempts, clock)
+            attempts = AttemptProcessor(pool, kafka_bootstrap, config.attempts, clock, security=config.kafka_security)
             runs[Role.ATTEMPTS] = lambda: attempts.run(stop, every)
         if Role.REAPER in roles:
             reaper = Reaper(pool, config.reaper, clock)
@@ -149,11 +152,15 @@ async def run_services(
             runs[Role.OVERLAP_GATE] = lambda: gate.run(stop, every)
         if Role.COMMANDS in roles:
             assert kafka_bootstrap is not None
-            commands = CommandProcessor(pool, kafka_bootstrap, ControlPlane(pool, clock), config.commands)
+            commands = CommandProcessor(
+                pool, kafka_bootstrap, ControlPlane(pool, clock), config.commands, security=config.kafka_security
+            )
             runs[Role.COMMANDS] = lambda: commands.run(stop, every)
         if Role.RELAY in roles:
             assert kafka_bootstrap is not None
-            publisher = KafkaPublisher(PublisherConfig(kafka_bootstrap, idempotent=config.idempotent_publisher))
+            publisher = KafkaPublisher(
+                PublisherConfig(kafka_bootstrap, idempotent=config.idempotent_publisher, security=config.kafka_security)
+            )
             await publisher.start()
             resources.push_async_callback(publisher.stop)
             relay_loop = relay_periodic_loop(Relay.create(pool, publisher, config.relay, clock), config.relay, every)
