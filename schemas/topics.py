@@ -18,10 +18,15 @@ import re
 from collections.abc import Sequence
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
+from aiokafka.errors import (
+    KafkaError,
+    TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
+    UnknownTopicOrPartitionError,
+)
 
 from schemas.errors import InvalidInput
-from schemas.kafka_security import PLAINTEXT, KafkaSecurity, start_client
+from schemas.kafka_security import PLAINTEXT, KafkaAuthorizationError, KafkaSecurity, start_client
 
 log = logging.getLogger("chronoq.topics")
 
@@ -114,6 +119,14 @@ async def ensure_topics(
     except TopicAlreadyExistsError:
         return
     for topic, code, *_ in getattr(response, "topic_errors", []):
+        if code == TopicAuthorizationFailedError.errno:
+            # Not visible to this principal (no DESCRIBE) and not creatable by it (no CREATE): on a broker
+            # with ACLs, a topic this client has no right to, whether or not it exists.
+            raise KafkaAuthorizationError(
+                f"the Kafka broker refused this client topic {topic} (TOPIC_AUTHORIZATION_FAILED): the"
+                " principal chronoq connects as has no ACL for it; `chronoq kafka acls --tenant T` prints"
+                " the ACLs a tenant's consumer app needs"
+            )
         if code not in (0, TopicAlreadyExistsError.errno):
             raise KafkaError(f"could not create topic {topic}: error code {code}")
     log.info("created topics", extra={"action": "topics.created", "topics": [t.name for t in new]})

@@ -259,6 +259,17 @@ def resolve_database_url(env: Mapping[str, str] | None = None) -> str:
     return resolve_endpoints(env).database_url
 
 
+def resolve_kafka(env: Mapping[str, str] | None = None) -> tuple[str, KafkaSecurity]:
+    """The broker alone (``chronoq kafka acls --apply``): ``CHRONOQ_KAFKA_BOOTSTRAP`` with its security,
+    else a running ``chronoq up``'s."""
+    env = os.environ if env is None else env
+    bootstrap = env.get("CHRONOQ_KAFKA_BOOTSTRAP")
+    if bootstrap:
+        return bootstrap, kafka_security_setting(env)
+    endpoints = resolve_endpoints(env)
+    return endpoints.kafka_bootstrap, endpoints.kafka_security
+
+
 def resolve_consumer_endpoints(env: Mapping[str, str] | None = None) -> Endpoints:
     """Endpoints for a consumer app: Kafka and its own database, never the engine's."""
     env = os.environ if env is None else env
