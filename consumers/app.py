@@ -63,7 +63,7 @@ from schemas import observability as obs
 from schemas.clock import pause
 from schemas.connections import create_pool
 from schemas.errors import MalformedMessage
-from schemas.kafka_security import start_client
+from schemas.kafka_security import AUTHORIZATION_ERRORS, refused, start_client
 from schemas.messages import OccurrenceMessage, decode_occurrence
 from schemas.migrations import apply_migrations
 from schemas.topics import (
@@ -290,6 +290,10 @@ class ConsumerApp:
                 self._stopping.set()
                 await self._drain()
                 await self._commit(final=True)
+        except AUTHORIZATION_ERRORS as err:
+            # An ACL refusal does not heal by waiting: stop with what to grant instead of retrying.
+            log.error("refused by the broker's ACLs", extra={"action": "consumer.unauthorized", "error": repr(err)})
+            raise refused(err) from err
         finally:
             await self.stop()
             if own_signals:

@@ -78,6 +78,20 @@ AUTHORIZATION_ERRORS: tuple[type[kafka_errors.KafkaError], ...] = (
 )
 
 
+def refused(err: kafka_errors.KafkaError) -> KafkaAuthorizationError:
+    """aiokafka's ACL refusal (one of :data:`AUTHORIZATION_ERRORS`) as a :class:`KafkaAuthorizationError`."""
+    what = {
+        kafka_errors.TopicAuthorizationFailedError: "topic",
+        kafka_errors.GroupAuthorizationFailedError: "consumer group",
+        kafka_errors.ClusterAuthorizationFailedError: "cluster",
+    }.get(type(err), "resource")
+    names = ", ".join(str(arg) for arg in err.args) or "?"
+    return KafkaAuthorizationError(
+        f"the Kafka broker's ACLs refuse this principal the {what} {names} ({type(err).__name__}); an"
+        " operator grants a tenant's consumer app what it needs with `chronoq kafka acls --tenant T --apply`"
+    )
+
+
 @dataclass(frozen=True)
 class KafkaSecurity:
     """protocol: ``PLAINTEXT`` (default), ``SSL``, ``SASL_PLAINTEXT`` or ``SASL_SSL``.
@@ -186,14 +200,30 @@ class _Startable(Protocol):
 
 async def start_client(client: _Startable, bootstrap: str, security: KafkaSecurity) -> None:
     """``await client.start()``; when it cannot bootstrap, raise :class:`KafkaSecurityError` if the reason is
-    a refused credential or certificate (see the module docstring), else the transient error it was."""
+    a refused credential or certificate (see the module docstring), else the transient error it was.
+    A client whose start failed is closed (stopping it again is harmless)."""
     try:
         await client.start()
     except kafka_errors.KafkaConnectionError:
+        await _close_quietly(client)
         refusal = await security_refusal(bootstrap, security)
         if refusal is not None:
             raise refusal from None
         raise
+    except BaseException:
+        await _close_quietly(client)
+        raise
+
+
+async def _close_quietly(client: object) -> None:
+    """Release a client whose start failed (aiokafka warns about an unclosed one when it is collected)."""
+    close = getattr(client, "stop", None) or getattr(client, "close", None)
+    if close is None:
+        return
+    try:
+        await close()
+    except Exception:  # noqa: BLE001, S110 - the start's error is the one to report
+        pass
 
 
 async def security_refusal(bootstrap: str, security: KafkaSecurity, timeout: float = 10.0) -> KafkaSecurityError | None:

@@ -25,13 +25,14 @@ writes (occurrences, schedule states, bindings, command results).
 
 from __future__ import annotations
 
+import asyncio
 import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.protocol.admin import CreateAclsRequest
+from aiokafka.protocol.admin import CreateAclsRequest, DescribeAclsRequest
 
 from schemas.errors import ChronoqError
 from schemas.kafka_security import KafkaAuthorizationError, KafkaSecurity, start_client
@@ -51,6 +52,7 @@ _RESOURCE_TYPES = {"TOPIC": 2, "GROUP": 3}
 _PATTERN_TYPES = {"LITERAL": 3, "PREFIXED": 4}
 _OPERATIONS = {"READ": 3, "WRITE": 4}
 _ALLOW = 3
+_ANY = 1  # a filter's wildcard (resource type, pattern type, operation, permission)
 _CLUSTER_AUTHORIZATION_FAILED = 31
 
 
@@ -119,9 +121,14 @@ def consumer_acls(
 
 
 async def apply_acls(
-    bootstrap: str, security: KafkaSecurity, bindings: Sequence[AclBinding], partitions: int = DEFAULT_PARTITIONS
+    bootstrap: str,
+    security: KafkaSecurity,
+    bindings: Sequence[AclBinding],
+    partitions: int = DEFAULT_PARTITIONS,
+    visible_within: float = 10.0,
 ) -> None:
-    """Create the topics the ACLs name (if missing) and the ACLs, as the principal ``security`` authenticates.
+    """Create the topics the ACLs name (if missing) and the ACLs, as the principal ``security`` authenticates,
+    and return once the broker enforces them (at most ``visible_within`` seconds later).
 
     That principal needs ALTER on the cluster (an administrator or a super user). Creating an ACL that
     exists already changes nothing, so applying twice is safe.
@@ -152,5 +159,36 @@ async def apply_acls(
                     )
                 if code != 0:
                     raise ChronoqError(f"the Kafka broker refused the ACL {binding.to_json()}: {message} ({code})")
+        await _until_in_force(admin, topics, bindings, visible_within)
     finally:
         await admin.close()
+
+
+async def _until_in_force(
+    admin: AIOKafkaAdminClient, topics: Sequence[str], bindings: Sequence[AclBinding], timeout: float
+) -> None:
+    """Wait until the broker lists the topics and its authorizer holds the ACLs.
+
+    Both are answered by the controller first and reach the broker's metadata cache and authorizer a
+    moment later: a consumer app started right after ``--apply`` would otherwise find a topic missing
+    (and be refused creating it) or an ACL not yet in force.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    wanted = {
+        (_RESOURCE_TYPES[b.resource_type], b.name, _PATTERN_TYPES[b.pattern], b.principal, _OPERATIONS[b.operation])
+        for b in bindings
+    }
+    while True:
+        listed = set(await admin.list_topics())
+        held: set[tuple[int, str, int, str, int]] = set()
+        for principal in {b.principal for b in bindings}:
+            request = DescribeAclsRequest(_ANY, None, _ANY, principal, None, _ANY, _ANY)
+            response = await admin._send_request(request)
+            for resource_type, name, pattern, acls in response.resources:
+                held.update((resource_type, name, pattern, who, operation) for who, _host, operation, _ in acls)
+        if listed.issuperset(topics) and held.issuperset(wanted):
+            return
+        if loop.time() > deadline:
+            raise ChronoqError(f"the topics and ACLs were created but are not in force {timeout:g} s later")
+        await asyncio.sleep(0.05)

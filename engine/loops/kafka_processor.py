@@ -49,7 +49,7 @@ from engine.loops.reporting import SUMMARY_EVERY, LoopSummary, log_failure
 from schemas import observability as obs
 from schemas.clock import pause
 from schemas.error_classification import is_transient
-from schemas.kafka_security import PLAINTEXT, KafkaSecurity, start_client
+from schemas.kafka_security import AUTHORIZATION_ERRORS, PLAINTEXT, KafkaSecurity, refused, start_client
 from schemas.topics import DEFAULT_PARTITIONS, create_missing_topics
 
 Handle = Callable[[Sequence[ConsumerRecord]], Awaitable[Mapping[str, int]]]
@@ -129,6 +129,8 @@ class KafkaProcessorLoop:
                 for tp, records in (fetched or {}).items():
                     await self.process(consumer, tp, records, stop)
                 await self.summary.maybe_log()
+        except AUTHORIZATION_ERRORS as err:
+            raise refused(err) from err  # not transient: the broker's ACLs must change first
         finally:
             stopped.cancel()
             await consumer.stop()
@@ -172,6 +174,8 @@ class KafkaProcessorLoop:
             return None
         try:
             return fetch.result()
+        except AUTHORIZATION_ERRORS:
+            raise  # an ACL refusal is not a failed poll: retrying cannot succeed (run() says so)
         except Exception as err:  # noqa: BLE001 - a failed poll must not end the loop
             self.summary.add({"errors": 1})
             log_failure(self.log, self.name, err, self.settings.error_backoff)

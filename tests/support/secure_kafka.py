@@ -94,7 +94,7 @@ def secure_broker_properties(ca: CertificateAuthority) -> dict[str, str]:
     }
 
 
-def secure_kafka(base: Path) -> SecureKafka:
+def prepare_secure_kafka(base: Path) -> SecureKafka:
     """A (not yet started) secure broker in ``base``: certificates and passwords generated now."""
     ca = CertificateAuthority(base / "tls", "chronoq-test")
     untrusted = CertificateAuthority(base / "tls", "stranger")
