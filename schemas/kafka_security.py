@@ -23,6 +23,7 @@ anything else stays the transient connection error it was.
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -160,10 +161,9 @@ class KafkaSecurity:
         """A verifying TLS context from the CA, client certificate and key files (a clear error if unreadable)."""
         try:
             context = create_ssl_context(cafile=self.ssl_cafile, certfile=self.ssl_certfile, keyfile=self.ssl_keyfile)
-        except FileNotFoundError as err:
-            raise KafkaSecurityError(
-                _file_setting(self, err.filename), f"cannot read {err.filename}: no such file"
-            ) from None
+        except FileNotFoundError:
+            name, path = _missing_file(self)
+            raise KafkaSecurityError(name, f"cannot read {path}: no such file") from None
         except (ssl.SSLError, OSError) as err:
             # ssl's messages name the PEM problem, never a file's contents.
             raise KafkaSecurityError("ssl_certfile", f"cannot load the TLS files: {err}") from None
@@ -187,11 +187,13 @@ class KafkaSecurity:
 PLAINTEXT = KafkaSecurity()
 
 
-def _file_setting(security: KafkaSecurity, filename: object) -> str:
+def _missing_file(security: KafkaSecurity) -> tuple[str, str]:
+    """The first configured TLS file that does not exist, as (field, path); ssl's error does not say which."""
     for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
-        if getattr(security, name) == filename:
-            return name
-    return "ssl_cafile"
+        path = getattr(security, name)
+        if path and not os.path.exists(path):
+            return name, path
+    return "ssl_cafile", "a TLS file"
 
 
 class _Startable(Protocol):

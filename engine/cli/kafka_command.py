@@ -51,7 +51,8 @@ def cmd_acls(args: argparse.Namespace) -> int:
         if args.json:
             print_json({"tenant": args.tenant, "applied": args.apply, "acls": [b.to_json() for b in bindings]}, True)
             return
-        print(f"# ACLs of tenant {args.tenant}'s consumer app ({len(names)} targets)", flush=True)
+        count = f"{len(names)} target" + ("" if len(names) == 1 else "s")
+        print(f"# ACLs of tenant {args.tenant}'s consumer app ({count})", flush=True)
         for binding in bindings:
             print(binding.kafka_acls_command(bootstrap), flush=True)
         if args.apply:

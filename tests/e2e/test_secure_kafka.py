@@ -12,10 +12,16 @@ tansu has no TLS, SASL or ACLs: these run on Apache Kafka only, all on one sessi
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
+import urllib.parse
 import uuid
+from pathlib import Path
 
 import asyncpg
+import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import TopicAuthorizationFailedError
@@ -32,6 +38,7 @@ from tests.support.secure_kafka import SecureKafka
 from tests.support.services import fast_services
 from tests.support.waiting import wait_for
 
+ROOT = Path(__file__).resolve().parents[2]
 TENANT = "tenant-a"
 OTHER_TENANT = "tenant-b"
 
@@ -184,3 +191,56 @@ async def test_another_tenants_principal_is_refused_by_the_broker_and_chronoq_sa
         await asyncio.wait_for(app.run(asyncio.Event()), 30)
     assert time.monotonic() - began < 20
     assert await effects.fetchval("SELECT count(*) FROM effects") == 0
+
+
+def cli_env(database_url: str, bootstrap: str, **security: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOQ_")}
+    env.update(CHRONOQ_DATABASE_URL=database_url, CHRONOQ_KAFKA_BOOTSTRAP=bootstrap)
+    env.update({f"CHRONOQ_KAFKA_{name.upper()}": value for name, value in security.items()})
+    return env
+
+
+def chronoq(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "engine.cli", *args]
+    return subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+async def test_no_command_prints_a_secret_and_a_wrong_password_is_reported_once(
+    secure_kafka: SecureKafka, engine_db, pool, clock, target
+) -> None:
+    await create_tenant(pool, TENANT)
+    await ControlPlane(pool, clock).create_schedule(
+        TENANT, {"kind": "once", "target": target, "expression": "2026-11-29T10:00:00Z"}
+    )
+    database_secret, wrong_password = f"db-{uuid.uuid4().hex}", f"wrong-{uuid.uuid4().hex}"
+    parts = urllib.parse.urlsplit(engine_db)
+    # Trust authentication on the embedded server's socket: the password is carried, never checked.
+    url = urllib.parse.urlunsplit(
+        parts._replace(netloc=f"postgres:{database_secret}@{parts.netloc.rpartition('@')[2]}")
+    )
+    secured = dict(
+        security_protocol="sasl_ssl",
+        sasl_mechanism="scram-sha-512",
+        sasl_username="admin",
+        ssl_cafile=str(secure_kafka.ca.cafile),
+    )
+    right = cli_env(url, secure_kafka.sasl_bootstrap, **secured, sasl_password=secure_kafka.passwords["admin"])
+    wrong = cli_env(url, secure_kafka.sasl_bootstrap, **secured, sasl_password=wrong_password)
+    status, acls, refused_status, refused_acls = await asyncio.gather(
+        asyncio.to_thread(chronoq, ["status"], right),
+        asyncio.to_thread(chronoq, ["kafka", "acls", "--tenant", TENANT, "--apply"], right),
+        asyncio.to_thread(chronoq, ["status", "--json"], wrong),
+        asyncio.to_thread(chronoq, ["kafka", "acls", "--tenant", TENANT, "--apply"], wrong),
+    )
+    assert (status.returncode, acls.returncode, refused_status.returncode, refused_acls.returncode) == (0, 0, 1, 1), (
+        status.stderr + acls.stderr + refused_status.stderr + refused_acls.stderr
+    )
+    assert "SASL_SSL, SCRAM-SHA-512 user admin" in status.stdout and "postgres:***@" in status.stdout
+    assert f"--topic {occurrence_topic(target)}" in acls.stdout and "--allow-principal User:tenant-a" in acls.stdout
+    report = orjson.loads(refused_status.stdout)
+    assert report["database"]["ok"] and not report["kafka"]["ok"]
+    assert "refused SASL SCRAM-SHA-512 authentication of user 'admin'" in report["kafka"]["problem"]
+    assert refused_acls.stderr.count("refused SASL SCRAM-SHA-512") == 1  # one clear line, no retry loop
+    for result in (status, acls, refused_status, refused_acls):
+        for secret in (database_secret, wrong_password, secure_kafka.passwords["admin"]):
+            assert secret not in result.stdout + result.stderr
