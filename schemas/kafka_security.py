@@ -231,79 +231,116 @@ async def _close_quietly(client: object) -> None:
 async def security_refusal(bootstrap: str, security: KafkaSecurity, timeout: float = 10.0) -> KafkaSecurityError | None:
     """Connect to each bootstrap server once; the :class:`KafkaSecurityError` if the TLS handshake or SASL
     authentication was refused, None if a server was reachable and accepted us, or was unreachable (an outage)."""
-    options = security.client_options()
     for server in bootstrap.split(","):
-        host, _, port = server.strip().rpartition(":")
-        try:
-            conn = await asyncio.wait_for(
-                create_conn(
-                    host.strip("[]"),
-                    int(port),
-                    ssl_context=options.get("ssl_context"),
-                    security_protocol=security.protocol,
-                    sasl_mechanism=security.sasl_mechanism,
-                    sasl_plain_username=security.sasl_username,
-                    sasl_plain_password=security.sasl_password,
-                ),
-                timeout,
-            )
-        except ssl.SSLCertVerificationError as err:
-            return KafkaSecurityError(
-                "ssl_cafile",
-                f"the Kafka broker {server}'s TLS certificate is not trusted ({err.verify_message});"
-                " set CHRONOQ_KAFKA_SSL_CAFILE to the CA that signed it"
-                + (" (or, for a name mismatch, CHRONOQ_KAFKA_SSL_CHECK_HOSTNAME=0)" if "hostname" in str(err) else ""),
-            )
-        except ssl.SSLError as err:
-            return KafkaSecurityError(
-                "ssl_certfile",
-                f"the TLS handshake with the Kafka broker {server} failed ({err.reason or err}): the broker may"
-                " require a client certificate (CHRONOQ_KAFKA_SSL_CERTFILE / _KEYFILE) signed by a CA it trusts",
-            )
-        except (
-            kafka_errors.SaslAuthenticationFailed,
-            kafka_errors.AuthenticationFailedError,
-            kafka_errors.IllegalSaslStateError,
-        ) as err:
-            return KafkaSecurityError(
-                "sasl_password",
-                f"the Kafka broker {server} refused SASL {security.sasl_mechanism} authentication of user"
-                f" {security.sasl_username!r}: {_without(err, security.sasl_password)} (check"
-                " CHRONOQ_KAFKA_SASL_USERNAME / _PASSWORD / _MECHANISM)",
-            )
-        except kafka_errors.UnsupportedSaslMechanismError as err:
-            return KafkaSecurityError(
-                "sasl_mechanism",
-                f"the Kafka broker {server} does not offer SASL {security.sasl_mechanism}:"
-                f" {_without(err, security.sasl_password)}",
-            )
-        except ConnectionResetError:
-            # A TLS listener spoken to in plain text, or a broker that closed on a refused client
-            # certificate before the handshake completed (TLS 1.3 reports that late): say so.
-            if not security.uses_ssl:
-                return KafkaSecurityError(
-                    "security_protocol",
-                    f"the Kafka broker {server} closed the connection at once: it may expect TLS"
-                    " (CHRONOQ_KAFKA_SECURITY_PROTOCOL=SSL or SASL_SSL)",
-                )
-            continue
-        except kafka_errors.KafkaConnectionError as err:
-            # Under TLS 1.3 the server checks the client's certificate after the client considers the
-            # handshake done: a refusal shows on the first request (aiokafka's version lookup), as a
-            # closed connection caused by the server's TLS alert.
-            alert = _tls_alert(err)
-            if security.uses_ssl and alert:
-                return KafkaSecurityError(
-                    "ssl_certfile",
-                    f"the Kafka broker {server} refused this client's TLS certificate ({alert}): it requires a"
-                    " client certificate (CHRONOQ_KAFKA_SSL_CERTFILE / _KEYFILE) signed by a CA it trusts",
-                )
-            continue
-        except (TimeoutError, OSError, kafka_errors.KafkaError):
-            continue  # unreachable or unanswered: an outage, not a refusal
-        conn.close()
-        return None
+        outcome = await _probe(server.strip(), security, timeout)
+        if outcome is not _UNREACHABLE:
+            return outcome
     return None
+
+
+#: :func:`_probe`'s answer for a server it could not reach (then the next one is tried).
+_UNREACHABLE = KafkaSecurityError(None, "unreachable")
+
+
+async def _probe(server: str, security: KafkaSecurity, timeout: float, attempt: int = 0) -> KafkaSecurityError | None:
+    """One connection to ``server``: the refusal, None if it accepted us, or :data:`_UNREACHABLE`."""
+    host, _, port = server.rpartition(":")
+    try:
+        conn = await asyncio.wait_for(
+            create_conn(
+                host.strip("[]"),
+                int(port),
+                ssl_context=security.client_options().get("ssl_context"),
+                security_protocol=security.protocol,
+                sasl_mechanism=security.sasl_mechanism,
+                sasl_plain_username=security.sasl_username,
+                sasl_plain_password=security.sasl_password,
+            ),
+            timeout,
+        )
+    except ssl.SSLCertVerificationError as err:
+        return KafkaSecurityError(
+            "ssl_cafile",
+            f"the Kafka broker {server}'s TLS certificate is not trusted ({err.verify_message});"
+            " set CHRONOQ_KAFKA_SSL_CAFILE to the CA that signed it"
+            + (" (or, for a name mismatch, CHRONOQ_KAFKA_SSL_CHECK_HOSTNAME=0)" if "hostname" in str(err) else ""),
+        )
+    except ssl.SSLError as err:
+        return KafkaSecurityError(
+            "ssl_certfile",
+            f"the TLS handshake with the Kafka broker {server} failed ({err.reason or err}): the broker may"
+            " require a client certificate (CHRONOQ_KAFKA_SSL_CERTFILE / _KEYFILE) signed by a CA it trusts",
+        )
+    except (
+        kafka_errors.SaslAuthenticationFailed,
+        kafka_errors.AuthenticationFailedError,
+        kafka_errors.IllegalSaslStateError,
+    ) as err:
+        return KafkaSecurityError(
+            "sasl_password",
+            f"the Kafka broker {server} refused SASL {security.sasl_mechanism} authentication of user"
+            f" {security.sasl_username!r}: {_without(err, security.sasl_password)} (check"
+            " CHRONOQ_KAFKA_SASL_USERNAME / _PASSWORD / _MECHANISM)",
+        )
+    except kafka_errors.UnsupportedSaslMechanismError as err:
+        return KafkaSecurityError(
+            "sasl_mechanism",
+            f"the Kafka broker {server} does not offer SASL {security.sasl_mechanism}:"
+            f" {_without(err, security.sasl_password)}",
+        )
+    except ConnectionResetError:
+        # A plain-text listener that received our TLS ClientHello reads its first bytes as a huge
+        # request size and drops the connection. Once could be a broker going down: look twice.
+        if not security.uses_ssl:
+            return _UNREACHABLE
+        if attempt == 0:
+            await asyncio.sleep(0.2)
+            return await _probe(server, security, timeout, attempt=1)
+        return KafkaSecurityError(
+            "security_protocol",
+            f"the Kafka broker {server} drops the connection during the TLS handshake: this listener may not"
+            " speak TLS (CHRONOQ_KAFKA_SECURITY_PROTOCOL=PLAINTEXT or SASL_PLAINTEXT, or another port)",
+        )
+    except kafka_errors.KafkaConnectionError as err:
+        return _closed_connection(server, security, err)
+    except (OSError, TimeoutError, kafka_errors.KafkaError):
+        return _UNREACHABLE  # unreachable or unanswered: an outage, not a refusal
+    conn.close()
+    return None
+
+
+def _closed_connection(
+    server: str, security: KafkaSecurity, err: kafka_errors.KafkaConnectionError
+) -> KafkaSecurityError:
+    """Why the broker closed a connection it had accepted, if the bytes say (else :data:`_UNREACHABLE`)."""
+    if not security.uses_ssl and _answered_in_tls(err):
+        return KafkaSecurityError(
+            "security_protocol",
+            f"the Kafka broker {server} answers in TLS: this listener needs"
+            " CHRONOQ_KAFKA_SECURITY_PROTOCOL=SSL or SASL_SSL",
+        )
+    # Under TLS 1.3 the server checks the client's certificate after the client considers the
+    # handshake done: a refusal shows on the first request (aiokafka's version lookup), as a
+    # closed connection caused by the server's TLS alert.
+    alert = _tls_alert(err)
+    if security.uses_ssl and alert:
+        return KafkaSecurityError(
+            "ssl_certfile",
+            f"the Kafka broker {server} refused this client's TLS certificate ({alert}): it requires a"
+            " client certificate (CHRONOQ_KAFKA_SSL_CERTFILE / _KEYFILE) signed by a CA it trusts",
+        )
+    return _UNREACHABLE
+
+
+def _answered_in_tls(err: BaseException) -> bool:
+    """Whether a plain-text read failed on a TLS record: the 4-byte size prefix aiokafka read was a TLS
+    record header (content type 0x15 alert or 0x16 handshake, then version 0x03 0x0N)."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, asyncio.IncompleteReadError) and seen.expected is not None:
+            return (seen.expected >> 16) in (0x1503, 0x1603)
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _tls_alert(err: BaseException) -> str | None:

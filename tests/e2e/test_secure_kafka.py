@@ -112,6 +112,8 @@ async def test_the_pipeline_runs_over_a_secured_broker_with_the_consumer_as_a_te
         ("wrong password", "sasl_password", "refused SASL SCRAM-SHA-512 authentication of user 'tenant-a'"),
         ("client certificate from an unknown CA", "ssl_certfile", "refused this client's TLS certificate"),
         ("broker certificate from an unknown CA", "ssl_cafile", "TLS certificate is not trusted"),
+        ("plain text to a TLS listener", "security_protocol", "answers in TLS"),
+        ("TLS to a plain-text listener", "security_protocol", "drops the connection during the TLS handshake"),
     ],
 )
 async def test_a_refused_credential_stops_the_consumer_app_at_once_saying_what_to_fix(
@@ -125,6 +127,11 @@ async def test_a_refused_credential_stops_the_consumer_app_at_once_saying_what_t
             secure_kafka.mtls_bootstrap,
             secure_kafka.mtls(TENANT, client_ca=secure_kafka.untrusted_ca),
         )
+    elif credential == "plain text to a TLS listener":
+        bootstrap = secure_kafka.sasl_bootstrap
+        security = KafkaSecurity("SASL_PLAINTEXT", "SCRAM-SHA-512", TENANT, secure_kafka.passwords[TENANT])
+    elif credential == "TLS to a plain-text listener":
+        bootstrap, security = secure_kafka.plaintext_bootstrap, secure_kafka.mtls(TENANT)
     else:
         bootstrap = secure_kafka.sasl_bootstrap
         security = KafkaSecurity(
