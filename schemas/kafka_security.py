@@ -23,6 +23,7 @@ anything else stays the transient connection error it was.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import ssl
 from dataclasses import dataclass, field
@@ -32,7 +33,10 @@ from aiokafka import errors as kafka_errors
 from aiokafka.conn import create_conn
 from aiokafka.helpers import create_ssl_context
 
+from schemas import observability as obs
 from schemas.errors import ChronoqError
+
+log = logging.getLogger("chronoq.kafka")
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -87,6 +91,7 @@ def refused(err: kafka_errors.KafkaError) -> KafkaAuthorizationError:
         kafka_errors.ClusterAuthorizationFailedError: "cluster",
     }.get(type(err), "resource")
     names = ", ".join(str(arg) for arg in err.args) or "?"
+    _count_refusal("authorization", what)
     return KafkaAuthorizationError(
         f"the Kafka broker's ACLs refuse this principal the {what} {names} ({type(err).__name__}); an"
         " operator grants a tenant's consumer app what it needs with `chronoq kafka acls --tenant T --apply`"
@@ -210,11 +215,20 @@ async def start_client(client: _Startable, bootstrap: str, security: KafkaSecuri
         await _close_quietly(client)
         refusal = await security_refusal(bootstrap, security)
         if refusal is not None:
+            _count_refusal("authentication", refusal.field or "")
+            log.error(
+                "Kafka refused the connection",
+                extra={"action": "kafka.refused", "setting": refusal.field, "error": refusal.problem},
+            )
             raise refusal from None
         raise
     except BaseException:
         await _close_quietly(client)
         raise
+
+
+def _count_refusal(kind: str, setting: str) -> None:
+    obs.get_meter("kafka").create_counter(obs.KAFKA_REFUSALS, unit="1").add(1, {"kind": kind, "setting": setting})
 
 
 async def _close_quietly(client: object) -> None:
