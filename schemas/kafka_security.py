@@ -23,7 +23,6 @@ anything else stays the transient connection error it was.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import ssl
 from dataclasses import dataclass, field
@@ -35,8 +34,6 @@ from aiokafka.helpers import create_ssl_context
 
 from schemas import observability as obs
 from schemas.errors import ChronoqError
-
-log = logging.getLogger("chronoq.kafka")
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -216,10 +213,7 @@ async def start_client(client: _Startable, bootstrap: str, security: KafkaSecuri
         refusal = await security_refusal(bootstrap, security)
         if refusal is not None:
             _count_refusal("authentication", refusal.field or "")
-            log.error(
-                "Kafka refused the connection",
-                extra={"action": "kafka.refused", "setting": refusal.field, "error": refusal.problem},
-            )
+            # No log line of its own: the error is raised to whoever started the client, which reports it.
             raise refusal from None
         raise
     except BaseException:
