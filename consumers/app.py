@@ -35,8 +35,8 @@ import logging
 import re
 import signal
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
@@ -62,6 +62,7 @@ from consumers.target_bindings import TargetBindingView
 from schemas import observability as obs
 from schemas.clock import pause
 from schemas.connections import create_pool
+from schemas.error_classification import is_transient
 from schemas.errors import MalformedMessage
 from schemas.kafka_security import AUTHORIZATION_ERRORS, refused, start_client
 from schemas.messages import OccurrenceMessage, decode_occurrence
@@ -76,6 +77,8 @@ from schemas.topics import (
     occurrence_topic,
     validate_target,
 )
+
+_T = TypeVar("_T")
 
 log = logging.getLogger("chronoq.consumer")
 
@@ -197,14 +200,26 @@ class ConsumerApp:
         if not self.handlers:
             raise ValueError("register at least one handler with @app.handler(target) before run()")
         cfg = self.config
-        self._pool = await create_pool(cfg.database_url, min_size=1, max_size=max(4, min(cfg.max_in_flight, 32) + 2))
-        async with self._pool.acquire() as conn:
-            await apply_migrations(conn, "consumer")
-        await create_missing_topics(
-            cfg.kafka_bootstrap,
-            self.topics + [DEAD_LETTER_TOPIC, ATTEMPTS_TOPIC, SCHEDULE_STATES_TOPIC, TARGET_BINDINGS_TOPIC],
-            cfg.partitions,
-            cfg.kafka_security,
+        pool = await self._until_done(
+            "open the app database",
+            lambda: create_pool(cfg.database_url, min_size=1, max_size=max(4, min(cfg.max_in_flight, 32) + 2)),
+        )
+        assert pool is not None
+        self._pool = pool
+
+        async def migrate() -> None:
+            async with pool.acquire() as conn:
+                await apply_migrations(conn, "consumer")
+
+        await self._until_done("migrate the app database", migrate)
+        await self._until_done(
+            "create the topics",
+            lambda: create_missing_topics(
+                cfg.kafka_bootstrap,
+                self.topics + [DEAD_LETTER_TOPIC, ATTEMPTS_TOPIC, SCHEDULE_STATES_TOPIC, TARGET_BINDINGS_TOPIC],
+                cfg.partitions,
+                cfg.kafka_security,
+            ),
         )
         self._producer = AIOKafkaProducer(
             bootstrap_servers=cfg.kafka_bootstrap,
@@ -239,6 +254,25 @@ class ConsumerApp:
             self._consumer.subscribe(pattern=re.escape(OCCURRENCE_TOPIC_PREFIX) + ".*", listener=listener)
         else:
             self._consumer.subscribe(self.topics, listener=listener)
+
+    async def _until_done(self, step: str, attempt: Callable[[], Awaitable[_T]]) -> _T:
+        """Run a start-up step until it succeeds, retrying transient failures (a dropped connection, a
+        database or broker restarting) with capped backoff: an app started while its database is
+        unavailable waits for it instead of exiting. Anything else is a configuration error and raised."""
+        backoff = self.config.redelivery_backoff
+        while True:
+            try:
+                return await attempt()
+            except Exception as err:
+                if not is_transient(err) or self._stopping.is_set():
+                    raise
+                log.warning(
+                    "could not %s yet; retrying",
+                    step,
+                    extra={"action": "consumer.start_retry", "step": step, "error": repr(err), "backoff": backoff},
+                )
+            await pause(self._stopping, backoff)
+            backoff = min(backoff * 2, self.config.redelivery_backoff_max)
 
     async def stop(self) -> None:
         """Leave the group and close connections (offsets were committed as work finished).
@@ -492,7 +526,7 @@ class ConsumerApp:
             registration = self.handlers.for_target(message.target)
             if registration is None:
                 raise MalformedMessage(f"no handler for target {message.target!r} in this app", "target")
-            await self._check_tenant(record.topic, message)
+            await self._check_tenant(record, message)
         except MalformedMessage as err:
             return await self._dead_letter(record, str(err), err.field)
         context = obs.extract_trace_context(record.headers)
@@ -504,8 +538,9 @@ class ConsumerApp:
             span.set_attribute("chronoq.outcome", outcome.value)
         return outcome
 
-    async def _check_tenant(self, topic: str, message: OccurrenceMessage) -> None:
+    async def _check_tenant(self, record: ConsumerRecord, message: OccurrenceMessage) -> None:
         """MalformedMessage unless the record's tenant may run on its target (checked on the record itself)."""
+        topic = record.topic
         if topic.startswith(OCCURRENCE_TOPIC_PREFIX) and topic != occurrence_topic(message.target):
             # The topic decides which app reads a record; its body must not name another target.
             raise MalformedMessage(
@@ -517,7 +552,8 @@ class ConsumerApp:
                 f"tenant {message.tenant_id!r} is not among the tenants this app serves ({', '.join(sorted(allowed))})",
                 "tenant_id",
             )
-        if not await self.bindings.allows(message.target, message.tenant_id, self.config.binding_wait):
+        appended_at_ms = record.timestamp if isinstance(record.timestamp, int) and record.timestamp >= 0 else None
+        if not await self.bindings.allows(message.target, message.tenant_id, self.config.binding_wait, appended_at_ms):
             raise MalformedMessage(
                 f"tenant {message.tenant_id!r} is not bound to target {message.target!r};"
                 " an operator grants it with chronoq target grant",

@@ -7,7 +7,7 @@ so what travels through the engine has named, typed fields instead of
 by name; a column the record does not declare is ignored, so ``RETURNING *``
 keeps working when a migration adds one.
 
-* :class:`DueSchedule` — a schedule as the materializer claims it;
+* :class:`DueSchedule` — a schedule as the materializer reads it;
 * :class:`Schedule` — a whole ``schedules`` row (the control plane's reads and changes);
 * :class:`ScheduleVersion` — one entry of a schedule's history;
 * :class:`Occurrence` — a whole ``occurrences`` row;
@@ -117,7 +117,8 @@ class _TimedSchedule(_Record):
 
 @dataclass(frozen=True, slots=True)
 class DueSchedule(_TimedSchedule):
-    """A schedule as the materializer claims it (``claim_due_schedules``)."""
+    """A schedule as the materializer reads it (``due_schedules_of_shards``): with its shard, its tenant's
+    fairness weight, and its payload as stored JSON text (spliced into the message without a decode)."""
 
     schedule_id: uuid.UUID
     tenant_id: str
@@ -132,7 +133,7 @@ class DueSchedule(_TimedSchedule):
     version: int
     next_run_at: datetime
     target: str
-    payload: Any
+    payload_json: str
     priority: str
     flexible_window_s: int
     misfire_policy: str
@@ -142,6 +143,8 @@ class DueSchedule(_TimedSchedule):
     calendar_id: uuid.UUID | None
     max_runs: int | None
     runs: int
+    shard: int
+    weight: int
 
     @property
     def runs_left(self) -> int | None:

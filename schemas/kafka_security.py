@@ -159,6 +159,25 @@ class KafkaSecurity:
             options["sasl_plain_password"] = self.sasl_password
         return options
 
+    def librdkafka_options(self) -> dict[str, Any]:
+        """The same security as librdkafka configuration properties (the data plane's publisher,
+        ``relay/librdkafka_publisher.py``), from the same validated fields."""
+        self.validate()
+        options: dict[str, Any] = {"security.protocol": self.protocol.lower()}
+        if self.uses_ssl:
+            if self.ssl_cafile:
+                options["ssl.ca.location"] = self.ssl_cafile
+            if self.ssl_certfile:
+                options["ssl.certificate.location"] = self.ssl_certfile
+            if self.ssl_keyfile:
+                options["ssl.key.location"] = self.ssl_keyfile
+            options["ssl.endpoint.identification.algorithm"] = "https" if self.ssl_check_hostname else "none"
+        if self.uses_sasl:
+            options["sasl.mechanism"] = self.sasl_mechanism
+            options["sasl.username"] = self.sasl_username
+            options["sasl.password"] = self.sasl_password
+        return options
+
     def ssl_context(self) -> ssl.SSLContext:
         """A verifying TLS context from the CA, client certificate and key files (a clear error if unreadable)."""
         try:

@@ -62,6 +62,19 @@ CALENDAR_CHANGES = "chronoq.calendar_changes"  # counter, attr change: create|up
 RECORDS_SKIPPED = "chronoq.records_skipped"  # counter, attr loop: records passed after a non-transient failure
 KAFKA_REFUSALS = "chronoq.kafka_refusals"  # counter, attr kind: authentication|authorization, setting
 TARGET_REFUSALS = "chronoq.target_refusals"  # counter: schedules refused on another tenant's target
+# The sharded data plane (issue 12).
+TENANT_DISPATCHES = "chronoq.tenant_dispatches"  # counter, attrs tenant_id, lane: ahead-lane rows published
+AHEAD_BACKLOG = "chronoq.ahead_backlog"  # gauge, attr lane: due ahead-lane rows not yet published
+QUARANTINED_DELIVERIES = "chronoq.quarantined_deliveries"  # counter: poison rows set aside after bounded tries
+SHARDS_OWNED = "chronoq.shards_owned"  # gauge, attr node_id: shard leases this node holds
+SHARD_MOVES = "chronoq.shard_moves"  # counter, attr direction: acquired|released
+SETTLED_DELIVERIES = "chronoq.settled_deliveries"  # counter: ahead-lane rows the settle pass recorded ENQUEUED
+# Proof and recovery: the reconciler, stuck occurrences, the attempt processor's own lag.
+RECONCILE_COUNTS = "chronoq.reconcile.counts"  # gauge, attr count: expected|missing|unexpected|... of the last run
+RECONCILE_DURATION = "chronoq.reconcile.duration"  # histogram, s: one reconcile run
+STUCK_REDELIVERIES = "chronoq.stuck_redeliveries"  # counter: ENQUEUED without attempt events, published again
+STUCK_OCCURRENCES = "chronoq.stuck_occurrences"  # gauge, attr status: watched|flagged
+ATTEMPT_EVENTS_LAG = "chronoq.attempt_events_lag"  # gauge: events on chronoq.attempts the engine has not applied
 
 # Span names.
 SPAN_MATERIALIZE = "chronoq.materialize"
@@ -69,6 +82,7 @@ SPAN_PUBLISH = "chronoq.relay.publish"
 SPAN_CONSUME = "chronoq.consume"
 SPAN_ATTEMPT_EVENTS = "chronoq.engine.attempt_events"
 SPAN_REAP = "chronoq.engine.reap"
+SPAN_RECONCILE = "chronoq.reconcile"
 
 _configured = False
 
@@ -105,6 +119,15 @@ def configure_telemetry(service_name: str, prometheus: bool = True) -> None:
         readers.append(PrometheusMetricReader())
     metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
     trace.set_tracer_provider(tracer_provider)
+
+
+def flush_telemetry() -> None:
+    """Export what this process recorded so far: a short-lived command (``chronoq reconcile``) calls it
+    before exiting, since periodic exporters would otherwise drop its last readings."""
+    for provider in (metrics.get_meter_provider(), trace.get_tracer_provider()):
+        flush = getattr(provider, "force_flush", None)  # the SDK providers have it; the API's no-op ones do not
+        if flush is not None:
+            flush()
 
 
 def get_meter(component: str, provider: metrics.MeterProvider | None = None) -> metrics.Meter:

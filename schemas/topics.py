@@ -1,20 +1,22 @@
 """Kafka topic naming: the one place that knows which topic carries what.
 
 Occurrences travel on one topic per target (``chronoq.occurrences.<target>``)
-keyed by tenant id, so a tenant's occurrences stay together on one partition
-and consumer groups scale by partition. The engine's own streams have fixed
-names, except command results: each tenant's go to its own topic
-(``chronoq.command-results.<tenant>``), so a tenant reading its results never
-reads another tenant's, and in production an ACL per tenant principal (READ on
-that one topic) enforces it. Results of commands that name no authenticated
-tenant (malformed, unsigned, forged) go to ``chronoq.command-results``; they
-carry the command id and the reason only.
+keyed by schedule id: one schedule's occurrences stay in order on one
+partition, and one tenant's hour-top burst spreads over every partition
+instead of queueing behind itself on one (issue 12). Consumer groups scale by
+partition. The engine's own streams have fixed names, except command results:
+each tenant's go to its own topic (``chronoq.command-results.<tenant>``), so a
+tenant reading its results never reads another tenant's, and in production an
+ACL per tenant principal (READ on that one topic) enforces it. Results of
+commands that name no authenticated tenant (malformed, unsigned, forged) go to
+``chronoq.command-results``; they carry the command id and the reason only.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import uuid
 from collections.abc import Sequence
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -88,9 +90,9 @@ def command_results_topic(tenant_id: str | None) -> str:
     return f"{COMMAND_RESULTS_TOPIC}.{tenant_id}"
 
 
-def partition_key(tenant_id: str) -> bytes:
-    """Occurrences are keyed by tenant so a tenant's stream stays on one partition."""
-    return tenant_id.encode()
+def schedule_key(schedule_id: uuid.UUID | str) -> bytes:
+    """The record key of a schedule's occurrences (and of its state messages): its id as text."""
+    return str(schedule_id).encode()
 
 
 async def ensure_topics(

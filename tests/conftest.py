@@ -61,6 +61,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     # once and the first is stopped before the second starts.
     if "broker" in metafunc.fixturenames:
         kinds = ["external"] if external_endpoints() else metafunc.config.getoption("brokers") or list(BROKER_KINDS)
+        # @pytest.mark.on_broker("tansu"): a long test whose faults are the database's or the processes',
+        # not the broker's, runs on one broker only (the suite's time budget).
+        only = metafunc.definition.get_closest_marker("on_broker")
+        if only is not None and kinds != ["external"]:
+            kinds = [kind for kind in kinds if kind in only.args]
         metafunc.parametrize("broker", kinds, indirect=True, scope="session")
 
 

@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         dlq_commands,
         kafka_command,
         operator_commands,
+        reconcile_command,
         schedule_commands,
         stack_commands,
         status_command,
@@ -75,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         dlq_commands,
         kafka_command,
         status_command,
+        reconcile_command,
     ):
         area.register(commands)
     return parser

@@ -30,8 +30,10 @@ from engine.cli.endpoints import home as stack_home
 from engine.control.schedules import ControlPlane
 from engine.control.tenants import create_tenant
 from engine.loops.service import ALL_ROLES, API_ROLES, ENGINE_ROLES, Role, ServiceConfig, migrate, run_services
+from engine.loops.stuck_occurrences import StuckOccurrencesConfig
+from engine.rules.timing import parse_duration
 from schemas.connections import create_pool
-from schemas.errors import ChronoqError, Conflict
+from schemas.errors import ChronoqError, Conflict, InvalidInput
 from schemas.messages import format_instant
 from schemas.observability import configure_telemetry
 
@@ -222,7 +224,11 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def run_roles(
-    roles: frozenset[Role], service_name: str, metrics_port: int | None = None, metrics_host: str = "127.0.0.1"
+    roles: frozenset[Role],
+    service_name: str,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
+    stuck_occurrences: StuckOccurrencesConfig | None = None,
 ) -> int:
     """Run ``roles`` against the configured stack until SIGINT/SIGTERM (and /metrics on ``metrics_port``)."""
     configure_telemetry(service_name)
@@ -244,11 +250,19 @@ def run_roles(
                 metrics_socket=metrics_socket,
                 idempotent_publisher=endpoints.idempotent_producer,
                 kafka_security=endpoints.kafka_security,
+                stuck_occurrences=stuck_occurrences or StuckOccurrencesConfig(),
             ),
         )
 
     asyncio.run(main())
     return 0
+
+
+def stuck_config(stuck_after: str) -> StuckOccurrencesConfig:
+    timeout = parse_duration(stuck_after, "stuck-after")
+    if timeout <= timedelta(0):
+        raise InvalidInput("stuck-after", "must be at least 1s", "--stuck-after 10m")
+    return StuckOccurrencesConfig(timeout=timeout, interval=min(30.0, timeout.total_seconds() / 2))
 
 
 def _api_flags(parser: argparse.ArgumentParser) -> None:
@@ -266,6 +280,8 @@ CHRONOQ_KAFKA_BOOTSTRAP, or a running `chronoq up`) until SIGINT or SIGTERM:
   overlap-gate   dispatch, hold or skip occurrences of skip_if_running/queue_one schedules
   commands       apply signed scheduling commands from chronoq.commands
   gauges         record the backlog gauges (due, outbox, queue age, overlap held, DLQ) every 5 s
+  stuck-occurrences  republish (then flag) occurrences ENQUEUED without attempt
+                 events for --stuck-after; export the attempt processor's lag
 
 The relay (outbox -> Kafka) and the HTTP API run as their own processes:
 `chronoq relay` and `chronoq api`. Several engine processes may run at once.
@@ -299,13 +315,22 @@ def register(commands: argparse._SubParsersAction) -> None:
     commands.add_parser("migrate", help="apply the engine's database migrations").set_defaults(func=cmd_migrate)
     engine = commands.add_parser(
         "engine",
-        help="run the engine loops: materializer, attempts, reaper, overlap gate, commands",
+        help="run the engine loops: materializer, attempts, reaper, overlap gate, commands, stuck occurrences",
         description=ENGINE_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _metrics_flags(engine)
+    engine.add_argument(
+        "--stuck-after",
+        default="10m",
+        metavar="DURATION",
+        help="an occurrence ENQUEUED this long without attempt events is published again"
+        " (default 10m; passes run every half of it, at most every 30 s)",
+    )
     engine.set_defaults(
-        func=lambda args: run_roles(ENGINE_ROLES, "chronoq-engine", args.metrics_port, args.metrics_host)
+        func=lambda args: run_roles(
+            ENGINE_ROLES, "chronoq-engine", args.metrics_port, args.metrics_host, stuck_config(args.stuck_after)
+        )
     )
     relay = commands.add_parser(
         "relay",

@@ -1,24 +1,32 @@
-"""``chronoq status``: where this command's configuration points, and whether the database and Kafka answer.
+"""``chronoq status``: where this command's configuration points, whether the database and Kafka answer,
+and what the engine is doing right now (read-only).
 
-It prints the database URL without its password, the Kafka bootstrap with
+It prints the database URL without its password and the Kafka bootstrap with
 its security (protocol, SASL mechanism and user, CA and certificate files;
 never the password), then connects to each. A refused credential or
 certificate is reported at once with what to fix (``KafkaSecurityError``),
-not retried. Exit status 0 when both answer, 1 otherwise.
+not retried. When the database answers, the engine's status follows (nodes
+and shards, backlogs, relay rates, attempts, DLQ, last reconcile; consumer
+lag per group when Kafka answers too). Exit status 0 when everything
+configured answers, 1 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+from typing import Any
 
 import asyncpg
 from aiokafka.admin import AIOKafkaAdminClient
 
 from engine.cli import print_json
-from engine.cli.endpoints import Endpoints, redacted_url, resolve_endpoints
-from schemas.errors import ChronoqError
-from schemas.kafka_security import start_client
+from engine.cli.endpoints import kafka_security_setting, redacted_url, resolve_database_url, resolve_kafka
+from engine.control.status import engine_status, status_lines
+from engine.rules.timing import parse_duration
+from schemas.connections import create_pool
+from schemas.errors import ChronoqError, StackError
+from schemas.kafka_security import KafkaSecurity, start_client
 
 #: Seconds each check may take before it counts as unreachable.
 CHECK_TIMEOUT = 10.0
@@ -37,16 +45,13 @@ async def check_database(url: str) -> str | None:
     return None
 
 
-async def check_kafka(endpoints: Endpoints) -> str | None:
+async def check_kafka(bootstrap: str, security: KafkaSecurity) -> str | None:
     """None when the broker answers a metadata request through the configured security, else why not."""
-    security = endpoints.kafka_security
     admin = AIOKafkaAdminClient(
-        bootstrap_servers=endpoints.kafka_bootstrap,
-        request_timeout_ms=int(CHECK_TIMEOUT * 1000),
-        **security.client_options(),
+        bootstrap_servers=bootstrap, request_timeout_ms=int(CHECK_TIMEOUT * 1000), **security.client_options()
     )
     try:
-        await asyncio.wait_for(start_client(admin, endpoints.kafka_bootstrap, security), CHECK_TIMEOUT)
+        await asyncio.wait_for(start_client(admin, bootstrap, security), CHECK_TIMEOUT)
         await asyncio.wait_for(admin.list_topics(), CHECK_TIMEOUT)
     except ChronoqError as err:
         return str(err)
@@ -57,38 +62,67 @@ async def check_kafka(endpoints: Endpoints) -> str | None:
     return None
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    endpoints = resolve_endpoints()
+def _kafka() -> tuple[str | None, KafkaSecurity]:
+    """The broker and its security, if one is configured (an external one, or the running stack's)."""
+    try:
+        return resolve_kafka()
+    except StackError:
+        return None, kafka_security_setting()
 
-    async def main() -> tuple[str | None, str | None]:
-        return await check_database(endpoints.database_url), await check_kafka(endpoints)
 
-    database_problem, kafka_problem = asyncio.run(main())
-    report = {
-        "database": {"url": redacted_url(endpoints.database_url), "ok": database_problem is None},
-        "kafka": {
-            "bootstrap": endpoints.kafka_bootstrap,
-            "security": endpoints.kafka_security.describe(),
-            "ok": kafka_problem is None,
-        },
+async def _report(horizon_text: str) -> dict[str, Any]:
+    horizon = parse_duration(horizon_text, "horizon")
+    database_url = resolve_database_url()
+    bootstrap, security = _kafka()
+    database_problem = await check_database(database_url)
+    kafka_problem = await check_kafka(bootstrap, security) if bootstrap else None
+    report: dict[str, Any] = {
+        "database": {"url": redacted_url(database_url), "ok": database_problem is None},
+        "kafka": {"bootstrap": bootstrap, "security": security.describe(), "ok": bool(bootstrap) and not kafka_problem},
     }
     if database_problem:
         report["database"]["problem"] = database_problem
     if kafka_problem:
         report["kafka"]["problem"] = kafka_problem
+    elif not bootstrap:
+        report["kafka"]["problem"] = "no broker configured"
+    if database_problem is None:
+        pool = await create_pool(database_url, min_size=1, max_size=1)
+        try:
+            report.update(
+                await engine_status(pool, None if kafka_problem else bootstrap, horizon=horizon, security=security)
+            )
+        finally:
+            await pool.close()
+    return report
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    report = asyncio.run(_report(args.horizon))
     if args.json:
         print_json(report, True)
     else:
-        for name, part in report.items():
-            state = "ok" if part["ok"] else f"FAILED: {part.get('problem')}"
-            where = part.get("url") or f"{part['bootstrap']}  ({part['security']})"
-            print(f"{name + ':':10} {where}  {state}", flush=True)
-    return 0 if database_problem is None and kafka_problem is None else 1
+        database, kafka = report["database"], report["kafka"]
+        print(f"{'database:':10} {database['url']}  {'ok' if database['ok'] else 'FAILED: ' + database['problem']}")
+        where = f"{kafka['bootstrap']}  ({kafka['security']})" if kafka["bootstrap"] else "-"
+        print(f"{'kafka:':10} {where}  {'ok' if kafka['ok'] else kafka['problem']}", flush=True)
+        if "as_of" in report:
+            print("\n".join(status_lines(report)), flush=True)
+    broker_failed = report["kafka"]["bootstrap"] is not None and not report["kafka"]["ok"]
+    return 1 if not report["database"]["ok"] or broker_failed else 0
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    status = commands.add_parser(
-        "status", help="where the database and Kafka are (no secrets), and whether they answer"
+    command = commands.add_parser(
+        "status",
+        help="where the database and Kafka are (no secrets) and whether they answer; engine nodes, shards,"
+        " backlogs, relay rates, consumer lag, DLQ, last reconcile",
     )
-    status.add_argument("--json", action="store_true", help="one JSON object")
-    status.set_defaults(func=cmd_status)
+    command.add_argument("--json", action="store_true", help="one JSON object")
+    command.add_argument(
+        "--horizon",
+        default="30s",
+        metavar="DURATION",
+        help="count schedules due within this much ahead (the materializer's horizon, default 30s)",
+    )
+    command.set_defaults(func=cmd_status)

@@ -25,14 +25,14 @@ import asyncpg
 from engine.control.identifiers import as_uuid
 from engine.control.pagination import decode_cursor, key_of, page_size, split_page
 from engine.control.views import dead_letter_to_json
-from engine.loops.attempt_outcomes import lock_occurrence
+from engine.loops.attempt_outcomes import lock_occurrence, original_message
 from engine.records import DeadLetter, Occurrence
 from engine.rules.occurrence_states import Event, State, transition
 from schemas.clock import Clock, DatabaseClock
 from schemas.errors import Conflict, NotFound
-from schemas.messages import MalformedMessage, OccurrenceMessage, decode_occurrence, format_instant
+from schemas.messages import OccurrenceMessage, format_instant
 from schemas.queries import QUERIES
-from schemas.topics import occurrence_topic, partition_key
+from schemas.topics import occurrence_topic, schedule_key
 
 log = logging.getLogger("chronoq.dead_letters")
 
@@ -83,20 +83,14 @@ async def replay_dead_letter(
                 " obsolete; fire the current version instead"
             )
         transition(State.DEAD, Event.REPLAY)
-        raw = await conn.fetchval(
-            *QUERIES.latest_occurrence_message(occurrence_id=ident, topic=occurrence_topic(occ.target))
-        )
-        try:
-            original = decode_occurrence(raw)
-        except MalformedMessage as err:
-            raise Conflict(f"occurrence {ident} has no stored message to replay ({err})") from err
+        original = await original_message(conn, occ)
         message: OccurrenceMessage = dataclasses.replace(original, attempt=occ.attempt_count + 1, available_at=now)
         await conn.execute(
             *QUERIES.insert_outbox_row(
                 occurrence_id=ident,
                 tenant_id=tenant_id,
                 topic=occurrence_topic(occ.target),
-                message_key=partition_key(tenant_id),
+                message_key=schedule_key(tenant_id),
                 message=message.encode(),
                 due=now,
                 now=now,

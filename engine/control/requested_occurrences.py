@@ -46,7 +46,7 @@ from schemas.errors import Conflict, InvalidInput, NotFound, QuotaExceeded
 from schemas.identity import occurrence_id as slot_occurrence_id
 from schemas.messages import OccurrenceMessage
 from schemas.queries import QUERIES
-from schemas.topics import occurrence_topic, partition_key
+from schemas.topics import occurrence_topic, schedule_key
 
 log = logging.getLogger("chronoq.requested_occurrences")
 
@@ -295,7 +295,7 @@ def _common(schedule: Schedule, origin: str, requested_by: str, now: datetime) -
         "requested_by": requested_by,
         "now": now,
         "topic": occurrence_topic(schedule.target),
-        "message_key": partition_key(schedule.tenant_id),
+        "message_key": schedule_key(schedule.schedule_id),
         "held": schedule.gated,
         "gate_token": OVERLAP_GATE_TOKEN,
     }

@@ -11,6 +11,7 @@ follows :mod:`engine.rules.schedule_lifecycle`, and results are shown through
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from datetime import datetime
@@ -45,6 +46,7 @@ from engine.control.views import (
 )
 from engine.records import Attempt, Occurrence, Schedule, ScheduleVersion
 from engine.rules import timing
+from engine.rules.occurrence_states import Event, State, transition
 from engine.rules.schedule_lifecycle import SCHEDULE_STATES, lifecycle_transition
 from engine.rules.shards import shard_of
 from schemas.clock import Clock, DatabaseClock
@@ -197,7 +199,7 @@ class ControlPlane:
         page, next_cursor = split_page(
             [Occurrence.from_row(r) for r in rows], limit, key_of("scheduled_for", "occurrence_id")
         )
-        return Page([occurrence_to_json(o) for o in page], next_cursor)
+        return Page([occurrence_to_json(o) for o in await self._as_published(list(page))], next_cursor)
 
     async def get_occurrence(self, tenant_id: str, occurrence_id: uuid.UUID | str) -> dict[str, Any]:
         """An occurrence with its attempts."""
@@ -206,10 +208,30 @@ class ControlPlane:
         if row is None:
             raise NotFound("occurrence", occurrence_id)
         attempts = await self.pool.fetch(*QUERIES.list_attempts(occurrence_id=oid))
+        (occurrence,) = await self._as_published([Occurrence.from_row(row)])
         return {
-            **occurrence_to_json(Occurrence.from_row(row)),
+            **occurrence_to_json(occurrence),
             "attempts": [attempt_to_json(Attempt.from_row(a)) for a in attempts],
         }
+
+    async def _as_published(self, occurrences: list[Occurrence]) -> list[Occurrence]:
+        """The occurrences as a reader should see them: a SCHEDULED one that the ahead-lane relay already
+        published (its page is in the dispatch log) is ENQUEUED since that page's acknowledgement, even
+        before the settle pass has written it down (that pass runs off the hot path, after a burst)."""
+        waiting = [o.occurrence_id for o in occurrences if o.state == State.SCHEDULED.value]
+        if not waiting:
+            return occurrences
+        acked = {
+            r["occurrence_id"]: r["acked_at"]
+            for r in await self.pool.fetch(*QUERIES.ahead_enqueued_at(occurrence_ids=waiting))
+        }
+        published = transition(State.SCHEDULED, Event.PUBLISHED).value
+        return [
+            dataclasses.replace(o, state=published, enqueued_at=acked[o.occurrence_id])
+            if o.occurrence_id in acked
+            else o
+            for o in occurrences
+        ]
 
     async def schedule_history(self, tenant_id: str, schedule_id: uuid.UUID | str) -> list[dict[str, Any]]:
         rows = await self.pool.fetch(

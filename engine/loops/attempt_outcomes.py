@@ -37,7 +37,7 @@ from schemas.clock import Clock
 from schemas.dead_letter_messages import DeadOccurrenceMessage
 from schemas.messages import MalformedMessage, OccurrenceMessage, decode_occurrence
 from schemas.queries import QUERIES
-from schemas.topics import DEAD_LETTER_TOPIC, occurrence_topic, partition_key
+from schemas.topics import DEAD_LETTER_TOPIC, occurrence_topic, schedule_key
 
 if TYPE_CHECKING:
     from engine.loops.attempt_ledger import Verdict
@@ -108,7 +108,7 @@ class AttemptOutcomes:
             # Its schedule changed meanwhile: consumers would skip the retry anyway.
             await self.finish(conn, occ, Event.CANCEL, now, failure)
             return State.CANCELED
-        original = await self._original_message(conn, occ)
+        original = await original_message(conn, occ)
         decision = decide_retry(
             occ.retry_policy, occ.counted_attempts, failure.permanent, now, original.deadline, self.rng.random
         )
@@ -140,7 +140,7 @@ class AttemptOutcomes:
                 occurrence_id=occ.occurrence_id,
                 tenant_id=occ.tenant_id,
                 topic=occurrence_topic(occ.target),
-                message_key=partition_key(occ.tenant_id),
+                message_key=schedule_key(occ.schedule_id),
                 message=message.encode(),
                 due=due,
                 now=now,
@@ -262,33 +262,39 @@ class AttemptOutcomes:
         if closed is not None:
             self.meters.attempts.add(1, {"result": result})
 
-    async def _original_message(self, conn: asyncpg.Connection, occ: LockedOccurrence) -> OccurrenceMessage:
-        """The occurrence message as published (retries resend it), rebuilt from the rows if none is left."""
-        raw = await conn.fetchval(
-            *QUERIES.latest_occurrence_message(occurrence_id=occ.occurrence_id, topic=occurrence_topic(occ.target))
-        )
-        if raw:
-            try:
-                return decode_occurrence(raw)
-            except MalformedMessage:
-                log.error(
-                    "stored occurrence message is undecodable; rebuilding it",
-                    extra=ids_of(occ, action="attempt.message_rebuilt"),
-                )
-        deadline = occ.deadline
-        return OccurrenceMessage(
-            occurrence_id=occ.occurrence_id,
-            schedule_id=occ.schedule_id,
-            schedule_version=occ.schedule_version,
-            tenant_id=occ.tenant_id,
-            target=occ.target,
-            scheduled_for=occ.scheduled_for,
-            available_at=occ.scheduled_for,
-            attempt=occ.attempt_count,
-            priority=occ.priority,
-            deadline=occ.scheduled_for + deadline if deadline else None,
-            payload=occ.payload,
-        )
+
+async def original_message(conn: asyncpg.Connection, occ: LockedOccurrence) -> OccurrenceMessage:
+    """The occurrence message as published (retries and replays resend it).
+
+    The latest copy in the outbox if there is one; otherwise (a first delivery through the ahead lane,
+    whose row the settle pass deleted, or an undecodable copy) rebuilt from the occurrence and its
+    schedule, which carry every field of the message.
+    """
+    raw = await conn.fetchval(
+        *QUERIES.latest_occurrence_message(occurrence_id=occ.occurrence_id, topic=occurrence_topic(occ.target))
+    )
+    if raw:
+        try:
+            return decode_occurrence(raw)
+        except MalformedMessage:
+            log.error(
+                "stored occurrence message is undecodable; rebuilding it",
+                extra=ids_of(occ, action="attempt.message_rebuilt"),
+            )
+    deadline = occ.deadline
+    return OccurrenceMessage(
+        occurrence_id=occ.occurrence_id,
+        schedule_id=occ.schedule_id,
+        schedule_version=occ.schedule_version,
+        tenant_id=occ.tenant_id,
+        target=occ.target,
+        scheduled_for=occ.scheduled_for,
+        available_at=occ.scheduled_for,
+        attempt=max(occ.attempt_count, 1),
+        priority=occ.priority,
+        deadline=occ.scheduled_for + deadline if deadline else None,
+        payload=occ.payload,
+    )
 
 
 def ids_of(occ: LockedOccurrence, **extra: Any) -> dict[str, Any]:

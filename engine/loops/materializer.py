@@ -1,29 +1,49 @@
-"""The materializer: turns due schedules into occurrences and outbox rows.
+"""The materializer: turns due schedules into occurrences and their deliveries, set-based, ahead of time.
 
-Guarantee: for each schedule it processes, ONE transaction inserts the
-occurrences (SCHEDULED, or MISSED per the misfire policy), writes an outbox
-row for every SCHEDULED occurrence it actually inserted, and advances
-``next_run_at`` only if the schedule's version is still the one it read.
-Occurrence ids are deterministic and unique per (schedule, version,
-scheduled_for), so two materializers that overlap (SKIP LOCKED keeps them apart
-in the common case) can never produce a second occurrence or outbox row.
+Guarantee: for each schedule it processes, ONE statement advances
+``next_run_at`` — only if the schedule's version and cursor are still the
+ones it read — and, for exactly the schedules it advanced, inserts the
+occurrences (SCHEDULED, or MISSED per the misfire policy) and a delivery for
+every SCHEDULED occurrence it actually inserted. Occurrence ids are
+deterministic and unique per (schedule, version, scheduled_for), so two
+materializers that overlap (a lease handover) can never produce a second
+occurrence or delivery, and a control-plane change that commits first wins:
+the compare-and-set fails and nothing is written for that schedule.
 
-Work is bounded: it materializes only a horizon ahead of now, and recovery
-after an outage resumes from the durable cursor with the misfire decision
-(``timing.decide_misfire``) doing bounded work however long the outage was.
+Deliveries go to one of two lanes:
+
+- the **ahead lane** (``dispatch_queue``) when this node holds the shard's
+  lease at the epoch it knows and the delivery is due at or after the lane's
+  seal, which the transaction holds FOR SHARE (a relay's seal waits for it, so
+  no relay reads past a row that is still being written): the relay reads it
+  in order without a per-row claim;
+- the **late lane** (the outbox, per-row claims) otherwise: due before the
+  seal (the relay has already read past that instant), held by the overlap
+  gate, or written by a node without shard leases (tests, tools).
+
+Work is set-based: due schedules are read per shard with an index range scan,
+fire instants are computed once per (time spec, cursor, misfire policy), the
+batch is COPYed into a staging table and written with one statement.
+Recovery after an outage resumes from the durable cursor with the misfire
+decision (``timing.decide_misfire``) doing bounded work however long the
+outage was.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
+import hashlib
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
+import orjson
 from opentelemetry import metrics, trace
 
 from engine.loops.overlap_gate import OVERLAP_GATE_TOKEN
@@ -32,14 +52,37 @@ from engine.loops.reporting import SUMMARY_EVERY
 from engine.records import DueSchedule
 from engine.rules import timing
 from engine.rules.exclusion_calendars import ExclusionCalendar, entries_from_stored
+from engine.rules.fair_rounds import RoundCounter
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock
-from schemas.identity import occurrence_id
-from schemas.messages import OccurrenceMessage
+from schemas.dispatch_lanes import aware, bucket_of, lane_of
+from schemas.identity import OCCURRENCE_NAMESPACE
+from schemas.messages import FORMAT_VERSION, format_instant
 from schemas.queries import QUERIES
-from schemas.topics import occurrence_topic, partition_key
+from schemas.shard_ownership import ShardOwnership
+from schemas.topics import occurrence_topic, schedule_key
 
 log = logging.getLogger("chronoq.materializer")
+
+_STAGING_COLUMNS = (
+    "occurrence_id",
+    "schedule_id",
+    "schedule_version",
+    "tenant_id",
+    "target",
+    "scheduled_for",
+    "available_at",
+    "state",
+    "topic",
+    "message_key",
+    "message",
+    "held",
+    "ahead",
+    "shard",
+    "lane",
+    "bucket",
+    "wrr_round",
+)
 
 
 @dataclass(frozen=True)
@@ -47,17 +90,18 @@ class MaterializerConfig:
     """Materializer tuning.
 
     horizon: how far ahead of now fires are materialized (default 30 s). It
-        must cover a materializer failover plus the time to write a burst, so
-        the relay finds hour-top occurrences already in the outbox.
-    batch_size: schedules claimed per transaction (default 500).
+        must cover a failover plus the time to write a burst, so the relay finds
+        hour-top occurrences already in the ahead lane.
+    batch_size: schedules per transaction (default 5000).
     idle_interval: seconds to wait when nothing was due (default 0.25).
     missed_record_limit: MISSED occurrences written per schedule per pass;
         further missed instants are counted and logged, never enumerated.
-    shards: logical shards this node materializes (None = all).
+    shards: logical shards this node materializes when it runs without shard
+        leases (None = all); with an ownership, the owned shards.
     """
 
     horizon: timedelta = timedelta(seconds=30)
-    batch_size: int = 500
+    batch_size: int = 5000
     idle_interval: float = 0.25
     missed_record_limit: int = 1000
     shards: tuple[int, ...] | None = None
@@ -69,17 +113,89 @@ class MaterializerConfig:
             raise ValueError("batch_size must be at least 1")
 
 
+@dataclass(frozen=True)
+class MaterializerHooks:
+    """Awaited at the materializer's handoffs; tests stop or kill the process exactly there.
+
+    after_lock: inside the transaction, the shards' seals are held FOR SHARE, nothing written yet.
+    """
+
+    after_lock: Callable[[], Awaitable[None]] | None = None
+
+
 @dataclass
 class MaterializeReport:
     schedules: int = 0
     occurrences: int = 0
+    ahead: int = 0
+    late: int = 0
     missed: int = 0
     missed_unlisted: int = 0
     excluded: int = 0  # fires exclusion calendars removed
     completed_by_runs: int = 0  # of `completed`: schedules whose last run (max_runs) was materialized
     conflicts: int = 0
     completed: int = 0
+    skipped: int = 0  # schedules changed concurrently (compare-and-set failed): nothing written
     notes: list[str] = field(default_factory=list)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def micros_text(instant: datetime) -> bytes:
+    """An instant as UTC microseconds since the epoch, the last part of an occurrence id's name."""
+    return str((instant - _EPOCH) // _MICROSECOND).encode()
+
+
+class OccurrenceIds:
+    """``schemas.identity.occurrence_id`` for many instants of one schedule version, with the
+    schedule's part of the uuid5 name encoded once (a test keeps the two equal)."""
+
+    __slots__ = ("schedule_text", "_prefix")
+
+    def __init__(self, schedule_id: uuid.UUID, version: int) -> None:
+        self.schedule_text = str(schedule_id)
+        self._prefix = OCCURRENCE_NAMESPACE.bytes + f"{self.schedule_text}/{version}/".encode()
+
+    def of(self, micros: bytes) -> uuid.UUID:
+        return uuid.UUID(bytes=hashlib.sha1(self._prefix + micros).digest()[:16], version=5)
+
+
+@functools.lru_cache(maxsize=65536)
+def _instant_text(instant: datetime) -> str:
+    return format_instant(instant)
+
+
+def encode_occurrence(
+    occ_id: uuid.UUID,
+    schedule_text: str,
+    schedule: DueSchedule,
+    scheduled_for: datetime,
+    available_at: datetime,
+    deadline: datetime | None,
+) -> bytes:
+    """The occurrence message (schemas.messages format 1) with the stored payload spliced in as JSON text.
+
+    Same fields and values as ``OccurrenceMessage.encode()`` (decode_occurrence reads it back equal); the
+    payload is not decoded and re-encoded, and instant strings are formatted once per instant.
+    """
+    head = orjson.dumps(
+        {
+            "format": FORMAT_VERSION,
+            "occurrence_id": str(occ_id),
+            "schedule_id": schedule_text,
+            "schedule_version": schedule.version,
+            "tenant_id": schedule.tenant_id,
+            "target": schedule.target,
+            "scheduled_for": _instant_text(scheduled_for),
+            "available_at": _instant_text(available_at),
+            "attempt": 1,
+            "priority": schedule.priority,
+            "deadline": _instant_text(deadline) if deadline else None,
+        }
+    )
+    return head[:-1] + b',"payload":' + schedule.payload_json.encode() + b"}"
 
 
 class CalendarVersions:
@@ -119,58 +235,6 @@ class CalendarVersions:
         return {key[0]: self._values[key] for key in wanted if key in self._values}
 
 
-class _Batch:
-    """The column arrays of one insert_occurrences call, by parameter name."""
-
-    COLUMNS = (
-        "occurrence_ids",
-        "schedule_ids",
-        "schedule_versions",
-        "tenant_ids",
-        "targets",
-        "scheduled_fors",
-        "available_ats",
-        "states",
-        "topics",
-        "message_keys",
-        "messages",
-        "held",
-    )
-
-    def __init__(self) -> None:
-        self.columns: dict[str, list[Any]] = {name: [] for name in self.COLUMNS}
-
-    def add(
-        self,
-        schedule: DueSchedule,
-        scheduled_for: datetime,
-        available_at: datetime,
-        state: str,
-        message: OccurrenceMessage | None,
-    ) -> None:
-        values = {
-            "occurrence_ids": message.occurrence_id
-            if message
-            else occurrence_id(schedule.schedule_id, schedule.version, scheduled_for),
-            "schedule_ids": schedule.schedule_id,
-            "schedule_versions": schedule.version,
-            "tenant_ids": schedule.tenant_id,
-            "targets": schedule.target,
-            "scheduled_fors": scheduled_for,
-            "available_ats": available_at,
-            "states": state,
-            "topics": occurrence_topic(schedule.target),
-            "message_keys": partition_key(schedule.tenant_id),
-            "messages": message.encode() if message else b"",
-            "held": schedule.gated,
-        }
-        for name, value in values.items():
-            self.columns[name].append(value)
-
-    def __len__(self) -> int:
-        return len(self.columns["occurrence_ids"])
-
-
 class Materializer:
     def __init__(
         self,
@@ -179,12 +243,16 @@ class Materializer:
         clock: Clock | None = None,
         meter: metrics.Meter | None = None,
         tracer: trace.Tracer | None = None,
+        ownership: ShardOwnership | None = None,
+        hooks: MaterializerHooks | None = None,
     ) -> None:
         self.pool = pool
+        self.hooks = hooks or MaterializerHooks()
         self.config = config or MaterializerConfig()
-        self._calendars = CalendarVersions()
         self.config.validate()
         self.clock = clock or DatabaseClock()
+        self.ownership = ownership
+        self._calendars = CalendarVersions()
         meter = meter or obs.get_meter("engine")
         self.tracer = tracer or obs.get_tracer("engine")
         self._materialized = meter.create_counter(obs.OCCURRENCES_MATERIALIZED, unit="1")
@@ -194,58 +262,68 @@ class Materializer:
         self._backlog = meter.create_gauge(obs.DUE_BACKLOG, unit="1")
         self._excluded = meter.create_counter(obs.EXCLUDED_SLOTS, unit="1")
         self._completed = meter.create_counter(obs.SCHEDULES_COMPLETED, unit="1")
+        self._rounds = RoundCounter()
 
     async def run_once(self) -> MaterializeReport:
-        """Materialize one batch of due schedules in one transaction."""
+        """Materialize one batch of due schedules (up to batch_size) in one transaction."""
         report = MaterializeReport()
-        cfg = self.config
         with self.tracer.start_as_current_span(obs.SPAN_MATERIALIZE) as span:
             async with self.pool.acquire() as conn, conn.transaction():
                 now: datetime = await conn.fetchval(*QUERIES.current_instant(now=self.clock.now()))
-                rows = [
-                    DueSchedule.from_row(row)
-                    for row in await conn.fetch(
-                        *QUERIES.claim_due_schedules(
-                            now=now,
-                            horizon_s=cfg.horizon.total_seconds(),
-                            limit=cfg.batch_size,
-                            shards=list(cfg.shards) if cfg.shards is not None else None,
-                        )
-                    )
-                ]
+                epochs = self.ownership.snapshot() if self.ownership is not None else None
+                if epochs is not None and not epochs:
+                    return report
+                # Read what is due first, without locks (an idle pass writes nothing); then lock only the
+                # shards that have work, and keep only rows of shards still held at the known epoch.
+                rows = await self._due(conn, now, epochs)
                 if not rows:
                     return report
+                seals = await self._lock_shards(conn, {r.shard for r in rows}, epochs)
+                if self.hooks.after_lock and seals:
+                    await self.hooks.after_lock()
+                if seals is not None:
+                    rows = [r for r in rows if (r.shard, "strict") in seals]
+                    if not rows:
+                        return report
                 calendars = await self._calendars.for_batch(conn, rows)
-                batch = _Batch()
-                cursors: list[datetime | None] = []
-                for schedule in rows:
-                    calendar = calendars.get(schedule.calendar_id) if schedule.calendar_id is not None else None
-                    cursors.append(self._plan(schedule, now, batch, report, calendar))
-                    report.completed += cursors[-1] is None
+                staged, cursors = self._plan_batch(rows, now, seals, report, calendars)
+                await conn.execute(*QUERIES.create_staging())
+                if staged:
+                    await conn.copy_records_to_table("materialize_staging", records=staged, columns=_STAGING_COLUMNS)
                 written = await conn.fetchrow(
-                    *QUERIES.insert_occurrences(**batch.columns, gate_token=OVERLAP_GATE_TOKEN, now=self.clock.now())
-                )
-                # Runs are counted from what was really inserted (an existing occurrence is no new run).
-                runs = dict(zip(written["run_schedule_ids"] or (), written["run_counts"] or (), strict=True))
-                await conn.execute(
-                    *QUERIES.advance_schedules(
-                        schedule_ids=[s.schedule_id for s in rows],
-                        versions=[s.version for s in rows],
-                        next_run_ats=cursors,
-                        runs=[runs.get(s.schedule_id, 0) for s in rows],
+                    *QUERIES.materialize_staged(
+                        schedule_ids=cursors[0],
+                        versions=cursors[1],
+                        cursors=cursors[2],
+                        next_run_ats=cursors[3],
+                        runs=cursors[4],
+                        gate_token=OVERLAP_GATE_TOKEN,
                         now=self.clock.now(),
                     )
                 )
-            report.schedules = len(rows)
-            report.occurrences = written["outbox_rows"]
-            report.conflicts = len(batch) - written["occurrences"]
+            report.schedules = written["schedules"]
+            report.skipped = len(rows) - written["schedules"]
+            report.ahead, report.late = written["ahead"], written["late"]
+            report.occurrences = report.ahead + report.late
+            if not report.skipped:  # every staged row belonged to an advanced schedule
+                report.conflicts = len(staged) - written["occurrences"]
             span.set_attribute("chronoq.schedules", report.schedules)
             span.set_attribute("chronoq.occurrences", report.occurrences)
+        self._count(report)
+        return report
+
+    def _count(self, report: MaterializeReport) -> None:
+        """Metrics and logs of one pass."""
         self._materialized.add(report.occurrences)
         if report.conflicts:
             self._conflicts.add(report.conflicts)
             log.warning(
                 "occurrences already existed", extra={"action": "materializer.conflicts", "count": report.conflicts}
+            )
+        if report.skipped:
+            log.info(
+                "schedules changed while materializing; left for the next pass",
+                extra={"action": "materializer.skipped", "count": report.skipped},
             )
         if report.missed or report.missed_unlisted:
             self._missed.add(report.missed + report.missed_unlisted)
@@ -254,51 +332,107 @@ class Materializer:
         if report.completed:
             self._completed.add(report.completed_by_runs, {"reason": "max_runs"})
             self._completed.add(report.completed - report.completed_by_runs, {"reason": "exhausted"})
-        return report
 
-    def _plan(
-        self,
-        schedule: DueSchedule,
-        now: datetime,
-        batch: _Batch,
-        report: MaterializeReport,
-        calendar: ExclusionCalendar | None = None,
-    ) -> datetime | None:
-        """Add this schedule's occurrences to the batch; return its new cursor (None: it completes)."""
-        decision = timing.decide_misfire(
-            dataclasses.replace(schedule.spec, calendar=calendar),
-            schedule.next_run_at,
-            now,
-            schedule.misfire,
-            self.config.horizon,
-            self.config.missed_record_limit,
-            remaining_runs=schedule.runs_left,
-        )
-        window, deadline = schedule.flexible_window, schedule.deadline
-        for scheduled_for in decision.enqueue:
-            occ_id = occurrence_id(schedule.schedule_id, schedule.version, scheduled_for)
-            available_at = scheduled_for
-            if schedule.priority == "flexible":
-                available_at += timing.jitter_offset(occ_id, window)
-            message = OccurrenceMessage(
-                occurrence_id=occ_id,
-                schedule_id=schedule.schedule_id,
-                schedule_version=schedule.version,
-                tenant_id=schedule.tenant_id,
-                target=schedule.target,
-                scheduled_for=scheduled_for,
-                available_at=available_at,
-                attempt=1,
-                priority=schedule.priority,
-                deadline=scheduled_for + deadline if deadline else None,
-                payload=schedule.payload,
+    async def _lock_shards(
+        self, conn: asyncpg.Connection, shards: set[int], epochs: dict[int, int] | None
+    ) -> dict[tuple[int, str], datetime] | None:
+        """With shard leases: lock the given shards' seals (FOR SHARE) and return the seals of
+        those still held at the epochs this node knows; without: None (every delivery goes late)."""
+        if epochs is None or self.ownership is None:
+            return None
+        wanted = sorted(s for s in shards if s in epochs)
+        rows = await conn.fetch(
+            *QUERIES.lock_shards_for_materializing(
+                shards=wanted, epochs=[epochs[s] for s in wanted], node=self.ownership.node_id, now=self.clock.now()
             )
-            batch.add(schedule, scheduled_for, available_at, "SCHEDULED", message)
-            lag = (now - (scheduled_for - self.config.horizon)).total_seconds()
-            self._lag.record(max(lag, 0.0))
-        for scheduled_for in decision.missed:
-            batch.add(schedule, scheduled_for, scheduled_for, "MISSED", None)
-        report.missed += len(decision.missed)
+        )
+        return {(r["shard"], r["lane"]): aware(r["sealed_until"]) for r in rows}
+
+    async def _due(self, conn: asyncpg.Connection, now: datetime, epochs: dict[int, int] | None) -> list[DueSchedule]:
+        """Due schedules: an equal share of batch_size per shard (one statement), or any shard without leases."""
+        cfg = self.config
+        horizon = cfg.horizon.total_seconds()
+        if epochs is None and cfg.shards is None:
+            rows = await conn.fetch(*QUERIES.due_schedules_any_shard(now=now, horizon_s=horizon, limit=cfg.batch_size))
+        else:
+            shards = sorted(epochs) if epochs is not None else sorted(cfg.shards or ())
+            per_shard = max(-(-cfg.batch_size // max(len(shards), 1)), 16)
+            rows = await conn.fetch(
+                *QUERIES.due_schedules_of_shards(now=now, horizon_s=horizon, per_shard=per_shard, shards=shards)
+            )
+        return [DueSchedule.from_row(row) for row in rows]
+
+    def _plan_batch(
+        self,
+        rows: list[DueSchedule],
+        now: datetime,
+        seals: dict[tuple[int, str], datetime] | None,
+        report: MaterializeReport,
+        calendars: dict[uuid.UUID, ExclusionCalendar] | None = None,
+    ) -> tuple[list[tuple[Any, ...]], tuple[list[Any], ...]]:
+        """Staged occurrence rows and the cursor arrays (ids, versions, cursors read, new cursors, new runs),
+        computing fires once per (spec with its calendar version, cursor, misfire policy, runs left).
+
+        The per-occurrence work is what a burst multiplies: ids, message bytes, bucket and round. Whatever
+        depends only on the schedule or only on the instant is computed once.
+        """
+        staged: list[tuple[Any, ...]] = []
+        cursors: tuple[list[Any], ...] = ([], [], [], [], [])
+        decisions: dict[tuple[Any, ...], timing.MisfireDecision] = {}
+        instants: dict[datetime, tuple[bytes, datetime]] = {}
+        cfg = self.config
+        take_round = self._rounds.take
+        for schedule in rows:
+            calendar = (calendars or {}).get(schedule.calendar_id) if schedule.calendar_id is not None else None
+            spec = dataclasses.replace(schedule.spec, calendar=calendar) if calendar is not None else schedule.spec
+            runs_left = schedule.runs_left
+            key = (spec, schedule.next_run_at, schedule.misfire_policy, schedule.max_lateness_s, runs_left)
+            decision = decisions.get(key)
+            if decision is None:
+                decision = decisions[key] = timing.decide_misfire(
+                    spec,
+                    schedule.next_run_at,
+                    now,
+                    schedule.misfire,
+                    cfg.horizon,
+                    cfg.missed_record_limit,
+                    remaining_runs=runs_left,
+                )
+            staged.extend(self._occurrences(schedule, decision, seals, instants, take_round))
+            report.missed += len(decision.missed)
+            if decision.missed or decision.missed_unlisted:
+                report.missed_unlisted += decision.missed_unlisted or 0
+                log.warning(
+                    "missed occurrences recorded",
+                    extra={
+                        "action": "occurrence.missed",
+                        "schedule_id": str(schedule.schedule_id),
+                        "tenant_id": schedule.tenant_id,
+                        "listed": len(decision.missed),
+                        "unlisted": decision.missed_unlisted,
+                    },
+                )
+            cursors[0].append(schedule.schedule_id)
+            cursors[1].append(schedule.version)
+            cursors[2].append(schedule.next_run_at)
+            cursors[3].append(decision.next_run_at)
+            cursors[4].append(len(decision.enqueue))  # its new runs (an existing occurrence cannot be here:
+            # the compare-and-set advance lets one materializer per cursor position write)
+            self._note_outcome(schedule, decision, calendar, report)
+            report.completed += decision.next_run_at is None
+        for decision in decisions.values():
+            if decision.enqueue:
+                self._lag.record(max((now - (decision.enqueue[0] - cfg.horizon)).total_seconds(), 0.0))
+        return staged, cursors
+
+    @staticmethod
+    def _note_outcome(
+        schedule: DueSchedule,
+        decision: timing.MisfireDecision,
+        calendar: ExclusionCalendar | None,
+        report: MaterializeReport,
+    ) -> None:
+        """Count and log what a calendar excluded and a schedule that completes."""
         if decision.excluded:
             report.excluded += decision.excluded
             log.info(
@@ -322,19 +456,61 @@ class Materializer:
                     "reason": "max_runs" if decision.runs_exhausted else "exhausted",
                 },
             )
-        if decision.missed or decision.missed_unlisted:
-            log.warning(
-                "missed occurrences recorded",
-                extra={
-                    "action": "occurrence.missed",
-                    "schedule_id": str(schedule.schedule_id),
-                    "tenant_id": schedule.tenant_id,
-                    "listed": len(decision.missed),
-                    "unlisted": decision.missed_unlisted,
-                },
-            )
-            report.missed_unlisted += decision.missed_unlisted or 0
-        return decision.next_run_at
+
+    @staticmethod
+    def _occurrences(
+        schedule: DueSchedule,
+        decision: timing.MisfireDecision,
+        seals: dict[tuple[int, str], datetime] | None,
+        instants: dict[datetime, tuple[bytes, datetime]],
+        take_round: Any,
+    ) -> list[tuple[Any, ...]]:
+        """The staging rows of one schedule's decision (column order: _STAGING_COLUMNS)."""
+        schedule_id, version, tenant, target, shard = (
+            schedule.schedule_id,
+            schedule.version,
+            schedule.tenant_id,
+            schedule.target,
+            schedule.shard,
+        )
+        topic = occurrence_topic(target)
+        ids = OccurrenceIds(schedule_id, version)
+        message_key = schedule_key(ids.schedule_text)
+        held = schedule.gated
+        lane = lane_of(schedule.priority)
+        flexible = lane == "flexible"
+        window, deadline = schedule.flexible_window, schedule.deadline
+        seal = seals.get((shard, lane)) if seals is not None else None
+        out: list[tuple[Any, ...]] = []
+        for scheduled_for in decision.enqueue:
+            cached = instants.get(scheduled_for)
+            if cached is None:
+                cached = instants[scheduled_for] = (micros_text(scheduled_for), bucket_of(scheduled_for))
+            occ_id = ids.of(cached[0])
+            if flexible:
+                available_at = scheduled_for + timing.jitter_offset(occ_id, window)
+                bucket = bucket_of(available_at)
+            else:
+                available_at, bucket = scheduled_for, cached[1]
+            message = encode_occurrence(
+                occ_id, ids.schedule_text, schedule, scheduled_for, available_at,
+                scheduled_for + deadline if deadline else None,
+            )  # fmt: skip
+            # Ahead only if this node holds the shard and the relay has not sealed past the instant;
+            # held rows wait for the overlap gate, which works on the outbox.
+            ahead = seal is not None and not held and bucket >= seal
+            wrr_round = take_round((shard, lane, bucket), tenant, schedule.weight) if ahead else 0
+            out.append(
+                (occ_id, schedule_id, version, tenant, target, scheduled_for, available_at, "SCHEDULED", topic,
+                 message_key, message, held, ahead, shard, lane, bucket, wrr_round)
+            )  # fmt: skip
+        for scheduled_for in decision.missed:
+            out.append(
+                (ids.of(micros_text(scheduled_for)), schedule_id, version, tenant, target, scheduled_for,
+                 scheduled_for, "MISSED", topic, message_key, b"", held, False, shard, lane,
+                 bucket_of(scheduled_for), 0)
+            )  # fmt: skip
+        return out
 
     async def record_backlog(self) -> int:
         """Record (and return) how many active schedules are already due: work not caught up with."""
@@ -348,17 +524,18 @@ class Materializer:
             {
                 "schedules": report.schedules,
                 "occurrences": report.occurrences,
+                "ahead": report.ahead,
                 "missed": report.missed + report.missed_unlisted,
                 "conflicts": report.conflicts,
-                "excluded": report.excluded,
+                "skipped": report.skipped,
             },
-            more=report.schedules >= self.config.batch_size,
+            more=report.schedules + report.skipped >= self.config.batch_size,
         )
 
     async def run(self, stop: asyncio.Event, summary_every: float = SUMMARY_EVERY) -> None:
         """Materialize until ``stop`` is set (the periodic skeleton: errors are logged and retried)."""
-        timing = LoopTiming(self.config.idle_interval, summary_every=summary_every)
-        await PeriodicLoop("materializer", self.run_pass, timing, log, gauges=self._gauges).run(stop)
+        timing_ = LoopTiming(self.config.idle_interval, summary_every=summary_every)
+        await PeriodicLoop("materializer", self.run_pass, timing_, log, gauges=self._gauges).run(stop)
 
     async def _gauges(self) -> dict[str, int]:
         return {"backlog": await self.record_backlog()}

@@ -34,44 +34,111 @@ from engine.control.command_processor import CommandConfig, CommandProcessor
 from engine.control.schedules import ControlPlane
 from engine.loops.attempt_processor import AttemptProcessor, AttemptProcessorConfig
 from engine.loops.backlog_gauges import BacklogGauges
-from engine.loops.materializer import Materializer, MaterializerConfig
+from engine.loops.dispatch_settler import DispatchSettler, SettlerConfig
+from engine.loops.materializer import Materializer, MaterializerConfig, MaterializerHooks
 from engine.loops.overlap_gate import OverlapGate, OverlapGateConfig
 from engine.loops.periodic import LoopTiming, PassOutcome, PeriodicLoop
 from engine.loops.reaper import Reaper, ReaperConfig
 from engine.loops.reporting import SUMMARY_EVERY
+from engine.loops.shard_leases import ShardLeaseConfig, ShardLeases, default_node_id
+from engine.loops.stuck_occurrences import StuckOccurrences, StuckOccurrencesConfig
+from relay.ahead_lane import AheadLaneStore
+from relay.ahead_relay import AheadRelay, AheadRelayConfig, AheadRelayHooks
 from relay.dispatcher import Relay, RelayConfig
+from relay.librdkafka_publisher import LibrdkafkaConfig, LibrdkafkaPublisher
 from relay.publisher import KafkaPublisher, PublisherConfig
-from schemas.clock import Clock, DatabaseClock
+from schemas.clock import Clock, DatabaseClock, pause
 from schemas.connections import create_pool
 from schemas.kafka_security import PLAINTEXT, KafkaSecurity
 from schemas.migrations import apply_migrations
+from schemas.shard_ownership import ShardOwnership
 
 log = logging.getLogger("chronoq.service")
+
+
+# ---------------------------------------------------------------------------------------------- the data plane
+#
+# One engine node's data plane: shard leases, the shard-owning materializer, the ahead-lane relay, settling.
+# Several nodes (processes, hosts) share the shards of one database. Each that runs the ``dispatch`` role
+# leases its share of the shards (engine.loops.shard_leases), materializes only those shards ahead of time into
+# the ahead lane, and publishes them with its own relay: the relay reads the in-memory ShardOwnership, so it
+# runs in the process that holds the leases. The late lane (the outbox) is drained by any process running the
+# ``relay`` role. The settle pass records ENQUEUED for published ahead-lane rows while this node's relay is
+# quiet. Its connections carry server-side limits (DATA_PLANE_SERVER_SETTINGS): a paused node cannot keep a
+# transaction or its row locks open past a few seconds, so it cannot block the shard's next owner.
+
+#: Server-side limits on every data-plane connection (milliseconds): a paused or stuck process cannot keep a
+#: transaction (and its row locks) open, wait on a lock, or run one statement past these.
+DATA_PLANE_SERVER_SETTINGS = {
+    "idle_in_transaction_session_timeout": "5000",
+    "lock_timeout": "5000",
+    "statement_timeout": "60000",
+}
+
+
+@dataclass(frozen=True)
+class DataPlaneConfig:
+    """node_id: this node's name in engine_nodes (default host:pid:random).
+    leases, dispatch, settler: each loop's configuration (the materializer's is ServiceConfig.materializer).
+    idempotent_producer: the librdkafka idempotent producer (Apache Kafka; tansu lacks InitProducerId).
+    partitions: partitions of the topics the publisher creates (None: the default).
+    pool_size: connections of the data plane's own pool (default 8).
+    metrics_interval: seconds between backlog gauge readings (default 5).
+    hooks: awaited at the ahead relay's handoffs (tests kill the process there).
+    materializer_hooks: awaited at the shard-owning materializer's handoffs.
+    """
+
+    node_id: str | None = None
+    leases: ShardLeaseConfig = field(default_factory=ShardLeaseConfig)
+    dispatch: AheadRelayConfig = field(default_factory=AheadRelayConfig)
+    settler: SettlerConfig = field(default_factory=SettlerConfig)
+    idempotent_producer: bool = False
+    partitions: int | None = None
+    pool_size: int = 8
+    metrics_interval: float = 5.0
+    hooks: AheadRelayHooks | None = None
+    materializer_hooks: MaterializerHooks | None = None
 
 
 class Role(Enum):
     """One thing a chronoq process can run."""
 
-    MATERIALIZER = "materializer"  # due schedules -> occurrences + outbox rows
+    MATERIALIZER = "materializer"  # due schedules -> occurrences + deliveries (ahead lane with DISPATCH, else outbox)
+    DISPATCH = "dispatch"  # shard leases + the ahead-lane relay + the settle pass (the shard owner's data plane)
     ATTEMPTS = "attempts"  # apply attempt events from consumers (chronoq.attempts)
     REAPER = "reaper"  # time out expired attempt leases: retry or dead-letter
     OVERLAP_GATE = "overlap-gate"  # dispatch, hold or skip deliveries of skip_if_running/queue_one schedules
     COMMANDS = "commands"  # apply signed scheduling commands (chronoq.commands)
+    STUCK = "stuck-occurrences"  # republish or flag ENQUEUED occurrences whose attempt events never came
     RELAY = "relay"  # due outbox rows -> Kafka
     API = "api"  # the HTTP API, the console (/ui) and /metrics on ServiceConfig.api_socket
     GAUGES = "gauges"  # record the backlog gauges (due, outbox, queue age, held, DLQ) every few seconds
 
     @property
     def needs_kafka(self) -> bool:
-        return self in (Role.ATTEMPTS, Role.COMMANDS, Role.RELAY)
+        return self in (Role.ATTEMPTS, Role.COMMANDS, Role.RELAY, Role.DISPATCH)
 
 
-#: What ``chronoq engine`` runs: everything between a stored schedule and a consumer's report, except the relay.
-ENGINE_ROLES = frozenset({Role.MATERIALIZER, Role.ATTEMPTS, Role.REAPER, Role.OVERLAP_GATE, Role.COMMANDS, Role.GAUGES})
+#: What ``chronoq engine`` runs: everything between a stored schedule and a consumer's report, with the
+#: ahead-lane dispatch of the shards it leases; the late lane (outbox) is the relay's.
+ENGINE_ROLES = frozenset(
+    {
+        Role.MATERIALIZER,
+        Role.DISPATCH,
+        Role.ATTEMPTS,
+        Role.REAPER,
+        Role.OVERLAP_GATE,
+        Role.COMMANDS,
+        Role.GAUGES,
+        Role.STUCK,
+    }
+)
 #: What ``chronoq api`` runs: the site and the backlog gauges its /metrics shows.
 API_ROLES = frozenset({Role.API, Role.GAUGES})
 #: The occurrence pipeline without commands and API: the default of :class:`ServiceConfig`.
-PIPELINE_ROLES = frozenset({Role.MATERIALIZER, Role.ATTEMPTS, Role.REAPER, Role.OVERLAP_GATE, Role.RELAY})
+PIPELINE_ROLES = frozenset(
+    {Role.MATERIALIZER, Role.DISPATCH, Role.ATTEMPTS, Role.REAPER, Role.OVERLAP_GATE, Role.RELAY, Role.STUCK}
+)
 #: What ``chronoq up`` runs.
 ALL_ROLES = frozenset(Role)
 
@@ -101,6 +168,8 @@ class ServiceConfig:
     overlap_gate: OverlapGateConfig = field(default_factory=OverlapGateConfig)
     commands: CommandConfig = field(default_factory=CommandConfig)
     relay: RelayConfig = field(default_factory=RelayConfig)
+    data_plane: DataPlaneConfig = field(default_factory=DataPlaneConfig)
+    stuck_occurrences: StuckOccurrencesConfig = field(default_factory=StuckOccurrencesConfig)
 
     def validate(self, kafka_bootstrap: str | None) -> None:
         if not self.roles:
@@ -137,25 +206,29 @@ async def run_services(
         pool = await create_pool(database_url, min_size=2, max_size=8)
         resources.push_async_callback(pool.close)
         runs: dict[Role, Callable[[], Coroutine[Any, Any, None]]] = {}
+        tasks_extra: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {}
         roles, every = config.roles, config.summary_every
-        if Role.MATERIALIZER in roles:
+        if Role.DISPATCH in roles:
+            # The shard owner's data plane; with MATERIALIZER the materializer runs inside it, on the leased
+            # shards and into the ahead lane. Without DISPATCH a materializer works on every shard and writes
+            # the outbox only (a process that cannot publish the ahead lane must not fill it).
+            assert kafka_bootstrap is not None
+            plane = await open_data_plane(
+                resources,
+                database_url,
+                kafka_bootstrap,
+                stop,
+                config.data_plane,
+                config.materializer if Role.MATERIALIZER in roles else None,
+                clock,
+                config.kafka_security,
+            )
+            tasks_extra = {name: run for name, run in plane.items() if name != "dispatch"}
+            runs[Role.DISPATCH] = plane["dispatch"]
+        elif Role.MATERIALIZER in roles:
             materializer = Materializer(pool, config.materializer, clock)
             runs[Role.MATERIALIZER] = lambda: materializer.run(stop, every)
-        if Role.ATTEMPTS in roles:
-            attempts = AttemptProcessor(pool, kafka_bootstrap, config.attempts, clock, security=config.kafka_security)
-            runs[Role.ATTEMPTS] = lambda: attempts.run(stop, every)
-        if Role.REAPER in roles:
-            reaper = Reaper(pool, config.reaper, clock)
-            runs[Role.REAPER] = lambda: reaper.run(stop, every)
-        if Role.OVERLAP_GATE in roles:
-            gate = OverlapGate(pool, config.overlap_gate, clock)
-            runs[Role.OVERLAP_GATE] = lambda: gate.run(stop, every)
-        if Role.COMMANDS in roles:
-            assert kafka_bootstrap is not None
-            commands = CommandProcessor(
-                pool, kafka_bootstrap, ControlPlane(pool, clock), config.commands, security=config.kafka_security
-            )
-            runs[Role.COMMANDS] = lambda: commands.run(stop, every)
+        runs.update(pool_loops(pool, kafka_bootstrap, stop, config, clock))
         if Role.RELAY in roles:
             assert kafka_bootstrap is not None
             publisher = KafkaPublisher(
@@ -169,10 +242,8 @@ async def run_services(
             assert config.api_socket is not None
             site, api_socket = api_site(pool, clock), config.api_socket
             runs[Role.API] = lambda: serve_api(site, api_socket, stop)
-        if Role.GAUGES in roles:
-            gauges = BacklogGauges(pool, clock)
-            runs[Role.GAUGES] = lambda: gauges.run(stop, every)
         tasks = [asyncio.create_task(run(), name=role.value) for role, run in runs.items()]
+        tasks += [asyncio.create_task(run(), name=name) for name, run in tasks_extra.items()]
         if config.metrics_socket is not None:  # --metrics-port: this process's /metrics on a port of its own
             tasks.append(asyncio.create_task(serve_api(MetricsEndpoint(), config.metrics_socket, stop), name="metrics"))
         log.info("running %s", ", ".join(sorted(role.value for role in runs)), extra={"action": "service.start"})
@@ -183,6 +254,36 @@ async def run_services(
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def pool_loops(
+    pool: asyncpg.Pool, kafka_bootstrap: str | None, stop: asyncio.Event, config: ServiceConfig, clock: Clock
+) -> dict[Role, Callable[[], Coroutine[Any, Any, None]]]:
+    """The roles that need only the shared pool (and Kafka, for the processors), by role."""
+    roles, every = config.roles, config.summary_every
+    runs: dict[Role, Callable[[], Coroutine[Any, Any, None]]] = {}
+    if Role.ATTEMPTS in roles:
+        attempts = AttemptProcessor(pool, kafka_bootstrap, config.attempts, clock, security=config.kafka_security)
+        runs[Role.ATTEMPTS] = lambda: attempts.run(stop, every)
+    if Role.REAPER in roles:
+        reaper = Reaper(pool, config.reaper, clock)
+        runs[Role.REAPER] = lambda: reaper.run(stop, every)
+    if Role.OVERLAP_GATE in roles:
+        gate = OverlapGate(pool, config.overlap_gate, clock)
+        runs[Role.OVERLAP_GATE] = lambda: gate.run(stop, every)
+    if Role.COMMANDS in roles:
+        assert kafka_bootstrap is not None
+        commands = CommandProcessor(
+            pool, kafka_bootstrap, ControlPlane(pool, clock), config.commands, security=config.kafka_security
+        )
+        runs[Role.COMMANDS] = lambda: commands.run(stop, every)
+    if Role.STUCK in roles:
+        stuck = StuckOccurrences(pool, kafka_bootstrap, config.stuck_occurrences, clock, config.kafka_security)
+        runs[Role.STUCK] = lambda: stuck.run(stop, every)
+    if Role.GAUGES in roles:
+        gauges = BacklogGauges(pool, clock)
+        runs[Role.GAUGES] = lambda: gauges.run(stop, every)
+    return runs
 
 
 def api_site(pool: asyncpg.Pool, clock: Clock) -> Site:
@@ -208,3 +309,56 @@ def relay_periodic_loop(relay: Relay, config: RelayConfig, summary_every: float 
 
     timing = LoopTiming(config.idle_interval, config.error_backoff, summary_every)
     return PeriodicLoop("relay", run_pass, timing, logging.getLogger("chronoq.relay"), gauges=gauges)
+
+
+async def open_data_plane(
+    resources: AsyncExitStack,
+    database_url: str,
+    kafka_bootstrap: str,
+    stop: asyncio.Event,
+    config: DataPlaneConfig,
+    materializer: MaterializerConfig | None,
+    clock: Clock,
+    security: KafkaSecurity = PLAINTEXT,
+) -> dict[str, Callable[[], Coroutine[Any, Any, None]]]:
+    """Open the node's pool and publisher (closed by ``resources``) and return its loops by name:
+    shard leases, the ahead-lane relay, the settle pass, backlog gauges, and — given a config — the
+    shard-owning materializer."""
+    ownership = ShardOwnership(config.node_id or default_node_id())
+    pool = await create_pool(
+        database_url,
+        min_size=2,
+        max_size=config.pool_size,
+        server_settings={**DATA_PLANE_SERVER_SETTINGS, "application_name": f"chronoq-node {ownership.node_id}"[:63]},
+    )
+    resources.push_async_callback(pool.close)
+    settings: dict[str, Any] = {"idempotent": config.idempotent_producer, "security": security}
+    if config.partitions:
+        settings["partitions"] = config.partitions
+    publisher = LibrdkafkaPublisher(LibrdkafkaConfig(kafka_bootstrap, **settings))
+    await publisher.start()
+    resources.push_async_callback(publisher.stop)
+    leases = ShardLeases(pool, ownership, config.leases, clock)
+    relay = AheadRelay(
+        AheadLaneStore(pool, clock, ownership.node_id), publisher, ownership, config.dispatch, clock, hooks=config.hooks
+    )
+    settler = DispatchSettler(pool, config.settler, clock, quiet=lambda: relay.quiet)
+    runs: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
+        "shard-leases": lambda: leases.run(stop),
+        "dispatch": lambda: relay.run(stop),
+        "settler": lambda: settler.run(stop),
+        "dispatch-gauges": lambda: _gauges(relay, stop, config.metrics_interval),
+    }
+    if materializer is not None:
+        owner = Materializer(pool, materializer, clock, ownership=ownership, hooks=config.materializer_hooks)
+        runs["materializer"] = lambda: owner.run(stop)
+    return runs
+
+
+async def _gauges(relay: AheadRelay, stop: asyncio.Event, interval: float) -> None:
+    while not stop.is_set():
+        try:
+            await relay.record_backlog()
+        except Exception as err:  # noqa: BLE001 - a gauge must never stop the node
+            log.debug("backlog gauge failed", extra={"action": "gauge.error", "error": repr(err)})
+        await pause(stop, interval)

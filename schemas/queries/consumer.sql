@@ -28,3 +28,11 @@ WHERE consumer_group = :consumer_group AND occurrence_id = :occurrence_id;
 -- name: ping
 -- Whether the app database answers (tells an outage from a session that ended on its own).
 SELECT 1;
+
+-- name: effects_in_window
+-- The dedupe rows (effects applied) whose slot falls in :window_from .. :window_to, of one tenant and one
+-- consumer group if given: what the engine's reconciler compares with its occurrences.
+SELECT consumer_group, occurrence_id, schedule_id, schedule_version, scheduled_for
+FROM chronoq_consumer_dedupe
+WHERE scheduled_for >= :window_from AND scheduled_for < :window_to
+  AND (:tenant_id::text IS NULL OR tenant_id = :tenant_id) AND (:group::text IS NULL OR consumer_group = :group);

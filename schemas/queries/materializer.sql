@@ -1,72 +1,99 @@
--- The materializer: due schedules become occurrences and outbox rows, and their cursors advance.
--- Every time-sensitive query takes :now: NULL in production (the database's clock rules), a fixed
--- instant in tests.
+-- The set-based materializer (engine/loops/materializer.py): due schedules become occurrences and their
+-- deliveries, and their cursors advance, in one statement per batch. Every time-sensitive query takes
+-- :now: NULL in production (the database's clock rules), a fixed instant in tests.
 
--- name: claim_due_schedules
--- Locks up to :limit active schedules whose cursor falls within the horizon (:horizon_s seconds ahead of
--- now), of the given :shards (NULL: all). SKIP LOCKED lets several materializers share the table;
--- uniqueness of occurrences stays the final guard.
-SELECT schedule_id, tenant_id, kind, expression, time_zone, dst_repeat, dst_gap, anchor, start_at, end_at,
-       version, next_run_at, target, payload, priority, flexible_window_s, misfire_policy, max_lateness_s,
-       deadline_s, overlap_policy, calendar_id, max_runs, runs
-FROM schedules
-WHERE state = 'active'
-  AND next_run_at <= coalesce(:now::timestamptz, now()) + make_interval(secs => :horizon_s)
-  AND (:shards::int[] IS NULL OR shard = ANY (:shards::int[]))
-ORDER BY next_run_at
-LIMIT :limit
-FOR UPDATE SKIP LOCKED;
+-- name: create_staging
+-- The per-connection staging table the materializer COPYs a batch into (emptied at every commit).
+CREATE TEMP TABLE IF NOT EXISTS materialize_staging (
+    occurrence_id uuid, schedule_id uuid, schedule_version integer, tenant_id text, target text,
+    scheduled_for timestamptz, available_at timestamptz, state text, topic text, message_key bytea,
+    message bytea, held boolean, ahead boolean, shard integer, lane text, bucket timestamptz, wrr_round integer
+) ON COMMIT DELETE ROWS;
 
--- name: insert_occurrences
--- Inserts occurrences (SCHEDULED or MISSED) and, for each SCHEDULED one actually inserted, its outbox row.
--- An occurrence that already exists (overlapping materializers, replays) is left alone and gets no second
--- outbox row. Rows flagged in :held (schedules with an overlap policy) are written already held by the
--- overlap gate: claimed with :gate_token, a claim that never expires, so no relay publishes them before
--- the gate decided. Returns how many occurrences and outbox rows were written, and per schedule how many
--- SCHEDULED occurrences were inserted (its new runs).
-WITH input AS (
+-- name: due_schedules_of_shards
+-- Up to :per_shard active schedules per shard of :shards whose cursor falls within the horizon (:horizon_s
+-- seconds past now), oldest cursor first within each shard (one index range scan of schedules_due per shard, in one
+-- statement), with the tenant's weight and the payload as JSON text (spliced into the message as is).
+-- No row lock: the advance below is a compare-and-set on (version, next_run_at), and the shard lease
+-- keeps other nodes' materializers away.
+SELECT s.schedule_id, s.tenant_id, s.kind, s.expression, s.time_zone, s.dst_repeat, s.dst_gap, s.anchor,
+       s.start_at, s.end_at, s.version, s.next_run_at, s.target, s.payload::text AS payload_json, s.priority,
+       s.flexible_window_s, s.misfire_policy, s.max_lateness_s, s.deadline_s, s.overlap_policy, s.calendar_id,
+       s.max_runs, s.runs, s.shard, coalesce(t.weight, 1) AS weight
+FROM unnest(:shards::int[]) AS sh (shard)
+CROSS JOIN LATERAL (
     SELECT *
-    FROM unnest(:occurrence_ids::uuid[], :schedule_ids::uuid[], :schedule_versions::int[], :tenant_ids::text[],
-                :targets::text[], :scheduled_fors::timestamptz[], :available_ats::timestamptz[], :states::text[],
-                :topics::text[], :message_keys::bytea[], :messages::bytea[], :held::bool[])
-         AS t(occurrence_id, schedule_id, schedule_version, tenant_id, target, scheduled_for,
-              available_at, state, topic, message_key, message, held)
+    FROM schedules s
+    WHERE s.shard = sh.shard AND s.state = 'active'
+      AND s.next_run_at <= coalesce(:now::timestamptz, now()) + make_interval(secs => :horizon_s)
+    ORDER BY s.next_run_at
+    LIMIT :per_shard
+) s
+LEFT JOIN tenants t ON t.tenant_id = s.tenant_id;
+
+-- name: due_schedules_any_shard
+-- Up to :limit due schedules of any shard, oldest cursor first (a node without shard leases: tests, tools).
+SELECT s.schedule_id, s.tenant_id, s.kind, s.expression, s.time_zone, s.dst_repeat, s.dst_gap, s.anchor,
+       s.start_at, s.end_at, s.version, s.next_run_at, s.target, s.payload::text AS payload_json, s.priority,
+       s.flexible_window_s, s.misfire_policy, s.max_lateness_s, s.deadline_s, s.overlap_policy, s.calendar_id,
+       s.max_runs, s.runs, s.shard, coalesce(t.weight, 1) AS weight
+FROM schedules s
+LEFT JOIN tenants t ON t.tenant_id = s.tenant_id
+WHERE s.state = 'active' AND s.next_run_at <= coalesce(:now::timestamptz, now()) + make_interval(secs => :horizon_s)
+ORDER BY s.next_run_at
+LIMIT :limit;
+
+-- name: materialize_staged
+-- One statement per batch. First advances each schedule's cursor (:schedule_ids, :versions, :cursors as
+-- read, :next_run_ats; NULL = no further fires or no run left: completed) and adds its new runs (:runs, the
+-- SCHEDULED occurrences staged for it) only if version and cursor are still the ones read
+-- (a concurrent update or pause wins and nothing is written for that schedule). Then, for the schedules
+-- advanced, inserts the staged occurrences (an existing one is left alone and gets no second delivery)
+-- and each SCHEDULED one's delivery: ahead-lane row when staged ahead, else an outbox row (held by the
+-- overlap gate with :gate_token when flagged). Returns how many of each were written.
+WITH advanced AS (
+    UPDATE schedules s
+    SET next_run_at = u.next_run_at,
+        runs = s.runs + u.runs,
+        state = CASE WHEN u.next_run_at IS NULL THEN 'completed' ELSE s.state END,
+        updated_at = coalesce(:now::timestamptz, now())
+    FROM unnest(:schedule_ids::uuid[], :versions::int[], :cursors::timestamptz[], :next_run_ats::timestamptz[],
+                :runs::int[])
+         AS u (schedule_id, version, cursor, next_run_at, runs)
+    WHERE s.schedule_id = u.schedule_id AND s.version = u.version AND s.state = 'active'
+      AND s.next_run_at = u.cursor
+    RETURNING s.schedule_id
 ), inserted AS (
-    INSERT INTO occurrences (occurrence_id, schedule_id, schedule_version, tenant_id, target,
-                             scheduled_for, available_at, state, created_at, updated_at)
-    SELECT occurrence_id, schedule_id, schedule_version, tenant_id, target, scheduled_for, available_at,
-           state, coalesce(:now::timestamptz, now()), coalesce(:now::timestamptz, now())
-    FROM input
+    INSERT INTO occurrences (occurrence_id, schedule_id, schedule_version, tenant_id, target, scheduled_for,
+                             available_at, state, created_at, updated_at)
+    SELECT m.occurrence_id, m.schedule_id, m.schedule_version, m.tenant_id, m.target, m.scheduled_for,
+           m.available_at, m.state, coalesce(:now::timestamptz, now()), coalesce(:now::timestamptz, now())
+    FROM materialize_staging m
+    JOIN advanced a ON a.schedule_id = m.schedule_id
     ON CONFLICT DO NOTHING
-    RETURNING occurrence_id, schedule_id, state
-), runs AS (
-    SELECT schedule_id, count(*)::int AS runs FROM inserted WHERE state = 'SCHEDULED' GROUP BY schedule_id
-), outboxed AS (
+    RETURNING occurrence_id, state
+), ahead AS (
+    INSERT INTO dispatch_queue (shard, lane, bucket, wrr_round, occurrence_id, tenant_id, topic, message_key,
+                                message, scheduled_for, available_at)
+    SELECT m.shard, m.lane, m.bucket, m.wrr_round, m.occurrence_id, m.tenant_id, m.topic, m.message_key,
+           m.message, m.scheduled_for, m.available_at
+    FROM materialize_staging m
+    JOIN inserted i ON i.occurrence_id = m.occurrence_id
+    WHERE i.state = 'SCHEDULED' AND m.ahead
+    RETURNING 1
+), late AS (
     INSERT INTO outbox (occurrence_id, tenant_id, topic, message_key, message, scheduled_for, available_at,
                         claim_token, claim_expires_at, created_at)
-    SELECT i.occurrence_id, i.tenant_id, i.topic, i.message_key, i.message, i.scheduled_for,
-           i.available_at, CASE WHEN i.held THEN :gate_token::uuid END,
-           CASE WHEN i.held THEN 'infinity'::timestamptz END, coalesce(:now::timestamptz, now())
-    FROM input i JOIN inserted USING (occurrence_id)
-    WHERE inserted.state = 'SCHEDULED'
+    SELECT m.occurrence_id, m.tenant_id, m.topic, m.message_key, m.message, m.scheduled_for, m.available_at,
+           CASE WHEN m.held THEN :gate_token::uuid END, CASE WHEN m.held THEN 'infinity'::timestamptz END,
+           coalesce(:now::timestamptz, now())
+    FROM materialize_staging m
+    JOIN inserted i ON i.occurrence_id = m.occurrence_id
+    WHERE i.state = 'SCHEDULED' AND NOT m.ahead
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM inserted) AS occurrences, (SELECT count(*) FROM outboxed) AS outbox_rows,
-       r.schedule_ids AS run_schedule_ids, r.runs AS run_counts
-FROM (SELECT array_agg(schedule_id ORDER BY schedule_id) AS schedule_ids, array_agg(runs ORDER BY schedule_id) AS runs
-      FROM runs) r;
-
--- name: advance_schedules
--- Moves each schedule's cursor and adds its new runs, only if its version is still the one the materializer
--- read. A NULL cursor means the schedule has no further fires (or no run left): it becomes completed.
-UPDATE schedules s
-SET next_run_at = u.next_run_at,
-    runs = s.runs + u.runs,
-    state = CASE WHEN u.next_run_at IS NULL THEN 'completed' ELSE s.state END,
-    updated_at = coalesce(:now::timestamptz, now())
-FROM unnest(:schedule_ids::uuid[], :versions::int[], :next_run_ats::timestamptz[], :runs::int[])
-     AS u(schedule_id, version, next_run_at, runs)
-WHERE s.schedule_id = u.schedule_id AND s.version = u.version AND s.state = 'active';
+SELECT (SELECT count(*) FROM advanced) AS schedules, (SELECT count(*) FROM inserted) AS occurrences,
+       (SELECT count(*) FROM ahead) AS ahead, (SELECT count(*) FROM late) AS late;
 
 -- name: due_backlog
 -- Active schedules whose cursor is already in the past (work the materializer has not caught up with).

@@ -4,12 +4,22 @@
 -- name: claim_due_outbox
 -- Claims up to :limit due, unsent rows whose previous claim (if any) has expired, under claim token :token
 -- for :claim_ttl_s seconds. Rows are chosen by state, never by "id > last seen": ids commit out of order.
+-- A message of no occurrence (a schedule state, a target binding, a command result) is claimed only when
+-- no older unsent message with its topic and key exists: compaction keeps a key's LAST record, so one
+-- key's messages must reach the broker in the order they were written (a schedule's changes are
+-- serialised by its row lock, so id order is version order), even with several relays and retries.
 WITH due AS (
     SELECT id
-    FROM outbox
+    FROM outbox o
     WHERE sent_at IS NULL AND discarded_at IS NULL
       AND available_at <= coalesce(:now::timestamptz, now())
       AND (claim_expires_at IS NULL OR claim_expires_at <= coalesce(:now::timestamptz, now()))
+      AND (o.occurrence_id IS NOT NULL OR NOT EXISTS (
+          SELECT 1
+          FROM outbox older
+          WHERE older.occurrence_id IS NULL AND older.sent_at IS NULL AND older.discarded_at IS NULL
+            AND older.topic = o.topic AND older.message_key = o.message_key AND older.id < o.id
+      ))
     ORDER BY available_at
     LIMIT :limit
     FOR UPDATE SKIP LOCKED

@@ -53,13 +53,15 @@ RETURNING *;
 
 -- name: cancel_unclaimed_occurrences
 -- Invalidates occurrences of versions older than :new_version that no worker has started (SCHEDULED,
--- ENQUEUED, RETRY_WAIT): they become CANCELED and their unsent outbox rows are discarded. An ENQUEUED one
--- already in Kafka is skipped by consumers, which check the schedule's version before the effect.
--- Returns how many were canceled, the earliest instant among those never published (SCHEDULED): only
--- those may be re-materialized later without risking a second run of the same slot; and how many had
--- not started (SCHEDULED or ENQUEUED: no attempt ran), which the run count gives back.
+-- ENQUEUED, RETRY_WAIT): they become CANCELED, their unsent outbox rows are discarded, and so are their
+-- ahead-lane rows the relay's cursor has not passed. An ENQUEUED one already in Kafka is skipped by
+-- consumers, which check the schedule's version before the effect.
+-- Returns how many were canceled; the earliest instant among those never published: SCHEDULED and not
+-- passed by the ahead-lane cursor (a SCHEDULED occurrence the cursor passed is in Kafka; the settle pass
+-- has not recorded it yet) — only those may be re-materialized later without risking a second run of the
+-- slot; and how many had not started (SCHEDULED or ENQUEUED: no attempt ran), which the run count gives back.
 WITH targets AS (
-    SELECT occurrence_id, scheduled_for, state
+    SELECT occurrence_id, scheduled_for, available_at, state
     FROM occurrences
     WHERE schedule_id = :schedule_id AND schedule_version < :new_version
       AND state IN ('SCHEDULED', 'ENQUEUED', 'RETRY_WAIT')
@@ -69,14 +71,34 @@ WITH targets AS (
     SET state = 'CANCELED', updated_at = coalesce(:now::timestamptz, now())
     FROM targets t
     WHERE o.occurrence_id = t.occurrence_id
-    RETURNING t.occurrence_id, t.scheduled_for, t.state AS was
+    RETURNING t.occurrence_id, t.scheduled_for, t.available_at, t.state AS was
+), ahead AS (
+    SELECT q.shard, q.lane, q.bucket, q.wrr_round, q.occurrence_id,
+           (q.bucket, q.wrr_round, q.occurrence_id) <= (c.published_bucket, c.published_round, c.published_id)
+               AS published
+    FROM canceled k
+    JOIN schedules s ON s.schedule_id = :schedule_id
+    JOIN dispatch_queue q ON q.shard = s.shard AND q.lane IN ('strict', 'flexible')
+                         AND q.bucket = date_trunc('second', k.available_at, 'UTC') AND q.occurrence_id = k.occurrence_id
+    JOIN dispatch_cursors c ON c.shard = q.shard AND c.lane = q.lane
+    WHERE k.was = 'SCHEDULED'
+), discarded_ahead AS (
+    UPDATE dispatch_queue q
+    SET discarded_at = coalesce(:now::timestamptz, now())
+    FROM ahead a
+    WHERE NOT a.published AND q.shard = a.shard AND q.lane = a.lane AND q.bucket = a.bucket
+      AND q.wrr_round = a.wrr_round AND q.occurrence_id = a.occurrence_id AND q.discarded_at IS NULL
+    RETURNING 1
 ), discarded AS (
     UPDATE outbox
     SET discarded_at = coalesce(:now::timestamptz, now())
     WHERE occurrence_id IN (SELECT occurrence_id FROM canceled) AND sent_at IS NULL AND discarded_at IS NULL
     RETURNING 1
 )
-SELECT count(*) AS canceled, min(scheduled_for) FILTER (WHERE was = 'SCHEDULED') AS earliest_unpublished,
+SELECT count(*) AS canceled,
+       min(scheduled_for) FILTER (
+           WHERE was = 'SCHEDULED' AND occurrence_id NOT IN (SELECT occurrence_id FROM ahead WHERE published)
+       ) AS earliest_unpublished,
        count(*) FILTER (WHERE was IN ('SCHEDULED', 'ENQUEUED')) AS never_started
 FROM canceled;
 

@@ -70,6 +70,89 @@ CREATE TABLE public.console_sessions (
     expires_at timestamp with time zone NOT NULL,
     CONSTRAINT console_sessions_check CHECK (((tenant_id IS NULL) <> (operator IS NULL)))
 );
+CREATE TABLE public.dispatch_cursors (
+    shard integer NOT NULL,
+    lane text NOT NULL,
+    published_bucket timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    published_round integer DEFAULT 0 NOT NULL,
+    published_id uuid DEFAULT '00000000-0000-0000-0000-000000000000'::uuid NOT NULL,
+    epoch bigint DEFAULT 0 NOT NULL,
+    updated_at timestamp with time zone,
+    CONSTRAINT dispatch_cursors_lane_check CHECK ((lane = ANY (ARRAY['strict'::text, 'flexible'::text])))
+)
+WITH (fillfactor='50');
+CREATE TABLE public.dispatch_log (
+    id bigint NOT NULL,
+    shard integer NOT NULL,
+    lane text NOT NULL,
+    epoch bigint NOT NULL,
+    from_bucket timestamp with time zone NOT NULL,
+    from_round integer NOT NULL,
+    from_id uuid NOT NULL,
+    to_bucket timestamp with time zone NOT NULL,
+    to_round integer NOT NULL,
+    to_id uuid NOT NULL,
+    rows integer NOT NULL,
+    acked_at timestamp with time zone NOT NULL,
+    settled_at timestamp with time zone
+);
+ALTER TABLE public.dispatch_log ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.dispatch_log_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+CREATE TABLE public.dispatch_quarantine (
+    occurrence_id uuid NOT NULL,
+    shard integer NOT NULL,
+    lane text NOT NULL,
+    tenant_id text NOT NULL,
+    topic text NOT NULL,
+    error text NOT NULL,
+    tries integer NOT NULL,
+    quarantined_at timestamp with time zone NOT NULL
+);
+CREATE TABLE public.dispatch_queue (
+    shard integer NOT NULL,
+    lane text NOT NULL,
+    bucket timestamp with time zone NOT NULL,
+    wrr_round integer NOT NULL,
+    occurrence_id uuid NOT NULL,
+    tenant_id text NOT NULL,
+    topic text NOT NULL,
+    message_key bytea NOT NULL,
+    message bytea NOT NULL,
+    scheduled_for timestamp with time zone NOT NULL,
+    available_at timestamp with time zone NOT NULL,
+    discarded_at timestamp with time zone,
+    CONSTRAINT dispatch_queue_lane_check CHECK ((lane = ANY (ARRAY['strict'::text, 'flexible'::text]))),
+    CONSTRAINT dispatch_queue_wrr_round_check CHECK ((wrr_round >= 0))
+);
+CREATE TABLE public.dispatch_seals (
+    shard integer NOT NULL,
+    lane text NOT NULL,
+    sealed_until timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    CONSTRAINT dispatch_seals_lane_check CHECK ((lane = ANY (ARRAY['strict'::text, 'flexible'::text])))
+)
+WITH (fillfactor='50');
+CREATE TABLE public.engine_nodes (
+    node_id text NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    heartbeat_at timestamp with time zone NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
+CREATE TABLE public.missed_ranges (
+    schedule_id uuid NOT NULL,
+    schedule_version integer NOT NULL,
+    first_missed timestamp with time zone NOT NULL,
+    last_missed timestamp with time zone NOT NULL,
+    missed_count bigint,
+    recorded_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT missed_ranges_check CHECK ((last_missed >= first_missed)),
+    CONSTRAINT missed_ranges_missed_count_check CHECK ((missed_count > 0))
+);
 CREATE TABLE public.occurrences (
     occurrence_id uuid NOT NULL,
     schedule_id uuid NOT NULL,
@@ -137,6 +220,26 @@ CREATE TABLE public.processed_commands (
     outcome jsonb NOT NULL,
     processed_at timestamp with time zone DEFAULT now() NOT NULL
 );
+CREATE TABLE public.reconcile_runs (
+    run_id bigint NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    finished_at timestamp with time zone NOT NULL,
+    window_from timestamp with time zone NOT NULL,
+    window_to timestamp with time zone NOT NULL,
+    tenant_id text,
+    clean boolean NOT NULL,
+    counts jsonb NOT NULL,
+    offenders jsonb DEFAULT '[]'::jsonb NOT NULL,
+    duration_s double precision NOT NULL
+);
+ALTER TABLE public.reconcile_runs ALTER COLUMN run_id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.reconcile_runs_run_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
 CREATE TABLE public.schedule_versions (
     schedule_id uuid NOT NULL,
     version integer NOT NULL,
@@ -198,6 +301,24 @@ CREATE TABLE public.schedules (
     CONSTRAINT schedules_state_check CHECK ((state = ANY (ARRAY['active'::text, 'paused'::text, 'canceled'::text, 'completed'::text]))),
     CONSTRAINT schedules_version_check CHECK ((version >= 1))
 );
+CREATE TABLE public.shard_leases (
+    shard integer NOT NULL,
+    owner text,
+    epoch bigint DEFAULT 0 NOT NULL,
+    expires_at timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    acquired_at timestamp with time zone,
+    CONSTRAINT shard_leases_shard_check CHECK ((shard >= 0))
+)
+WITH (fillfactor='50');
+CREATE TABLE public.stuck_occurrences (
+    occurrence_id uuid NOT NULL,
+    first_seen_at timestamp with time zone NOT NULL,
+    redeliveries integer DEFAULT 0 NOT NULL,
+    last_redelivered timestamp with time zone,
+    flagged_at timestamp with time zone,
+    resolved_at timestamp with time zone,
+    CONSTRAINT stuck_occurrences_redeliveries_check CHECK ((redeliveries >= 0))
+);
 CREATE TABLE public.target_grants (
     target text NOT NULL,
     tenant_id text NOT NULL,
@@ -215,6 +336,12 @@ CREATE TABLE public.targets (
 CREATE TABLE public.tenant_catch_up (
     tenant_id text NOT NULL,
     free_at timestamp with time zone NOT NULL
+);
+CREATE TABLE public.tenant_catch_up_buckets (
+    tenant_id text NOT NULL,
+    tokens double precision NOT NULL,
+    updated_at timestamp with time zone NOT NULL,
+    CONSTRAINT tenant_catch_up_buckets_tokens_check CHECK ((tokens >= (0)::double precision))
 );
 CREATE TABLE public.tenant_retry_usage (
     tenant_id text NOT NULL,
@@ -261,6 +388,20 @@ ALTER TABLE ONLY public.chronoq_migrations
     ADD CONSTRAINT chronoq_migrations_pkey PRIMARY KEY (migration_set, version);
 ALTER TABLE ONLY public.console_sessions
     ADD CONSTRAINT console_sessions_pkey PRIMARY KEY (session_hash);
+ALTER TABLE ONLY public.dispatch_cursors
+    ADD CONSTRAINT dispatch_cursors_pkey PRIMARY KEY (shard, lane);
+ALTER TABLE ONLY public.dispatch_log
+    ADD CONSTRAINT dispatch_log_pkey PRIMARY KEY (id);
+ALTER TABLE ONLY public.dispatch_quarantine
+    ADD CONSTRAINT dispatch_quarantine_pkey PRIMARY KEY (occurrence_id, topic);
+ALTER TABLE ONLY public.dispatch_queue
+    ADD CONSTRAINT dispatch_queue_pkey PRIMARY KEY (shard, lane, bucket, wrr_round, occurrence_id);
+ALTER TABLE ONLY public.dispatch_seals
+    ADD CONSTRAINT dispatch_seals_pkey PRIMARY KEY (shard, lane);
+ALTER TABLE ONLY public.engine_nodes
+    ADD CONSTRAINT engine_nodes_pkey PRIMARY KEY (node_id);
+ALTER TABLE ONLY public.missed_ranges
+    ADD CONSTRAINT missed_ranges_pkey PRIMARY KEY (schedule_id, schedule_version, first_missed);
 ALTER TABLE ONLY public.occurrences
     ADD CONSTRAINT occurrences_pkey PRIMARY KEY (occurrence_id);
 ALTER TABLE ONLY public.operator_tokens
@@ -269,16 +410,24 @@ ALTER TABLE ONLY public.outbox
     ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
 ALTER TABLE ONLY public.processed_commands
     ADD CONSTRAINT processed_commands_pkey PRIMARY KEY (tenant_id, command_id);
+ALTER TABLE ONLY public.reconcile_runs
+    ADD CONSTRAINT reconcile_runs_pkey PRIMARY KEY (run_id);
 ALTER TABLE ONLY public.schedule_versions
     ADD CONSTRAINT schedule_versions_pkey PRIMARY KEY (schedule_id, version);
 ALTER TABLE ONLY public.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (schedule_id);
 ALTER TABLE ONLY public.schedules
     ADD CONSTRAINT schedules_tenant_id_created_by_key_key UNIQUE (tenant_id, created_by_key);
+ALTER TABLE ONLY public.shard_leases
+    ADD CONSTRAINT shard_leases_pkey PRIMARY KEY (shard);
+ALTER TABLE ONLY public.stuck_occurrences
+    ADD CONSTRAINT stuck_occurrences_pkey PRIMARY KEY (occurrence_id);
 ALTER TABLE ONLY public.target_grants
     ADD CONSTRAINT target_grants_pkey PRIMARY KEY (target, tenant_id);
 ALTER TABLE ONLY public.targets
     ADD CONSTRAINT targets_pkey PRIMARY KEY (target);
+ALTER TABLE ONLY public.tenant_catch_up_buckets
+    ADD CONSTRAINT tenant_catch_up_buckets_pkey PRIMARY KEY (tenant_id);
 ALTER TABLE ONLY public.tenant_catch_up
     ADD CONSTRAINT tenant_catch_up_pkey PRIMARY KEY (tenant_id);
 ALTER TABLE ONLY public.tenant_retry_usage
@@ -291,19 +440,26 @@ CREATE INDEX attempt_credentials_live ON public.attempt_credentials USING btree 
 CREATE INDEX attempts_occurrence ON public.attempts USING btree (occurrence_id, attempt_number);
 CREATE UNIQUE INDEX calendars_tenant_name ON public.calendars USING btree (tenant_id, name) WHERE (deleted_at IS NULL);
 CREATE INDEX console_sessions_expiry ON public.console_sessions USING btree (expires_at);
+CREATE INDEX dispatch_log_range ON public.dispatch_log USING btree (shard, lane, to_bucket);
+CREATE INDEX dispatch_log_unsettled ON public.dispatch_log USING btree (id) WHERE (settled_at IS NULL);
 CREATE INDEX occurrences_dead ON public.occurrences USING btree (tenant_id, finished_at, occurrence_id) WHERE (state = 'DEAD'::text);
+CREATE INDEX occurrences_enqueued_since ON public.occurrences USING btree (updated_at) WHERE (state = 'ENQUEUED'::text);
 CREATE INDEX occurrences_lease_expiry ON public.occurrences USING btree (lease_expires_at) WHERE (state = 'RUNNING'::text);
 CREATE INDEX occurrences_open ON public.occurrences USING btree (schedule_id) WHERE (state = ANY (ARRAY['SCHEDULED'::text, 'ENQUEUED'::text, 'RUNNING'::text, 'RETRY_WAIT'::text]));
 CREATE INDEX occurrences_schedule ON public.occurrences USING btree (schedule_id, scheduled_for);
+CREATE INDEX occurrences_scheduled_brin ON public.occurrences USING brin (scheduled_for);
 CREATE UNIQUE INDEX occurrences_slot ON public.occurrences USING btree (schedule_id, schedule_version, scheduled_for) WHERE (origin <> 'manual'::text);
 CREATE INDEX occurrences_tenant_time ON public.occurrences USING btree (tenant_id, scheduled_for);
 CREATE INDEX outbox_occurrence ON public.outbox USING btree (occurrence_id);
 CREATE INDEX outbox_overlap_held ON public.outbox USING btree (available_at) WHERE ((claim_expires_at = 'infinity'::timestamp with time zone) AND (sent_at IS NULL) AND (discarded_at IS NULL));
 CREATE INDEX outbox_pending ON public.outbox USING btree (available_at) WHERE ((sent_at IS NULL) AND (discarded_at IS NULL));
+CREATE INDEX outbox_unsent_keyed ON public.outbox USING btree (topic, message_key, id) WHERE ((occurrence_id IS NULL) AND (sent_at IS NULL) AND (discarded_at IS NULL));
+CREATE INDEX reconcile_runs_recent ON public.reconcile_runs USING btree (finished_at);
 CREATE INDEX schedules_calendar ON public.schedules USING btree (calendar_id) WHERE ((calendar_id IS NOT NULL) AND (state = ANY (ARRAY['active'::text, 'paused'::text])));
 CREATE INDEX schedules_due ON public.schedules USING btree (shard, next_run_at) WHERE (state = 'active'::text);
 CREATE INDEX schedules_tenant ON public.schedules USING btree (tenant_id, created_at, schedule_id);
 CREATE INDEX schedules_tenant_state ON public.schedules USING btree (tenant_id, state);
+CREATE INDEX stuck_occurrences_open ON public.stuck_occurrences USING btree (first_seen_at) WHERE (resolved_at IS NULL);
 CREATE INDEX target_grants_tenant ON public.target_grants USING btree (tenant_id);
 ALTER TABLE ONLY public.attempt_credentials
     ADD CONSTRAINT attempt_credentials_target_fkey FOREIGN KEY (target) REFERENCES public.targets(target);
@@ -313,6 +469,12 @@ ALTER TABLE ONLY public.calendar_versions
     ADD CONSTRAINT calendar_versions_calendar_id_fkey FOREIGN KEY (calendar_id) REFERENCES public.calendars(calendar_id);
 ALTER TABLE ONLY public.console_sessions
     ADD CONSTRAINT console_sessions_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(tenant_id);
+ALTER TABLE ONLY public.dispatch_cursors
+    ADD CONSTRAINT dispatch_cursors_shard_fkey FOREIGN KEY (shard) REFERENCES public.shard_leases(shard);
+ALTER TABLE ONLY public.dispatch_seals
+    ADD CONSTRAINT dispatch_seals_shard_fkey FOREIGN KEY (shard) REFERENCES public.shard_leases(shard);
+ALTER TABLE ONLY public.missed_ranges
+    ADD CONSTRAINT missed_ranges_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.schedules(schedule_id);
 ALTER TABLE ONLY public.occurrences
     ADD CONSTRAINT occurrences_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.schedules(schedule_id);
 ALTER TABLE ONLY public.outbox
@@ -321,11 +483,15 @@ ALTER TABLE ONLY public.schedule_versions
     ADD CONSTRAINT schedule_versions_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.schedules(schedule_id);
 ALTER TABLE ONLY public.schedules
     ADD CONSTRAINT schedules_calendar_of_tenant FOREIGN KEY (calendar_id, tenant_id) REFERENCES public.calendars(calendar_id, tenant_id);
+ALTER TABLE ONLY public.stuck_occurrences
+    ADD CONSTRAINT stuck_occurrences_occurrence_id_fkey FOREIGN KEY (occurrence_id) REFERENCES public.occurrences(occurrence_id);
 ALTER TABLE ONLY public.target_grants
     ADD CONSTRAINT target_grants_target_fkey FOREIGN KEY (target) REFERENCES public.targets(target);
 ALTER TABLE ONLY public.target_grants
     ADD CONSTRAINT target_grants_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(tenant_id);
 ALTER TABLE ONLY public.targets
     ADD CONSTRAINT targets_owner_tenant_fkey FOREIGN KEY (owner_tenant) REFERENCES public.tenants(tenant_id);
+ALTER TABLE ONLY public.tenant_catch_up_buckets
+    ADD CONSTRAINT tenant_catch_up_buckets_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(tenant_id);
 ALTER TABLE ONLY public.tenant_catch_up
     ADD CONSTRAINT tenant_catch_up_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(tenant_id);

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.errors import FlakyStrategyDefinition
 from schemathesis import GenerationMode
 
 from engine.api.openapi import openapi_document
@@ -107,16 +108,21 @@ async def test_stateful_scenarios_along_the_links_produce_no_server_error(api_pr
             if response.status_code >= 500:
                 failures.append(f"{case.method} {case.formatted_path} -> {response.status_code} {response.text[:200]}")
 
-    await asyncio.to_thread(
-        Scenarios.run,
-        settings=settings(
-            max_examples=max(EXAMPLES // 2, 5),
-            deadline=None,
-            database=None,
-            stateful_step_count=6,
-            suppress_health_check=list(HealthCheck),
-        ),
+    scenario_settings = settings(
+        max_examples=max(EXAMPLES // 2, 5),
+        deadline=None,
+        database=None,
+        stateful_step_count=6,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.generate],  # no replay: a replayed scenario meets a server whose state moved on
     )
+    try:
+        await asyncio.to_thread(Scenarios.run, settings=scenario_settings)
+    except FlakyStrategyDefinition:
+        # The scenarios draw from what the live server answered, so Hypothesis may find that a step
+        # drew differently than when it was first generated; that is the harness, not the server.
+        # Run once more; a 5xx is still recorded in either run.
+        await asyncio.to_thread(Scenarios.run, settings=scenario_settings)
     assert steps["n"] > 0
     assert not failures, "\n".join(failures[:20])
 

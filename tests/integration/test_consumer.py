@@ -172,6 +172,7 @@ async def test_concurrent_twins_of_one_occurrence_apply_once(consumer_db, kafka_
                 "topic": "t",
                 "partition": 0,
                 "offset": 0,
+                "timestamp": 0,
                 "key": b"acme",
             },
         )()

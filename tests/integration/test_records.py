@@ -26,7 +26,7 @@ from schemas.queries import QUERIES
         (Occurrence, "SELECT * FROM occurrences"),
         (Attempt, "SELECT * FROM attempts"),
         (ScheduleVersion, "SELECT * FROM schedule_versions"),
-        (DueSchedule, QUERIES.claim_due_schedules.sql),  # query rows: exactly the query's columns
+        (DueSchedule, QUERIES.due_schedules_of_shards.sql),  # query rows: exactly the query's columns
         (LockedOccurrence, QUERIES.lock_occurrence.sql),
         (DeadLetter, QUERIES.list_dead_letters.sql),
     ],

@@ -14,7 +14,7 @@ import asyncpg
 
 from schemas.identity import occurrence_id
 from schemas.messages import OccurrenceMessage
-from schemas.topics import occurrence_topic, partition_key
+from schemas.topics import occurrence_topic, schedule_key
 
 
 async def insert_schedule(
@@ -92,7 +92,7 @@ async def insert_occurrence(
         message.occurrence_id,
         tenant,
         occurrence_topic(target),
-        partition_key(tenant),
+        schedule_key(schedule_id),
         message.encode(),
         at,
     )
@@ -125,7 +125,7 @@ async def insert_occurrences(
         "INSERT INTO outbox (occurrence_id, tenant_id, topic, message_key, message, scheduled_for, available_at)"
         " VALUES ($1, $2, $3, $4, $5, $6, $6)",
         [
-            (m.occurrence_id, tenant, occurrence_topic(target), partition_key(tenant), m.encode(), m.scheduled_for)
+            (m.occurrence_id, tenant, occurrence_topic(target), schedule_key(schedule_id), m.encode(), m.scheduled_for)
             for m in messages
         ],
     )

@@ -27,7 +27,7 @@ def due_row(**overrides):
         "version": 2,
         "next_run_at": AT,
         "target": "billing.invoice",
-        "payload": {"plan": "pro"},
+        "payload_json": '{"plan": "pro"}',
         "priority": "flexible",
         "flexible_window_s": 300,
         "misfire_policy": "catch_up:3",
@@ -37,6 +37,8 @@ def due_row(**overrides):
         "calendar_id": None,
         "max_runs": None,
         "runs": 0,
+        "shard": 7,
+        "weight": 2,
         "column_added_later": "ignored",
     }
     return {**row, **overrides}

@@ -54,9 +54,13 @@ from engine.rules.timing.instants import parse_instant
 from engine.rules.timing.jitter import jitter_offset
 from engine.rules.timing.misfire import (
     MAX_CATCH_UP,
+    DispatchDecision,
     MisfireDecision,
     MisfirePolicy,
+    MissedRange,
+    decide_dispatch,
     decide_misfire,
+    late_threshold,
     parse_misfire_policy,
 )
 from engine.rules.timing.spec import DST_GAP_CHOICES, DST_REPEAT_CHOICES, KINDS, FirePreview, Kind, TimeSpec
@@ -91,4 +95,8 @@ __all__ = [
     "ExcludedSlot",
     "excluded_slots",
     "fire_reason",
+    "MissedRange",
+    "DispatchDecision",
+    "decide_dispatch",
+    "late_threshold",
 ]

@@ -1,15 +1,33 @@
-"""Misfires: what happens to fire instants that are late (an outage, a pause, a slow materializer).
+"""Misfires: what happens to fire instants that are late (an outage, a pause, a slow materializer or relay).
 
 Nothing is silently dropped: every instant from the durable cursor up to now +
-horizon is either enqueued or recorded MISSED, with bounded work however long
-the outage was.
+horizon is either enqueued or recorded MISSED (listed, or summarised as one
+range), with bounded work however long the outage was and however large the
+schedule's ``max_lateness``:
+
+* an instant is **on time** when it is at most ``max_lateness`` late — and
+  never more than the engine's ``on_time_limit`` (when given): a schedule
+  whose ``max_lateness`` is days cannot turn an outage's backlog into
+  unbounded "on-time" work;
+* late instants follow the policy: ``skip`` enqueues none, ``fire_once`` the
+  most recent one, ``catch_up:K`` the K most recent — the **catch-up**
+  instants, which the dispatcher releases at the tenant's
+  ``catch_up_per_minute`` (``engine.rules.token_bucket``) in capacity of their
+  own, apart from on-time work;
+* the others are MISSED: the oldest ``record_limit`` listed, the rest counted
+  and summarised as one :class:`MissedRange`.
+
+:func:`decide_dispatch` applies the same rule again when an on-time
+occurrence reaches the dispatcher late (the relay or the broker was down):
+it is published only if the policy still allows, else recorded MISSED.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from itertools import islice
 from typing import Literal
@@ -36,6 +54,15 @@ class MisfirePolicy:
 
 
 @dataclass(frozen=True)
+class MissedRange:
+    """Missed instants summarised instead of listed: every fire from ``first`` to ``last`` (inclusive)."""
+
+    first: datetime
+    last: datetime
+    count: int | None  # how many (None: more than can be counted, cron over ten years)
+
+
+@dataclass(frozen=True)
 class MisfireDecision:
     """What a materializer does with the fire instants from the durable cursor up to now + horizon."""
 
@@ -45,6 +72,22 @@ class MisfireDecision:
     next_run_at: datetime | None  # the durable cursor after this decision: first fire strictly after `until`
     excluded: int | None = 0  # slots the exclusion calendar removed from the decided range (None = unknown)
     runs_exhausted: bool = False  # next_run_at is None because the last run allowed by max_runs was enqueued
+    catch_up: list[datetime] = field(default_factory=list)  # the late ones among `enqueue` (oldest first)
+    missed_range: MissedRange | None = None  # the unlisted missed instants, as one range
+
+    @property
+    def on_time(self) -> list[datetime]:
+        """The instants of ``enqueue`` that are not catch-up."""
+        late = set(self.catch_up)
+        return [instant for instant in self.enqueue if instant not in late]
+
+
+@dataclass(frozen=True)
+class DispatchDecision:
+    """What the dispatcher does with one schedule's due on-time occurrences."""
+
+    publish: list[datetime]  # scheduled_for of those to publish (oldest first)
+    missed: list[datetime]  # those to record MISSED instead: too late for the policy (oldest first)
 
 
 def parse_misfire_policy(text: str, max_lateness: object = None) -> MisfirePolicy:
@@ -89,6 +132,15 @@ def parse_misfire_policy(text: str, max_lateness: object = None) -> MisfirePolic
     return MisfirePolicy(kind, limit, lateness)  # type: ignore[arg-type]
 
 
+def late_threshold(policy: MisfirePolicy, on_time_limit: timedelta | None = None) -> timedelta:
+    """How late an instant may be and still count as on time: ``max_lateness``, capped by ``on_time_limit``."""
+    if on_time_limit is None:
+        return policy.max_lateness
+    if on_time_limit < timedelta(0):
+        raise ValueError("on_time_limit must not be negative")
+    return min(policy.max_lateness, on_time_limit)
+
+
 def decide_misfire(
     spec: TimeSpec,
     next_fire: datetime,
@@ -97,22 +149,29 @@ def decide_misfire(
     horizon: timedelta = timedelta(0),
     record_limit: int = 1000,
     remaining_runs: int | None = None,
+    *,
+    on_time_limit: timedelta | None = None,
 ) -> MisfireDecision:
     """Decide every fire instant t with next_fire <= t <= now + horizon; nothing is silently dropped.
 
-    An instant is late when ``now - t > max_lateness`` (exactly at the
+    An instant is late when ``now - t`` exceeds :func:`late_threshold`
+    (``max_lateness``, capped by ``on_time_limit`` when given; exactly at the
     threshold is on time). On-time instants, including future ones within the
     horizon, are enqueued. Late ones: ``skip`` records them all MISSED;
     ``catch_up:K`` enqueues the K most recent and records the older ones
     MISSED; ``fire_once`` enqueues the most recent late one, unless an on-time
     instant at or before ``now`` exists (the schedule is already running on
     time, so a catch-up run would be a second run for the same outage), and
-    records the rest MISSED.
+    records the rest MISSED. The late instants enqueued are also listed in
+    ``catch_up``: never more than K (1 for fire_once, 0 for skip).
 
     ``missed`` lists the oldest missed instants, at most ``record_limit``;
     ``missed_unlisted`` counts the others exactly (rate, once, and cron over
-    spans up to ten years; None beyond). Work is O(record_limit + K + on-time
-    instants + days of outage for cron), never O(missed instants).
+    spans up to ten years; None beyond) and ``missed_range`` names their first
+    and last instant. Work is O(record_limit + K + on-time instants + days of
+    outage for cron), never O(missed instants); with ``on_time_limit`` the
+    on-time instants are bounded too (those within ``on_time_limit`` before now
+    and the horizon after).
 
     Fires the spec's exclusion calendar removes are neither enqueued nor
     missed, but ``next_run_at`` walks the slots of the spec without its
@@ -133,7 +192,7 @@ def decide_misfire(
     cursor = naive_utc(next_fire, "next_fire")
     current = naive_utc(now, "now")
     until = current + horizon
-    late_before = current - policy.max_lateness  # t < late_before  <=>  t is late
+    late_before = current - late_threshold(policy, on_time_limit)  # t < late_before  <=>  t is late
 
     on_time = list(forward_fires(spec, max(cursor, late_before) - MICROSECOND, until))
     late_enqueue: list[datetime] = []
@@ -146,10 +205,13 @@ def decide_misfire(
     missed_before = late_enqueue[0] if late_enqueue else late_before
     missed: list[datetime] = []
     unlisted: int | None = 0
+    summary: MissedRange | None = None
     if cursor < missed_before:
         for instant in forward_fires(spec, cursor - MICROSECOND, missed_before - MICROSECOND):
             if len(missed) == record_limit:
                 unlisted = count_fires(spec, missed[-1] if missed else cursor - MICROSECOND, missed_before)
+                last = next(backward_fires(spec, missed_before, cursor), instant)
+                summary = MissedRange(instant.replace(tzinfo=UTC), last.replace(tzinfo=UTC), unlisted)
                 break
             missed.append(instant)
     enqueue = late_enqueue + on_time
@@ -168,6 +230,8 @@ def decide_misfire(
         next_run_at=following,
         excluded=excluded,
         runs_exhausted=exhausted,
+        catch_up=[instant.replace(tzinfo=UTC) for instant in late_enqueue if instant in enqueue],
+        missed_range=summary,
     )
 
 
@@ -182,3 +246,37 @@ def _excluded_count(spec: TimeSpec, slots: TimeSpec, cursor: datetime, until: da
     every = count_fires(slots, cursor - MICROSECOND, until + MICROSECOND)
     kept = count_fires(spec, cursor - MICROSECOND, until + MICROSECOND)
     return every - kept if every is not None and kept is not None else None
+
+
+def decide_dispatch(
+    due: Sequence[datetime], now: datetime, policy: MisfirePolicy, *, on_time_limit: timedelta | None = None
+) -> DispatchDecision:
+    """Lateness checked again at dispatch, for ONE schedule's on-time occurrences due now.
+
+    ``due`` holds the ``scheduled_for`` of every such occurrence of the
+    schedule not yet published (the caller passes them all at once: the
+    policy counts per schedule). Those still on time (``now - t`` within
+    :func:`late_threshold`) are published. Of the late ones — the relay or the
+    broker was down while they came due — ``skip`` publishes none,
+    ``fire_once`` the most recent unless an on-time one is published with it,
+    ``catch_up:K`` the K most recent; the rest are recorded MISSED. Catch-up
+    occurrences (:attr:`MisfireDecision.catch_up`) were late by design: they
+    are not passed here, the tenant's token bucket paces them instead.
+    """
+    current = naive_utc(now, "now")
+    late_before = current - late_threshold(policy, on_time_limit)
+    instants = sorted({naive_utc(instant, "due") for instant in due})
+    on_time = [t for t in instants if t >= late_before]
+    late = [t for t in instants if t < late_before]
+    if policy.kind == "catch_up":
+        allowed = policy.catch_up_limit
+    elif policy.kind == "fire_once":
+        allowed = 0 if any(t <= current for t in on_time) else 1
+    else:
+        allowed = 0
+    published_late = late[len(late) - allowed :] if allowed else []
+    missed = late[: len(late) - len(published_late)]
+    return DispatchDecision(
+        publish=[t.replace(tzinfo=UTC) for t in sorted(published_late + on_time)],
+        missed=[t.replace(tzinfo=UTC) for t in missed],
+    )

@@ -1,0 +1,86 @@
+"""Consumer lag per group, from the broker: committed offsets against high watermarks.
+
+Read with the Kafka admin API and a group-less consumer, never by joining a
+group (reading lag must not trigger a rebalance). Committed offsets are asked
+for every partition of every topic explicitly (the embedded broker answers
+only that form); a partition where the group has no offset is not the group's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from schemas.kafka_security import PLAINTEXT, KafkaSecurity, start_client
+
+
+@dataclass(frozen=True)
+class GroupLag:
+    """group, topic: whose lag; partitions: partitions of the topic the group has committed on;
+    lag: messages after the committed offsets, summed over those partitions."""
+
+    group: str
+    topic: str
+    partitions: int
+    lag: int
+
+    def to_json(self) -> dict[str, object]:
+        return {"group": self.group, "topic": self.topic, "partitions": self.partitions, "lag": self.lag}
+
+
+async def read_consumer_lag(
+    bootstrap: str,
+    groups: Sequence[str] | None = None,
+    timeout: float = 5.0,
+    security: KafkaSecurity = PLAINTEXT,
+) -> list[GroupLag]:
+    """Lag of every consumer group (or of ``groups``), per topic, sorted by group and topic."""
+    return await asyncio.wait_for(_read(bootstrap, groups, security), timeout)
+
+
+async def _read(bootstrap: str, groups: Sequence[str] | None, security: KafkaSecurity) -> list[GroupLag]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000, **security.client_options())
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, request_timeout_ms=5000, **security.client_options()
+    )
+    await start_client(admin, bootstrap, security)
+    try:
+        await consumer.start()
+        try:
+            names = (
+                list(groups)
+                if groups is not None
+                else sorted(group for group, _protocol in await admin.list_consumer_groups())
+            )
+            # Topics and partitions from the admin client: a group-less consumer has no topic metadata
+            # on Apache Kafka (schemas.topics.topic_partitions says why).
+            topics = sorted(topic for topic in await admin.list_topics() if not topic.startswith("__"))
+            described = await admin.describe_topics(topics) if topics else []
+            every = [
+                TopicPartition(description["topic"], partition["partition"])
+                for description in described
+                if description["error_code"] == 0
+                for partition in sorted(description["partitions"], key=lambda p: p["partition"])
+            ]
+            committed: dict[str, dict[TopicPartition, int]] = {}
+            for group in names:
+                offsets = await admin.list_consumer_group_offsets(group, partitions=every) if every else {}
+                committed[group] = {tp: meta.offset for tp, meta in offsets.items() if meta.offset >= 0}
+            partitions = sorted({tp for per in committed.values() for tp in per})
+            ends = await consumer.end_offsets(partitions) if partitions else {}
+        finally:
+            await consumer.stop()
+    finally:
+        await admin.close()
+    result: list[GroupLag] = []
+    for group in names:
+        per_topic: dict[str, list[int]] = {}
+        for tp, offset in committed[group].items():
+            per_topic.setdefault(tp.topic, []).append(max(ends.get(tp, 0) - offset, 0))
+        for topic, lags in sorted(per_topic.items()):
+            result.append(GroupLag(group, topic, len(lags), sum(lags)))
+    return result

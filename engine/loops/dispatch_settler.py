@@ -1,0 +1,103 @@
+"""The settle pass: ENQUEUED and enqueued_at for ahead-lane occurrences, written off the hot path.
+
+The relay records each acknowledged page once (``dispatch_log``: shard, key
+range, acknowledgement instant) instead of updating every occurrence. This
+loop turns log entries into per-occurrence state with set-based statements
+(SCHEDULED → ENQUEUED, ``enqueued_at`` = the acknowledgement instant), deletes
+the published queue rows and marks the entries settled. It runs while the
+relay is quiet (nothing due), so a burst is dispatched first and recorded
+after; until then the API derives ENQUEUED from the log. It records
+``schedule_lag`` per occurrence here, not in the relay: the metric costs
+microseconds per row in the SDK, which the burst cannot spare.
+
+Idempotent: a log entry whose rows were already settled (a republished page)
+finds nothing left to change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import asyncpg
+from opentelemetry import metrics
+
+from schemas import observability as obs
+from schemas.clock import Clock, DatabaseClock, pause
+from schemas.queries import QUERIES
+
+log = logging.getLogger("chronoq.settler")
+
+
+@dataclass(frozen=True)
+class SettlerConfig:
+    """entries_per_pass: log entries settled per statement (default 400; an entry is one shard's share
+        of a page, up to the relay's rows_per_shard rows).
+    interval: seconds between passes when there is nothing to settle or the relay is busy (default 0.2).
+    keep_log: seconds settled log entries are kept for inspection (default 3600).
+    """
+
+    entries_per_pass: int = 400
+    interval: float = 0.2
+    keep_log: float = 3600.0
+
+
+@dataclass
+class SettleReport:
+    entries: int = 0
+    rows: int = 0
+    occurrences: int = 0
+
+
+class DispatchSettler:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        config: SettlerConfig | None = None,
+        clock: Clock | None = None,
+        quiet: Callable[[], bool] | None = None,
+        meter: metrics.Meter | None = None,
+    ) -> None:
+        self.pool = pool
+        self.config = config or SettlerConfig()
+        self.clock = clock or DatabaseClock()
+        self.quiet = quiet or (lambda: True)
+        meter = meter or obs.get_meter("engine")
+        self._lag = meter.create_histogram(obs.SCHEDULE_LAG, unit="s", description="enqueued_at - scheduled_for")
+        self._settled = meter.create_counter(obs.SETTLED_DELIVERIES, unit="1")
+
+    async def run_once(self) -> SettleReport:
+        """Settle up to ``entries_per_pass`` log entries in one statement."""
+        row = await self.pool.fetchrow(
+            *QUERIES.settle_logged_pages(limit=self.config.entries_per_pass, now=self.clock.now())
+        )
+        report = SettleReport(row["entries"], row["rows"], len(row["lags"]))
+        if report.occurrences:
+            self._settled.add(report.occurrences)
+        record = self._lag.record
+        for lag in row["lags"]:
+            record(max(lag, 0.0), {"lane": "ahead"})
+        return report
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Settle whenever the relay is quiet, until ``stop``; errors are logged and retried."""
+        passes = 0
+        while not stop.is_set():
+            if not self.quiet():
+                await pause(stop, self.config.interval)
+                continue
+            try:
+                report = await self.run_once()
+                passes += 1
+                if passes % 1000 == 0:
+                    await self.pool.execute(
+                        *QUERIES.prune_settled_log(keep_s=self.config.keep_log, now=self.clock.now())
+                    )
+            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
+                log.error("settle pass failed; retrying", extra={"action": "settler.error", "error": repr(err)})
+                await pause(stop, 1.0)
+                continue
+            if report.entries < self.config.entries_per_pass:
+                await pause(stop, self.config.interval)

@@ -1,0 +1,209 @@
+"""Shard leases: each engine node heartbeats, renews its leases and rebalances, with no coordinator.
+
+Every ``interval`` a node: records its heartbeat; renews the leases it holds
+(a lease another node has taken since is dropped at once); reads who is live
+and who owns what; and applies its part of the pure plan
+(``engine.rules.shard_rebalance``): release shards above its target (after
+it stopped working on them), acquire free ones (an acquisition bumps the
+shard's epoch, which fences the previous owner's every later write). The
+result is published in a :class:`~schemas.shard_ownership.ShardOwnership`
+that the materializer and the relay of this node read.
+
+Expiry is judged on the database's clock only. A node that cannot renew for
+``lease_ttl`` forgets its shards locally before anyone else may take them;
+one that is paused (SIGSTOP) past its lease wakes up fenced: its epochs are
+stale, so its writes change nothing, and the server-side timeouts of its
+connections (``engine.loops.service.DATA_PLANE_SERVER_SETTINGS``) have ended any transaction it
+held open, so it holds no lock the new owner waits for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+
+import asyncpg
+from opentelemetry import metrics
+
+from engine.rules.shard_rebalance import Lease, plan_rebalance
+from schemas import observability as obs
+from schemas.clock import Clock, DatabaseClock, pause
+from schemas.queries import QUERIES
+from schemas.shard_ownership import ShardOwnership
+
+log = logging.getLogger("chronoq.shard_leases")
+
+
+def default_node_id() -> str:
+    """host:pid plus a random suffix: unique per process start, readable in engine_nodes."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class ShardLeaseConfig:
+    """interval: seconds between rounds (heartbeat, renew, rebalance; default 1).
+    lease_ttl: seconds a lease and a heartbeat last without renewal (default 6); a dead node's shards
+        move after at most this plus one interval.
+    max_moves: shards acquired or released per round (default 64), so a joining node ramps up smoothly.
+    """
+
+    interval: float = 1.0
+    lease_ttl: float = 6.0
+    max_moves: int = 64
+
+    def validate(self) -> None:
+        if self.lease_ttl <= 2 * self.interval:
+            raise ValueError("lease_ttl must exceed twice the interval, or leases lapse between renewals")
+        if self.max_moves < 1:
+            raise ValueError("max_moves must be at least 1")
+
+
+@dataclass
+class LeaseRound:
+    owned: int = 0
+    acquired: tuple[int, ...] = ()
+    released: tuple[int, ...] = ()
+    lost: tuple[int, ...] = ()
+    live_nodes: int = 0
+
+
+class ShardLeases:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        ownership: ShardOwnership,
+        config: ShardLeaseConfig | None = None,
+        clock: Clock | None = None,
+        meter: metrics.Meter | None = None,
+    ) -> None:
+        self.pool = pool
+        self.ownership = ownership
+        self.node_id = ownership.node_id
+        self.config = config or ShardLeaseConfig()
+        self.config.validate()
+        self.clock = clock or DatabaseClock()
+        meter = meter or obs.get_meter("engine")
+        self._owned_gauge = meter.create_gauge(obs.SHARDS_OWNED, unit="1")
+        self._moves = meter.create_counter(obs.SHARD_MOVES, unit="1")
+        self._renewed_at = time.monotonic()
+
+    async def run_once(self) -> LeaseRound:
+        """One round: heartbeat, renew, plan, release, acquire; the ownership reflects the result."""
+        cfg, now = self.config, self.clock.now()
+        result = LeaseRound()
+        held = self.ownership.snapshot()
+        async with self.pool.acquire() as conn:
+            await conn.execute(*QUERIES.heartbeat_node(node=self.node_id, ttl_s=cfg.lease_ttl, now=now))
+            if held:
+                shards = sorted(held)
+                renewed = {
+                    r["shard"]: r["epoch"]
+                    for r in await conn.fetch(
+                        *QUERIES.renew_shards(
+                            shards=shards, epochs=[held[s] for s in shards], node=self.node_id, ttl_s=cfg.lease_ttl,
+                            now=now,
+                        )
+                    )
+                }  # fmt: skip
+                result.lost = tuple(s for s in shards if s not in renewed)
+                if result.lost:
+                    log.warning(
+                        "shards lost to another node",
+                        extra={"action": "shard.lost", "node_id": self.node_id, "shards": list(result.lost)},
+                    )
+                held = renewed
+                self.ownership.replace(held)
+            self._renewed_at = time.monotonic()
+            live = [r["node_id"] for r in await conn.fetch(*QUERIES.live_nodes(now=now))]
+            picture = {
+                r["shard"]: Lease(r["owner"], r["expired"]) for r in await conn.fetch(*QUERIES.lease_picture(now=now))
+            }
+            plan = plan_rebalance(self.node_id, live, picture, len(picture), cfg.max_moves)
+            result.live_nodes = len(live)
+            if plan.release:
+                # Stop working on them here first; the database release lets another node take them.
+                self.ownership.drop(plan.release)
+                released = [
+                    r["shard"]
+                    for r in await conn.fetch(
+                        *QUERIES.release_shards(
+                            shards=list(plan.release), epochs=[held[s] for s in plan.release], node=self.node_id,
+                            now=now,
+                        )
+                    )
+                ]  # fmt: skip
+                held = {s: e for s, e in held.items() if s not in plan.release}
+                result.released = tuple(released)
+            if plan.acquire:
+                acquired = {
+                    r["shard"]: r["epoch"]
+                    for r in await conn.fetch(
+                        *QUERIES.acquire_shards(
+                            shards=list(plan.acquire), node=self.node_id, ttl_s=cfg.lease_ttl, now=now
+                        )
+                    )
+                }
+                held = {**held, **acquired}
+                result.acquired = tuple(sorted(acquired))
+        self.ownership.replace(held)
+        result.owned = len(held)
+        self._owned_gauge.set(result.owned, {"node_id": self.node_id})
+        if result.acquired or result.released:
+            self._moves.add(len(result.acquired), {"direction": "acquired"})
+            self._moves.add(len(result.released), {"direction": "released"})
+            log.info(
+                "shards rebalanced",
+                extra={
+                    "action": "shard.rebalanced",
+                    "node_id": self.node_id,
+                    "acquired": len(result.acquired),
+                    "released": len(result.released),
+                    "owned": result.owned,
+                    "target": plan.target,
+                    "live_nodes": len(live),
+                },
+            )
+        return result
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Hold leases until ``stop``; then release them all and leave the live list."""
+        try:
+            while not stop.is_set():
+                try:
+                    await self.run_once()
+                except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
+                    log.error(
+                        "shard lease round failed; retrying",
+                        extra={"action": "shard.lease_error", "node_id": self.node_id, "error": repr(err)},
+                    )
+                    if time.monotonic() - self._renewed_at > self.config.lease_ttl - self.config.interval:
+                        # The leases may lapse before the next renewal: stop acting on them now.
+                        self.ownership.replace({})
+                await pause(stop, self.config.interval)
+        finally:
+            await self.release_all()
+
+    async def release_all(self) -> None:
+        """Clean stop: release every lease at once so other nodes need not wait for expiry."""
+        held = self.ownership.snapshot()
+        self.ownership.replace({})
+        try:
+            async with self.pool.acquire() as conn:
+                if held:
+                    shards = sorted(held)
+                    await conn.execute(
+                        *QUERIES.release_shards(
+                            shards=shards, epochs=[held[s] for s in shards], node=self.node_id, now=self.clock.now()
+                        )
+                    )
+                await conn.execute(*QUERIES.remove_node(node=self.node_id))
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
+            log.warning(
+                "could not release shards on stop; they expire instead",
+                extra={"action": "shard.release_error", "node_id": self.node_id, "error": repr(err)},
+            )

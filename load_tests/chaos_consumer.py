@@ -1,0 +1,69 @@
+"""The consumer app of the chaos run: applies every occurrence of its targets as one row in ``chaos_effects``.
+
+    python -m load_tests.chaos_consumer --bootstrap HOST:PORT --database-url URL --targets T1,T2 [--name N]
+
+``chaos_effects`` has no unique key, so an effect applied twice shows as two
+rows. The handler holds its transaction open for a few milliseconds after
+the insert, so database faults can land inside it. A public consumer app in
+every respect: only ``consumers`` and its own database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+
+import asyncpg
+
+from consumers import ConsumerApp, ConsumerConfig, Occurrence
+
+
+def build_app(args: argparse.Namespace) -> ConsumerApp:
+    config = ConsumerConfig(
+        args.group,
+        args.bootstrap,
+        args.database_url,
+        session_timeout=args.session_timeout,
+        heartbeat_interval=args.session_timeout / 4,
+        lease_ttl=args.lease_ttl,
+        redelivery_backoff=0.1,
+        shutdown_grace=2.0,
+        worker=args.name,
+    )
+    app = ConsumerApp(config)
+    rng = random.Random()
+
+    async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
+        await conn.execute(
+            "INSERT INTO chaos_effects (occurrence_id, schedule_id, scheduled_for, attempt, worker)"
+            " VALUES ($1, $2, $3, $4, $5)",
+            occurrence.occurrence_id,
+            occurrence.schedule_id,
+            occurrence.scheduled_for,
+            occurrence.attempt,
+            args.name,
+        )
+        await asyncio.sleep(rng.uniform(0.005, args.hold))  # still inside the effect's transaction
+
+    for target in args.targets.split(","):
+        app.handler(target, concurrency=8)(apply)
+    return app
+
+
+async def main(args: argparse.Namespace) -> None:
+    await build_app(args).run()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--database-url", required=True)
+    parser.add_argument("--targets", required=True, help="comma-separated targets")
+    parser.add_argument("--group", default="chaos")
+    parser.add_argument("--name", default=f"consumer-{os.getpid()}")
+    parser.add_argument("--session-timeout", type=float, default=4.0)
+    parser.add_argument("--lease-ttl", type=float, default=6.0)
+    parser.add_argument("--hold", type=float, default=0.05, help="longest wait inside the transaction (s)")
+    asyncio.run(main(parser.parse_args()))

@@ -1,0 +1,668 @@
+"""The hour-top load test: S schedules due at one instant, B more in the table, K engine nodes, into Kafka.
+
+    python -m load_tests.hour_top [--schedules 500000] [--background 2000000] [--tenants 200]
+        [--big-share 0.8] [--flexible-fraction 0.0 --flexible-window 60] [--broker tansu|apache]
+        [--relays 2] [--json PATH] [--png PATH] [--no-floor] [--no-consumer]
+
+What it does, on the embedded stack (or CHRONOQ_DATABASE_URL / CHRONOQ_KAFKA_BOOTSTRAP):
+
+1. measures the raw floor of this machine in the same run (``load_tests.raw_floor``: COPY,
+   range read, batch produce with aiokafka and with librdkafka, read + produce + cursor);
+2. seeds T tenants with a skewed mix (one ``big`` tenant owns ``--big-share`` of the due
+   schedules, the rest spread over many small ones) and B background schedules that are not
+   due, then S hourly cron schedules due at minute M of the coming hour (the "top"); rows are
+   shaped by the control plane's own parser and first-fire rule, written with INSERT … SELECT;
+3. starts K engine node processes (``--relays``) that share the shards: each leases its share,
+   materializes ahead (measured: rows/s), seals, and publishes at the top with its relay;
+4. measures for every occurrence ``schedule_lag = enqueued_at - scheduled_for`` (enqueued_at is
+   the broker acknowledgement instant the relay logged), receive lag at a no-op consumer group,
+   and checks Kafka for missing and duplicate occurrences;
+5. writes a JSON report and a PNG (lag CDF per lane, dispatch rate over time, per-tenant p99),
+   and prints one JSON object as its last stdout line.
+
+``limit_fraction`` is chronoq's strict dispatch rate divided by the floor's fastest raw
+pipeline (read + produce + one cursor update per batch) measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from schemas.migrations import apply_migrations
+
+SMALL_PREFIX = "small-"
+BIG_TENANT = "big"
+
+
+# --------------------------------------------------------------------------- seeding
+
+
+def shape(kind: str, expression: str, priority: str, window_s: int, now: datetime) -> dict[str, Any]:
+    """The stored columns of a schedule, from the control plane's own parsing and first-fire rule."""
+    from engine.control.schedule_requests import first_fire, parse_schedule_request
+    from engine.rules import timing
+
+    raw: dict[str, Any] = {"kind": kind, "expression": expression, "target": "load.target-0", "priority": priority}
+    if priority == "flexible":
+        raw["flexible_window"] = f"{window_s}s"
+    request = parse_schedule_request(raw)
+    spec = request.spec
+    return {
+        "kind": spec.kind,
+        "expression": spec.expression,
+        "time_zone": spec.time_zone,
+        "dst_repeat": spec.dst_repeat,
+        "dst_gap": spec.dst_gap,
+        "priority": request.priority,
+        "flexible_window_s": int(request.flexible_window.total_seconds()),
+        "misfire_policy": request.misfire_text,
+        "max_lateness_s": int(request.misfire.max_lateness.total_seconds()),
+        "overlap_policy": request.overlap_policy,
+        "retry_max_attempts": request.max_attempts,
+        "retry_base_s": request.retry_base.total_seconds(),
+        "retry_cap_s": request.retry_cap.total_seconds(),
+        "next_run_at": first_fire(request, now),
+        "fires_per_minute": timing.fires_per_minute(spec, now),
+    }
+
+
+_SEED = """
+INSERT INTO schedules (schedule_id, tenant_id, kind, expression, time_zone, dst_repeat, dst_gap, version, state,
+                       next_run_at, target, payload, priority, flexible_window_s, misfire_policy, max_lateness_s,
+                       overlap_policy, retry_max_attempts, retry_base_s, retry_cap_s, shard, fires_per_minute)
+SELECT id, tenant, $3, $4, $5, $6, $7, 1, 'active', $8, 'load.target-' || (i % $9), jsonb_build_object('n', i), $10,
+       $11, $12, $13, $14, $15, $16, $17, (('x' || left(replace(id::text, '-', ''), 8))::bit(32)::bigint % $18)::int,
+       $19
+FROM (SELECT gen_random_uuid() AS id, i,
+             CASE WHEN i % 1000 < $20 THEN 'big' ELSE 'small-' || (i % $21) END AS tenant
+      FROM generate_series($1::bigint, $2::bigint) AS i) AS g
+"""
+
+
+async def seed_tenants(conn: asyncpg.Connection, tenants: int) -> None:
+    await conn.execute(
+        """
+        INSERT INTO tenants (tenant_id, api_token_hash, signing_key, max_active_schedules, max_fires_per_minute)
+        SELECT name, decode(md5(name || random()::text), 'hex'), decode(md5(random()::text), 'hex'), 100000000, 1e9
+        FROM (SELECT 'big' AS name UNION ALL SELECT 'small-' || i FROM generate_series(0, $1 - 2) AS i) AS t
+        ON CONFLICT DO NOTHING""",
+        tenants,
+    )
+
+
+async def seed_schedules(
+    conn: asyncpg.Connection,
+    first: int,
+    count: int,
+    columns: dict[str, Any],
+    targets: int,
+    shards: int,
+    big_share: float,
+    tenants: int,
+    chunk: int = 250_000,
+) -> None:
+    c = columns
+    big_per_mille = round(big_share * 1000)
+    for start in range(first, first + count, chunk):
+        end = min(start + chunk, first + count) - 1
+        await conn.execute(
+            _SEED,
+            start,
+            end,
+            c["kind"],
+            c["expression"],
+            c["time_zone"],
+            c["dst_repeat"],
+            c["dst_gap"],
+            c["next_run_at"],
+            targets,
+            c["priority"],
+            c["flexible_window_s"],
+            c["misfire_policy"],
+            c["max_lateness_s"],
+            c["overlap_policy"],
+            c["retry_max_attempts"],
+            c["retry_base_s"],
+            c["retry_cap_s"],
+            shards,
+            c["fires_per_minute"],
+            big_per_mille,
+            max(tenants - 1, 1),
+        )
+
+
+# --------------------------------------------------------------------------- nodes
+
+
+def start_nodes(
+    count: int,
+    url: str,
+    bootstrap: str,
+    horizon: float,
+    partitions: int,
+    idempotent: bool,
+    log_dir: Path,
+    materialize_batch: int = 5000,
+) -> list[subprocess.Popen[bytes]]:
+    nodes = []
+    for k in range(count):
+        log = open(log_dir / f"node-{k}.log", "ab")
+        nodes.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "load_tests.hour_top",
+                    "--node",
+                    "--database-url",
+                    url,
+                    "--bootstrap",
+                    bootstrap,
+                    "--horizon",
+                    str(horizon),
+                    "--partitions",
+                    str(partitions),
+                    "--node-id",
+                    f"node-{k}",
+                    "--materialize-batch",
+                    str(materialize_batch),
+                    *(["--idempotent"] if idempotent else []),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        )
+        log.close()
+    return nodes
+
+
+def stop_nodes(nodes: list[subprocess.Popen[bytes]]) -> None:
+    for node in nodes:
+        if node.poll() is None:
+            node.send_signal(signal.SIGTERM)
+    for node in nodes:
+        try:
+            node.wait(20)
+        except subprocess.TimeoutExpired:
+            node.kill()
+            node.wait()
+
+
+async def run_node(args: argparse.Namespace) -> None:
+    """One engine node until SIGTERM: the data-plane roles of ``chronoq engine`` (materializer on its leased
+    shards, ahead-lane dispatch, settling) plus the late-lane relay."""
+    from engine.cli.log_format import configure_logging
+    from engine.loops.materializer import MaterializerConfig
+    from engine.loops.service import DataPlaneConfig, Role, ServiceConfig, run_services
+
+    configure_logging(logging.WARNING)  # a node's warnings and errors go to its log file in the run's directory
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    config = ServiceConfig(
+        roles=frozenset({Role.MATERIALIZER, Role.DISPATCH, Role.RELAY}),
+        materializer=MaterializerConfig(horizon=timedelta(seconds=args.horizon), batch_size=args.materialize_batch),
+        data_plane=DataPlaneConfig(
+            node_id=args.node_id, partitions=args.partitions, idempotent_producer=args.idempotent
+        ),
+    )
+    await run_services(args.database_url, args.bootstrap, stop, config)
+
+
+# --------------------------------------------------------------------------- consumer
+
+
+def consume(args: argparse.Namespace) -> None:
+    """A no-op consumer group: record each occurrence message's receive instant (wall clock, UTC)."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": args.bootstrap,
+            "group.id": f"hour-top-{uuid.uuid4().hex[:6]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "topic.metadata.refresh.interval.ms": 1000,
+        }
+    )
+    consumer.subscribe(["^chronoq\\.occurrences\\..*"])
+    stop = {"now": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    received: list[tuple[str, float]] = []
+    idle_since, stopped_at = None, None
+    # After SIGTERM keep reading until something arrived and then nothing for 3 s (the group may still be
+    # joining or catching up), at most 60 s.
+    while True:
+        if stop["now"] and stopped_at is None:
+            stopped_at = time.monotonic()
+        if stopped_at is not None and (
+            time.monotonic() - stopped_at > 60
+            or (received and idle_since is not None and time.monotonic() - idle_since > 3.0)
+        ):
+            break
+        batch = consumer.consume(10_000, 0.1)
+        idle_since = (idle_since or time.monotonic()) if not batch else None
+        for message in batch:
+            if message.error():
+                continue
+            at = time.time()
+            ident = _occurrence_header(message)
+            if ident:
+                received.append((ident, at))
+    consumer.close()
+    Path(args.out).write_text(json.dumps(received))
+
+
+def _occurrence_header(message: Any) -> str | None:
+    for name, value in message.headers() or []:
+        if name == "chronoq-occurrence-id" and value is not None:
+            return value.decode() if isinstance(value, bytes) else str(value)
+    return None
+
+
+# --------------------------------------------------------------------------- verification
+
+
+def read_all(bootstrap: str, topics: list[str]) -> list[str]:
+    """Every occurrence id on the topics, from the beginning (duplicates included)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"verify-{uuid.uuid4().hex[:6]}", "enable.auto.commit": False}
+    )
+    metadata = consumer.list_topics(timeout=10)
+    assignment, ends = [], {}
+    for topic in topics:
+        if topic not in metadata.topics:
+            continue
+        for partition in metadata.topics[topic].partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+            if high > low:
+                assignment.append(TopicPartition(topic, partition, low))
+                ends[(topic, partition)] = high
+    consumer.assign(assignment)
+    seen: list[str] = []
+    done: set[tuple[str, int]] = set()
+    deadline = time.monotonic() + 300
+    while len(done) < len(ends) and time.monotonic() < deadline:
+        for message in consumer.consume(10_000, 0.5):
+            if message.error():
+                continue
+            ident = _occurrence_header(message)
+            if ident:
+                seen.append(ident)
+            where, partition, offset = message.topic(), message.partition(), message.offset()
+            if (
+                where is not None
+                and partition is not None
+                and offset is not None
+                and offset + 1 >= ends[(where, partition)]
+            ):
+                done.add((where, partition))
+    consumer.close()
+    return seen
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": math.nan, "p95": math.nan, "p99": math.nan, "max": math.nan}
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+    return {"p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "max": ordered[-1]}
+
+
+def plot(
+    path: Path,
+    lags: dict[str, list[float]],
+    rate: list[tuple[float, int]],
+    tenant_p99: list[tuple[int, float]],
+    title: str,
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
+    for lane, values in lags.items():
+        if values:
+            ordered = sorted(values)
+            axes[0].plot(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], label=lane)
+    axes[0].set_xlabel("schedule_lag (s)")
+    axes[0].set_ylabel("fraction of occurrences")
+    axes[0].set_title("lag CDF")
+    axes[0].legend()
+    axes[0].grid(alpha=0.3)
+    if rate:
+        per_second: dict[int, int] = {}
+        for t, n in rate:
+            per_second[int(t)] = per_second.get(int(t), 0) + n
+        axes[1].step(sorted(per_second), [per_second[k] for k in sorted(per_second)], where="post")
+    axes[1].set_xlabel("seconds after the top")
+    axes[1].set_ylabel("dispatches / s")
+    axes[1].set_title("dispatch rate")
+    axes[1].grid(alpha=0.3)
+    if tenant_p99:
+        axes[2].scatter([n for n, _ in tenant_p99], [p for _, p in tenant_p99], s=8)
+        axes[2].set_xscale("log")
+    axes[2].set_xlabel("tenant's due occurrences")
+    axes[2].set_ylabel("tenant p99 schedule_lag (s)")
+    axes[2].set_title("per-tenant p99")
+    axes[2].grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+# --------------------------------------------------------------------------- the run
+
+
+async def next_top(conn: asyncpg.Connection, lead: float, whole_minute: bool = True) -> datetime:
+    """The first whole minute (or second) at least ``lead`` seconds from the database's now."""
+    now: datetime = await conn.fetchval("SELECT now()")
+    earliest = now + timedelta(seconds=lead)
+    if not whole_minute:
+        return earliest.replace(microsecond=0) + timedelta(seconds=1)
+    top = earliest.replace(second=0, microsecond=0)
+    return top if top >= earliest else top + timedelta(minutes=1)
+
+
+async def wait_until(conn: asyncpg.Connection, instant: datetime) -> None:
+    while True:
+        now: datetime = await conn.fetchval("SELECT now()")
+        if now >= instant:
+            return
+        await asyncio.sleep(min(0.2, (instant - now).total_seconds()))
+
+
+async def seed(conn: asyncpg.Connection, args: argparse.Namespace, shards: int, report: dict[str, Any]) -> datetime:
+    """Tenants, background schedules, then the due ones (last, so the top is chosen after the slow part)."""
+    started = time.perf_counter()
+    await seed_tenants(conn, args.tenants)
+    lead = args.lead if args.lead is not None else 30 + args.schedules / 40_000 + args.schedules / 3_500
+    now: datetime = await conn.fetchval("SELECT now()")
+    minute = (await next_top(conn, lead)).minute
+    background = shape("cron", f"{(minute + 30) % 60} * * * *", "strict", 0, now)
+    await seed_schedules(conn, 1, args.background, background, args.targets, shards, args.big_share, args.tenants)
+    report["seed_background_s"] = round(time.perf_counter() - started, 1)
+    top = await next_top(conn, lead, whole_minute=args.kind == "cron")
+    now = await conn.fetchval("SELECT now()")
+    flexible = round(args.schedules * args.flexible_fraction)
+    started = time.perf_counter()
+    first = args.background + 1
+    for priority, count, window in (
+        ("strict", args.schedules - flexible, 0),
+        ("flexible", flexible, args.flexible_window),
+    ):
+        if count:
+            expression = f"{top.minute} * * * *" if args.kind == "cron" else top.isoformat()
+            columns = shape(args.kind, expression, priority, window, now)
+            assert columns["next_run_at"] == top, (columns["next_run_at"], top)
+            await seed_schedules(conn, first, count, columns, args.targets, shards, args.big_share, args.tenants)
+            first += count
+    await conn.execute("ANALYZE schedules")
+    report["seed_due_s"] = round(time.perf_counter() - started, 1)
+    report["top"] = top.isoformat()
+    return top
+
+
+async def watch_materialization(
+    conn: asyncpg.Connection, args: argparse.Namespace, nodes: list[subprocess.Popen[bytes]], top: datetime,
+    report: dict[str, Any], log_dir: Path,
+) -> None:  # fmt: skip
+    """Rows/s from the first occurrence seen to the last (polled every 0.25 s), and which lane they went to."""
+    first_seen = done_at = None
+    count = 0
+    while True:
+        count = await conn.fetchval("SELECT count(*) FROM occurrences")
+        polled = time.perf_counter()
+        first_seen = first_seen or (polled if count else None)
+        if count >= args.schedules:
+            done_at = polled
+            break
+        if any(node.poll() is not None for node in nodes):
+            raise RuntimeError(f"a node exited early; see {log_dir}")
+        if await conn.fetchval("SELECT now() > $1::timestamptz", top):
+            break
+        await asyncio.sleep(0.25)
+    lanes = await conn.fetchrow(
+        "SELECT (SELECT count(*) FROM dispatch_queue) AS ahead,"
+        " (SELECT count(*) FROM outbox WHERE occurrence_id IS NOT NULL) AS late"
+    )
+    report["materialized"] = {"count": count, **dict(lanes)}
+    if done_at and first_seen:
+        report["materialize_s"] = round(done_at - first_seen + 0.25, 2)
+        report["materialize_rows_per_s"] = round(args.schedules / (done_at - first_seen + 0.25))
+    else:
+        report["materialize_rows_per_s"] = 0
+    print("materialized", json.dumps(report["materialized"]), report["materialize_rows_per_s"], file=sys.stderr)
+
+
+async def wait_enqueued(
+    conn: asyncpg.Connection, args: argparse.Namespace, top: datetime, report: dict[str, Any]
+) -> None:
+    """Until every due occurrence has its enqueued_at (the settle pass recorded it), or a deadline."""
+    await wait_until(conn, top)
+    deadline = time.perf_counter() + 180 + args.flexible_window
+    while time.perf_counter() < deadline:
+        enqueued = await conn.fetchval(
+            "SELECT count(*) FROM occurrences WHERE scheduled_for = $1 AND enqueued_at IS NOT NULL", top
+        )
+        if enqueued >= args.schedules:
+            break
+        await asyncio.sleep(0.5)
+    report["settled_after_s"] = round((await conn.fetchval("SELECT now()") - top).total_seconds(), 1)
+
+
+def start_consumer(bootstrap: str, out: Path, log_dir: Path) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "load_tests.hour_top", "--consume", "--bootstrap", bootstrap, "--out", str(out)]
+    with open(log_dir / "consumer.log", "ab") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    from load_tests.raw_floor import measure_floor
+    from load_tests.stack_for_load import load_stack
+    from schemas.topics import create_missing_topics
+
+    report: dict[str, Any] = {
+        key: getattr(args, key)
+        for key in ("schedules", "background", "tenants", "big_share", "flexible_fraction", "flexible_window",
+                    "broker", "relays")
+    }  # fmt: skip
+    report["started_at"] = datetime.now(UTC).isoformat()
+    log_dir = Path(args.log_dir or (Path(os.environ.get("TMPDIR", "/tmp")) / f"hour-top-{uuid.uuid4().hex[:6]}"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    report["log_dir"] = str(log_dir)
+    topics = [f"chronoq.occurrences.load.target-{i}" for i in range(args.targets)]
+    received_path = log_dir / "received.json"
+    async with load_stack("hourtop", args.broker) as (url, bootstrap):
+        conn = await asyncpg.connect(url)
+        try:
+            await apply_migrations(conn, "engine")
+            shards = await conn.fetchval("SELECT count(*)::int FROM shard_leases")
+            if not args.no_floor:
+                report["floor"] = await measure_floor(url, bootstrap, args.floor_rows, args.partitions)
+                print("floor", json.dumps(report["floor"]), file=sys.stderr, flush=True)
+            top = await seed(conn, args, shards, report)
+            await create_missing_topics(bootstrap, topics, args.partitions)
+            horizon = (top - await conn.fetchval("SELECT now()")).total_seconds() + 60
+            consumer = None if args.no_consumer else start_consumer(bootstrap, received_path, log_dir)
+            nodes = start_nodes(
+                args.relays, url, bootstrap, horizon, args.partitions, args.broker == "apache", log_dir,
+                args.materialize_batch,
+            )  # fmt: skip
+            try:
+                await watch_materialization(conn, args, nodes, top, report, log_dir)
+                await wait_enqueued(conn, args, top, report)
+            finally:
+                stop_nodes(nodes)
+                if consumer is not None:
+                    time.sleep(1.0)
+                    consumer.send_signal(signal.SIGTERM)
+                    consumer.wait(90)
+            rows = await conn.fetch(
+                """
+                SELECT o.occurrence_id, o.tenant_id, s.priority,
+                       extract(epoch FROM o.enqueued_at - o.scheduled_for)::float8 AS lag,
+                       extract(epoch FROM o.available_at - o.scheduled_for)::float8 AS jitter
+                FROM occurrences o JOIN schedules s USING (schedule_id)
+                WHERE o.scheduled_for = $1""",
+                top,
+            )
+            report["queue_after"] = dict(
+                await conn.fetchrow(
+                    "SELECT (SELECT count(*) FROM dispatch_queue) AS queue_rows,"
+                    " (SELECT count(*) FROM dispatch_log WHERE settled_at IS NULL) AS unsettled_log,"
+                    " (SELECT count(*) FROM dispatch_quarantine) AS quarantined"
+                )
+            )
+        finally:
+            await conn.close()
+        seen = read_all(bootstrap, topics)
+    received = json.loads(received_path.read_text()) if received_path.exists() else None
+    summary = analyze(args, report, rows, seen, received, top)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+    return summary
+
+
+def analyze(
+    args: argparse.Namespace, report: dict[str, Any], rows: list[asyncpg.Record], seen: list[str],
+    received: list[tuple[str, float]] | None, top: datetime,
+) -> dict[str, Any]:  # fmt: skip
+    """The figures: lag percentiles overall, per lane and per tenant size class, Kafka's missing and
+    duplicate counts, the dispatch rate and its fraction of the floor; the PNG if asked for."""
+    expected = {str(r["occurrence_id"]) for r in rows}
+    seen_expected = [s for s in seen if s in expected]
+    enqueued = [r for r in rows if r["lag"] is not None]
+    lags = {lane: [r["lag"] for r in enqueued if r["priority"] == lane] for lane in ("strict", "flexible")}
+    by_tenant: dict[str, list[float]] = {}
+    for r in enqueued:
+        if r["priority"] == "strict" or not lags["strict"]:
+            by_tenant.setdefault(r["tenant_id"], []).append(r["lag"])
+    small = [lag for tenant, values in by_tenant.items() if tenant != BIG_TENANT for lag in values]
+    overall = percentiles(lags["strict"] or [r["lag"] for r in enqueued])
+    report["lag_s"] = {
+        "strict": percentiles(lags["strict"]),
+        "flexible": percentiles(lags["flexible"]),
+        # A flexible occurrence is due at its available_at: its lateness is lag minus its jitter.
+        "flexible_past_available_at": percentiles(
+            [r["lag"] - r["jitter"] for r in enqueued if r["priority"] == "flexible"]
+        ),
+    }
+    dispatch_rate = len(lags["strict"]) / max(lags["strict"]) if lags["strict"] and max(lags["strict"]) > 0 else None
+    report["dispatch_rows_per_s"] = round(dispatch_rate) if dispatch_rate else None
+    fastest = report.get("floor", {}).get("pipeline_rows_per_s")
+    if received is not None:
+        receive: dict[str, float] = {}
+        for ident, at in received:
+            if ident in expected and ident not in receive:
+                receive[ident] = at - top.timestamp()
+        report["receive_lag_s"] = percentiles(list(receive.values()))
+        report["received_distinct"] = len(receive)
+    # Dispatches per 100 ms bin since the top, empty bins included (a gap is a stall, not a line to draw).
+    bins: dict[int, int] = {}
+    for r in enqueued:
+        bins[int(r["lag"] * 10)] = bins.get(int(r["lag"] * 10), 0) + 1
+    rate = [(b / 10, bins.get(b, 0)) for b in range(0, max(bins) + 1)] if bins else []
+    summary = {
+        "count": len(expected),
+        "missing": len(expected - set(seen_expected)),
+        "duplicates": len(seen_expected) - len(set(seen_expected)),
+        **{key: round(value, 3) for key, value in overall.items()},
+        "small_tenants_p99": round(percentiles(small)["p99"], 3),
+        "big_tenant_p99": round(percentiles(by_tenant.get(BIG_TENANT, []))["p99"], 3),
+        "limit_fraction": round(dispatch_rate / fastest, 3) if fastest and dispatch_rate else None,
+        "materialize_rows_per_s": report.get("materialize_rows_per_s"),
+        "dispatch_rows_per_s": report["dispatch_rows_per_s"],
+        "not_enqueued": len(expected) - len(enqueued),
+        "broker": args.broker,
+        "relays": args.relays,
+        "schedules": args.schedules,
+        "flexible_fraction": args.flexible_fraction,
+    }
+    report["summary"] = summary
+    report["rate_100ms"] = rate
+    if args.png:
+        plot(
+            Path(args.png), lags, rate, [(len(v), percentiles(v)["p99"]) for v in by_tenant.values()],
+            f"hour top: {args.schedules:,} due, {args.background:,} background, {args.relays} nodes, {args.broker}",
+        )  # fmt: skip
+    return summary
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--schedules", type=int, default=500_000, help="due schedules S")
+    parser.add_argument("--background", type=int, default=2_000_000, help="schedules not due B")
+    parser.add_argument("--tenants", type=int, default=200, help="tenants T (one big, T-1 small)")
+    parser.add_argument("--big-share", type=float, default=0.8, help="the big tenant's share of the schedules")
+    parser.add_argument("--targets", type=int, default=4)
+    parser.add_argument("--flexible-fraction", type=float, default=0.0, help="share of due schedules that are flexible")
+    parser.add_argument("--flexible-window", type=int, default=60, help="flexible window (s)")
+    parser.add_argument("--broker", choices=("tansu", "apache"), default="tansu")
+    parser.add_argument(
+        "--kind",
+        choices=("cron", "once"),
+        default="cron",
+        help="due schedules are hourly cron at the coming minute (default) or one-time at the top (no wait"
+        " for a minute boundary: the suite's short run)",
+    )
+    parser.add_argument("--lead", type=float, help="seconds between seeding and the top (default: by --schedules)")
+    parser.add_argument("--relays", type=int, default=2, help="engine node processes K sharing the shards")
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--floor-rows", type=int, default=200_000)
+    parser.add_argument("--no-floor", action="store_true")
+    parser.add_argument("--no-consumer", action="store_true")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--png", type=Path)
+    parser.add_argument("--log-dir")
+    # Internal: the node and consumer processes this tool starts.
+    parser.add_argument("--node", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--consume", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--database-url", help=argparse.SUPPRESS)
+    parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
+    parser.add_argument("--horizon", type=float, default=120, help=argparse.SUPPRESS)
+    parser.add_argument("--materialize-batch", type=int, default=5000)
+    parser.add_argument("--node-id", help=argparse.SUPPRESS)
+    parser.add_argument("--idempotent", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.node:
+        asyncio.run(run_node(args))
+        return 0
+    if args.consume:
+        consume(args)
+        return 0
+    summary = asyncio.run(measure(args))
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""The servers a load test runs against: the embedded stack, or external ones from the environment.
+
+``--broker tansu`` (default) starts the in-memory tansu broker; ``--broker
+apache`` starts Apache Kafka 4.4 from its Maven jars (the launcher lives in
+``engine/cli/embedded/apache_kafka.py``; its jars must have been fetched
+once). With ``CHRONOQ_DATABASE_URL`` and ``CHRONOQ_KAFKA_BOOTSTRAP`` set,
+nothing is started. Each run gets a fresh database that is dropped at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+BROKERS = ("tansu", "apache")
+
+
+class _Broker:
+    """A started broker: its bootstrap address and how to stop it."""
+
+    def __init__(self, kind: str, home: Path) -> None:
+        if kind not in BROKERS:
+            raise ValueError(f"--broker must be one of {', '.join(BROKERS)}, got {kind!r}")
+        self.kind = kind
+        self.home = home
+        self._server: object | None = None
+
+    def start(self) -> str:
+        if self.kind == "tansu":
+            from engine.cli.embedded.tansu import EmbeddedKafka
+
+            tansu = EmbeddedKafka(self.home / "kafka.log")
+            self._server = tansu
+            return tansu.start()
+        # Apache Kafka 4.4 from its Maven jars (fetched once: python -m engine.cli.embedded.apache_kafka fetch).
+        from engine.cli.embedded.apache_kafka import ApacheKafka
+
+        apache = ApacheKafka(self.home / "apache-kafka")
+        self._server = apache
+        return apache.start()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()  # type: ignore[attr-defined]
+            self._server = None
+
+
+@contextlib.asynccontextmanager
+async def load_stack(name: str, broker: str = "tansu") -> AsyncIterator[tuple[str, str]]:
+    """Yield (database URL of a fresh database, Kafka bootstrap); stop what was started afterwards."""
+    from engine.cli.embedded.postgres import EmbeddedPostgres
+
+    home = Path(tempfile.mkdtemp(prefix=f"chronoq-{name}-"))
+    admin_url = os.environ.get("CHRONOQ_DATABASE_URL")
+    bootstrap = os.environ.get("CHRONOQ_KAFKA_BOOTSTRAP")
+    postgres: EmbeddedPostgres | None = None
+    kafka: _Broker | None = None
+    try:
+        if not (admin_url and bootstrap):
+            postgres = EmbeddedPostgres(home / "postgres")
+            kafka = _Broker(broker, home)
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, postgres.start)
+            # Started from the main thread: the broker's parent-death signal is tied to the starting thread.
+            bootstrap = kafka.start()
+            admin_url = postgres.url("postgres")
+        database = f"{name}_{uuid.uuid4().hex[:8]}"
+        admin = await asyncpg.connect(admin_url)
+        await admin.execute(f'CREATE DATABASE "{database}"')
+        try:
+            yield urlunsplit(urlsplit(admin_url)._replace(path=f"/{database}")), bootstrap
+        finally:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+            await admin.close()
+    finally:
+        if kafka:
+            kafka.stop()
+        if postgres:
+            postgres.stop()
+        shutil.rmtree(home, ignore_errors=True)

@@ -1,0 +1,137 @@
+"""Database side of the ahead lane: seal, read pages in key order, move the cursor once per page.
+
+All SQL is behind :class:`AheadLaneStore` (``schemas/queries/dispatch.sql``).
+Every write is conditional on the lease epoch the caller passes, so a relay
+whose node lost a shard changes nothing for it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TypeAlias
+
+import asyncpg
+
+from schemas.clock import Clock
+from schemas.dispatch_lanes import START_KEY, CursorKey, aware
+from schemas.queries import QUERIES
+
+#: An ahead-lane row as read_ahead_page returns it (an asyncpg Record; fields by name): shard, bucket,
+#: wrr_round, occurrence_id, tenant_id, topic, message_key, message, scheduled_for, available_at,
+#: discarded, occurrence_header, tenant_header. Records, not objects: a burst reads hundreds of
+#: thousands of them and every per-row allocation shows in the dispatch rate.
+AheadRow: TypeAlias = asyncpg.Record
+
+
+def key_of(row: AheadRow) -> CursorKey:
+    """The cursor key of an ahead-lane row."""
+    return CursorKey(row["bucket"], row["wrr_round"], row["occurrence_id"])
+
+
+@dataclass(frozen=True)
+class CursorMove:
+    """One shard's progress in an acknowledged page: (from, to] covering ``rows`` rows."""
+
+    shard: int
+    epoch: int
+    start: CursorKey
+    end: CursorKey
+    rows: int
+
+
+@dataclass(frozen=True)
+class Seal:
+    sealed_until: dict[int, datetime]  # shard -> seal, for the shards still held
+    now: datetime  # the database's instant (or the injected clock's)
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    occurrence_id: uuid.UUID
+    shard: int
+    lane: str
+    tenant_id: str
+    topic: str
+    error: str
+    tries: int
+
+
+class AheadLaneStore:
+    def __init__(self, pool: asyncpg.Pool, clock: Clock, node_id: str) -> None:
+        self.pool = pool
+        self.clock = clock
+        self.node_id = node_id
+
+    async def seal(self, lane: str, epochs: Mapping[int, int], boundary: datetime) -> Seal:
+        """Seal ``lane`` of the given shards up to ``boundary`` (never backwards); waits for open
+        materializer transactions on them, so every row before the seal is committed once this returns."""
+        shards = sorted(epochs)
+        rows = await self.pool.fetch(
+            *QUERIES.seal_lanes(
+                shards=shards, epochs=[epochs[s] for s in shards], until=boundary, node=self.node_id, lane=lane,
+                now=self.clock.now(),
+            )
+        )  # fmt: skip
+        now = rows[0]["now"] if rows else await self.now()
+        return Seal({r["shard"]: aware(r["sealed_until"]) for r in rows}, now)
+
+    async def now(self) -> datetime:
+        """The injected clock's instant, else the database's."""
+        return await self.pool.fetchval(*QUERIES.current_instant(now=self.clock.now()))
+
+    async def positions(self, lane: str, shards: Sequence[int]) -> dict[int, CursorKey]:
+        rows = await self.pool.fetch(*QUERIES.cursor_positions(shards=list(shards), lane=lane))
+        found = {
+            r["shard"]: CursorKey(aware(r["published_bucket"]), r["published_round"], r["published_id"]) for r in rows
+        }
+        return {s: found.get(s, START_KEY) for s in shards}
+
+    async def read_page(
+        self, lane: str, positions: Mapping[int, CursorKey], seals: Mapping[int, datetime], rows_per_shard: int
+    ) -> list[AheadRow]:
+        """The next rows of ``lane``: up to ``rows_per_shard`` per shard after its position, before its seal,
+        ordered by shard then key (so each shard's rows are a prefix of what is left of it)."""
+        shards = [s for s in sorted(positions) if s in seals]
+        if not shards:
+            return []
+        keys = [positions[s] for s in shards]
+        rows: list[AheadRow] = await self.pool.fetch(
+            *QUERIES.read_ahead_page(
+                shards=shards, buckets=[k.bucket for k in keys], rounds=[k.wrr_round for k in keys],
+                ids=[k.occurrence_id for k in keys], seals=[seals[s] for s in shards], lane=lane,
+                per_shard=rows_per_shard,
+            )
+        )  # fmt: skip
+        return rows
+
+    async def advance(self, lane: str, moves: Sequence[CursorMove]) -> tuple[int, datetime]:
+        """Move the cursors of an acknowledged page and log it (one statement); returns how many cursors
+        moved (fewer than ``moves`` when a shard's epoch moved on) and the acknowledgement instant."""
+        row = await self.pool.fetchrow(
+            *QUERIES.advance_cursors(
+                shards=[m.shard for m in moves], epochs=[m.epoch for m in moves],
+                from_buckets=[m.start.bucket for m in moves], from_rounds=[m.start.wrr_round for m in moves],
+                from_ids=[m.start.occurrence_id for m in moves], to_buckets=[m.end.bucket for m in moves],
+                to_rounds=[m.end.wrr_round for m in moves], to_ids=[m.end.occurrence_id for m in moves],
+                rows=[m.rows for m in moves], now=self.clock.now(), node=self.node_id, lane=lane,
+            )
+        )  # fmt: skip
+        return row["moved"], row["acked_at"]
+
+    async def quarantine(self, rows: Sequence[Quarantined]) -> None:
+        """Set poison rows aside with their error (the cursor then passes them)."""
+        await self.pool.execute(
+            *QUERIES.quarantine_rows(
+                occurrence_ids=[q.occurrence_id for q in rows], shards=[q.shard for q in rows],
+                lanes=[q.lane for q in rows], tenant_ids=[q.tenant_id for q in rows], topics=[q.topic for q in rows],
+                errors=[q.error[:1000] for q in rows], tries=[q.tries for q in rows], now=self.clock.now(),
+            )
+        )  # fmt: skip
+
+    async def backlog(self) -> dict[str, int]:
+        """Due ahead-lane rows not yet passed by their cursor, per lane."""
+        rows = await self.pool.fetch(*QUERIES.ahead_backlog(now=self.clock.now()))
+        return {r["lane"]: r["due"] for r in rows}

@@ -1,0 +1,449 @@
+"""The ahead-lane relay: sealed, pre-encoded rows → Kafka, progress recorded once per page.
+
+For the shards its node owns (``schemas.shard_ownership``) it repeatedly:
+
+1. seals each lane up to the bucket boundary ``read_ahead`` past now (the
+   seal waits for open materializer transactions, so nothing can still appear
+   before it);
+2. reads a page: for every shard, its next rows after its cursor and before
+   its seal, in key order (time bucket, weighted round-robin round,
+   occurrence_id) — strict before flexible, always;
+3. releases each row when the clock reaches its ``available_at`` (never
+   before) and hands it to the publisher, while the next page is read;
+4. once the broker acknowledged a page, moves each shard's cursor past the
+   acknowledged prefix and logs the move with the acknowledgement instant, in
+   one statement conditional on the lease epoch.
+
+Guarantees: a cursor moves only past rows the broker acknowledged (or that
+were discarded, or quarantined as poison after ``poison_tries`` permanent
+refusals); a crash anywhere republishes from the cursor (duplicates with the
+same occurrence_id, never a loss); a relay whose node lost a shard moves
+nothing for it (epoch). No per-row UPDATE on this path: the occurrences'
+ENQUEUED state and enqueued_at are written later from the log by the settle
+pass (engine/loops/dispatch_settler.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from opentelemetry import metrics, trace
+
+from relay.ahead_lane import AheadLaneStore, AheadRow, CursorMove, Quarantined, key_of
+from schemas import observability as obs
+from schemas.clock import Clock, DatabaseClock, pause
+from schemas.dispatch_lanes import LANES, CursorKey, seal_boundary
+from schemas.messages import HEADER_OCCURRENCE_ID, HEADER_TENANT
+from schemas.shard_ownership import ShardOwnership
+
+log = logging.getLogger("chronoq.relay.ahead")
+
+
+@dataclass(frozen=True)
+class AheadRelayConfig:
+    """rows_per_shard: rows read per shard per page (default 64; a page is at most this times the shards).
+    read_ahead: how far past now the relay seals and reads (default 1 s); rows are still released only
+        at their available_at.
+    pages_in_flight: pages handed to the broker before the oldest must be acknowledged (default 3).
+    release_tick: seconds between clock checks while rows wait for their available_at (default 0.002).
+    idle_interval: seconds to wait when nothing is due (default 0.02).
+    poison_tries: permanent refusals of one row before it is quarantined (default 3).
+    error_backoff: seconds to wait after a failed page (default 0.5).
+    ack_timeout: seconds to wait for a page's acknowledgements before treating them as unknown (30).
+    """
+
+    rows_per_shard: int = 64
+    read_ahead: timedelta = timedelta(seconds=1)
+    pages_in_flight: int = 3
+    release_tick: float = 0.002
+    idle_interval: float = 0.02
+    poison_tries: int = 3
+    error_backoff: float = 0.5
+    ack_timeout: float = 30.0
+
+    def validate(self) -> None:
+        if self.rows_per_shard < 1:
+            raise ValueError("rows_per_shard must be at least 1")
+        if self.pages_in_flight < 1:
+            raise ValueError("pages_in_flight must be at least 1")
+        if self.read_ahead < timedelta(0):
+            raise ValueError("read_ahead must not be negative")
+
+
+@dataclass(frozen=True)
+class AheadRelayHooks:
+    """Awaited at the relay's handoffs; tests kill the process exactly there.
+
+    after_read: a page is read, nothing of it published.
+    after_publish: the broker acknowledged a page, its cursors have not moved.
+    """
+
+    after_read: Callable[[], Awaitable[None]] | None = None
+    after_publish: Callable[[], Awaitable[None]] | None = None
+
+
+@dataclass
+class AheadReport:
+    pages: int = 0
+    read: int = 0
+    published: int = 0
+    discarded: int = 0
+    failed: int = 0
+    quarantined: int = 0
+    fenced: int = 0
+    per_lane: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Page:
+    lane: str
+    epochs: dict[int, int]
+    starts: dict[int, CursorKey]
+    rows: list[AheadRow]
+    task: asyncio.Task[list[BaseException | None]]
+
+
+class _ClockEstimate:
+    """The injected clock if it gives an instant, else the database's, estimated from the last seal.
+
+    The estimate is the database instant a statement returned plus the local monotonic time elapsed
+    since its reply arrived: never ahead of the real database clock, so rows are never released early.
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self._db: datetime | None = None
+        self._at = 0.0
+
+    def observe(self, db_now: datetime) -> None:
+        self._db, self._at = db_now, time.monotonic()
+
+    def now(self) -> datetime | None:
+        injected = self.clock.now()
+        if injected is not None:
+            return injected
+        if self._db is None:
+            return None
+        return self._db + timedelta(seconds=time.monotonic() - self._at)
+
+
+class AheadRelay:
+    def __init__(
+        self,
+        store: AheadLaneStore,
+        publisher: object,
+        ownership: ShardOwnership,
+        config: AheadRelayConfig | None = None,
+        clock: Clock | None = None,
+        meter: metrics.Meter | None = None,
+        tracer: trace.Tracer | None = None,
+        hooks: AheadRelayHooks | None = None,
+    ) -> None:
+        self.store = store
+        self.publisher = publisher
+        self.ownership = ownership
+        self.config = config or AheadRelayConfig()
+        self.config.validate()
+        self.clock = _ClockEstimate(clock or DatabaseClock())
+        self.hooks = hooks or AheadRelayHooks()
+        meter = meter or obs.get_meter("relay")
+        self.tracer = tracer or obs.get_tracer("relay")
+        self._published = meter.create_counter(obs.OUTBOX_PUBLISHED, unit="1")
+        self._dispatched = meter.create_counter(obs.TENANT_DISPATCHES, unit="1")
+        self._failures = meter.create_counter(obs.OUTBOX_PUBLISH_FAILURES, unit="1")
+        self._fenced = meter.create_counter(obs.OUTBOX_FENCED_MARKS, unit="1")
+        self._quarantined = meter.create_counter(obs.QUARANTINED_DELIVERIES, unit="1")
+        self._backlog = meter.create_gauge(obs.AHEAD_BACKLOG, unit="1")
+        self._positions: dict[tuple[int, str], CursorKey] = {}  # acknowledged, as in the database
+        self._tentative: dict[tuple[int, str], CursorKey] = {}  # past the pages in flight
+        self._seals: dict[str, dict[int, datetime]] = {lane: {} for lane in LANES}
+        self._sealed_for: dict[str, datetime | None] = {lane: None for lane in LANES}
+        # The seal at which a lane was last read empty: nothing can appear before a committed seal, so
+        # the lane need not be read again until its seal moves (an idle relay reads once per bucket).
+        self._drained_at: dict[str, datetime | None] = {lane: None for lane in LANES}
+        self._tries: dict[object, int] = {}
+        self._inflight: deque[_Page] = deque()
+        #: True while the last pass found nothing to publish: the settle pass runs only then.
+        self.quiet = True
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Relay until ``stop`` is set; a failure backs off and re-reads from the cursor, never skips a row."""
+        while not stop.is_set():
+            try:
+                report = await self.run_once()
+            except Exception as err:  # noqa: BLE001 - any failure: keep what was acknowledged, retry the rest
+                log.error(
+                    "ahead-lane pass failed; retrying from the cursor",
+                    extra={"action": "relay.ahead.error", "error": repr(err)},
+                )
+                await self._drain_inflight()
+                await pause(stop, self.config.error_backoff)
+                continue
+            self.quiet = not report.read
+            if report.failed:
+                await pause(stop, self.config.error_backoff)
+            elif not report.read:
+                await pause(stop, self.config.idle_interval)
+
+    async def run_once(self) -> AheadReport:
+        """Publish everything due that is sealed now, page by page (strict first), until nothing is left."""
+        report = AheadReport()
+        epochs = self.ownership.snapshot()
+        if not epochs:
+            return report
+        await self._sync_positions(epochs)
+        while True:
+            await self._seal_if_due(epochs)
+            page = None
+            for lane in LANES:  # strict first, re-checked before every page
+                page = await self._read(lane, epochs)
+                if page:
+                    break
+            if not page:
+                break
+            report.read += len(page.rows)
+            if len(self._inflight) >= self.config.pages_in_flight:
+                await self._complete_oldest(report)
+            if report.failed:
+                break
+            if self.ownership.version and self.ownership.snapshot() != epochs:
+                break  # ownership changed: finish what is in flight, start over
+        while self._inflight:
+            await self._complete_oldest(report)
+        if report.failed:
+            self._tentative = dict(self._positions)
+            self._drained_at = {lane: None for lane in LANES}
+        return report
+
+    # ------------------------------------------------------------------ steps
+
+    async def _sync_positions(self, epochs: dict[int, int]) -> None:
+        """Load cursors of newly owned shards; forget lost ones."""
+        for lost in [k for k in self._positions if k[0] not in epochs]:
+            self._positions.pop(lost)
+            self._tentative.pop(lost, None)
+        for lane in LANES:
+            new = [s for s in epochs if (s, lane) not in self._positions]
+            if new:
+                for shard, key in (await self.store.positions(lane, new)).items():
+                    self._positions[(shard, lane)] = key
+                    self._tentative[(shard, lane)] = key
+            self._seals[lane] = {s: v for s, v in self._seals[lane].items() if s in epochs}
+            if new:
+                self._sealed_for[lane] = None
+                self._drained_at[lane] = None
+
+    async def _seal_if_due(self, epochs: dict[int, int]) -> None:
+        """Seal each lane up to the boundary read_ahead past now, unless it is sealed there already."""
+        if self.clock.now() is None:  # first pass on the database clock: learn it
+            self.clock.observe(await self.store.now())
+        for lane in LANES:
+            boundary = seal_boundary(self.clock.now(), self.config.read_ahead)  # type: ignore[arg-type]
+            if boundary == self._sealed_for[lane]:
+                continue
+            sealed = await self.store.seal(lane, epochs, boundary)
+            if self.clock.clock.now() is None:
+                self.clock.observe(sealed.now)
+            self._seals[lane] = sealed.sealed_until
+            self._sealed_for[lane] = boundary
+
+    async def _read(self, lane: str, epochs: dict[int, int]) -> _Page | None:
+        if self._drained_at[lane] is not None and self._drained_at[lane] == self._sealed_for[lane]:
+            return None
+        positions = {s: self._tentative[(s, lane)] for s in epochs if (s, lane) in self._tentative}
+        rows = await self.store.read_page(lane, positions, self._seals[lane], self.config.rows_per_shard)
+        if not rows:
+            if not self._inflight:
+                self._drained_at[lane] = self._sealed_for[lane]
+            return None
+        if self.hooks.after_read:
+            await self.hooks.after_read()
+        await self.publisher.ensure_topics({r["topic"] for r in rows})  # type: ignore[attr-defined]
+        last: dict[int, AheadRow] = {}
+        for row in rows:
+            last[row["shard"]] = row  # rows come ordered by shard then key
+        starts = {s: positions[s] for s in last}
+        for shard, row in last.items():
+            self._tentative[(shard, lane)] = key_of(row)
+        task = asyncio.create_task(self._release_and_send(rows))
+        page = _Page(lane, {s: epochs[s] for s in starts}, starts, rows, task)
+        self._inflight.append(page)
+        return page
+
+    async def _release_and_send(self, rows: list[AheadRow]) -> list[BaseException | None]:
+        """Hand each row to the publisher once the clock reaches its available_at; one outcome per row."""
+        outcomes: list[BaseException | None] = [None] * len(rows)
+        trace_headers: list[tuple[str, bytes]] = []
+        with self.tracer.start_as_current_span(obs.SPAN_PUBLISH) as span:
+            span.set_attribute("chronoq.ahead_rows", len(rows))
+            obs.inject_trace_headers(trace_headers)
+        waiting = [i for i, r in enumerate(rows) if not r["discarded"]]
+        futures: list[tuple[list[int], asyncio.Future[list[BaseException | None]]]] = []
+        while waiting:
+            now = self.clock.now()
+            if now is not None and rows[waiting[-1]]["available_at"] <= now:
+                due, waiting = waiting, []
+            else:
+                due = [i for i in waiting if now is not None and rows[i]["available_at"] <= now]
+                if due:
+                    due_set = set(due)
+                    waiting = [i for i in waiting if i not in due_set]
+            if due:
+                items = [
+                    (
+                        r["topic"],
+                        r["message_key"],
+                        r["message"],
+                        [
+                            (HEADER_OCCURRENCE_ID, r["occurrence_header"]),
+                            (HEADER_TENANT, r["tenant_header"]),
+                            *trace_headers,
+                        ],
+                    )
+                    for r in (rows[i] for i in due)
+                ]
+                futures.append((due, await self.publisher.send(items)))  # type: ignore[attr-defined]
+            if waiting:
+                await asyncio.sleep(self.config.release_tick)
+        for indexes, future in futures:
+            try:
+                errors = await asyncio.wait_for(future, self.config.ack_timeout)
+            except TimeoutError:
+                errors = [TimeoutError("no acknowledgement within ack_timeout: outcome unknown")] * len(indexes)
+            for i, error in zip(indexes, errors, strict=True):
+                outcomes[i] = error
+        return outcomes
+
+    async def _complete_oldest(self, report: AheadReport) -> None:
+        page = self._inflight.popleft()
+        outcomes = await page.task
+        if self.hooks.after_publish:
+            await self.hooks.after_publish()
+        moves, poison, failed = self._acknowledged_prefix(page, outcomes)
+        if poison:
+            await self.store.quarantine(poison)
+            report.quarantined += len(poison)
+            self._quarantined.add(len(poison))
+            for q in poison:
+                log.error(
+                    "delivery refused for good; quarantined",
+                    extra={
+                        "action": "relay.ahead.quarantined",
+                        "occurrence_id": str(q.occurrence_id),
+                        "tenant_id": q.tenant_id,
+                        "topic": q.topic,
+                        "error": q.error,
+                    },
+                )
+        if moves:
+            moved, _acked_at = await self.store.advance(page.lane, moves)
+            for move in moves:
+                self._positions[(move.shard, page.lane)] = move.end
+            if moved < len(moves):
+                report.fenced += len(moves) - moved
+                self._fenced.add(len(moves) - moved)
+                log.warning(
+                    "shards moved to another owner before their cursor moved",
+                    extra={"action": "relay.ahead.fenced", "count": len(moves) - moved},
+                )
+        published = 0
+        per_tenant: dict[str, int] = {}
+        for row, error in zip(page.rows, outcomes, strict=True):
+            if error is None and not row["discarded"]:
+                published += 1
+                tenant = row["tenant_id"]
+                per_tenant[tenant] = per_tenant.get(tenant, 0) + 1
+        report.pages += 1
+        report.published += published
+        report.discarded += sum(1 for r in page.rows if r["discarded"])
+        report.per_lane[page.lane] = report.per_lane.get(page.lane, 0) + published
+        self._published.add(published, {"lane": page.lane})
+        for tenant, count in per_tenant.items():
+            self._dispatched.add(count, {"tenant_id": tenant, "lane": page.lane})
+        if failed:
+            report.failed += failed
+            self._failures.add(failed)
+            # Later pages in flight hold rows past the failure: wait for them, move nothing of theirs for the
+            # shards that failed, and re-read those shards from their cursors.
+            await self._abandon_inflight()
+            self._tentative = dict(self._positions)
+
+    def _acknowledged_prefix(
+        self, page: _Page, outcomes: list[BaseException | None]
+    ) -> tuple[list[CursorMove], list[Quarantined], int]:
+        """Per shard, the rows up to the first that is neither acknowledged, discarded nor poison."""
+        moves: list[CursorMove] = []
+        poison: list[Quarantined] = []
+        failed = 0
+        shard, end, passed, blocked = None, None, 0, False
+
+        def close() -> None:
+            if shard is not None and end is not None:
+                moves.append(CursorMove(shard, page.epochs[shard], page.starts[shard], key_of(end), passed))
+
+        for row, error in zip(page.rows, outcomes, strict=True):  # rows are ordered by shard then key
+            if row["shard"] != shard:
+                close()
+                shard, end, passed, blocked = row["shard"], None, 0, False
+            if blocked:
+                continue
+            if error is not None and not row["discarded"]:
+                if getattr(error, "permanent", False):
+                    tries = self._tries.get(row["occurrence_id"], 0) + 1
+                    self._tries[row["occurrence_id"]] = tries
+                    if tries < self.config.poison_tries:
+                        failed, blocked = failed + 1, True
+                        continue
+                    self._tries.pop(row["occurrence_id"], None)
+                    assert shard is not None
+                    poison.append(
+                        Quarantined(
+                            row["occurrence_id"], shard, page.lane, row["tenant_id"], row["topic"], repr(error), tries
+                        )
+                    )
+                else:
+                    failed, blocked = failed + 1, True
+                    continue
+            elif self._tries:
+                self._tries.pop(row["occurrence_id"], None)
+            end, passed = row, passed + 1
+        close()
+        return moves, poison, failed
+
+    async def _drain_inflight(self) -> None:
+        """After a failed pass: move the cursors past what the broker acknowledged in the pages still in
+        flight (republishing them would only duplicate), then re-read everything else from the cursor."""
+        try:
+            report = AheadReport()
+            while self._inflight and not report.failed:
+                await self._complete_oldest(report)
+        except Exception as err:  # noqa: BLE001 - the database is unreachable too: the rows are re-read
+            log.warning(
+                "could not record acknowledged pages", extra={"action": "relay.ahead.drain", "error": repr(err)}
+            )
+        await self._abandon_inflight()
+
+    async def _abandon_inflight(self) -> None:
+        """Wait for pages still in flight and forget them (their rows are re-read from the cursor)."""
+        while self._inflight:
+            page = self._inflight.popleft()
+            try:
+                await page.task
+            except Exception:  # noqa: BLE001 - the rows are re-read anyway
+                pass
+        self._tentative = dict(self._positions)
+        self._drained_at = {lane: None for lane in LANES}
+
+    async def record_backlog(self) -> dict[str, int]:
+        backlog = await self.store.backlog()
+        for lane in LANES:
+            self._backlog.set(backlog.get(lane, 0), {"lane": lane})
+        return backlog

@@ -1,0 +1,235 @@
+"""Kafka side of the relay on librdkafka (confluent-kafka): the publisher of the dispatch hot path.
+
+Same guarantee and interface as :class:`relay.publisher.KafkaPublisher`: a
+record is reported delivered only when the broker acknowledged it (acks=all);
+an error, a timeout or no answer is reported as not delivered and the caller
+keeps the row unpublished (the outcome of an unanswered send is unknown, and
+retrying it may duplicate, which consumers dedupe).
+
+Why librdkafka: measured on the development machine (docs/benchmarks.md),
+producing pre-encoded occurrence messages into the embedded broker runs
+several times faster than aiokafka's batch API, and its batching, compression
+and network I/O run in C threads beside the Python event loop instead of
+competing with it for one core. Records are keyed by schedule and placed with
+the murmur2 partitioner, the Java client's, so a schedule's occurrences keep
+their order on one partition whichever client produced them.
+
+Delivery reports are served by one polling thread; a batch completes (its
+future resolves in the event loop) when the last of its records is reported.
+The idempotent producer is off on tansu (no InitProducerId) and on against
+Apache Kafka (``PublisherConfig``-like ``idempotent=True``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from relay.publisher import Outcome, OutgoingRecord
+from schemas.kafka_security import PLAINTEXT, KafkaSecurity, start_client
+from schemas.topics import DEFAULT_PARTITIONS, ensure_topics
+
+#: librdkafka error names that no retry of the same record can fix: the row is a poison row.
+PERMANENT_ERRORS = frozenset(
+    {
+        "MSG_SIZE_TOO_LARGE",
+        "_MSG_TIMED_OUT_PERMANENT",
+        "TOPIC_AUTHORIZATION_FAILED",
+        "INVALID_RECORD",
+        "_INVALID_ARG",
+        "TOPIC_EXCEPTION",
+        "INVALID_TOPIC_EXCEPTION",
+        "RECORD_LIST_TOO_LARGE",
+        "_UNKNOWN_TOPIC",
+        "UNKNOWN_TOPIC_OR_PART",
+        "POLICY_VIOLATION",
+    }
+)
+
+
+class DeliveryError(Exception):
+    """A record the broker did not acknowledge; ``permanent`` when retrying the same record cannot help."""
+
+    def __init__(self, name: str, text: str, permanent: bool) -> None:
+        super().__init__(f"{name}: {text}")
+        self.name = name
+        self.permanent = permanent
+
+
+@dataclass(frozen=True)
+class LibrdkafkaConfig:
+    """bootstrap: Kafka bootstrap servers ("host:port[,host:port]").
+    partitions: partitions of the topics this publisher creates (default 8).
+    replication_factor: of topics it creates (1 on the embedded broker).
+    ack_timeout: seconds a record may wait for its acknowledgement (librdkafka's message.timeout.ms);
+        after it the record is reported failed, outcome unknown (default 30).
+    linger: seconds librdkafka waits to fill a batch (default 0.005).
+    max_message_bytes: the largest record accepted (default 1 MiB, the broker default).
+    idempotent: the idempotent producer (needs a broker with InitProducerId: Apache Kafka, not tansu).
+    security: TLS and SASL (default PLAINTEXT), for librdkafka and for the admin client that creates topics.
+    """
+
+    bootstrap: str
+    partitions: int = DEFAULT_PARTITIONS
+    replication_factor: int = 1
+    ack_timeout: float = 30.0
+    linger: float = 0.005
+    max_message_bytes: int = 1024 * 1024
+    idempotent: bool = False
+    security: KafkaSecurity = PLAINTEXT
+
+    def producer_settings(self) -> dict[str, Any]:
+        return {
+            **self.security.librdkafka_options(),
+            "bootstrap.servers": self.bootstrap,
+            "acks": "all",
+            "enable.idempotence": self.idempotent,
+            "linger.ms": self.linger * 1000,
+            "batch.num.messages": 10_000,
+            "batch.size": 1024 * 1024,
+            "message.max.bytes": self.max_message_bytes + 64 * 1024,
+            "queue.buffering.max.messages": 2_000_000,
+            "queue.buffering.max.kbytes": 1024 * 1024,
+            "message.timeout.ms": int(self.ack_timeout * 1000),
+            "partitioner": "murmur2_random",
+            "log_level": 3,
+        }
+
+
+class _Batch:
+    """Outcomes of one publish call, filled by the delivery-report thread."""
+
+    __slots__ = ("errors", "left", "future", "loop")
+
+    def __init__(self, size: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.errors: list[BaseException | None] = [None] * size
+        self.left = size
+        self.loop = loop
+        self.future: asyncio.Future[list[BaseException | None]] = loop.create_future()
+
+    def report(self, index: int, err: Any, _message: Any = None) -> None:
+        if err is not None:
+            name = err.name()
+            self.errors[index] = DeliveryError(name, err.str(), name in PERMANENT_ERRORS or err.fatal())
+        self.left -= 1
+        if self.left == 0:
+            self.loop.call_soon_threadsafe(self._finish)
+
+    def _finish(self) -> None:
+        if not self.future.done():
+            self.future.set_result(self.errors)
+
+
+class LibrdkafkaPublisher:
+    """Publishes pre-encoded records with librdkafka; see the module docstring for the guarantee."""
+
+    def __init__(self, config: LibrdkafkaConfig) -> None:
+        self.config = config
+        self._producer: Any = None
+        self._poller: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._known_topics: set[str] = set()
+        self._admin: Any = None
+
+    async def start(self) -> None:
+        from aiokafka.admin import AIOKafkaAdminClient
+        from confluent_kafka import Producer
+
+        self._producer = Producer(self.config.producer_settings())
+        security = self.config.security
+        self._admin = AIOKafkaAdminClient(bootstrap_servers=self.config.bootstrap, **security.client_options())
+        await start_client(self._admin, self.config.bootstrap, security)
+        self._poller = threading.Thread(target=self._poll, name="librdkafka-delivery", daemon=True)
+        self._poller.start()
+
+    def _poll(self) -> None:
+        while not self._stopping.is_set():
+            self._producer.poll(0.05)
+
+    async def stop(self) -> None:
+        if self._producer is None:
+            return
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._producer.flush, 5.0)
+        self._stopping.set()
+        if self._poller:
+            await loop.run_in_executor(None, self._poller.join, 5.0)
+        await self._admin.close()
+        self._producer = None
+
+    async def ensure_topics(self, topics: Iterable[str]) -> None:
+        """Create topics that do not exist yet, with the configured partition count."""
+        missing = sorted(set(topics) - self._known_topics)
+        if missing:
+            await ensure_topics(self._admin, missing, self.config.partitions, self.config.replication_factor)
+            # Learn the partition leaders now, not on the first produce: a relay that read a page ahead
+            # of its due time must not spend the first half second after it fetching metadata.
+            loop = asyncio.get_running_loop()
+            for topic in missing:
+                await loop.run_in_executor(None, self._producer.list_topics, topic, 10.0)
+            self._known_topics.update(missing)
+
+    async def send(
+        self, items: Sequence[tuple[str, bytes, bytes, list[tuple[str, bytes]] | None]]
+    ) -> asyncio.Future[list[BaseException | None]]:
+        """Hand (topic, key, value, headers) items to librdkafka; the returned future resolves to one
+        error-or-None per item, in order, once every item is acknowledged or has failed."""
+        loop = asyncio.get_running_loop()
+        batch = _Batch(len(items), loop)
+        if not items:
+            batch.future.set_result([])
+            return batch.future
+        await self.ensure_topics({item[0] for item in items})
+        produce, report, limit = self._producer.produce, batch.report, self.config.max_message_bytes
+        for index, (topic, key, value, headers) in enumerate(items):
+            if len(value) > limit:
+                report(index, _TooLarge(len(value), limit))
+                continue
+            try:
+                produce(topic, value, key, headers=headers, on_delivery=partial(report, index))
+            except BufferError:
+                await self._produce_when_room(topic, value, key, headers, partial(report, index))
+        return batch.future
+
+    async def _produce_when_room(self, topic: str, value: bytes, key: bytes, headers: Any, callback: Any) -> None:
+        """The local queue is full: let the broker catch up, then produce."""
+        while True:
+            await asyncio.sleep(0.005)
+            try:
+                self._producer.produce(topic, value, key, headers=headers, on_delivery=callback)
+                return
+            except BufferError:
+                continue
+
+    async def publish(self, records: Sequence[OutgoingRecord]) -> Outcome:
+        """Publish all records; return ref → None (acknowledged) or the error (the late lane's interface)."""
+        future = await self.send([(r.topic, r.key, r.value, list(r.headers)) for r in records])
+        try:
+            errors = await asyncio.wait_for(future, self.config.ack_timeout + 5)
+        except TimeoutError:
+            unknown = TimeoutError("no acknowledgement within ack_timeout: outcome unknown")
+            return {r.ref: unknown for r in records}
+        outcome: dict[Hashable, BaseException | None] = {}
+        for record, error in zip(records, errors, strict=True):
+            outcome[record.ref] = error
+        return outcome
+
+
+class _TooLarge:
+    """A librdkafka-like error for a record refused before it was produced."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        self._text = f"record of {size} bytes exceeds max_message_bytes {limit}"
+
+    def name(self) -> str:
+        return "MSG_SIZE_TOO_LARGE"
+
+    def str(self) -> str:
+        return self._text
+
+    def fatal(self) -> bool:
+        return False

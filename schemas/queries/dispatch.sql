@@ -1,0 +1,149 @@
+-- The ahead lane: seal, read in key order, move the cursor once per page (relay/ahead_lane.py), and the
+-- settle pass that records ENQUEUED from the dispatch log off the hot path (engine/loops/dispatch_settler.py).
+-- :now is NULL in production (the database's clock rules), a fixed instant in tests. Every write for a
+-- shard is conditional on the lease (owner, epoch) the writer holds.
+
+-- name: seal_lanes
+-- Seals :lane of :node's :shards (at :epochs) up to :until: waits for open materializer transactions on
+-- them (they hold the seal FOR SHARE), so once this commits every ahead row before the seal is visible.
+-- The rows are locked in shard order first, the order the materializer takes them in: no deadlock.
+-- Returns each sealed shard's seal (never moved back) and the instant.
+WITH mine AS (
+    SELECT s.shard
+    FROM dispatch_seals s
+    JOIN shard_leases l ON l.shard = s.shard
+    JOIN unnest(:shards::int[], :epochs::bigint[]) AS held (shard, epoch) ON held.shard = s.shard
+    WHERE s.lane = :lane AND l.epoch = held.epoch AND l.owner = :node
+    ORDER BY s.shard
+    FOR NO KEY UPDATE OF s
+)
+UPDATE dispatch_seals s
+SET sealed_until = greatest(s.sealed_until, :until::timestamptz)
+FROM mine
+WHERE s.shard = mine.shard AND s.lane = :lane
+RETURNING s.shard, s.sealed_until, coalesce(:now::timestamptz, now()) AS now;
+
+-- name: cursor_positions
+-- Where :lane of :shards stands: the key of the last acknowledged row.
+SELECT shard, published_bucket, published_round, published_id
+FROM dispatch_cursors
+WHERE shard = ANY (:shards::int[]) AND lane = :lane;
+
+-- name: read_ahead_page
+-- The next rows of :lane, per shard: up to :per_shard rows after each shard's cursor (:buckets, :rounds,
+-- :ids) and before its seal (:seals), ordered by shard then key (bucket, weighted round, occurrence_id),
+-- with the identity headers' values already as bytes. Discarded rows are returned too (the cursor passes
+-- them; the relay does not publish them).
+SELECT q.shard, q.bucket, q.wrr_round, q.occurrence_id, q.tenant_id, q.topic, q.message_key, q.message,
+       q.scheduled_for, q.available_at, q.discarded_at IS NOT NULL AS discarded,
+       convert_to(q.occurrence_id::text, 'UTF8') AS occurrence_header,
+       convert_to(q.tenant_id, 'UTF8') AS tenant_header
+FROM unnest(:shards::int[], :buckets::timestamptz[], :rounds::int[], :ids::uuid[], :seals::timestamptz[])
+     AS c (shard, bucket, wrr_round, occurrence_id, sealed_until)
+CROSS JOIN LATERAL (
+    SELECT *
+    FROM dispatch_queue q
+    WHERE q.shard = c.shard AND q.lane = :lane
+      AND (q.bucket, q.wrr_round, q.occurrence_id) > (c.bucket, c.wrr_round, c.occurrence_id)
+      AND q.bucket < c.sealed_until
+    ORDER BY q.bucket, q.wrr_round, q.occurrence_id
+    LIMIT :per_shard
+) q
+ORDER BY q.shard, q.bucket, q.wrr_round, q.occurrence_id;
+
+-- name: advance_cursors
+-- After the broker acknowledged a page: moves :lane of :node's :shards (:epochs) from keys (:from_buckets,
+-- :from_rounds, :from_ids) to keys (:to_buckets, :to_rounds, :to_ids) covering :rows rows each, and logs
+-- each move with the acknowledgement instant (the occurrences' enqueued_at). A shard whose epoch moved on
+-- (another owner) is left alone. Returns how many cursors moved and the instant.
+WITH moved AS (
+    UPDATE dispatch_cursors c
+    SET published_bucket = m.to_bucket, published_round = m.to_round, published_id = m.to_id, epoch = m.epoch,
+        updated_at = coalesce(:now::timestamptz, now())
+    FROM shard_leases l,
+         unnest(:shards::int[], :epochs::bigint[], :from_buckets::timestamptz[], :from_rounds::int[],
+                :from_ids::uuid[], :to_buckets::timestamptz[], :to_rounds::int[], :to_ids::uuid[], :rows::int[])
+         AS m (shard, epoch, from_bucket, from_round, from_id, to_bucket, to_round, to_id, rows)
+    WHERE c.shard = m.shard AND c.lane = :lane AND l.shard = m.shard AND l.epoch = m.epoch AND l.owner = :node
+      AND (c.published_bucket, c.published_round, c.published_id) < (m.to_bucket, m.to_round, m.to_id)
+    RETURNING m.*
+), logged AS (
+    INSERT INTO dispatch_log (shard, lane, epoch, from_bucket, from_round, from_id, to_bucket, to_round, to_id,
+                              rows, acked_at)
+    SELECT shard, :lane, epoch, from_bucket, from_round, from_id, to_bucket, to_round, to_id, rows,
+           coalesce(:now::timestamptz, now())
+    FROM moved
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM logged) AS moved, coalesce(:now::timestamptz, now()) AS acked_at;
+
+-- name: quarantine_rows
+-- Sets aside deliveries the broker refused for good after bounded tries (the cursor passes them).
+INSERT INTO dispatch_quarantine (occurrence_id, shard, lane, tenant_id, topic, error, tries, quarantined_at)
+SELECT q.*, coalesce(:now::timestamptz, now())
+FROM unnest(:occurrence_ids::uuid[], :shards::int[], :lanes::text[], :tenant_ids::text[], :topics::text[],
+            :errors::text[], :tries::int[]) AS q
+ON CONFLICT (occurrence_id, topic) DO UPDATE SET error = excluded.error, tries = excluded.tries;
+
+-- name: ahead_backlog
+-- Ahead-lane rows due (available_at <= now) and not yet passed by their cursor, per lane.
+SELECT q.lane, count(*) AS due
+FROM dispatch_queue q
+JOIN dispatch_cursors c ON c.shard = q.shard AND c.lane = q.lane
+WHERE q.available_at <= coalesce(:now::timestamptz, now())
+  AND (q.bucket, q.wrr_round, q.occurrence_id) > (c.published_bucket, c.published_round, c.published_id)
+GROUP BY q.lane;
+
+-- name: settle_logged_pages
+-- Off the hot path: takes up to :limit unsettled log entries (oldest first), records ENQUEUED and
+-- enqueued_at (the acknowledgement instant) on their SCHEDULED occurrences, deletes their queue rows and
+-- marks the entries settled. SKIP LOCKED: several settlers never wait for each other. Returns the entries
+-- and rows settled and each enqueued occurrence's schedule_lag (enqueued_at - scheduled_for, seconds).
+WITH entries AS (
+    SELECT * FROM dispatch_log WHERE settled_at IS NULL ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED
+), published AS (
+    DELETE FROM dispatch_queue q
+    USING entries e
+    WHERE q.shard = e.shard AND q.lane = e.lane
+      AND (q.bucket, q.wrr_round, q.occurrence_id) > (e.from_bucket, e.from_round, e.from_id)
+      AND (q.bucket, q.wrr_round, q.occurrence_id) <= (e.to_bucket, e.to_round, e.to_id)
+    RETURNING q.occurrence_id, q.discarded_at, e.acked_at
+), enqueued AS (
+    UPDATE occurrences o
+    SET state = CASE WHEN o.state = 'SCHEDULED' THEN 'ENQUEUED' ELSE o.state END,
+        enqueued_at = coalesce(o.enqueued_at, p.acked_at),
+        updated_at = coalesce(:now::timestamptz, now())
+    FROM published p
+    WHERE o.occurrence_id = p.occurrence_id AND p.discarded_at IS NULL
+      AND (o.state = 'SCHEDULED' OR o.enqueued_at IS NULL)
+    RETURNING extract(epoch FROM o.enqueued_at - o.scheduled_for)::float8 AS lag
+), settled AS (
+    UPDATE dispatch_log l SET settled_at = coalesce(:now::timestamptz, now())
+    FROM entries e WHERE l.id = e.id
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM settled) AS entries, (SELECT count(*) FROM published) AS rows,
+       coalesce((SELECT array_agg(lag) FROM enqueued), '{}') AS lags;
+
+-- name: prune_settled_log
+-- Forgets settled log entries older than :keep_s seconds.
+DELETE FROM dispatch_log WHERE settled_at < coalesce(:now::timestamptz, now()) - make_interval(secs => :keep_s);
+
+-- name: ahead_enqueued_at
+-- For SCHEDULED occurrences :occurrence_ids still in the ahead lane: the acknowledgement instant of the
+-- page that published them, if one did (the settle pass has not recorded ENQUEUED yet).
+SELECT q.occurrence_id, l.acked_at
+FROM occurrences o
+JOIN schedules s ON s.schedule_id = o.schedule_id
+JOIN dispatch_queue q ON q.shard = s.shard AND q.lane IN ('strict', 'flexible')
+                     AND q.bucket = date_trunc('second', o.available_at, 'UTC') AND q.occurrence_id = o.occurrence_id
+JOIN LATERAL (
+    SELECT acked_at
+    FROM dispatch_log l
+    WHERE l.shard = q.shard AND l.lane = q.lane AND l.to_bucket >= q.bucket
+      AND (q.bucket, q.wrr_round, q.occurrence_id) > (l.from_bucket, l.from_round, l.from_id)
+      AND (q.bucket, q.wrr_round, q.occurrence_id) <= (l.to_bucket, l.to_round, l.to_id)
+    ORDER BY l.id
+    LIMIT 1
+) l ON true
+WHERE o.occurrence_id = ANY (:occurrence_ids::uuid[]);

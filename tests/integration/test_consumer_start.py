@@ -1,0 +1,131 @@
+"""A consumer app started while its database is unreachable waits for it instead of exiting.
+
+Found by the chaos run: a consumer app restarted while the database dropped its
+connections died in ``apply_migrations``. A TCP gate in front of the real
+PostgreSQL refuses every connection at first (each is cut at once, as a
+restarting server does), then lets them through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+
+from consumers import ConsumerApp, ConsumerConfig, Occurrence
+
+
+class Gate:
+    """127.0.0.1:<free port> → the server of ``database_url`` (TCP or its Unix socket); closed: every
+    connection is cut as soon as it is accepted."""
+
+    def __init__(self, database_url: str) -> None:
+        parts = urlsplit(database_url)
+        query = dict(parse_qsl(parts.query))
+        host, port = query.pop("host", parts.hostname or "127.0.0.1"), int(query.pop("port", parts.port or 5432))
+        self.upstream = (host, port)
+        # The gated URL: the same database and user over TCP to the gate.
+        self.parts = parts._replace(query=urlencode(query))
+        self.open, self.refused = False, 0
+        self.server: asyncio.base_events.Server | None = None
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> str:
+        """Listen; return the database URL through the gate."""
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        user = f"{self.parts.username}@" if self.parts.username else ""
+        return urlunsplit(self.parts._replace(netloc=f"{user}127.0.0.1:{port}"))
+
+    async def _connect_upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        host, port = self.upstream
+        if host.startswith("/"):  # a socket directory, as the embedded server's URLs name it
+            return await asyncio.open_unix_connection(f"{host}/.s.PGSQL.{port}")
+        return await asyncio.open_connection(host, port)
+
+    async def stop(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.open:
+            self.refused += 1
+            writer.close()
+            return
+        up_reader, up_writer = await self._connect_upstream()
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            finally:
+                dst.close()
+
+        for task in (asyncio.create_task(pipe(reader, up_writer)), asyncio.create_task(pipe(up_reader, writer))):
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+
+async def test_an_app_started_before_its_database_accepts_connections_waits_and_then_runs(
+    consumer_db, kafka_bootstrap, target, caplog
+):
+    gate = Gate(consumer_db)
+    gated_url = await gate.start()
+    app = ConsumerApp(
+        ConsumerConfig(
+            f"group-{uuid.uuid4().hex[:8]}",
+            kafka_bootstrap,
+            gated_url,
+            redelivery_backoff=0.05,
+            redelivery_backoff_max=0.2,
+            session_timeout=2.0,
+            heartbeat_interval=0.4,
+        )
+    )
+
+    @app.handler(target)
+    async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:  # pragma: no cover - not reached
+        pass
+
+    caplog.set_level(logging.WARNING, logger="chronoq.consumer")
+    starting = asyncio.create_task(app.start())
+    try:
+        while gate.refused < 3:  # the app keeps trying; it has not given up
+            assert not starting.done(), starting.exception()
+            await asyncio.sleep(0.02)
+        assert any(getattr(r, "action", None) == "consumer.start_retry" for r in caplog.records)
+        gate.open = True
+        await asyncio.wait_for(starting, 30)  # then it migrates its database and joins the group
+        conn = await asyncpg.connect(consumer_db)
+        try:
+            assert await conn.fetchval("SELECT to_regclass('chronoq_consumer_dedupe') IS NOT NULL")
+        finally:
+            await conn.close()
+    finally:
+        if not starting.done():
+            starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        await app.stop()
+        await gate.stop()
+
+
+async def test_a_misconfigured_database_url_is_not_retried(consumer_db, kafka_bootstrap, target):
+    parts = urlsplit(consumer_db)
+    missing = urlunsplit(parts._replace(path=f"/no_such_database_{uuid.uuid4().hex[:8]}"))
+    app = ConsumerApp(ConsumerConfig(f"group-{uuid.uuid4().hex[:8]}", kafka_bootstrap, missing))
+
+    @app.handler(target)
+    async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:  # pragma: no cover - not reached
+        pass
+
+    with pytest.raises(asyncpg.InvalidCatalogNameError):
+        await asyncio.wait_for(app.start(), 10)
+    await app.stop()

@@ -1,0 +1,277 @@
+"""The sharded data plane on the real stack: leases, the ahead lane, seals, fencing, poison rows, settling."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import pytest
+
+from engine.control.schedules import ControlPlane
+from engine.loops.dispatch_settler import DispatchSettler
+from engine.loops.materializer import Materializer, MaterializerConfig
+from engine.loops.shard_leases import ShardLeaseConfig, ShardLeases
+from relay.ahead_lane import AheadLaneStore
+from relay.ahead_relay import AheadRelay, AheadRelayConfig, AheadRelayHooks
+from relay.dispatcher import Relay
+from relay.librdkafka_publisher import LibrdkafkaConfig, LibrdkafkaPublisher
+from relay.outbox import OutboxStore
+from schemas.clock import ManualClock
+from schemas.messages import decode_occurrence
+from schemas.shard_ownership import ShardOwnership
+from schemas.topics import occurrence_topic
+from tests.support.kafka import read_topic
+from tests.support.waiting import wait_for
+
+AT = datetime(2026, 11, 29, 10, 0, 10, tzinfo=UTC)  # the fixture clock starts at 10:00:00
+LEASES = ShardLeaseConfig(interval=1.0, lease_ttl=6.0, max_moves=256)
+
+
+class CountingClock(ManualClock):
+    """A manual clock that counts how often it was read (to know a waiting loop has looked at it)."""
+
+    reads = 0
+
+    def now(self) -> datetime:
+        self.reads += 1
+        return super().now()
+
+
+class SpyPublisher:
+    """The real librdkafka publisher, recording the clock's instant at every hand-over to it."""
+
+    def __init__(self, inner: LibrdkafkaPublisher, clock: ManualClock) -> None:
+        self.inner, self.clock = inner, clock
+        self.sends: list[tuple[datetime, list[bytes]]] = []
+
+    async def ensure_topics(self, topics):
+        await self.inner.ensure_topics(topics)
+
+    async def send(self, items):
+        self.sends.append((self.clock.now(), [item[1] for item in items]))
+        return await self.inner.send(items)
+
+
+@pytest.fixture
+def clock() -> CountingClock:
+    return CountingClock(datetime(2026, 11, 29, 10, 0, 0, tzinfo=UTC))
+
+
+@pytest.fixture
+async def publisher(kafka_bootstrap):
+    publisher = LibrdkafkaPublisher(LibrdkafkaConfig(kafka_bootstrap, partitions=4, ack_timeout=10))
+    await publisher.start()
+    yield publisher
+    await publisher.stop()
+
+
+async def owning(pool: asyncpg.Pool, clock: ManualClock, node: str = "node-a") -> tuple[ShardLeases, ShardOwnership]:
+    ownership = ShardOwnership(node)
+    leases = ShardLeases(pool, ownership, LEASES, clock)
+    await leases.run_once()
+    return leases, ownership
+
+
+def relay_of(pool, publisher, ownership, clock, **config) -> AheadRelay:
+    config.setdefault("read_ahead", timedelta(seconds=2))
+    hooks = config.pop("hooks", None)
+    store = AheadLaneStore(pool, clock, ownership.node_id)
+    return AheadRelay(store, publisher, ownership, AheadRelayConfig(**config), clock, hooks=hooks)
+
+
+async def create_once(pool, clock, target, at=AT, **fields):
+    control = ControlPlane(pool, clock)
+    return await control.create_schedule(
+        "acme", {"kind": "once", "target": target, "expression": at.isoformat(), **fields}
+    )
+
+
+async def test_two_nodes_split_the_shards_and_a_stopped_node_hands_them_over(pool, clock):
+    a, owner_a = await owning(pool, clock, "node-a")
+    assert len(owner_a) == 256
+    b, owner_b = ShardLeases(pool, ShardOwnership("node-b"), LEASES, clock), None
+    owner_b = b.ownership
+    for _ in range(3):  # b joins: a gives up half, b takes it
+        await b.run_once()
+        await a.run_once()
+    await b.run_once()
+    assert (len(owner_a), len(owner_b)) == (128, 128)
+    assert not set(owner_a.snapshot()) & set(owner_b.snapshot())
+    await a.release_all()
+    await b.run_once()
+    assert len(owner_b) == 256
+    assert await pool.fetchval("SELECT count(*) FROM engine_nodes WHERE node_id = 'node-a'") == 0
+
+
+async def test_a_node_that_missed_its_renewals_is_fenced_everywhere(pool, clock, publisher, target, acme):
+    a, owner_a = await owning(pool, clock, "node-a")
+    stale = dict(owner_a.snapshot())
+    clock.advance(timedelta(seconds=7))  # a stalls past its lease; b takes every shard, bumping the epochs
+    b, owner_b = await owning(pool, clock, "node-b")
+    assert len(owner_b) == 256
+    assert all(owner_b.epoch(s) == stale[s] + 1 for s in stale)
+    # a wakes up with its old epochs: its materializer writes nothing, its seals and cursor moves do nothing.
+    await create_once(pool, clock, target, at=clock.now() + timedelta(seconds=10))
+    stale_owner = ShardOwnership("node-a")
+    stale_owner.replace(stale)
+    report = await Materializer(pool, MaterializerConfig(), clock, ownership=stale_owner).run_once()
+    assert (report.schedules, report.occurrences) == (0, 0)
+    store = AheadLaneStore(pool, clock, "node-a")
+    assert (await store.seal("strict", stale, clock.now() + timedelta(minutes=5))).sealed_until == {}
+    # its lease loop learns it lost them at the first renewal
+    round_ = await a.run_once()
+    assert len(round_.lost) == 256
+
+
+async def test_ahead_rows_are_read_early_and_released_exactly_at_available_at(
+    pool, clock, publisher, target, kafka_bootstrap, acme
+):
+    schedule = await create_once(pool, clock, target)
+    _, ownership = await owning(pool, clock)
+    report = await Materializer(pool, MaterializerConfig(), clock, ownership=ownership).run_once()
+    assert (report.ahead, report.late) == (1, 0)
+    spy = SpyPublisher(publisher, clock)
+    read = asyncio.Event()
+
+    async def page_read() -> None:
+        read.set()
+
+    relay = relay_of(pool, spy, ownership, clock, hooks=AheadRelayHooks(after_read=page_read))
+    clock.set(AT - timedelta(seconds=1.5))  # the 10:00:10 bucket is not sealed yet: nothing to read
+    assert (await relay.run_once()).read == 0
+    clock.set(AT - timedelta(seconds=0.8))  # sealed up to 10:00:11: read ahead, held until due
+    task = asyncio.create_task(relay.run_once())
+    await asyncio.wait_for(read.wait(), 10)
+    reads = clock.reads
+    await wait_for(lambda: clock.reads > reads + 20)  # the release loop looked at the clock many times
+    assert spy.sends == [] and not task.done()
+    clock.set(AT)
+    published = await asyncio.wait_for(task, 20)
+    assert published.published == 1
+    assert [at for at, _ in spy.sends] == [AT]
+    (record,) = await read_topic(kafka_bootstrap, occurrence_topic(target), expected=1)
+    occurrence = decode_occurrence(record.value)
+    assert occurrence.schedule_id == uuid.UUID(schedule["schedule_id"])
+    # The API shows it ENQUEUED at the acknowledgement before the settle pass wrote anything down ...
+    control = ControlPlane(pool, clock)
+    view = await control.get_occurrence("acme", occurrence.occurrence_id)
+    assert (view["state"], view["enqueued_at"]) == ("ENQUEUED", "2026-11-29T10:00:10Z")
+    assert await pool.fetchval("SELECT state FROM occurrences") == "SCHEDULED"
+    # ... and the settle pass records it and removes the queue row.
+    settled = await DispatchSettler(pool, clock=clock).run_once()
+    assert (settled.entries, settled.rows, settled.occurrences) == (1, 1, 1)
+    row = await pool.fetchrow("SELECT state, enqueued_at FROM occurrences")
+    assert (row["state"], row["enqueued_at"]) == ("ENQUEUED", AT)
+    assert await pool.fetchval("SELECT count(*) FROM dispatch_queue") == 0
+
+
+async def waiting_on_lock(pool: asyncpg.Pool, fragment: str) -> bool:
+    return await pool.fetchval(
+        "SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1",
+        f"%{fragment}%",
+    )
+
+
+async def test_an_insert_held_open_across_a_seal_is_published_not_lost(engine_db, pool, clock, publisher, target, acme):
+    """Out-of-order commit: the materializer's transaction has read the seal and staged its row; the relay
+    asks to seal past that row's instant before the transaction commits. The seal waits; the row is read."""
+    schedule = await create_once(pool, clock, target)
+    _, ownership = await owning(pool, clock)
+    blocker = await asyncpg.connect(engine_db)
+    await blocker.execute("BEGIN")
+    materializing = relaying = None
+    try:
+        # Something else holds the schedule row (a control-plane change in flight): the materializer's advance
+        # waits inside its transaction, which already holds the shard's seal FOR SHARE.
+        await blocker.execute(
+            "SELECT 1 FROM schedules WHERE schedule_id = $1::uuid FOR UPDATE", uuid.UUID(schedule["schedule_id"])
+        )
+        materializer = Materializer(pool, MaterializerConfig(), clock, ownership=ownership)
+        materializing = asyncio.create_task(materializer.run_once())
+        await wait_for(lambda: waiting_on_lock(pool, "WITH advanced AS"))
+        clock.set(AT - timedelta(seconds=0.8))
+        relay = relay_of(pool, publisher, ownership, clock)
+        relaying = asyncio.create_task(relay.run_once())
+        await wait_for(lambda: waiting_on_lock(pool, "UPDATE dispatch_seals"))
+        await blocker.execute("COMMIT")
+        assert (await asyncio.wait_for(materializing, 10)).ahead == 1
+        clock.set(AT)
+        assert (await asyncio.wait_for(relaying, 20)).published == 1
+    finally:
+        await blocker.close()
+        for task in (materializing, relaying):
+            if task is not None and not task.done():
+                task.cancel()
+        await asyncio.gather(*(t for t in (materializing, relaying) if t is not None), return_exceptions=True)
+
+
+async def test_a_delivery_due_before_the_seal_goes_to_the_late_lane_and_is_published(
+    pool, clock, publisher, target, kafka_bootstrap, acme
+):
+    clock.set(AT - timedelta(seconds=0.5))
+    _, ownership = await owning(pool, clock)  # leases are judged on the clock: take them at its instant
+    await relay_of(pool, publisher, ownership, clock).run_once()  # sealed up to 10:00:11 (nothing there yet)
+    await create_once(pool, clock, target)  # created after the relay sealed past its instant
+    report = await Materializer(pool, MaterializerConfig(), clock, ownership=ownership).run_once()
+    assert (report.ahead, report.late) == (0, 1)
+    clock.set(AT)
+    late = Relay(OutboxStore(pool, clock), publisher)
+    # the occurrence, and the messages the schedule's creation queued (its state, its target binding)
+    assert (await late.run_once()).published == await pool.fetchval("SELECT count(*) FROM outbox")
+    assert await pool.fetchval("SELECT sent_at FROM outbox WHERE occurrence_id IS NOT NULL") == AT
+    assert len(await read_topic(kafka_bootstrap, occurrence_topic(target), expected=1)) == 1
+
+
+async def test_a_poison_row_is_quarantined_after_bounded_tries_without_blocking_its_shard(
+    pool, clock, kafka_bootstrap, target, acme
+):
+    small = LibrdkafkaPublisher(LibrdkafkaConfig(kafka_bootstrap, partitions=4, max_message_bytes=2000))
+    await small.start()
+    try:
+        poison = await create_once(pool, clock, target, payload={"blob": "x" * 3000})
+        fine = await create_once(pool, clock, target, at=AT + timedelta(seconds=1))
+        await pool.execute("UPDATE schedules SET shard = 7")  # one shard: the fine row is behind the poison
+        _, ownership = await owning(pool, clock)
+        await Materializer(pool, MaterializerConfig(), clock, ownership=ownership).run_once()
+        clock.set(AT + timedelta(seconds=1))
+        relay = relay_of(pool, small, ownership, clock, poison_tries=3)
+        reports = [await relay.run_once() for _ in range(3)]
+        assert [r.failed for r in reports] == [1, 1, 0] and reports[-1].quarantined == 1
+        # The row behind the poison went out with every try (at least once: until the cursor passes the
+        # poison it cannot pass what follows), and never again once the poison was set aside.
+        assert sum(r.published for r in reports) == 3
+        assert (await relay.run_once()).read == 0
+        row = await pool.fetchrow("SELECT * FROM dispatch_quarantine")
+        assert row["tries"] == 3 and "MSG_SIZE_TOO_LARGE" in row["error"] and row["topic"] == occurrence_topic(target)
+        published = await read_topic(kafka_bootstrap, occurrence_topic(target), expected=3)
+        assert {str(decode_occurrence(r.value).schedule_id) for r in published} == {fine["schedule_id"]}
+        assert poison["schedule_id"] != fine["schedule_id"]
+    finally:
+        await small.stop()
+
+
+async def test_weighted_round_robin_serves_small_tenants_before_the_rest_of_a_big_burst(pool, clock, target):
+    from engine.control.tenants import create_tenant
+
+    await create_tenant(pool, "big")
+    await create_tenant(pool, "small")
+    control = ControlPlane(pool, clock)
+    for _ in range(30):
+        await control.create_schedule("big", {"kind": "once", "target": target, "expression": AT.isoformat()})
+    for _ in range(3):  # a target belongs to one tenant: the small one has its own, in the same shard
+        await control.create_schedule(
+            "small", {"kind": "once", "target": f"{target}.small", "expression": AT.isoformat()}
+        )
+    await pool.execute("UPDATE schedules SET shard = 3")
+    _, ownership = await owning(pool, clock)
+    materializer = Materializer(pool, MaterializerConfig(), clock, ownership=ownership)
+    passes = 0
+    while (await materializer.run_once()).schedules:  # a shard's share of a batch is 20: two passes, one order
+        passes += 1
+    assert passes == 2
+    order = await pool.fetch("SELECT tenant_id FROM dispatch_queue ORDER BY shard, bucket, wrr_round, occurrence_id")
+    tenants = [r["tenant_id"] for r in order]
+    assert len(tenants) == 33
+    assert max(i for i, t in enumerate(tenants) if t == "small") < 6  # all three in the first three rounds
