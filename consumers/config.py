@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from schemas.attempt_credentials import AttemptCredential
+from schemas.kafka_security import PLAINTEXT, KafkaSecurity
 from schemas.topics import DEFAULT_PARTITIONS
 
 
@@ -62,6 +63,8 @@ class ConsumerConfig:
     tenants: the only tenants whose occurrences this app runs, whatever the
         target bindings say (default None: the tenants bound to each target).
         Others are dead-lettered. Set it when the app serves known tenants.
+    kafka_security: TLS and SASL of every Kafka client of the app (default PLAINTEXT;
+        :class:`schemas.kafka_security.KafkaSecurity`).
     binding_wait: seconds an occurrence of a tenant its target is not bound to
         waits for the target-binding topic to be read to its end (a grant may be
         on its way) before it is dead-lettered (default 5).
@@ -97,6 +100,7 @@ class ConsumerConfig:
     worker: str = field(default_factory=_worker_id)
     tenants: frozenset[str] | None = None
     binding_wait: float = 5.0
+    kafka_security: KafkaSecurity = PLAINTEXT
     attempt_credentials: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     def credentials(self) -> dict[str, AttemptCredential]:
@@ -147,6 +151,7 @@ class ConsumerConfig:
             raise ValueError("transaction_idle_timeout and dedupe_lock_timeout must be positive")
         if self.binding_wait < 0:
             raise ValueError("binding_wait must not be negative")
+        self.kafka_security.validate()
         if self.tenants is not None and not self.tenants:
             raise ValueError("tenants must name at least one tenant (or be None for the target bindings)")
         if self.shutdown_grace < 0:

@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from consumers.occurrence import Cancellation
+from schemas.kafka_security import PLAINTEXT, KafkaSecurity, start_client
 from schemas.messages import MalformedMessage, ScheduleStateMessage, decode_schedule_state
 from schemas.topics import SCHEDULE_STATES_TOPIC, topic_partitions
 
@@ -91,19 +92,24 @@ class ScheduleStateView:
 
     # -- reading the topic ------------------------------------------------------------------
 
-    async def start(self, bootstrap: str, catch_up_timeout: float) -> None:
+    async def start(self, bootstrap: str, catch_up_timeout: float, security: KafkaSecurity = PLAINTEXT) -> None:
         """Assign every partition from the beginning and read up to the end offsets seen now."""
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
-        await consumer.start()
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            **security.client_options(),
+        )
+        await start_client(consumer, bootstrap, security)
         self._consumer = consumer
         loop = asyncio.get_running_loop()
         deadline = loop.time() + catch_up_timeout
         # Partitions from an admin client, not consumer.partitions_for_topic:
         # an assigning consumer has no topic metadata on Apache Kafka yet.
-        partitions = await topic_partitions(bootstrap, SCHEDULE_STATES_TOPIC)
+        partitions = await topic_partitions(bootstrap, SCHEDULE_STATES_TOPIC, security)
         while not partitions and loop.time() < deadline:
             await asyncio.sleep(0.05)  # the topic was created a moment ago
-            partitions = await topic_partitions(bootstrap, SCHEDULE_STATES_TOPIC)
+            partitions = await topic_partitions(bootstrap, SCHEDULE_STATES_TOPIC, security)
         if not partitions:
             log.warning(
                 "schedule-state topic not found; skipping no occurrence as obsolete until it appears",

@@ -36,6 +36,7 @@ import time
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from schemas.errors import MalformedMessage
+from schemas.kafka_security import PLAINTEXT, KafkaSecurity, start_client
 from schemas.target_bindings import TargetBindingMessage, decode_target_binding
 from schemas.topics import TARGET_BINDINGS_TOPIC, topic_partitions
 
@@ -115,19 +116,24 @@ class TargetBindingView:
 
     # -- reading the topic ------------------------------------------------------------------
 
-    async def start(self, bootstrap: str, catch_up_timeout: float) -> None:
+    async def start(self, bootstrap: str, catch_up_timeout: float, security: KafkaSecurity = PLAINTEXT) -> None:
         """Assign every partition from the beginning and read up to the end offsets seen now."""
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
-        await consumer.start()
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            **security.client_options(),
+        )
+        await start_client(consumer, bootstrap, security)
         self._consumer = consumer
         loop = asyncio.get_running_loop()
         deadline = loop.time() + catch_up_timeout
         # Partitions from an admin client, not consumer.partitions_for_topic: an
         # assigning consumer has no topic metadata on Apache Kafka (schemas.topics).
-        partitions = await topic_partitions(bootstrap, TARGET_BINDINGS_TOPIC)
+        partitions = await topic_partitions(bootstrap, TARGET_BINDINGS_TOPIC, security)
         while not partitions and loop.time() < deadline:
             await asyncio.sleep(0.05)  # the topic may just have been created
-            partitions = await topic_partitions(bootstrap, TARGET_BINDINGS_TOPIC)
+            partitions = await topic_partitions(bootstrap, TARGET_BINDINGS_TOPIC, security)
         if not partitions:
             log.warning(
                 "target-binding topic not found; every target counts as unbound until it appears",

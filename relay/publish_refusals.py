@@ -24,6 +24,8 @@ from aiokafka.errors import (
     UnsupportedVersionError,
 )
 
+from schemas.kafka_security import KafkaAuthorizationError
+
 TOO_LARGE = "too_large"
 INVALID_TOPIC = "invalid_topic"
 UNAUTHORIZED_TOPIC = "unauthorized_topic"
@@ -48,6 +50,8 @@ def refusal_reason(error: BaseException | None) -> str | None:
         return INVALID_TOPIC
     if isinstance(error, TopicAuthorizationFailedError):
         return UNAUTHORIZED_TOPIC
+    if isinstance(error, KafkaAuthorizationError) and error.resource == "topic":
+        return UNAUTHORIZED_TOPIC  # a topic this relay may not create (schemas.topics.ensure_topics)
     if isinstance(error, BrokerResponseError) and not error.retriable and not isinstance(error, _NOT_THE_ROWS_FAULT):
         return REFUSED
     return None

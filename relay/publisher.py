@@ -37,6 +37,7 @@ from aiokafka.errors import InvalidTopicError, KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
 from relay.publish_refusals import REFUSED, TOO_LARGE, RecordTooLarge, refusal_reason
+from schemas.kafka_security import PLAINTEXT, KafkaSecurity, start_client
 from schemas.topics import DEFAULT_PARTITIONS, ensure_topics
 
 # Refusals of a batch that may be one member's fault (unlike a topic's: every member shares it).
@@ -67,6 +68,7 @@ class PublisherConfig:
         refused before it is sent, on every broker.
     idempotent: use the idempotent producer (default False; needs a broker
         with InitProducerId: Apache Kafka yes, tansu no).
+    security: TLS and SASL of the producer and admin client (default PLAINTEXT).
     """
 
     bootstrap: str
@@ -75,6 +77,7 @@ class PublisherConfig:
     ack_timeout: float = 30.0
     max_batch_bytes: int = 1024 * 1024
     idempotent: bool = False
+    security: KafkaSecurity = PLAINTEXT
 
 
 Outcome = dict[Hashable, BaseException | None]
@@ -90,14 +93,15 @@ class KafkaPublisher:
             max_batch_size=config.max_batch_bytes,
             max_request_size=max(config.max_batch_bytes, 1024 * 1024),
             request_timeout_ms=int(config.ack_timeout * 1000),
+            **config.security.client_options(),
         )
-        self.admin = AIOKafkaAdminClient(bootstrap_servers=config.bootstrap)
+        self.admin = AIOKafkaAdminClient(bootstrap_servers=config.bootstrap, **config.security.client_options())
         self._partitioner = DefaultPartitioner()
         self._known_topics: set[str] = set()
 
     async def start(self) -> None:
-        await self.producer.start()
-        await self.admin.start()
+        await start_client(self.producer, self.config.bootstrap, self.config.security)
+        await start_client(self.admin, self.config.bootstrap, self.config.security)
 
     async def stop(self) -> None:
         await self.producer.stop()

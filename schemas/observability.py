@@ -60,6 +60,7 @@ SCHEDULES_COMPLETED = "chronoq.schedules_completed"  # counter, attr reason: exh
 CALENDAR_CHANGES = "chronoq.calendar_changes"  # counter, attr change: create|update|import|delete
 # Hostile input and tenant isolation (docs/security.md).
 RECORDS_SKIPPED = "chronoq.records_skipped"  # counter, attr loop: records passed after a non-transient failure
+KAFKA_REFUSALS = "chronoq.kafka_refusals"  # counter, attr kind: authentication|authorization, setting
 TARGET_REFUSALS = "chronoq.target_refusals"  # counter: schedules refused on another tenant's target
 # The sharded data plane (issue 12).
 TENANT_DISPATCHES = "chronoq.tenant_dispatches"  # counter, attrs tenant_id, lane: ahead-lane rows published

@@ -60,6 +60,7 @@ def consumer_config(
         endpoints.consumer_database_url,
         report_attempts=report_attempts,
         attempt_credentials=credentials or {},
+        kafka_security=endpoints.kafka_security,
     )
 
 

@@ -38,6 +38,7 @@ from schemas.attempt_credentials import signed_by
 from schemas.attempt_events import AttemptEvent, decode_attempt_event
 from schemas.clock import Clock, DatabaseClock
 from schemas.error_classification import is_transient
+from schemas.kafka_security import PLAINTEXT, KafkaSecurity
 from schemas.messages import MalformedMessage
 from schemas.queries import QUERIES
 from schemas.topics import ATTEMPTS_TOPIC, DEFAULT_PARTITIONS
@@ -83,9 +84,11 @@ class AttemptProcessor:
         rng: random.Random | None = None,
         meter: metrics.Meter | None = None,
         tracer: trace.Tracer | None = None,
+        security: KafkaSecurity = PLAINTEXT,
     ) -> None:
         self.pool = pool
         self.kafka_bootstrap = kafka_bootstrap
+        self.security = security
         self.config = config or AttemptProcessorConfig()
         self.config.validate()
         self.clock = clock or DatabaseClock()
@@ -216,4 +219,6 @@ class AttemptProcessor:
             cfg.error_backoff,
             summary_every,
         )
-        await KafkaProcessorLoop("attempts", self.kafka_bootstrap, settings, self.handle_records, log).run(stop)
+        await KafkaProcessorLoop(
+            "attempts", self.kafka_bootstrap, settings, self.handle_records, log, security=self.security
+        ).run(stop)

@@ -43,6 +43,7 @@ from engine.loops.reporting import SUMMARY_EVERY
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock
 from schemas.error_classification import is_transient
+from schemas.kafka_security import PLAINTEXT, KafkaSecurity
 from schemas.queries import QUERIES
 from schemas.topics import ATTEMPTS_TOPIC, occurrence_topic, schedule_key
 
@@ -89,10 +90,12 @@ class StuckOccurrences:
         kafka_bootstrap: str | None = None,
         config: StuckOccurrencesConfig | None = None,
         clock: Clock | None = None,
+        security: KafkaSecurity = PLAINTEXT,
         meter: metrics.Meter | None = None,
     ) -> None:
         self.pool = pool
         self.kafka_bootstrap = kafka_bootstrap
+        self.security = security
         self.config = config or StuckOccurrencesConfig()
         self.config.validate()
         self.clock = clock or DatabaseClock()
@@ -170,7 +173,11 @@ class StuckOccurrences:
             self.config.attempts_group
             or f"chronoq-engine-attempts.{await self.pool.fetchval(*QUERIES.current_database())}"
         )
-        lags = [lag for lag in await read_consumer_lag(self.kafka_bootstrap, [group]) if lag.topic == ATTEMPTS_TOPIC]
+        lags = [
+            lag
+            for lag in await read_consumer_lag(self.kafka_bootstrap, [group], security=self.security)
+            if lag.topic == ATTEMPTS_TOPIC
+        ]
         total = sum(lag.lag for lag in lags)
         self._lag.set(total, {"group": group})
         return total
