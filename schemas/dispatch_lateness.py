@@ -16,12 +16,21 @@ schedule's stored policy text; :func:`stored_policy` turns them back into a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
-__all__ = ["MisfirePolicy", "DispatchDecision", "late_threshold", "decide_dispatch", "stored_policy"]
+__all__ = [
+    "MisfirePolicy",
+    "DispatchDecision",
+    "LateDelivery",
+    "LateVerdict",
+    "late_threshold",
+    "decide_dispatch",
+    "stored_policy",
+    "judge_late",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,3 +110,51 @@ def decide_dispatch(
         publish=[t.replace(tzinfo=UTC) for t in sorted(published_late + on_time)],
         missed=[t.replace(tzinfo=UTC) for t in missed],
     )
+
+
+@dataclass(frozen=True)
+class LateDelivery:
+    """A due, unpublished delivery of an on-time occurrence, as a relay reads it.
+
+    handle: the caller's name for the row (its key). schedule: what groups the
+    rows of one schedule (its id, or its record key). due: available_at.
+    late_after: the instant after which it is late. policy: the stored policy text.
+    """
+
+    handle: Hashable
+    schedule: Hashable
+    due: datetime
+    late_after: datetime
+    policy: str
+
+
+@dataclass
+class LateVerdict:
+    """missed: handles to record MISSED instead of publishing. published_late: late handles the policy
+    still publishes (exempt from further judgement: the K most recent were chosen once)."""
+
+    missed: list[Hashable] = field(default_factory=list)
+    published_late: list[Hashable] = field(default_factory=list)
+
+
+def judge_late(deliveries: Sequence[LateDelivery], now: datetime) -> LateVerdict:
+    """:func:`decide_dispatch` per schedule over every due, unpublished delivery a relay found for it.
+
+    Deliveries are grouped by (schedule, policy, threshold); a delivery not yet late stays as it is.
+    """
+    groups: dict[tuple[Hashable, str, timedelta], list[LateDelivery]] = {}
+    for delivery in deliveries:
+        key = (delivery.schedule, delivery.policy, delivery.late_after - delivery.due)
+        groups.setdefault(key, []).append(delivery)
+    verdict = LateVerdict()
+    for (_, policy, threshold), members in groups.items():
+        decision = decide_dispatch([m.due for m in members], now, stored_policy(policy, threshold))
+        missed = set(decision.missed)
+        published = set(decision.publish)
+        for member in members:
+            instant = member.due.astimezone(UTC)
+            if instant in missed:
+                verdict.missed.append(member.handle)
+            elif instant in published and member.late_after < now:
+                verdict.published_late.append(member.handle)
+    return verdict
