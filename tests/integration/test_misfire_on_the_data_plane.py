@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import asyncpg
 import pytest
@@ -56,7 +57,7 @@ async def publisher(kafka_bootstrap):
 class Node:
     """One engine node's data plane in a test: shard leases, the materializer, both relays, the settle pass."""
 
-    def __init__(self, pool: asyncpg.Pool, clock: ManualClock, publisher: LibrdkafkaPublisher, **config) -> None:
+    def __init__(self, pool: asyncpg.Pool, clock: ManualClock, publisher: Any, **config: Any) -> None:
         self.pool, self.clock = pool, clock
         self.ownership = ShardOwnership("node-a")
         self.leases = ShardLeases(pool, self.ownership, LEASES, clock)

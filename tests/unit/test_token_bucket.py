@@ -168,7 +168,7 @@ def test_a_reservation_releases_the_burst_now_and_the_rest_at_the_rate() -> None
     releases, bucket = reserve(full_bucket(60, T0), T0, 63)  # one per second, a burst of 60
     assert releases[:60] == [T0] * 60
     assert releases[60:] == [T0 + timedelta(seconds=s) for s in (1, 2, 3)]
-    assert (bucket.tokens, bucket.updated_at) == (0, T0 + timedelta(seconds=3))
+    assert (bucket.tokens, bucket.updated_at) == (Fraction(0), T0 + timedelta(seconds=3))
     # the bucket owes until its last release: a take before then gets nothing, a later reservation queues
     assert take(bucket, T0 + timedelta(seconds=2), 1)[0] == 0
     later, _ = reserve(bucket, T0 + timedelta(seconds=1), 2)
@@ -192,7 +192,7 @@ def test_reservations_never_release_faster_than_the_rate_allows(
     rate: int, capacity: int, start: int, requests: list[tuple[int, int]]
 ) -> None:
     bucket = TokenBucket(rate, capacity, Fraction(min(start, capacity)), T0)
-    now, released = T0, []
+    now, released = T0, list[datetime]()
     for gap_us, n in requests:
         now += gap_us * US
         times, bucket = reserve(bucket, now, n)
