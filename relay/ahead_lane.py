@@ -22,8 +22,9 @@ from schemas.queries import QUERIES
 
 #: An ahead-lane row as read_ahead_page returns it (an asyncpg Record; fields by name): shard, bucket,
 #: wrr_round, occurrence_id, tenant_id, topic, message_key, message, scheduled_for, available_at,
-#: discarded, late_after, occurrence_header, tenant_header. Records, not objects: a burst reads hundreds of
-#: thousands of them and every per-row allocation shows in the dispatch rate.
+#: discarded, late_after, first_late_after (the page's earliest), occurrence_header, tenant_header.
+#: Records, not objects: a burst reads hundreds of thousands of them and every per-row allocation shows
+#: in the dispatch rate.
 AheadRow: TypeAlias = asyncpg.Record
 
 

@@ -305,6 +305,7 @@ class AheadRelay:
             span.set_attribute("chronoq.ahead_rows", len(rows))
             obs.inject_trace_headers(trace_headers)
         waiting = [i for i, r in enumerate(rows) if not r["discarded"]]
+        first_late = rows[0]["first_late_after"] if rows else None  # the page's earliest: one check per release
         futures: list[tuple[list[int], asyncio.Future[list[BaseException | None]]]] = []
         while waiting:
             now = self.clock.now()
@@ -315,7 +316,7 @@ class AheadRelay:
                 if due:
                     due_set = set(due)
                     waiting = [i for i in waiting if i not in due_set]
-            if due and now is not None:
+            if due and now is not None and first_late is not None and first_late < now:
                 late = [rows[i] for i in due if rows[i]["late_after"] is not None and rows[i]["late_after"] < now]
                 if late:
                     due = await self._judge(lane, epochs, rows, due, late, now, outcomes)

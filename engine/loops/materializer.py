@@ -626,9 +626,10 @@ class Materializer:
         catch-ups were refused (recorded MISSED: the tenant's catch_up_per_minute is 0).
 
         On-time deliveries carry ``late_after`` (available_at + the lateness threshold) and the policy, for
-        the relays' check at dispatch; catch-up deliveries carry neither (they are late by design, the
-        token bucket paces them), wait in the late lane until their release and never take the ahead
-        lane: recovery runs in the late relay's capacity, apart from on-time strict work.
+        the relays' check at dispatch (not those the overlap gate holds: it decides when they go).
+        Catch-up deliveries carry neither (late by design, the token bucket paces them), wait in the late
+        lane until their release and never take the ahead lane: recovery runs in the late relay's
+        capacity, apart from on-time strict work.
         """
         schedule, decision = item.schedule, item.decision
         schedule_id, version, tenant, target, shard = (
@@ -660,8 +661,10 @@ class Materializer:
                 bucket = bucket_of(available_at)
             else:
                 available_at, bucket = scheduled_for, cached[1]
-            late_after: datetime | None = available_at + threshold
-            if scheduled_for in catch_up:
+            # held rows wait for the overlap gate by design: the gate, not lateness, decides when they go
+            late_after: datetime | None = None if held else available_at + threshold
+            recovering = scheduled_for in catch_up
+            if recovering:
                 release = pacing.releases.get((schedule_id, scheduled_for))
                 if release is None:
                     refused.append(scheduled_for)
@@ -674,7 +677,7 @@ class Materializer:
             )  # fmt: skip
             # Ahead only if this node holds the shard and the relay has not sealed past the instant;
             # held rows wait for the overlap gate, which works on the outbox; catch-ups go late.
-            ahead = seal is not None and not held and late_after is not None and bucket >= seal
+            ahead = seal is not None and not held and not recovering and bucket >= seal
             wrr_round = take_round((shard, lane, bucket), tenant, schedule.weight) if ahead else 0
             out.append(
                 (occ_id, schedule_id, version, tenant, target, scheduled_for, available_at, "SCHEDULED", topic,

@@ -32,10 +32,12 @@ WHERE shard = ANY (:shards::int[]) AND lane = :lane;
 -- name: read_ahead_page
 -- The next rows of :lane, per shard: up to :per_shard rows after each shard's cursor (:buckets, :rounds,
 -- :ids) and before its seal (:seals), ordered by shard then key (bucket, weighted round, occurrence_id),
--- with the identity headers' values already as bytes. Discarded rows are returned too (the cursor passes
+-- with the identity headers' values already as bytes, and the page's earliest late_after (the relay checks
+-- rows one by one only when the page has a late one). Discarded rows are returned too (the cursor passes
 -- them; the relay does not publish them).
 SELECT q.shard, q.bucket, q.wrr_round, q.occurrence_id, q.tenant_id, q.topic, q.message_key, q.message,
        q.scheduled_for, q.available_at, q.discarded_at IS NOT NULL AS discarded, q.late_after,
+       min(q.late_after) OVER () AS first_late_after,
        convert_to(q.occurrence_id::text, 'UTF8') AS occurrence_header,
        convert_to(q.tenant_id, 'UTF8') AS tenant_header
 FROM unnest(:shards::int[], :buckets::timestamptz[], :rounds::int[], :ids::uuid[], :seals::timestamptz[])
