@@ -35,7 +35,7 @@ from datetime import datetime, timedelta
 
 from opentelemetry import metrics, trace
 
-from relay.ahead_lane import AheadLaneStore, AheadRow, CursorMove, Quarantined, key_of
+from relay.ahead_lane import AheadLaneStore, AheadRow, CursorMove, LateJudgement, Quarantined, key_of
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock, pause
 from schemas.dispatch_lanes import LANES, CursorKey, seal_boundary
@@ -285,13 +285,36 @@ class AheadRelay:
         for shard, row in last.items():
             self._tentative[(shard, lane)] = key_of(row)
         page_epochs = {s: epochs[s] for s in starts}
-        task = asyncio.create_task(self._release_and_send(rows, lane, page_epochs))
+        # Late rows are judged here, in page order (pages are read one after another, in key order), so a
+        # schedule's late rows are judged once, oldest page first; the release only re-checks rows that
+        # became late between their read and their release (a stalled relay).
+        skip, judged = await self._judge_at_read(lane, page_epochs, rows)
+        task = asyncio.create_task(self._release_and_send(rows, lane, page_epochs, skip, judged))
         page = _Page(lane, page_epochs, starts, rows, task)
         self._inflight.append(page)
         return page
 
+    async def _judge_at_read(
+        self, lane: str, epochs: dict[int, int], rows: list[AheadRow]
+    ) -> tuple[frozenset[object], frozenset[object]]:
+        """Judge the page's rows already past their late_after: (ids not to publish, ids judged)."""
+        now = self.clock.now()
+        first_late = rows[0]["first_late_after"]
+        if now is None or first_late is None or first_late >= now:
+            return frozenset(), frozenset()
+        late = [r for r in rows if not r["discarded"] and r["late_after"] is not None and r["late_after"] < now]
+        if not late:
+            return frozenset(), frozenset()
+        judgement = await self._record_judgement(lane, epochs, late, now)
+        return frozenset(judgement.skip), frozenset(r["occurrence_id"] for r in late)
+
     async def _release_and_send(
-        self, rows: list[AheadRow], lane: str, epochs: dict[int, int]
+        self,
+        rows: list[AheadRow],
+        lane: str,
+        epochs: dict[int, int],
+        skip: frozenset[object] = frozenset(),
+        judged: frozenset[object] = frozenset(),
     ) -> list[BaseException | None]:
         """Hand each row to the publisher once the clock reaches its available_at; one outcome per row.
 
@@ -304,7 +327,10 @@ class AheadRelay:
         with self.tracer.start_as_current_span(obs.SPAN_PUBLISH) as span:
             span.set_attribute("chronoq.ahead_rows", len(rows))
             obs.inject_trace_headers(trace_headers)
-        waiting = [i for i, r in enumerate(rows) if not r["discarded"]]
+        for i, r in enumerate(rows):
+            if r["occurrence_id"] in skip:
+                outcomes[i] = MISSED_AT_DISPATCH
+        waiting = [i for i, r in enumerate(rows) if not r["discarded"] and r["occurrence_id"] not in skip]
         first_late = rows[0]["first_late_after"] if rows else None  # the page's earliest: one check per release
         futures: list[tuple[list[int], asyncio.Future[list[BaseException | None]]]] = []
         while waiting:
@@ -317,9 +343,7 @@ class AheadRelay:
                     due_set = set(due)
                     waiting = [i for i in waiting if i not in due_set]
             if due and now is not None and first_late is not None and first_late < now:
-                late = [rows[i] for i in due if rows[i]["late_after"] is not None and rows[i]["late_after"] < now]
-                if late:
-                    due = await self._judge(lane, epochs, rows, due, late, now, outcomes)
+                due = await self._judge(lane, epochs, rows, due, judged, now, outcomes)
             if due:
                 items = [
                     (
@@ -352,11 +376,36 @@ class AheadRelay:
         epochs: dict[int, int],
         rows: list[AheadRow],
         due: list[int],
-        late: list[AheadRow],
+        judged: frozenset[object],
         now: datetime,
         outcomes: list[BaseException | None],
     ) -> list[int]:
-        """Apply lateness at dispatch to the late rows among ``due``; returns the rows still to publish."""
+        """Lateness at dispatch for rows of ``due`` that became late after their read (not judged then);
+        returns the rows still to publish."""
+        late = [
+            rows[i]
+            for i in due
+            if rows[i]["late_after"] is not None
+            and rows[i]["late_after"] < now
+            and rows[i]["occurrence_id"] not in judged
+        ]
+        if not late:
+            return due
+        judgement = await self._record_judgement(lane, epochs, late, now)
+        if not judgement.skip:
+            return due
+        keep = []
+        for i in due:
+            if rows[i]["occurrence_id"] in judgement.skip:
+                outcomes[i] = MISSED_AT_DISPATCH
+            else:
+                keep.append(i)
+        return keep
+
+    async def _record_judgement(
+        self, lane: str, epochs: dict[int, int], late: list[AheadRow], now: datetime
+    ) -> LateJudgement:
+        """Judge ``late`` in the database and count what was decided."""
         judgement = await self.store.judge_late(lane, epochs, late, now)
         if judgement.missed:
             self._judged_missed += judgement.missed
@@ -367,15 +416,7 @@ class AheadRelay:
             )
         if judgement.published_late:
             self._late_published.add(judgement.published_late, {"lane": lane})
-        if not judgement.skip:
-            return due
-        keep = []
-        for i in due:
-            if rows[i]["occurrence_id"] in judgement.skip:
-                outcomes[i] = MISSED_AT_DISPATCH
-            else:
-                keep.append(i)
-        return keep
+        return judgement
 
     async def _complete_oldest(self, report: AheadReport) -> None:
         page = self._inflight.popleft()

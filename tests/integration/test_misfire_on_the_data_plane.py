@@ -57,14 +57,17 @@ async def publisher(kafka_bootstrap):
 class Node:
     """One engine node's data plane in a test: shard leases, the materializer, both relays, the settle pass."""
 
-    def __init__(self, pool: asyncpg.Pool, clock: ManualClock, publisher: Any, **config: Any) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, clock: ManualClock, publisher: Any, rows_per_shard: int = 64, **config: Any
+    ) -> None:
         self.pool, self.clock = pool, clock
         self.ownership = ShardOwnership("node-a")
         self.leases = ShardLeases(pool, self.ownership, LEASES, clock)
         self.materializer = Materializer(pool, MaterializerConfig(**config), clock, ownership=self.ownership)
         store = AheadLaneStore(pool, clock, self.ownership.node_id)
         # read_ahead 1 s with the clock on whole seconds: a row is read and released at its own instant
-        self.ahead = AheadRelay(store, publisher, self.ownership, AheadRelayConfig(read_ahead=SECOND), clock)
+        relay_config = AheadRelayConfig(read_ahead=SECOND, rows_per_shard=rows_per_shard)
+        self.ahead = AheadRelay(store, publisher, self.ownership, relay_config, clock)
         self.late = Relay(OutboxStore(pool, clock), publisher)
         self.settler = DispatchSettler(pool, clock=clock)
 
@@ -309,3 +312,23 @@ async def test_a_relay_outage_publishes_on_time_work_on_time_and_applies_the_pol
     assert lags and all(r["enqueued_at"] == r["scheduled_for"] for r in lags)
     report = await reconcile(pool, Window(START, at(6, 1)), clock=clock, record=False)
     assert report.clean and report.counts["missing"] == 0
+
+
+async def test_catch_up_k_holds_when_a_schedules_late_rows_span_many_pages(
+    pool, clock, publisher, target, kafka_bootstrap, acme
+):
+    control = ControlPlane(pool, clock)
+    schedule = await control.create_schedule(
+        "acme",
+        {"kind": "rate", "expression": "10s", "target": target, "misfire_policy": "catch_up:2", "max_lateness": "30s"},
+    )
+    node = Node(pool, clock, publisher, rows_per_shard=2)  # 36 rows in one shard: 18 pages, 3 in flight
+    while clock.now() < at(5, 3):  # the relay is down while the engine keeps materializing
+        clock.advance(min(timedelta(seconds=5), at(5, 3) - clock.now()))
+        await node.materialize()
+    report = await node.ahead.run_once()
+    assert report.missed == 25 and report.published == 5  # 2 late ones and 10:04:40, 10:04:50, 10:05:00
+    await node.settle()
+    expected = [at(4, 20), at(4, 30), at(4, 40), at(4, 50), at(5)]
+    assert await published_instants(kafka_bootstrap, target, len(expected)) == expected
+    assert (await states(pool, schedule["schedule_id"]))["MISSED"] == 25
