@@ -332,3 +332,20 @@ async def test_catch_up_k_holds_when_a_schedules_late_rows_span_many_pages(
     expected = [at(4, 20), at(4, 30), at(4, 40), at(4, 50), at(5)]
     assert await published_instants(kafka_bootstrap, target, len(expected)) == expected
     assert (await states(pool, schedule["schedule_id"]))["MISSED"] == 25
+
+
+async def test_a_tenant_without_catch_up_budget_gets_its_late_slots_recorded_missed(pool, clock, target):
+    await create_tenant(pool, "frozen", TenantQuotas(catch_up_per_minute=0))
+    control = ControlPlane(pool, clock)
+    schedule = await control.create_schedule(
+        "frozen",
+        {"kind": "cron", "expression": "* * * * *", "target": target, "misfire_policy": "catch_up:3",
+         "max_lateness": "30s"},
+    )  # fmt: skip
+    clock.set(at(10, 45))
+    report = await Materializer(pool, MaterializerConfig(horizon=timedelta(0)), clock).run_once()
+    assert (report.catch_up, report.catch_up_refused, report.missed) == (0, 3, 10)
+    assert await states(pool, schedule["schedule_id"]) == {"MISSED": 10}
+    assert await pool.fetchval("SELECT runs FROM schedules") == 0
+    report_ = await reconcile(pool, Window(START, at(10, 46)), clock=clock, record=False)
+    assert report_.clean and report_.counts["missing"] == 0
