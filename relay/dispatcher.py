@@ -35,7 +35,7 @@ import asyncpg
 from aiokafka.errors import KafkaError
 from opentelemetry import metrics, trace
 
-from relay.outbox import OutboxRow, OutboxStore
+from relay.outbox import Claim, OutboxRow, OutboxStore
 from relay.publish_refusals import refusal_reason
 from relay.publisher import KafkaPublisher, Outcome, OutgoingRecord
 from schemas import observability as obs
@@ -94,6 +94,7 @@ class RelayReport:
     fenced: int = 0
     refused: int = 0  # of the failed: refused for a reason about the row, retried later
     quarantined: int = 0  # of the refused: given up on, occurrence DEAD
+    missed: int = 0  # late at dispatch: recorded MISSED instead of published
 
 
 class Relay:
@@ -119,6 +120,8 @@ class Relay:
         self._fenced = meter.create_counter(obs.OUTBOX_FENCED_MARKS, unit="1")
         self._backlog = meter.create_gauge(obs.OUTBOX_BACKLOG, unit="1")
         self._quarantined = meter.create_counter(obs.OUTBOX_QUARANTINED, unit="1")
+        self._dispatch_missed = meter.create_counter(obs.DISPATCH_MISSED, unit="1")
+        self._late_published = meter.create_counter(obs.DISPATCH_LATE_PUBLISHED, unit="1")
 
     @classmethod
     def create(
@@ -139,6 +142,9 @@ class Relay:
             return report
         if self.hooks.after_claim:
             await self.hooks.after_claim()
+        claim = await self._judge_late(claim, report)
+        if not claim.rows:
+            return report
         with self.tracer.start_as_current_span(obs.SPAN_PUBLISH) as span:
             span.set_attribute("chronoq.outbox_rows", len(claim.rows))
             # Every message of the batch continues this span's trace: the context
@@ -223,6 +229,27 @@ class Relay:
                     "error": error_text,
                 },
             )
+
+    async def _judge_late(self, claim: Claim, report: RelayReport) -> Claim:
+        """Lateness at dispatch: claimed deliveries of on-time occurrences past their late_after are published
+        only if their schedule's policy still allows; the others are recorded MISSED and left out."""
+        now = claim.now
+        late = [r for r in claim.rows if r.late_after is not None and now is not None and r.late_after < now]
+        if not late or now is None:
+            return claim
+        judgement = await self.store.judge_late(claim.token, late, now)
+        if judgement.missed:
+            report.missed += judgement.missed
+            self._dispatch_missed.add(judgement.missed, {"lane": "late"})
+            log.warning(
+                "occurrences too late at dispatch for their misfire policy; recorded MISSED",
+                extra={"action": "outbox.missed_at_dispatch", "count": judgement.missed},
+            )
+        if judgement.published_late:
+            self._late_published.add(judgement.published_late, {"lane": "late"})
+        if not judgement.skip:
+            return claim
+        return Claim(claim.token, [r for r in claim.rows if r.id not in judgement.skip], claim.now)
 
     async def record_backlog(self) -> int:
         """Record (and return) how many due outbox rows are not yet sent."""

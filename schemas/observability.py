@@ -73,6 +73,10 @@ SETTLED_DELIVERIES = "chronoq.settled_deliveries"  # counter: ahead-lane rows th
 ATTEMPT_EVENTS_REJECTED = "chronoq.attempt_events_rejected"
 # counter, attr reason: too_large|invalid_topic|unauthorized_topic|refused (relay quarantined an outbox row)
 OUTBOX_QUARANTINED = "chronoq.outbox_quarantined"
+CATCH_UP_ENQUEUED = "chronoq.catch_up_enqueued"  # counter, attr tenant_id: misfire catch-up occurrences materialized
+CATCH_UP_THROTTLED = "chronoq.catch_up_throttled"  # counter, attr tenant_id: catch-ups released later by the bucket
+DISPATCH_MISSED = "chronoq.dispatch_missed"  # counter, attr lane: on-time occurrences too late at dispatch: MISSED
+DISPATCH_LATE_PUBLISHED = "chronoq.dispatch_late_published"  # counter, attr lane: late, published per the policy
 # Proof and recovery: the reconciler, stuck occurrences, the attempt processor's own lag.
 RECONCILE_COUNTS = "chronoq.reconcile.counts"  # gauge, attr count: expected|missing|unexpected|... of the last run
 RECONCILE_DURATION = "chronoq.reconcile.duration"  # histogram, s: one reconcile run

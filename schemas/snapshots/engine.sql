@@ -125,6 +125,8 @@ CREATE TABLE public.dispatch_queue (
     scheduled_for timestamp with time zone NOT NULL,
     available_at timestamp with time zone NOT NULL,
     discarded_at timestamp with time zone,
+    late_after timestamp with time zone,
+    misfire_policy text,
     CONSTRAINT dispatch_queue_lane_check CHECK ((lane = ANY (ARRAY['strict'::text, 'flexible'::text]))),
     CONSTRAINT dispatch_queue_wrr_round_check CHECK ((wrr_round >= 0))
 );
@@ -203,7 +205,9 @@ CREATE TABLE public.outbox (
     discarded_at timestamp with time zone,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     poison_failures integer DEFAULT 0 NOT NULL,
-    quarantined_at timestamp with time zone
+    quarantined_at timestamp with time zone,
+    late_after timestamp with time zone,
+    misfire_policy text
 );
 ALTER TABLE public.outbox ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME public.outbox_id_seq
