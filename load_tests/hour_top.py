@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import logging
 import math
@@ -604,7 +605,9 @@ def analyze(
     }
     report["summary"] = summary
     report["rate_100ms"] = rate
-    if args.png:
+    if args.png and importlib.util.find_spec("matplotlib") is None:
+        print("no PNG: matplotlib is missing (pip install -e '.[bench]')", flush=True)
+    elif args.png:
         plot(
             Path(args.png), lags, rate, [(len(v), percentiles(v)["p99"]) for v in by_tenant.values()],
             f"hour top: {args.schedules:,} due, {args.background:,} background, {args.relays} nodes, {args.broker}",
