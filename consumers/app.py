@@ -73,6 +73,7 @@ from schemas.clock import pause
 from schemas.connections import create_pool
 from schemas.error_classification import is_transient
 from schemas.errors import MalformedMessage
+from schemas.kafka_security import AUTHORIZATION_ERRORS, refused, start_client
 from schemas.messages import OccurrenceMessage, decode_occurrence
 from schemas.migrations import apply_migrations
 from schemas.topics import (
@@ -243,6 +244,7 @@ class ConsumerApp:
                 cfg.kafka_bootstrap,
                 self.topics + [DEAD_LETTER_TOPIC, ATTEMPTS_TOPIC, SCHEDULE_STATES_TOPIC, TARGET_BINDINGS_TOPIC],
                 cfg.partitions,
+                cfg.kafka_security,
             ),
         )
         self._producer = AIOKafkaProducer(
@@ -250,13 +252,14 @@ class ConsumerApp:
             acks="all",
             enable_idempotence=False,
             request_timeout_ms=int(cfg.report_timeout * 1000),
+            **cfg.kafka_security.client_options(),
         )
-        await self._producer.start()
-        await self.view.start(cfg.kafka_bootstrap, cfg.state_catch_up_timeout)
+        await start_client(self._producer, cfg.kafka_bootstrap, cfg.kafka_security)
+        await self.view.start(cfg.kafka_bootstrap, cfg.state_catch_up_timeout, cfg.kafka_security)
         self._background.append(asyncio.create_task(self.view.follow(self._stopping), name="schedule-states"))
-        await self.bindings.start(cfg.kafka_bootstrap, cfg.state_catch_up_timeout)
+        await self.bindings.start(cfg.kafka_bootstrap, cfg.state_catch_up_timeout, cfg.kafka_security)
         self._background.append(asyncio.create_task(self.bindings.follow(self._stopping), name="target-bindings"))
-        reporter = AttemptReporter(self._producer, cfg.report_timeout, cfg.report_attempts)
+        reporter = AttemptReporter(self._producer, cfg.report_timeout, cfg.report_attempts, cfg.credentials())
         self._runner = AttemptRunner(
             cfg, self._pool, reporter, self.view, self.hooks, self.meters, self.stats, self._stopping
         )
@@ -272,8 +275,9 @@ class ConsumerApp:
             metadata_max_age_ms=int(cfg.metadata_refresh * 1000),
             session_timeout_ms=int(cfg.session_timeout * 1000),
             heartbeat_interval_ms=int(cfg.heartbeat_interval * 1000),
+            **cfg.kafka_security.client_options(),
         )
-        await self._consumer.start()
+        await start_client(self._consumer, cfg.kafka_bootstrap, cfg.kafka_security)
         listener = _Rebalance(self)
         if self.handlers.fallback is not None:
             self._consumer.subscribe(pattern=re.escape(OCCURRENCE_TOPIC_PREFIX) + ".*", listener=listener)
@@ -349,6 +353,10 @@ class ConsumerApp:
                 self._stopping.set()
                 await self._drain()
                 await self._commit(final=True)
+        except AUTHORIZATION_ERRORS as err:
+            # An ACL refusal does not heal by waiting: stop with what to grant instead of retrying.
+            log.error("refused by the broker's ACLs", extra={"action": "consumer.unauthorized", "error": repr(err)})
+            raise refused(err) from err
         finally:
             await self.stop()
             if own_signals:
@@ -679,7 +687,7 @@ class ConsumerApp:
                 registration = self.handlers.for_target(message.target)
                 if registration is None:
                     raise MalformedMessage(f"no handler for target {message.target!r} in this app", "target")
-                await self._check_tenant(record.topic, message)
+                await self._check_tenant(record, message)
             except MalformedMessage as err:
                 outcomes[index] = await self._dead_letter(record, str(err), err.field)
                 continue

@@ -4,6 +4,12 @@ Every send waits for the broker's acknowledgement (acks=all): the runtime
 moves on only once the engine is certain to see the event. A broker that does
 not answer within ``report_timeout`` is an infrastructure error.
 
+An event about an occurrence of a target the app holds an attempt credential
+for is signed with it (headers ``chronoq-credential`` and
+``chronoq-attempt-signature`` over the exact key and value,
+``schemas/attempt_credentials.py``); the engine applies nothing else for a
+target that has a credential. Both ways of sending sign the same way.
+
 :meth:`AttemptReporter.send_many` reports a batch handler's events with one
 Kafka batch per partition (one message per occurrence, as always). It picks
 each partition exactly as the keyed single send does (the Java client's
@@ -15,13 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
 from consumers.errors import InfrastructureError
+from schemas.attempt_credentials import AttemptCredential
 from schemas.attempt_events import AttemptEvent
 from schemas.topics import ATTEMPTS_TOPIC
 
@@ -31,30 +38,39 @@ _PARTITION_MEMORY = 100_000
 
 
 class AttemptReporter:
-    def __init__(self, producer: AIOKafkaProducer, timeout: float, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        producer: AIOKafkaProducer,
+        timeout: float,
+        enabled: bool = True,
+        credentials: Mapping[str, AttemptCredential] | None = None,
+    ) -> None:
         self.producer = producer
         self.timeout = timeout
         self.enabled = enabled
+        self.credentials = dict(credentials or {})
         self.sent = 0
         self._partitioner = DefaultPartitioner()
         self._partitions: list[int] = []
         self._partition_of: dict[uuid.UUID, int] = {}
 
-    async def send(self, event: AttemptEvent) -> None:
-        """Publish one event and wait for the acknowledgement; InfrastructureError if the broker fails."""
+    async def send(self, event: AttemptEvent, target: str) -> None:
+        """Publish one event about an occurrence of ``target`` (signed if the app holds the target's
+        credential) and wait for the acknowledgement; InfrastructureError if the broker fails."""
         if not self.enabled:
             return
+        key, value, headers = self._record(event, self.credentials.get(target))
         try:
             await asyncio.wait_for(
-                self.producer.send_and_wait(ATTEMPTS_TOPIC, event.encode(), key=event.key, headers=event.headers()),
-                self.timeout,
+                self.producer.send_and_wait(ATTEMPTS_TOPIC, value, key=key, headers=headers), self.timeout
             )
         except (TimeoutError, KafkaError) as err:
             raise InfrastructureError(f"could not report {event.event} for {event.occurrence_id}: {err!r}") from err
         self.sent += 1
 
-    async def send_many(self, events: Sequence[AttemptEvent]) -> None:
-        """Publish events, one Kafka batch per partition, and wait for every acknowledgement.
+    async def send_many(self, events: Sequence[AttemptEvent], target: str) -> None:
+        """Publish events about occurrences of ``target`` (signed if the app holds the target's credential),
+        one Kafka batch per partition, and wait for every acknowledgement.
 
         InfrastructureError if any is not acknowledged within ``report_timeout``: some may have been
         delivered, so a retry sends duplicates, which the engine recognises as such.
@@ -62,12 +78,12 @@ class AttemptReporter:
         if not self.enabled or not events:
             return
         try:
-            await asyncio.wait_for(self._send_batches(events), self.timeout)
+            await asyncio.wait_for(self._send_batches(events, self.credentials.get(target)), self.timeout)
         except (TimeoutError, KafkaError) as err:
             raise InfrastructureError(f"could not report {len(events)} attempt events: {err!r}") from err
         self.sent += len(events)
 
-    async def _send_batches(self, events: Sequence[AttemptEvent]) -> None:
+    async def _send_batches(self, events: Sequence[AttemptEvent], credential: AttemptCredential | None) -> None:
         partitions = sorted(await self.producer.partitions_for(ATTEMPTS_TOPIC))
         if partitions != self._partitions:
             self._partitions, self._partition_of = partitions, {}
@@ -78,13 +94,23 @@ class AttemptReporter:
         for partition, group in groups.items():
             batch = self.producer.create_batch()
             for event in group:
-                value, key, headers = event.encode(), event.key, event.headers()
+                key, value, headers = self._record(event, credential)
                 if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
                     acknowledgements.append(await self.producer.send_batch(batch, ATTEMPTS_TOPIC, partition=partition))
                     batch = self.producer.create_batch()
                     batch.append(key=key, value=value, timestamp=None, headers=headers)
             acknowledgements.append(await self.producer.send_batch(batch, ATTEMPTS_TOPIC, partition=partition))
         await asyncio.gather(*acknowledgements)
+
+    @staticmethod
+    def _record(
+        event: AttemptEvent, credential: AttemptCredential | None
+    ) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+        """The event's key, value and headers, with the credential's signature over that key and value."""
+        key, value, headers = event.key, event.encode(), list(event.headers())
+        if credential is not None:
+            headers.extend(credential.sign(key, value))
+        return key, value, headers
 
     def _partition(self, event: AttemptEvent) -> int:
         partition = self._partition_of.get(event.occurrence_id)

@@ -269,7 +269,8 @@ class AttemptRunner:
             await self.reporter.send(
                 AttemptEvent.started(
                     message.occurrence_id, message.attempt, token, cfg.lease_ttl, cfg.group, cfg.worker
-                )
+                ),
+                message.target,
             )
         except InfrastructureError:
             await rollback(transaction)
@@ -337,7 +338,8 @@ class AttemptRunner:
                         occurrence.attempt,
                         occurrence.lease_token,  # type: ignore[arg-type]
                         self.config.lease_ttl,
-                    )
+                    ),
+                    occurrence.target,
                 )
             except InfrastructureError as err:
                 log.warning(
@@ -359,7 +361,7 @@ class AttemptRunner:
         if self.hooks.after_commit:
             await self.hooks.after_commit(occurrence)
         event = AttemptEvent.succeeded(occurrence.occurrence_id, occurrence.attempt, occurrence.lease_token)  # type: ignore[arg-type]
-        if not await self._report(event):
+        if not await self._report(event, occurrence.target):
             return Outcome.ABANDONED
         if self.hooks.after_report:
             await self.hooks.after_report(occurrence)
@@ -408,7 +410,7 @@ class AttemptRunner:
             },
         )
         event = AttemptEvent.failed(occurrence.occurrence_id, occurrence.attempt, token, error_class, text, permanent)
-        return Outcome.FAILED if await self._report(event) else Outcome.ABANDONED
+        return Outcome.FAILED if await self._report(event, occurrence.target) else Outcome.ABANDONED
 
     async def _duplicate(self, conn: asyncpg.Connection, message: OccurrenceMessage) -> Outcome:
         try:
@@ -426,7 +428,7 @@ class AttemptRunner:
         event = AttemptEvent.already_applied(
             message.occurrence_id, message.attempt, row["lease_token"] if row else None, self.config.group
         )
-        return Outcome.DUPLICATE if await self._report(event) else Outcome.ABANDONED
+        return Outcome.DUPLICATE if await self._report(event, message.target) else Outcome.ABANDONED
 
     async def _skip(self, occurrence: OccurrenceMessage | Occurrence, reason: str, token: uuid.UUID | None) -> Outcome:
         self.stats.canceled += 1
@@ -441,9 +443,9 @@ class AttemptRunner:
             },
         )
         event = AttemptEvent.canceled(occurrence.occurrence_id, occurrence.attempt, reason, token, self.config.group)
-        return Outcome.CANCELED if await self._report(event) else Outcome.ABANDONED
+        return Outcome.CANCELED if await self._report(event, occurrence.target) else Outcome.ABANDONED
 
-    async def _report(self, event: AttemptEvent) -> bool:
+    async def _report(self, event: AttemptEvent, target: str) -> bool:
         """Send an outcome, retrying in place (the effect is settled; only the report is missing).
 
         False if shutdown came first: the offset is then not committed and the
@@ -452,7 +454,7 @@ class AttemptRunner:
         backoff = self.config.redelivery_backoff
         while True:
             try:
-                await self.reporter.send(event)
+                await self.reporter.send(event, target)
                 return True
             except InfrastructureError as err:
                 self.stats.infrastructure_errors += 1

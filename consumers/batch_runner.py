@@ -262,7 +262,8 @@ class BatchRunner:
                         cfg.worker,
                     )
                     for i in fresh
-                ]
+                ],
+                fresh[0].message.target,
             )
         except InfrastructureError:
             await rollback(transaction)
@@ -367,7 +368,8 @@ class BatchRunner:
                             self.config.lease_ttl,
                         )
                         for i in items
-                    ]
+                    ],
+                    items[0].message.target,
                 )
             except InfrastructureError as err:
                 log.warning(
@@ -395,7 +397,7 @@ class BatchRunner:
             for item in items:
                 await self.hooks.after_commit(item.started)
         events = [AttemptEvent.succeeded(i.message.occurrence_id, i.message.attempt, i.lease) for i in items]
-        reported = await self._report(events)
+        reported = await self._report(events, items[0].message.target)
         if reported and self.hooks.after_report:
             for item in items:
                 await self.hooks.after_report(item.started)
@@ -482,7 +484,7 @@ class BatchRunner:
             )
             for i in items
         ]
-        reported = await self._report(events)
+        reported = await self._report(events, items[0].message.target)
         for item in items:
             outcomes[item.index] = Outcome.FAILED if reported else Outcome.ABANDONED
 
@@ -512,7 +514,7 @@ class BatchRunner:
     async def _already_applied(
         self, items: list[_Item], rows: Sequence[asyncpg.Record], outcomes: dict[int, Outcome]
     ) -> None:
-        if items and await self._report(self._already_applied_events(items, rows)):
+        if items and await self._report(self._already_applied_events(items, rows), items[0].message.target):
             self._count_duplicates(items, outcomes)
 
     async def _skip(self, items: list[tuple[_Item, str]], outcomes: dict[int, Outcome]) -> None:
@@ -533,11 +535,11 @@ class BatchRunner:
             AttemptEvent.canceled(i.message.occurrence_id, i.message.attempt, reason, i.token, self.config.group)
             for i, reason in items
         ]
-        reported = await self._report(events)
+        reported = await self._report(events, items[0][0].message.target)
         for item, _ in items:
             outcomes[item.index] = Outcome.CANCELED if reported else Outcome.ABANDONED
 
-    async def _report(self, events: list[AttemptEvent]) -> bool:
+    async def _report(self, events: list[AttemptEvent], target: str) -> bool:
         """Send outcomes, retrying in place (the effects are settled; only the reports are missing).
 
         False if shutdown came first: the offsets are then not committed and the redelivery reports again.
@@ -545,7 +547,7 @@ class BatchRunner:
         backoff = self.config.redelivery_backoff
         while True:
             try:
-                await self.reporter.send_many(events)
+                await self.reporter.send_many(events, target)
                 return True
             except InfrastructureError as err:
                 self.stats.infrastructure_errors += 1

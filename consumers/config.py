@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from schemas.attempt_credentials import AttemptCredential
+from schemas.kafka_security import PLAINTEXT, KafkaSecurity
 from schemas.topics import DEFAULT_PARTITIONS
 
 
@@ -60,9 +63,17 @@ class ConsumerConfig:
     tenants: the only tenants whose occurrences this app runs, whatever the
         target bindings say (default None: the tenants bound to each target).
         Others are dead-lettered. Set it when the app serves known tenants.
+    kafka_security: TLS and SASL of every Kafka client of the app (default PLAINTEXT;
+        :class:`schemas.kafka_security.KafkaSecurity`).
     binding_wait: seconds an occurrence of a tenant its target is not bound to
         waits for the target-binding topic to be read to its end (a grant may be
         on its way) before it is dead-lettered (default 5).
+    attempt_credentials: target -> attempt credential token (``cqa_...``, from
+        ``chronoq target credential issue|rotate <target>``). Every attempt event
+        about an occurrence of such a target is signed with it; the engine
+        rejects unsigned events for a target that has a credential
+        (docs/security.md). Never shown in ``repr``. ``chronoq consume`` reads
+        it from ``CHRONOQ_ATTEMPT_CREDENTIALS`` (``target=cqa_...,...``).
     """
 
     group: str
@@ -89,6 +100,18 @@ class ConsumerConfig:
     worker: str = field(default_factory=_worker_id)
     tenants: frozenset[str] | None = None
     binding_wait: float = 5.0
+    kafka_security: KafkaSecurity = PLAINTEXT
+    attempt_credentials: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    def credentials(self) -> dict[str, AttemptCredential]:
+        """The parsed credentials by target (ValueError naming the target whose token is malformed)."""
+        parsed: dict[str, AttemptCredential] = {}
+        for target, token in self.attempt_credentials.items():
+            try:
+                parsed[target] = AttemptCredential.from_token(token)
+            except ValueError as err:
+                raise ValueError(f"attempt_credentials[{target!r}]: {err}") from None
+        return parsed
 
     @property
     def renew_interval(self) -> float:
@@ -128,7 +151,9 @@ class ConsumerConfig:
             raise ValueError("transaction_idle_timeout and dedupe_lock_timeout must be positive")
         if self.binding_wait < 0:
             raise ValueError("binding_wait must not be negative")
+        self.kafka_security.validate()
         if self.tenants is not None and not self.tenants:
             raise ValueError("tenants must name at least one tenant (or be None for the target bindings)")
         if self.shutdown_grace < 0:
             raise ValueError("shutdown_grace must not be negative")
+        self.credentials()

@@ -29,11 +29,13 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 
 from consumers.occurrence import Cancellation
+from consumers.topic_reader import open_from_beginning
+from schemas.kafka_security import PLAINTEXT, KafkaSecurity
 from schemas.messages import MalformedMessage, ScheduleStateMessage, decode_schedule_state
-from schemas.topics import SCHEDULE_STATES_TOPIC, topic_partitions
+from schemas.topics import SCHEDULE_STATES_TOPIC
 
 log = logging.getLogger("chronoq.consumer.schedule_states")
 
@@ -108,29 +110,19 @@ class ScheduleStateView:
 
     # -- reading the topic ------------------------------------------------------------------
 
-    async def start(self, bootstrap: str, catch_up_timeout: float) -> None:
+    async def start(self, bootstrap: str, catch_up_timeout: float, security: KafkaSecurity = PLAINTEXT) -> None:
         """Assign every partition from the beginning and read up to the end offsets seen now."""
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
-        await consumer.start()
-        self._consumer = consumer
         loop = asyncio.get_running_loop()
         deadline = loop.time() + catch_up_timeout
-        # Partitions from an admin client, not consumer.partitions_for_topic:
-        # an assigning consumer has no topic metadata on Apache Kafka yet.
-        partitions = await topic_partitions(bootstrap, SCHEDULE_STATES_TOPIC)
-        while not partitions and loop.time() < deadline:
-            await asyncio.sleep(0.05)  # the topic was created a moment ago
-            partitions = await topic_partitions(bootstrap, SCHEDULE_STATES_TOPIC)
-        if not partitions:
+        consumer, assigned = await open_from_beginning(bootstrap, SCHEDULE_STATES_TOPIC, deadline, security)
+        self._consumer = consumer
+        if not assigned:
             log.warning(
                 "schedule-state topic not found; skipping no occurrence as obsolete until it appears",
                 extra={"action": "consumer.states_missing"},
             )
             self.caught_up.set()
             return
-        assigned = [TopicPartition(SCHEDULE_STATES_TOPIC, p) for p in partitions]
-        consumer.assign(assigned)
-        await consumer.seek_to_beginning(*assigned)
         end = await consumer.end_offsets(assigned)
         while loop.time() < deadline:
             positions = {tp: await consumer.position(tp) for tp in assigned}

@@ -35,9 +35,11 @@ import time
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from consumers.topic_reader import open_from_beginning
 from schemas.errors import MalformedMessage
+from schemas.kafka_security import PLAINTEXT, KafkaSecurity
 from schemas.target_bindings import TargetBindingMessage, decode_target_binding
-from schemas.topics import TARGET_BINDINGS_TOPIC, topic_partitions
+from schemas.topics import TARGET_BINDINGS_TOPIC
 
 log = logging.getLogger("chronoq.consumer.target_bindings")
 
@@ -115,28 +117,17 @@ class TargetBindingView:
 
     # -- reading the topic ------------------------------------------------------------------
 
-    async def start(self, bootstrap: str, catch_up_timeout: float) -> None:
+    async def start(self, bootstrap: str, catch_up_timeout: float, security: KafkaSecurity = PLAINTEXT) -> None:
         """Assign every partition from the beginning and read up to the end offsets seen now."""
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
-        await consumer.start()
-        self._consumer = consumer
         loop = asyncio.get_running_loop()
         deadline = loop.time() + catch_up_timeout
-        # Partitions from an admin client, not consumer.partitions_for_topic: an
-        # assigning consumer has no topic metadata on Apache Kafka (schemas.topics).
-        partitions = await topic_partitions(bootstrap, TARGET_BINDINGS_TOPIC)
-        while not partitions and loop.time() < deadline:
-            await asyncio.sleep(0.05)  # the topic may just have been created
-            partitions = await topic_partitions(bootstrap, TARGET_BINDINGS_TOPIC)
-        if not partitions:
+        self._consumer, self._assigned = await open_from_beginning(bootstrap, TARGET_BINDINGS_TOPIC, deadline, security)
+        if not self._assigned:
             log.warning(
                 "target-binding topic not found; every target counts as unbound until it appears",
                 extra={"action": "consumer.bindings_missing"},
             )
             return
-        self._assigned = [TopicPartition(TARGET_BINDINGS_TOPIC, p) for p in partitions]
-        consumer.assign(self._assigned)
-        await consumer.seek_to_beginning(*self._assigned)
         reader = asyncio.create_task(self.follow(asyncio.Event()))
         try:
             if not await self.catch_up(max(deadline - loop.time(), 0.0)):

@@ -26,9 +26,11 @@ from typing import Any
 
 from schemas.commands import HEADER_SIGNATURE, Command, CommandResult, decode_command_result, sign
 from schemas.errors import ChronoqError, MalformedMessage
+from schemas.kafka_security import PLAINTEXT, KafkaSecurity, start_client
 from schemas.topics import (
     COMMAND_RESULTS_TOPIC,
     COMMANDS_TOPIC,
+    DEFAULT_PARTITIONS,
     command_results_topic,
     create_missing_topics,
     topic_partitions,
@@ -183,15 +185,20 @@ class CommandProducer:
     the same command_id is safe: the engine applies a command once.
     """
 
-    def __init__(self, kafka_bootstrap: str, tenant_id: str, signing_key: str | bytes) -> None:
+    def __init__(
+        self, kafka_bootstrap: str, tenant_id: str, signing_key: str | bytes, security: KafkaSecurity = PLAINTEXT
+    ) -> None:
         from aiokafka import AIOKafkaProducer
 
         self.tenant_id = tenant_id
         self.signing_key = bytes.fromhex(signing_key) if isinstance(signing_key, str) else signing_key
-        self.producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", enable_idempotence=False)
+        self.kafka_bootstrap, self.security = kafka_bootstrap, security
+        self.producer = AIOKafkaProducer(
+            bootstrap_servers=kafka_bootstrap, acks="all", enable_idempotence=False, **security.client_options()
+        )
 
     async def __aenter__(self) -> CommandProducer:
-        await self.producer.start()
+        await start_client(self.producer, self.kafka_bootstrap, self.security)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -239,32 +246,36 @@ class CommandResults:
     :meth:`start`, so earlier results are not replayed.
     """
 
-    def __init__(self, kafka_bootstrap: str, tenant_id: str) -> None:
+    def __init__(self, kafka_bootstrap: str, tenant_id: str, security: KafkaSecurity = PLAINTEXT) -> None:
         from aiokafka import AIOKafkaConsumer
 
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, enable_auto_commit=False)
-        self.kafka_bootstrap = kafka_bootstrap
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=kafka_bootstrap, enable_auto_commit=False, **security.client_options()
+        )
+        self.kafka_bootstrap, self.security = kafka_bootstrap, security
         self.topics = [command_results_topic(tenant_id), COMMAND_RESULTS_TOPIC]
         self._seen: dict[uuid.UUID, CommandResult] = {}
 
     async def __aenter__(self) -> CommandResults:
         from aiokafka import TopicPartition
 
-        await create_missing_topics(self.kafka_bootstrap, [COMMANDS_TOPIC, *self.topics])
-        await self.consumer.start()
+        await create_missing_topics(
+            self.kafka_bootstrap, [COMMANDS_TOPIC, *self.topics], DEFAULT_PARTITIONS, self.security
+        )
+        await start_client(self.consumer, self.kafka_bootstrap, self.security)
         # From an admin client: this consumer assigns partitions itself, so it
         # has no metadata for the topic on Apache Kafka (schemas.topics says why).
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 30
         assigned: list[TopicPartition] = []
         for topic in self.topics:
-            partitions = await topic_partitions(self.kafka_bootstrap, topic)
+            partitions = await topic_partitions(self.kafka_bootstrap, topic, self.security)
             while not partitions:
                 if loop.time() > deadline:
                     await self.consumer.stop()
                     raise TimeoutError(f"topic {topic} has no partitions 30 s after creating it")
                 await asyncio.sleep(0.05)  # created a moment ago
-                partitions = await topic_partitions(self.kafka_bootstrap, topic)
+                partitions = await topic_partitions(self.kafka_bootstrap, topic, self.security)
             assigned.extend(TopicPartition(topic, p) for p in sorted(partitions))
         self.consumer.assign(assigned)
         await self.consumer.seek_to_end()

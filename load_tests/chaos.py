@@ -20,7 +20,8 @@ For ``--minutes`` it injects, every 1-4 s, one of:
   ``idle``, ``idle in transaction`` or ``active`` (of processes past their
   first 5 s: ``--start-up-faults`` aims at starting processes too);
 * ``claim_mark``: terminate a relay's backend between its claim and its mark
-  (its last statement was the claim);
+  (its last statement was the claim); ``page_cursor``: the same for an engine
+  node's ahead lane, between a page's read and its cursor move;
 * ``handler``: terminate a consumer's backend while a handler's transaction
   is open (``idle in transaction`` after the effect's insert);
 * ``control``: pause, later resume, a schedule through the API (new versions
@@ -490,10 +491,17 @@ class Cluster:
         await self.terminate("terminate", component, (state,))
 
     async def claim_mark(self) -> None:
-        component = self.pick("relay", working=True)
-        if component is not None:
-            # The claim is the relay's only statement touching publish_attempts; idle after it = publishing.
+        component = self.pick("relay", "engine", working=True)
+        if component is None:
+            return
+        if component.kind == "relay":
+            # The late lane: the claim is the relay's only statement touching publish_attempts; idle after
+            # it = publishing, before the mark.
             await self.terminate("claim_mark", component, ("idle",), "%publish_attempts%")
+        else:
+            # The ahead lane (an engine node): the page read is the only statement naming first_late_after;
+            # idle after it = the page is being published, before its cursor moves.
+            await self.terminate("page_cursor", component, ("idle",), "%first_late_after%")
 
     async def in_handler(self) -> None:
         component = self.pick("consumer", working=True)

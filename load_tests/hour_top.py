@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import logging
 import math
@@ -55,29 +56,17 @@ BIG_TENANT = "big"
 def shape(kind: str, expression: str, priority: str, window_s: int, now: datetime) -> dict[str, Any]:
     """The stored columns of a schedule, from the control plane's own parsing and first-fire rule."""
     from engine.control.schedule_requests import first_fire, parse_schedule_request
+    from engine.control.schedules import definition_columns
     from engine.rules import timing
 
     raw: dict[str, Any] = {"kind": kind, "expression": expression, "target": "load.target-0", "priority": priority}
     if priority == "flexible":
         raw["flexible_window"] = f"{window_s}s"
     request = parse_schedule_request(raw)
-    spec = request.spec
     return {
-        "kind": spec.kind,
-        "expression": spec.expression,
-        "time_zone": spec.time_zone,
-        "dst_repeat": spec.dst_repeat,
-        "dst_gap": spec.dst_gap,
-        "priority": request.priority,
-        "flexible_window_s": int(request.flexible_window.total_seconds()),
-        "misfire_policy": request.misfire_text,
-        "max_lateness_s": int(request.misfire.max_lateness.total_seconds()),
-        "overlap_policy": request.overlap_policy,
-        "retry_max_attempts": request.max_attempts,
-        "retry_base_s": request.retry_base.total_seconds(),
-        "retry_cap_s": request.retry_cap.total_seconds(),
+        **definition_columns(request),
         "next_run_at": first_fire(request, now),
-        "fires_per_minute": timing.fires_per_minute(spec, now),
+        "fires_per_minute": timing.fires_per_minute(request.spec, now),
     }
 
 
@@ -604,7 +593,9 @@ def analyze(
     }
     report["summary"] = summary
     report["rate_100ms"] = rate
-    if args.png:
+    if args.png and importlib.util.find_spec("matplotlib") is None:
+        print("no PNG: matplotlib is missing (pip install -e '.[bench]')", flush=True)
+    elif args.png:
         plot(
             Path(args.png), lags, rate, [(len(v), percentiles(v)["p99"]) for v in by_tenant.values()],
             f"hour top: {args.schedules:,} due, {args.background:,} background, {args.relays} nodes, {args.broker}",

@@ -11,18 +11,20 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import asyncpg
 
 from schemas.clock import Clock
 from schemas.dispatch_lanes import START_KEY, CursorKey, aware
+from schemas.dispatch_lateness import LateDelivery, judge_late
 from schemas.queries import QUERIES
 
 #: An ahead-lane row as read_ahead_page returns it (an asyncpg Record; fields by name): shard, bucket,
 #: wrr_round, occurrence_id, tenant_id, topic, message_key, message, scheduled_for, available_at,
-#: discarded, occurrence_header, tenant_header. Records, not objects: a burst reads hundreds of
-#: thousands of them and every per-row allocation shows in the dispatch rate.
+#: discarded, late_after, first_late_after (the page's earliest), occurrence_header, tenant_header.
+#: Records, not objects: a burst reads hundreds of thousands of them and every per-row allocation shows
+#: in the dispatch rate.
 AheadRow: TypeAlias = asyncpg.Record
 
 
@@ -46,6 +48,20 @@ class CursorMove:
 class Seal:
     sealed_until: dict[int, datetime]  # shard -> seal, for the shards still held
     now: datetime  # the database's instant (or the injected clock's)
+
+
+@dataclass(frozen=True)
+class LateJudgement:
+    """What lateness at dispatch decided for the late rows a relay holds.
+
+    skip: occurrence ids not to publish (recorded MISSED now, or discarded before).
+    missed: rows recorded MISSED (any shard of the lane, held or not yet read).
+    published_late: rows the policy still publishes although late.
+    """
+
+    skip: frozenset[uuid.UUID]
+    missed: int
+    published_late: int
 
 
 @dataclass(frozen=True)
@@ -120,6 +136,58 @@ class AheadLaneStore:
             )
         )  # fmt: skip
         return row["moved"], row["acked_at"]
+
+    async def judge_late(
+        self, lane: str, epochs: Mapping[int, int], rows: Sequence[AheadRow], now: datetime
+    ) -> LateJudgement:
+        """Lateness at dispatch for ``rows`` (held, due, past their late_after): the policy of each one's
+        schedule applied to all of that schedule's due rows still to be judged (``judge_late``), written in
+        one transaction conditional on the lease epochs."""
+        firsts: dict[tuple[int, bytes], AheadRow] = {}
+        for row in rows:
+            group = (row["shard"], row["message_key"])
+            if group not in firsts or key_of(row) < key_of(firsts[group]):
+                firsts[group] = row
+        starts = list(firsts.values())
+        async with self.pool.acquire() as conn, conn.transaction():
+            found = await conn.fetch(
+                *QUERIES.late_ahead_candidates(
+                    shards=[r["shard"] for r in starts], keys=[r["message_key"] for r in starts],
+                    buckets=[r["bucket"] for r in starts], rounds=[r["wrr_round"] for r in starts],
+                    ids=[r["occurrence_id"] for r in starts], held_ids=[r["occurrence_id"] for r in rows],
+                    lane=lane, now=now,
+                )
+            )  # fmt: skip
+            discarded = {f["occurrence_id"] for f in found if f["discarded"]}
+            verdict = judge_late(
+                [
+                    LateDelivery(
+                        (f["shard"], f["bucket"], f["wrr_round"], f["occurrence_id"]),
+                        (f["shard"], f["message_key"]),
+                        f["available_at"],
+                        f["late_after"],
+                        f["misfire_policy"],
+                    )
+                    for f in found
+                    if not f["discarded"] and f["late_after"] is not None and f["misfire_policy"] is not None
+                ],
+                now,
+            )
+            missed: list[Any] = list(verdict.missed)
+            kept: list[Any] = list(verdict.published_late)
+            shards = sorted(epochs)
+            written = await conn.fetchrow(
+                *QUERIES.judge_ahead_rows(
+                    shards=shards, epochs=[epochs[s] for s in shards], node=self.node_id, lane=lane, now=now,
+                    missed_shards=[m[0] for m in missed], missed_buckets=[m[1] for m in missed],
+                    missed_rounds=[m[2] for m in missed], missed_ids=[m[3] for m in missed],
+                    kept_shards=[k[0] for k in kept], kept_buckets=[k[1] for k in kept],
+                    kept_rounds=[k[2] for k in kept], kept_ids=[k[3] for k in kept],
+                )
+            )  # fmt: skip
+        recorded = set(written["missed_ids"])
+        held = {r["occurrence_id"] for r in rows}
+        return LateJudgement(frozenset((recorded | discarded) & held), len(recorded), written["kept"])
 
     async def quarantine(self, rows: Sequence[Quarantined]) -> None:
         """Set poison rows aside with their error (the cursor then passes them)."""

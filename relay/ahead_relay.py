@@ -35,7 +35,7 @@ from datetime import datetime, timedelta
 
 from opentelemetry import metrics, trace
 
-from relay.ahead_lane import AheadLaneStore, AheadRow, CursorMove, Quarantined, key_of
+from relay.ahead_lane import AheadLaneStore, AheadRow, CursorMove, LateJudgement, Quarantined, key_of
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock, pause
 from schemas.dispatch_lanes import LANES, CursorKey, seal_boundary
@@ -97,6 +97,7 @@ class AheadReport:
     failed: int = 0
     quarantined: int = 0
     fenced: int = 0
+    missed: int = 0  # late at dispatch: recorded MISSED instead of published
     per_lane: dict[str, int] = field(default_factory=dict)
 
 
@@ -107,6 +108,13 @@ class _Page:
     starts: dict[int, CursorKey]
     rows: list[AheadRow]
     task: asyncio.Task[list[BaseException | None]]
+
+
+class _MissedAtDispatch(Exception):
+    """The outcome of a row judged too late at dispatch: not published, recorded MISSED; the cursor passes it."""
+
+
+MISSED_AT_DISPATCH = _MissedAtDispatch()
 
 
 class _ClockEstimate:
@@ -160,6 +168,9 @@ class AheadRelay:
         self._fenced = meter.create_counter(obs.OUTBOX_FENCED_MARKS, unit="1")
         self._quarantined = meter.create_counter(obs.QUARANTINED_DELIVERIES, unit="1")
         self._backlog = meter.create_gauge(obs.AHEAD_BACKLOG, unit="1")
+        self._dispatch_missed = meter.create_counter(obs.DISPATCH_MISSED, unit="1")
+        self._late_published = meter.create_counter(obs.DISPATCH_LATE_PUBLISHED, unit="1")
+        self._judged_missed = 0  # rows recorded MISSED at dispatch since the last page was completed
         self._positions: dict[tuple[int, str], CursorKey] = {}  # acknowledged, as in the database
         self._tentative: dict[tuple[int, str], CursorKey] = {}  # past the pages in flight
         self._seals: dict[str, dict[int, datetime]] = {lane: {} for lane in LANES}
@@ -273,19 +284,54 @@ class AheadRelay:
         starts = {s: positions[s] for s in last}
         for shard, row in last.items():
             self._tentative[(shard, lane)] = key_of(row)
-        task = asyncio.create_task(self._release_and_send(rows))
-        page = _Page(lane, {s: epochs[s] for s in starts}, starts, rows, task)
+        page_epochs = {s: epochs[s] for s in starts}
+        # Late rows are judged here, in page order (pages are read one after another, in key order), so a
+        # schedule's late rows are judged once, oldest page first; the release only re-checks rows that
+        # became late between their read and their release (a stalled relay).
+        skip, judged = await self._judge_at_read(lane, page_epochs, rows)
+        task = asyncio.create_task(self._release_and_send(rows, lane, page_epochs, skip, judged))
+        page = _Page(lane, page_epochs, starts, rows, task)
         self._inflight.append(page)
         return page
 
-    async def _release_and_send(self, rows: list[AheadRow]) -> list[BaseException | None]:
-        """Hand each row to the publisher once the clock reaches its available_at; one outcome per row."""
+    async def _judge_at_read(
+        self, lane: str, epochs: dict[int, int], rows: list[AheadRow]
+    ) -> tuple[frozenset[object], frozenset[object]]:
+        """Judge the page's rows already past their late_after: (ids not to publish, ids judged)."""
+        now = self.clock.now()
+        first_late = rows[0]["first_late_after"]
+        if now is None or first_late is None or first_late >= now:
+            return frozenset(), frozenset()
+        late = [r for r in rows if not r["discarded"] and r["late_after"] is not None and r["late_after"] < now]
+        if not late:
+            return frozenset(), frozenset()
+        judgement = await self._record_judgement(lane, epochs, late, now)
+        return frozenset(judgement.skip), frozenset(r["occurrence_id"] for r in late)
+
+    async def _release_and_send(
+        self,
+        rows: list[AheadRow],
+        lane: str,
+        epochs: dict[int, int],
+        skip: frozenset[object] = frozenset(),
+        judged: frozenset[object] = frozenset(),
+    ) -> list[BaseException | None]:
+        """Hand each row to the publisher once the clock reaches its available_at; one outcome per row.
+
+        A row released after its late_after (the relay or the broker was down) is judged first: its
+        schedule's policy decides whether it is still published or recorded MISSED
+        (:data:`MISSED_AT_DISPATCH`: the cursor passes it).
+        """
         outcomes: list[BaseException | None] = [None] * len(rows)
         trace_headers: list[tuple[str, bytes]] = []
         with self.tracer.start_as_current_span(obs.SPAN_PUBLISH) as span:
             span.set_attribute("chronoq.ahead_rows", len(rows))
             obs.inject_trace_headers(trace_headers)
-        waiting = [i for i, r in enumerate(rows) if not r["discarded"]]
+        for i, r in enumerate(rows):
+            if r["occurrence_id"] in skip:
+                outcomes[i] = MISSED_AT_DISPATCH
+        waiting = [i for i, r in enumerate(rows) if not r["discarded"] and r["occurrence_id"] not in skip]
+        first_late = rows[0]["first_late_after"] if rows else None  # the page's earliest: one check per release
         futures: list[tuple[list[int], asyncio.Future[list[BaseException | None]]]] = []
         while waiting:
             now = self.clock.now()
@@ -296,6 +342,8 @@ class AheadRelay:
                 if due:
                     due_set = set(due)
                     waiting = [i for i in waiting if i not in due_set]
+            if due and now is not None and first_late is not None and first_late < now:
+                due = await self._judge(lane, epochs, rows, due, judged, now, outcomes)
             if due:
                 items = [
                     (
@@ -321,6 +369,54 @@ class AheadRelay:
             for i, error in zip(indexes, errors, strict=True):
                 outcomes[i] = error
         return outcomes
+
+    async def _judge(
+        self,
+        lane: str,
+        epochs: dict[int, int],
+        rows: list[AheadRow],
+        due: list[int],
+        judged: frozenset[object],
+        now: datetime,
+        outcomes: list[BaseException | None],
+    ) -> list[int]:
+        """Lateness at dispatch for rows of ``due`` that became late after their read (not judged then);
+        returns the rows still to publish."""
+        late = [
+            rows[i]
+            for i in due
+            if rows[i]["late_after"] is not None
+            and rows[i]["late_after"] < now
+            and rows[i]["occurrence_id"] not in judged
+        ]
+        if not late:
+            return due
+        judgement = await self._record_judgement(lane, epochs, late, now)
+        if not judgement.skip:
+            return due
+        keep = []
+        for i in due:
+            if rows[i]["occurrence_id"] in judgement.skip:
+                outcomes[i] = MISSED_AT_DISPATCH
+            else:
+                keep.append(i)
+        return keep
+
+    async def _record_judgement(
+        self, lane: str, epochs: dict[int, int], late: list[AheadRow], now: datetime
+    ) -> LateJudgement:
+        """Judge ``late`` in the database and count what was decided."""
+        judgement = await self.store.judge_late(lane, epochs, late, now)
+        if judgement.missed:
+            self._judged_missed += judgement.missed
+            self._dispatch_missed.add(judgement.missed, {"lane": lane})
+            log.warning(
+                "occurrences too late at dispatch for their misfire policy; recorded MISSED",
+                extra={"action": "relay.ahead.missed_at_dispatch", "lane": lane, "count": judgement.missed},
+            )
+        if judgement.published_late:
+            self._late_published.add(judgement.published_late, {"lane": lane})
+        return judgement
 
     async def _complete_oldest(self, report: AheadReport) -> None:
         page = self._inflight.popleft()
@@ -363,6 +459,8 @@ class AheadRelay:
                 per_tenant[tenant] = per_tenant.get(tenant, 0) + 1
         report.pages += 1
         report.published += published
+        report.missed += self._judged_missed
+        self._judged_missed = 0
         report.discarded += sum(1 for r in page.rows if r["discarded"])
         report.per_lane[page.lane] = report.per_lane.get(page.lane, 0) + published
         self._published.add(published, {"lane": page.lane})
@@ -395,7 +493,7 @@ class AheadRelay:
                 shard, end, passed, blocked = row["shard"], None, 0, False
             if blocked:
                 continue
-            if error is not None and not row["discarded"]:
+            if error is not None and error is not MISSED_AT_DISPATCH and not row["discarded"]:
                 if getattr(error, "permanent", False):
                     tries = self._tries.get(row["occurrence_id"], 0) + 1
                     self._tries[row["occurrence_id"]] = tries

@@ -8,6 +8,16 @@ records ``schedule_lag`` (enqueued_at − scheduled_for) for every marked row
 and injects W3C trace context into each message's headers, so the consumer's
 span continues the relay's trace.
 
+Poison rows: a row the broker refuses for a reason about the row itself (too
+large, an invalid or unauthorized topic, any non-retriable answer about it;
+``relay/publish_refusals.py``) is given back with ``refusal_retry_delay``, so
+it never heads the next pass and the rows behind it are published meanwhile,
+and after ``poison_tries`` refusals it is quarantined: never claimed again, its
+occurrence DEAD with reason ``unpublishable`` and the broker's error (``chronoq
+dlq list``; ``chronoq dlq replay`` once the cause is fixed), counted in
+``chronoq.outbox_quarantined``. A transient failure (broker away, timeout) is
+retried without limit: nothing about the row is wrong.
+
 Crash safety: dying after the claim leaves rows claimed until the claim
 expires, then another pass publishes them; dying after the broker's ack but
 before the mark republishes them (a duplicate with the same occurrence_id).
@@ -16,6 +26,7 @@ before the mark republishes them (a duplicate with the same occurrence_id).
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -24,8 +35,9 @@ import asyncpg
 from aiokafka.errors import KafkaError
 from opentelemetry import metrics, trace
 
-from relay.outbox import OutboxStore
-from relay.publisher import KafkaPublisher, OutgoingRecord
+from relay.outbox import Claim, OutboxRow, OutboxStore
+from relay.publish_refusals import refusal_reason
+from relay.publisher import KafkaPublisher, Outcome, OutgoingRecord
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock
 from schemas.messages import HEADER_OCCURRENCE_ID, HEADER_TENANT
@@ -40,16 +52,26 @@ class RelayConfig:
         ack timeout so a live relay never loses rows it is still publishing.
     idle_interval: longest wait between passes when nothing is due (s).
     error_backoff: wait after a failed pass (s).
+    poison_tries: refusals about the row itself (too large, invalid topic...) after
+        which a row is quarantined and its occurrence goes DEAD (default 3: a
+        refusal during a broker reconfiguration is not final at once).
+    refusal_retry_delay: how long a refused row waits before its next try.
     """
 
     batch_size: int = 5000
     claim_ttl: timedelta = timedelta(seconds=60)
     idle_interval: float = 0.05
     error_backoff: float = 1.0
+    poison_tries: int = 3
+    refusal_retry_delay: timedelta = timedelta(seconds=1)
 
     def validate(self, ack_timeout: float) -> None:
         if self.claim_ttl.total_seconds() <= ack_timeout:
             raise ValueError("claim_ttl must exceed the publisher's ack_timeout")
+        if self.poison_tries < 1:
+            raise ValueError("poison_tries must be at least 1")
+        if self.refusal_retry_delay < timedelta(0):
+            raise ValueError("refusal_retry_delay must not be negative")
 
 
 @dataclass(frozen=True)
@@ -70,6 +92,9 @@ class RelayReport:
     published: int = 0
     failed: int = 0
     fenced: int = 0
+    refused: int = 0  # of the failed: refused for a reason about the row, retried later
+    quarantined: int = 0  # of the refused: given up on, occurrence DEAD
+    missed: int = 0  # late at dispatch: recorded MISSED instead of published
 
 
 class Relay:
@@ -94,6 +119,9 @@ class Relay:
         self._failures = meter.create_counter(obs.OUTBOX_PUBLISH_FAILURES, unit="1")
         self._fenced = meter.create_counter(obs.OUTBOX_FENCED_MARKS, unit="1")
         self._backlog = meter.create_gauge(obs.OUTBOX_BACKLOG, unit="1")
+        self._quarantined = meter.create_counter(obs.OUTBOX_QUARANTINED, unit="1")
+        self._dispatch_missed = meter.create_counter(obs.DISPATCH_MISSED, unit="1")
+        self._late_published = meter.create_counter(obs.DISPATCH_LATE_PUBLISHED, unit="1")
 
     @classmethod
     def create(
@@ -114,6 +142,9 @@ class Relay:
             return report
         if self.hooks.after_claim:
             await self.hooks.after_claim()
+        claim = await self._judge_late(claim, report)
+        if not claim.rows:
+            return report
         with self.tracer.start_as_current_span(obs.SPAN_PUBLISH) as span:
             span.set_attribute("chronoq.outbox_rows", len(claim.rows))
             # Every message of the batch continues this span's trace: the context
@@ -153,14 +184,72 @@ class Relay:
                 )
         if failed:
             report.failed = len(failed)
-            first_error = repr(outcome.get(failed[0].id))
-            await self.store.release(claim.token, [row.id for row in failed], first_error)
             self._failures.add(len(failed))
-            log.warning(
-                "publish failed; rows released for retry",
-                extra={"action": "outbox.publish_failed", "count": len(failed), "error": first_error},
-            )
+            transient = [row for row in failed if refusal_reason(outcome.get(row.id)) is None]
+            if transient:
+                first_error = repr(outcome.get(transient[0].id, KeyError("no outcome")))
+                await self.store.release(claim.token, [row.id for row in transient], first_error)
+                log.warning(
+                    "publish failed; rows released for retry",
+                    extra={"action": "outbox.publish_failed", "count": len(transient), "error": first_error},
+                )
+            refused = [row for row in failed if refusal_reason(outcome.get(row.id)) is not None]
+            if refused:
+                await self._refuse(claim.token, refused, outcome, report)
         return report
+
+    async def _refuse(self, token: uuid.UUID, refused: list[OutboxRow], outcome: Outcome, report: RelayReport) -> None:
+        """Give refused rows back for a later try, and quarantine those refused ``poison_tries`` times."""
+        by_error: dict[str, list[OutboxRow]] = {}
+        for row in refused:
+            by_error.setdefault(repr(outcome[row.id]), []).append(row)
+        for error_text, rows in by_error.items():
+            error = outcome[rows[0].id]
+            assert error is not None
+            reason = refusal_reason(error)
+            refusals = await self.store.refuse(token, [r.id for r in rows], error_text, self.config.refusal_retry_delay)
+            report.refused += len(refusals)
+            spent = [row_id for row_id, count in refusals.items() if count >= self.config.poison_tries]
+            log.warning(
+                "publish refused for a reason about the rows; retried later",
+                extra={"action": "outbox.publish_refused", "reason": reason, "count": len(rows), "error": error_text},
+            )
+            if not spent:
+                continue
+            dead = await self.store.quarantine(spent, type(error).__name__, error_text)
+            report.quarantined += len(spent)
+            self._quarantined.add(len(spent), {"reason": reason or "refused"})
+            log.error(
+                "outbox rows quarantined after repeated refusals; their occurrences are DEAD",
+                extra={
+                    "action": "outbox.quarantined",
+                    "reason": reason,
+                    "rows": spent,
+                    "occurrence_ids": [str(r["occurrence_id"]) for r in dead],
+                    "error": error_text,
+                },
+            )
+
+    async def _judge_late(self, claim: Claim, report: RelayReport) -> Claim:
+        """Lateness at dispatch: claimed deliveries of on-time occurrences past their late_after are published
+        only if their schedule's policy still allows; the others are recorded MISSED and left out."""
+        now = claim.now
+        late = [r for r in claim.rows if r.late_after is not None and now is not None and r.late_after < now]
+        if not late or now is None:
+            return claim
+        judgement = await self.store.judge_late(claim.token, late, now)
+        if judgement.missed:
+            report.missed += judgement.missed
+            self._dispatch_missed.add(judgement.missed, {"lane": "late"})
+            log.warning(
+                "occurrences too late at dispatch for their misfire policy; recorded MISSED",
+                extra={"action": "outbox.missed_at_dispatch", "count": judgement.missed},
+            )
+        if judgement.published_late:
+            self._late_published.add(judgement.published_late, {"lane": "late"})
+        if not judgement.skip:
+            return claim
+        return Claim(claim.token, [r for r in claim.rows if r.id not in judgement.skip], claim.now)
 
     async def record_backlog(self) -> int:
         """Record (and return) how many due outbox rows are not yet sent."""

@@ -30,6 +30,7 @@ from functools import partial
 from typing import Any
 
 from relay.publisher import Outcome, OutgoingRecord
+from schemas.kafka_security import PLAINTEXT, KafkaSecurity, start_client
 from schemas.topics import DEFAULT_PARTITIONS, ensure_topics
 
 #: librdkafka error names that no retry of the same record can fix: the row is a poison row.
@@ -69,6 +70,7 @@ class LibrdkafkaConfig:
     linger: seconds librdkafka waits to fill a batch (default 0.005).
     max_message_bytes: the largest record accepted (default 1 MiB, the broker default).
     idempotent: the idempotent producer (needs a broker with InitProducerId: Apache Kafka, not tansu).
+    security: TLS and SASL (default PLAINTEXT), for librdkafka and for the admin client that creates topics.
     """
 
     bootstrap: str
@@ -78,9 +80,11 @@ class LibrdkafkaConfig:
     linger: float = 0.005
     max_message_bytes: int = 1024 * 1024
     idempotent: bool = False
+    security: KafkaSecurity = PLAINTEXT
 
     def producer_settings(self) -> dict[str, Any]:
         return {
+            **self.security.librdkafka_options(),
             "bootstrap.servers": self.bootstrap,
             "acks": "all",
             "enable.idempotence": self.idempotent,
@@ -136,8 +140,9 @@ class LibrdkafkaPublisher:
         from confluent_kafka import Producer
 
         self._producer = Producer(self.config.producer_settings())
-        self._admin = AIOKafkaAdminClient(bootstrap_servers=self.config.bootstrap)
-        await self._admin.start()
+        security = self.config.security
+        self._admin = AIOKafkaAdminClient(bootstrap_servers=self.config.bootstrap, **security.client_options())
+        await start_client(self._admin, self.config.bootstrap, security)
         self._poller = threading.Thread(target=self._poll, name="librdkafka-delivery", daemon=True)
         self._poller.start()
 

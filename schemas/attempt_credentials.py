@@ -1,15 +1,16 @@
 """Attempt credentials: how an attempt event proves it comes from the consumer side of its target.
 
 Issue 10 item 5. This module is the contract only (pure: no I/O); the
-engine's attempt processor verifies with it once wired (the seam the
-attempt-processor work leaves), and the consumer runtime signs with it.
+engine issues credentials (``engine/control/attempt_credentials.py``), its
+attempt processor verifies with it (``engine/loops/attempt_authentication.py``)
+and the consumer runtime signs with it (``consumers/attempt_reports.py``).
 
-* The engine **issues** a credential per (target, consumer group): a random
+* The engine **issues** a credential per target: a random
   ``credential_id`` and a 32-byte ``secret``, stored in
-  ``attempt_credentials`` (migration 0006) and shown to the operator once as a
+  ``attempt_credentials`` (migrations 0006 and 0008) and shown to the operator once as a
   token, ``cqa_<credential_id>_<secret hex>``, which the consumer app is
   configured with (like a tenant's api token, it never travels in Kafka).
-  Several live credentials per pair allow rotation: issue, roll out, revoke.
+  A rotation issues a new one and keeps the old ones valid for a grace period.
 * The consumer runtime **signs** every attempt event of that target: headers
   ``chronoq-credential`` (the credential id) and ``chronoq-attempt-signature``
   = hex(HMAC-SHA256(secret, ``chronoq-attempt/1`` NUL key NUL value)) over the
@@ -18,8 +19,7 @@ attempt-processor work leaves), and the consumer runtime signs with it.
   of record.
 * The engine **verifies**: the credential exists and is not revoked, the
   signature matches (constant-time), the credential's target is the target of
-  the occurrence the event is about, and its consumer group is the event's.
-  Anything else is rejected and counted (``chronoq.attempt_events_rejected``),
+  the occurrence the event is about. Anything else is rejected and counted (``chronoq.attempt_events_rejected``),
   never applied. A replayed genuine event is harmless: events are idempotent
   and fenced by lease tokens.
 """
@@ -31,7 +31,7 @@ import hmac
 import re
 import secrets
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from schemas import record_fields as fields
 from schemas.errors import MalformedMessage
@@ -49,11 +49,11 @@ class AttemptCredential:
     """A credential as the engine stores it and the consumer app holds it."""
 
     credential_id: uuid.UUID
-    secret: bytes
+    secret: bytes = field(repr=False)  # a log line or traceback never shows it
 
     @classmethod
     def issue(cls) -> AttemptCredential:
-        """A fresh credential (the caller stores it with its target and consumer group)."""
+        """A fresh credential (the caller stores it with its target)."""
         return cls(uuid.uuid4(), secrets.token_bytes(SECRET_BYTES))
 
     @property

@@ -34,7 +34,7 @@ from schemas.errors import MalformedMessage
 from schemas.messages import OccurrenceMessage, format_instant, occurrence_from_object
 
 KIND_DEAD_OCCURRENCE = "dead_occurrence"
-DEAD_REASONS = ("permanent_error", "max_attempts", "deadline", "retry_budget")
+DEAD_REASONS = ("permanent_error", "max_attempts", "deadline", "retry_budget", "unpublishable")
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,6 @@ CONSUMER_LAG = "chronoq.consumer_lag"  # gauge (consumer), per partition: high w
 CONSUMER_BATCH_SIZE = "chronoq.consumer_batch_size"  # histogram (consumer): occurrences per batch handler delivery
 ATTEMPT_EVENT_BATCH = "chronoq.attempt_event_batch"  # histogram: attempt events applied per transaction
 ATTEMPT_EVENTS_LAG = "chronoq.attempt_events_lag"  # gauge, per partition: attempt events not applied yet
-REJECTED_EVENTS = "chronoq.rejected_attempt_events"  # counter, attr event: failed verification
 REAPER_DEFERRED = "chronoq.reaper_deferred"  # gauge, s: how far the reaper trails now (attempt events not applied yet)
 # Operator features.
 BACKFILLED_OCCURRENCES = (
@@ -65,6 +64,7 @@ SCHEDULES_COMPLETED = "chronoq.schedules_completed"  # counter, attr reason: exh
 CALENDAR_CHANGES = "chronoq.calendar_changes"  # counter, attr change: create|update|import|delete
 # Hostile input and tenant isolation (docs/security.md).
 RECORDS_SKIPPED = "chronoq.records_skipped"  # counter, attr loop: records passed after a non-transient failure
+KAFKA_REFUSALS = "chronoq.kafka_refusals"  # counter, attr kind: authentication|authorization, setting
 TARGET_REFUSALS = "chronoq.target_refusals"  # counter: schedules refused on another tenant's target
 # The sharded data plane (issue 12).
 TENANT_DISPATCHES = "chronoq.tenant_dispatches"  # counter, attrs tenant_id, lane: ahead-lane rows published
@@ -73,6 +73,14 @@ QUARANTINED_DELIVERIES = "chronoq.quarantined_deliveries"  # counter: poison row
 SHARDS_OWNED = "chronoq.shards_owned"  # gauge, attr node_id: shard leases this node holds
 SHARD_MOVES = "chronoq.shard_moves"  # counter, attr direction: acquired|released
 SETTLED_DELIVERIES = "chronoq.settled_deliveries"  # counter: ahead-lane rows the settle pass recorded ENQUEUED
+# counter, attr reason: unsigned|malformed|unknown_credential|expired_credential|wrong_target|bad_signature
+ATTEMPT_EVENTS_REJECTED = "chronoq.attempt_events_rejected"
+# counter, attr reason: too_large|invalid_topic|unauthorized_topic|refused (relay quarantined an outbox row)
+OUTBOX_QUARANTINED = "chronoq.outbox_quarantined"
+CATCH_UP_ENQUEUED = "chronoq.catch_up_enqueued"  # counter, attr tenant_id: misfire catch-up occurrences materialized
+CATCH_UP_THROTTLED = "chronoq.catch_up_throttled"  # counter, attr tenant_id: catch-ups released later by the bucket
+DISPATCH_MISSED = "chronoq.dispatch_missed"  # counter, attr lane: on-time occurrences too late at dispatch: MISSED
+DISPATCH_LATE_PUBLISHED = "chronoq.dispatch_late_published"  # counter, attr lane: late, published per the policy
 # Proof and recovery: the reconciler, stuck occurrences, the attempt processor's own lag.
 RECONCILE_COUNTS = "chronoq.reconcile.counts"  # gauge, attr count: expected|missing|unexpected|... of the last run
 RECONCILE_DURATION = "chronoq.reconcile.duration"  # histogram, s: one reconcile run

@@ -20,9 +20,16 @@ import uuid
 from collections.abc import Sequence
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
+from aiokafka.errors import (
+    KafkaError,
+    TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
+    UnknownTopicOrPartitionError,
+    for_code,
+)
 
 from schemas.errors import InvalidInput
+from schemas.kafka_security import PLAINTEXT, KafkaAuthorizationError, KafkaSecurity, start_client
 
 log = logging.getLogger("chronoq.topics")
 
@@ -115,22 +122,35 @@ async def ensure_topics(
     except TopicAlreadyExistsError:
         return
     for topic, code, *_ in getattr(response, "topic_errors", []):
+        if code == TopicAuthorizationFailedError.errno:
+            # Not visible to this principal (no DESCRIBE) and not creatable by it (no CREATE): on a broker
+            # with ACLs, a topic this client has no right to, whether or not it exists.
+            raise KafkaAuthorizationError(
+                f"the Kafka broker refused this client topic {topic} (TOPIC_AUTHORIZATION_FAILED): the"
+                " principal chronoq connects as has no ACL for it; `chronoq kafka acls --tenant T` prints"
+                " the ACLs a tenant's consumer app needs",
+                "topic",
+            )
         if code not in (0, TopicAlreadyExistsError.errno):
-            raise KafkaError(f"could not create topic {topic}: error code {code}")
+            # The broker's own error class (InvalidTopicError, TopicAuthorizationFailedError...), so a caller
+            # can tell a topic that can never be created from a broker that is briefly unable to.
+            raise for_code(code)(f"could not create topic {topic}: error code {code}")
     log.info("created topics", extra={"action": "topics.created", "topics": [t.name for t in new]})
 
 
-async def create_missing_topics(bootstrap: str, topics: Sequence[str], partitions: int = DEFAULT_PARTITIONS) -> None:
+async def create_missing_topics(
+    bootstrap: str, topics: Sequence[str], partitions: int = DEFAULT_PARTITIONS, security: KafkaSecurity = PLAINTEXT
+) -> None:
     """Connect an admin client, create the topics that do not exist, disconnect."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security.client_options())
+    await start_client(admin, bootstrap, security)
     try:
         await ensure_topics(admin, topics, partitions)
     finally:
         await admin.close()
 
 
-async def topic_partitions(bootstrap: str, topic: str) -> list[int]:
+async def topic_partitions(bootstrap: str, topic: str, security: KafkaSecurity = PLAINTEXT) -> list[int]:
     """The partition numbers of ``topic``, or ``[]`` when it does not exist; never creates it.
 
     Asked of an admin client on purpose: aiokafka's consumer keeps metadata
@@ -141,8 +161,8 @@ async def topic_partitions(bootstrap: str, topic: str) -> list[int]:
     periodic refresh, minutes later. The existence check comes first because
     tansu creates a topic that a Metadata request names.
     """
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security.client_options())
+    await start_client(admin, bootstrap, security)
     try:
         if topic not in set(await admin.list_topics()):
             return []

@@ -41,6 +41,7 @@ from schemas.connections import create_pool
 from schemas.migrations import apply_migrations
 from tests.support.brokers import BROKER_TEST_OVERRIDES, BrokerUnderTest, require_apache_kafka
 from tests.support.databases import TEMPLATE, Servers, create_database, drop_database
+from tests.support.secure_kafka import SecureKafka, prepare_secure_kafka
 from tests.support.services import fast_services, services_running
 from tests.support.telemetry import Telemetry
 
@@ -126,6 +127,22 @@ def own_apache_kafka() -> Iterator[ApacheKafka]:
         yield running
     finally:
         running.stop()
+        shutil.rmtree(base, ignore_errors=True)
+        gc.collect()  # see ``broker``
+
+
+@pytest.fixture(scope="session")
+def secure_kafka() -> Iterator[SecureKafka]:
+    """One Apache Kafka per session with SASL_SSL (SCRAM), mutual-TLS and the ACL authorizer
+    (tests/support/secure_kafka.py), beside ``broker``'s; started in the main thread like it."""
+    require_apache_kafka()
+    base = Path(tempfile.mkdtemp(prefix="chronoq-test-secure-kafka-"))
+    running = prepare_secure_kafka(base)
+    try:
+        running.broker.start()
+        yield running
+    finally:
+        running.broker.stop()
         shutil.rmtree(base, ignore_errors=True)
         gc.collect()  # see ``broker``
 

@@ -10,8 +10,8 @@ embedded PostgreSQL and broker (``engine.cli.embedded``).
 Each module registers one area's subcommands: ``stack_commands`` (up, api,
 migrate, engine, relay), ``tenant_commands`` (tenant create),
 ``schedule_commands`` (schedule ...), ``calendar_commands`` (calendar ...),
-``dlq_commands`` (dlq list, replay), ``consume_command`` (consume) and
-``kafka_command`` (kafka fetch).
+``dlq_commands`` (dlq list, replay), ``consume_command`` (consume),
+``kafka_command`` (kafka fetch, kafka acls) and ``status_command`` (status).
 
 Exit status: 0 on success, 2 for invalid input (one line naming the field,
 nothing written), 1 for any other chronoq error.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 
 from consumers.app import ConsumerConfig
 from consumers.printer import printing_consumer
@@ -13,8 +14,28 @@ from engine.cli.endpoints import resolve_consumer_endpoints
 from schemas.errors import InvalidInput
 from schemas.observability import configure_telemetry
 
+CREDENTIALS_ENV = "CHRONOQ_ATTEMPT_CREDENTIALS"
 
-def consumer_config(endpoints: Endpoints, group: str, report_attempts: bool = True) -> ConsumerConfig:
+
+def attempt_credentials(text: str | None) -> dict[str, str]:
+    """``target=cqa_...[,target=cqa_...]`` (the value of CHRONOQ_ATTEMPT_CREDENTIALS) by target.
+
+    InvalidInput names the variable and never echoes a token.
+    """
+    credentials: dict[str, str] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        target, sep, token = item.strip().partition("=")
+        if not sep or not target or not token.startswith("cqa_"):
+            raise InvalidInput(CREDENTIALS_ENV, "is a comma-separated list of target=token", "billing.invoice=cqa_...")
+        credentials[target] = token
+    return credentials
+
+
+def consumer_config(
+    endpoints: Endpoints, group: str, report_attempts: bool = True, credentials: dict[str, str] | None = None
+) -> ConsumerConfig:
     """Consumer settings for a built-in consumer on these endpoints.
 
     On the embedded tansu broker a group's join waits about half the session
@@ -31,9 +52,15 @@ def consumer_config(endpoints: Endpoints, group: str, report_attempts: bool = Tr
             session_timeout=2.0,
             heartbeat_interval=0.5,
             report_attempts=report_attempts,
+            attempt_credentials=credentials or {},
         )
     return ConsumerConfig(
-        group, endpoints.kafka_bootstrap, endpoints.consumer_database_url, report_attempts=report_attempts
+        group,
+        endpoints.kafka_bootstrap,
+        endpoints.consumer_database_url,
+        report_attempts=report_attempts,
+        attempt_credentials=credentials or {},
+        kafka_security=endpoints.kafka_security,
     )
 
 
@@ -42,11 +69,14 @@ def cmd_consume(args: argparse.Namespace) -> int:
     endpoints = resolve_consumer_endpoints()
     if args.max is not None and args.max < 1:
         raise InvalidInput("max", "must be at least 1", "--max 10")
+    credentials = attempt_credentials(os.environ.get(CREDENTIALS_ENV))
 
     async def main() -> int:
         stop = asyncio.Event()
         stop_on_signals(stop)
-        app = printing_consumer(consumer_config(endpoints, args.group, not args.no_report), args.target, args.json)
+        app = printing_consumer(
+            consumer_config(endpoints, args.group, not args.no_report, credentials), args.target, args.json
+        )
         return await app.run(stop, max_applied=args.max)
 
     asyncio.run(main())

@@ -18,6 +18,14 @@ The only module that reads environment variables (all under ``CHRONOQ_``):
 - ``CHRONOQ_KAFKA_IDEMPOTENT``: ``1`` makes the relay use the idempotent
   producer on an external broker (Apache Kafka supports it, tansu does not);
   an embedded stack records its broker kind in the state file instead.
+- ``CHRONOQ_KAFKA_SECURITY_PROTOCOL`` (``PLAINTEXT``, ``SSL``,
+  ``SASL_PLAINTEXT``, ``SASL_SSL``), ``CHRONOQ_KAFKA_SASL_MECHANISM``
+  (``PLAIN``, ``SCRAM-SHA-256``, ``SCRAM-SHA-512``),
+  ``CHRONOQ_KAFKA_SASL_USERNAME`` / ``_PASSWORD``, ``CHRONOQ_KAFKA_SSL_CAFILE``,
+  ``CHRONOQ_KAFKA_SSL_CERTFILE`` / ``_KEYFILE``,
+  ``CHRONOQ_KAFKA_SSL_CHECK_HOSTNAME``: how every Kafka client of the command
+  authenticates to an external broker (:func:`kafka_security_setting`; the
+  embedded brokers are plaintext). The password is never printed.
 
 Each command asks for what it uses: the engine and the relay need both the
 database and Kafka (:func:`resolve_endpoints`); the API, migrations, tenant,
@@ -31,6 +39,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,6 +48,7 @@ import orjson
 import psutil
 
 from schemas.errors import StackError
+from schemas.kafka_security import PLAINTEXT, KafkaSecurity, KafkaSecurityError
 
 STATE_FILE = "stack.json"
 
@@ -55,6 +65,8 @@ class Endpoints:
     idempotent_producer: bool = False
     #: The embedded broker's kind (``tansu`` or ``apache``), ``external`` for a broker chronoq did not start.
     kafka_kind: str = "external"
+    #: TLS and SASL of every Kafka client (from ``CHRONOQ_KAFKA_SECURITY_PROTOCOL`` and the rest).
+    kafka_security: KafkaSecurity = PLAINTEXT
 
 
 @dataclass(frozen=True)
@@ -105,7 +117,67 @@ def external_endpoints(env: Mapping[str, str] | None = None) -> Endpoints | None
         bootstrap,
         env.get("CHRONOQ_CONSUMER_DATABASE_URL") or database_url,
         idempotent_producer=_flag(env, "CHRONOQ_KAFKA_IDEMPOTENT"),
+        kafka_security=kafka_security_setting(env),
     )
+
+
+#: The environment variable of each :class:`KafkaSecurity` field.
+KAFKA_SECURITY_VARIABLES = {
+    "protocol": "CHRONOQ_KAFKA_SECURITY_PROTOCOL",
+    "sasl_mechanism": "CHRONOQ_KAFKA_SASL_MECHANISM",
+    "sasl_username": "CHRONOQ_KAFKA_SASL_USERNAME",
+    "sasl_password": "CHRONOQ_KAFKA_SASL_PASSWORD",
+    "ssl_cafile": "CHRONOQ_KAFKA_SSL_CAFILE",
+    "ssl_certfile": "CHRONOQ_KAFKA_SSL_CERTFILE",
+    "ssl_keyfile": "CHRONOQ_KAFKA_SSL_KEYFILE",
+    "ssl_check_hostname": "CHRONOQ_KAFKA_SSL_CHECK_HOSTNAME",
+}
+#: The names KafkaSecurity's validation uses for a field, as the CLI's variables (its errors name them).
+_SECURITY_FIELD_VARIABLES = {
+    **KAFKA_SECURITY_VARIABLES,
+    "security_protocol": "CHRONOQ_KAFKA_SECURITY_PROTOCOL",
+}
+
+
+def kafka_security_setting(env: Mapping[str, str] | None = None) -> KafkaSecurity:
+    """The Kafka clients' TLS and SASL from ``CHRONOQ_KAFKA_*`` (PLAINTEXT when none is set), validated.
+
+    The protocol and mechanism are case-insensitive; file paths are expanded (``~``) and must exist;
+    a StackError names the variable at fault, never the password's value.
+    """
+    env = os.environ if env is None else env
+    values = {name: env.get(variable, "").strip() for name, variable in KAFKA_SECURITY_VARIABLES.items()}
+    values["sasl_password"] = env.get(KAFKA_SECURITY_VARIABLES["sasl_password"], "")  # spaces may be part of it
+    files: dict[str, str | None] = {}
+    for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+        files[name] = str(Path(values[name]).expanduser()) if values[name] else None
+        if files[name] and not Path(files[name] or "").is_file():
+            raise StackError(f"{KAFKA_SECURITY_VARIABLES[name]} is {values[name]!r}: no such file")
+    security = KafkaSecurity(
+        protocol=values["protocol"].upper() or "PLAINTEXT",
+        sasl_mechanism=values["sasl_mechanism"].upper() or "PLAIN",
+        sasl_username=values["sasl_username"] or None,
+        sasl_password=values["sasl_password"] or None,
+        ssl_check_hostname=not values["ssl_check_hostname"]
+        or _flag(env, KAFKA_SECURITY_VARIABLES["ssl_check_hostname"]),
+        **files,
+    )
+    try:
+        security.validate()
+    except KafkaSecurityError as err:
+        variable = _SECURITY_FIELD_VARIABLES.get(err.field or "", "CHRONOQ_KAFKA_SECURITY_PROTOCOL")
+        raise StackError(f"{variable}: {err.problem}") from None
+    return security
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (a database URL printed by ``up`` or ``status``)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rpartition("@")
+    user = netloc[0].partition(":")[0]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[2]}"))
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:
@@ -187,11 +259,27 @@ def resolve_database_url(env: Mapping[str, str] | None = None) -> str:
     return resolve_endpoints(env).database_url
 
 
+def resolve_kafka(env: Mapping[str, str] | None = None) -> tuple[str, KafkaSecurity]:
+    """The broker alone (``chronoq kafka acls --apply``): ``CHRONOQ_KAFKA_BOOTSTRAP`` with its security,
+    else a running ``chronoq up``'s."""
+    env = os.environ if env is None else env
+    bootstrap = env.get("CHRONOQ_KAFKA_BOOTSTRAP")
+    if bootstrap:
+        return bootstrap, kafka_security_setting(env)
+    endpoints = resolve_endpoints(env)
+    return endpoints.kafka_bootstrap, endpoints.kafka_security
+
+
 def resolve_consumer_endpoints(env: Mapping[str, str] | None = None) -> Endpoints:
     """Endpoints for a consumer app: Kafka and its own database, never the engine's."""
     env = os.environ if env is None else env
     bootstrap = env.get("CHRONOQ_KAFKA_BOOTSTRAP")
     consumer_url = env.get("CHRONOQ_CONSUMER_DATABASE_URL")
     if bootstrap and consumer_url:
-        return Endpoints(database_url="", kafka_bootstrap=bootstrap, consumer_database_url=consumer_url)
+        return Endpoints(
+            database_url="",
+            kafka_bootstrap=bootstrap,
+            consumer_database_url=consumer_url,
+            kafka_security=kafka_security_setting(env),
+        )
     return resolve_endpoints(env)

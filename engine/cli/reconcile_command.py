@@ -121,7 +121,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     command.add_argument(
         "--on-time-limit",
         metavar="DURATION",
-        help="the engine's cap on max_lateness, for the misfire policy check (default: none)",
+        help="the engine's cap on max_lateness (MaterializerConfig.on_time_limit, 5m by default), for the misfire"
+        " policy check (default: none, max_lateness alone: more lenient, never a false violation)",
     )
     command.add_argument("--no-record", action="store_true", help="do not store the result in reconcile_runs")
     command.set_defaults(func=cmd_reconcile)

@@ -21,6 +21,7 @@ from engine.cli.endpoints import (
     clear_state,
     external_endpoints,
     read_state,
+    redacted_url,
     resolve_database_url,
     resolve_endpoints,
     write_state,
@@ -78,9 +79,10 @@ async def _up(demo: bool, api_host: str, api_port: int, kafka: BrokerKind) -> in
                 home,
             )
         print("chronoq is up" + (" (embedded stack)" if stack else " (external stack)"), flush=True)
-        print(f"  database:  {endpoints.database_url}", flush=True)
+        print(f"  database:  {redacted_url(endpoints.database_url)}", flush=True)
         print(
-            f"  kafka:     {endpoints.kafka_bootstrap}" + (f"  ({BROKER_NAMES[stack.kafka_kind]})" if stack else ""),
+            f"  kafka:     {endpoints.kafka_bootstrap}"
+            + (f"  ({BROKER_NAMES[stack.kafka_kind]})" if stack else f"  ({endpoints.kafka_security.describe()})"),
             flush=True,
         )
         print(f"  api:       {api_url}  (OpenAPI at {api_url}/openapi.json)", flush=True)
@@ -97,7 +99,10 @@ async def _up(demo: bool, api_host: str, api_port: int, kafka: BrokerKind) -> in
                     endpoints.kafka_bootstrap,
                     stop,
                     ServiceConfig(
-                        roles=ALL_ROLES, api_socket=api_socket, idempotent_publisher=endpoints.idempotent_producer
+                        roles=ALL_ROLES,
+                        api_socket=api_socket,
+                        idempotent_publisher=endpoints.idempotent_producer,
+                        kafka_security=endpoints.kafka_security,
                     ),
                 ),
                 name="services",
@@ -244,6 +249,7 @@ def run_roles(
                 roles=roles,
                 metrics_socket=metrics_socket,
                 idempotent_publisher=endpoints.idempotent_producer,
+                kafka_security=endpoints.kafka_security,
                 stuck_occurrences=stuck_occurrences or StuckOccurrencesConfig(),
             ),
         )

@@ -57,6 +57,7 @@ from schemas.commands import (
 )
 from schemas.error_classification import is_transient
 from schemas.errors import ChronoqError, MalformedMessage
+from schemas.kafka_security import PLAINTEXT, KafkaSecurity
 from schemas.queries import QUERIES
 from schemas.topics import COMMAND_RESULTS_TOPIC, COMMANDS_TOPIC, command_results_topic
 
@@ -113,9 +114,11 @@ class CommandProcessor:
         control: ControlPlane,
         config: CommandConfig | None = None,
         meter: metrics.Meter | None = None,
+        security: KafkaSecurity = PLAINTEXT,
     ) -> None:
         self.pool = pool
         self.kafka_bootstrap = kafka_bootstrap
+        self.security = security
         self.control = control
         self.config = config or CommandConfig()
         meter = meter or obs.get_meter("engine")
@@ -334,5 +337,5 @@ class CommandProcessor:
             summary_every=summary_every,
         )
         await KafkaProcessorLoop(
-            "commands", self.kafka_bootstrap, settings, self.handle_records, log, unit="batch"
+            "commands", self.kafka_bootstrap, settings, self.handle_records, log, unit="batch", security=self.security
         ).run(stop)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from schemas.kafka_security import PLAINTEXT, KafkaSecurity, start_client
+
 
 @dataclass(frozen=True)
 class GroupLag:
@@ -31,16 +33,21 @@ class GroupLag:
 
 
 async def read_consumer_lag(
-    bootstrap: str, groups: Sequence[str] | None = None, timeout: float = 5.0
+    bootstrap: str,
+    groups: Sequence[str] | None = None,
+    timeout: float = 5.0,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> list[GroupLag]:
     """Lag of every consumer group (or of ``groups``), per topic, sorted by group and topic."""
-    return await asyncio.wait_for(_read(bootstrap, groups), timeout)
+    return await asyncio.wait_for(_read(bootstrap, groups, security), timeout)
 
 
-async def _read(bootstrap: str, groups: Sequence[str] | None) -> list[GroupLag]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, request_timeout_ms=5000)
-    await admin.start()
+async def _read(bootstrap: str, groups: Sequence[str] | None, security: KafkaSecurity) -> list[GroupLag]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000, **security.client_options())
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, request_timeout_ms=5000, **security.client_options()
+    )
+    await start_client(admin, bootstrap, security)
     try:
         await consumer.start()
         try:

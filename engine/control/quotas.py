@@ -3,8 +3,9 @@
 Enforced today, when a schedule is created or updated (:func:`check_quotas`)
 or attempts are retried: ``max_active_schedules``, ``max_fires_per_minute``,
 ``max_payload_bytes`` and ``retry_budget_per_hour``; ``catch_up_per_minute``
-paces backfills (:mod:`engine.rules.catch_up_pacing`; the materializer's
-misfire catch-up does not read it yet). ``max_running`` and ``weight`` are
+paces backfills (:mod:`engine.rules.catch_up_pacing`) and the
+materializer's misfire catch-up (a token bucket per tenant,
+:mod:`engine.rules.token_bucket`; the two are separate budgets today). ``max_running`` and ``weight`` are
 stored with the tenant and shown, but nothing enforces them yet.
 """
 
@@ -31,7 +32,7 @@ class TenantQuotas:
     max_payload_bytes: encoded JSON payload of one schedule (default 64 KiB).
     retry_budget_per_hour: retries the tenant may spend per UTC hour (the attempt ledger spends them).
     max_running: occurrences of the tenant running at once — stored, NOT enforced yet.
-    catch_up_per_minute: past slots a backfill may release per minute (the misfire catch-up: not yet).
+    catch_up_per_minute: past slots a backfill, and separately the misfire catch-up, may release per minute.
     weight: the tenant's share in weighted fair dispatch — stored, NOT enforced yet.
     """
 

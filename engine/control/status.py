@@ -19,6 +19,7 @@ import asyncpg
 
 from engine.control.consumer_lag import read_consumer_lag
 from schemas.clock import Clock, DatabaseClock
+from schemas.kafka_security import PLAINTEXT, KafkaSecurity
 from schemas.messages import format_instant
 from schemas.queries import QUERIES
 from schemas.topics import ATTEMPTS_TOPIC
@@ -44,6 +45,7 @@ async def engine_status(
     clock: Clock | None = None,
     horizon: timedelta = timedelta(seconds=30),
     kafka_timeout: float = 5.0,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> dict[str, Any]:
     """The status as one JSON-ready mapping (see the module docstring for its sections)."""
     clock = clock or DatabaseClock()
@@ -120,7 +122,7 @@ async def engine_status(
                 },
             }
         )
-    status["consumers"] = await _consumers(kafka_bootstrap, kafka_timeout)
+    status["consumers"] = await _consumers(kafka_bootstrap, kafka_timeout, security)
     return status
 
 
@@ -158,11 +160,11 @@ async def _shards(conn: asyncpg.Connection, now: datetime) -> dict[str, Any]:
     }
 
 
-async def _consumers(kafka_bootstrap: str | None, timeout: float) -> dict[str, Any]:
+async def _consumers(kafka_bootstrap: str | None, timeout: float, security: KafkaSecurity) -> dict[str, Any]:
     if not kafka_bootstrap:
         return {"note": "no broker configured"}
     try:
-        lags = await read_consumer_lag(kafka_bootstrap, timeout=timeout)
+        lags = await read_consumer_lag(kafka_bootstrap, timeout=timeout, security=security)
     except Exception as err:  # noqa: BLE001 - whatever the broker does, status shows it and carries on
         return {"error": f"could not read consumer lag from {kafka_bootstrap}: {err!r}"}
     attempts = [lag for lag in lags if lag.topic == ATTEMPTS_TOPIC]

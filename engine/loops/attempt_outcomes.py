@@ -75,7 +75,9 @@ class AttemptMetrics:
         self.fenced = meter.create_counter(obs.FENCED_EVENTS, unit="1")
         self.lease_timeouts = meter.create_counter(obs.LEASE_TIMEOUTS, unit="1")
         self.poison = meter.create_counter(obs.POISON_MESSAGES, unit="1")
-        self.rejected = meter.create_counter(obs.REJECTED_EVENTS, unit="1")
+        self.rejected = meter.create_counter(
+            obs.ATTEMPT_EVENTS_REJECTED, unit="1", description="attempt events not authenticated: not applied"
+        )
         self.batch = meter.create_histogram(
             obs.ATTEMPT_EVENT_BATCH, unit="1", description="attempt events applied per transaction"
         )

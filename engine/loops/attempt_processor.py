@@ -1,9 +1,11 @@
 """The attempt processor: consume ``chronoq.attempts`` and apply the events, a partition's batch at a time.
 
 Each fetched partition's events are one unit: decoded (an undecodable record is counted as poison and
-skipped), passed through the verification seam (:class:`EventVerifier`; nothing is rejected without
-one), then applied set-based in one transaction by :meth:`AttemptLedger.apply_batch` — one statement per
-kind of write for the batch, fencing per occurrence. Everything the batch changes is written in that
+skipped), authenticated (:class:`EventVerifier`, by default :class:`CredentialVerifier`: an event not
+signed by the consumer side of its occurrence's target, when that target has a credential, is rejected,
+counted as ``chronoq.attempt_events_rejected`` and changes nothing), then applied set-based in one
+transaction by :meth:`AttemptLedger.apply_batch` — one statement per kind of write for the batch,
+fencing per occurrence. Everything the batch changes is written in that
 transaction; the Kafka offset is committed after it, so a crash in between re-applies events, which are
 idempotent.
 
@@ -30,21 +32,23 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Protocol
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
 from opentelemetry import metrics, trace
 
+from engine.loops.attempt_authentication import CredentialVerifier, EventVerifier, ReceivedEvent, Rejection
 from engine.loops.attempt_ledger import AttemptLedger, Verdict
 from engine.loops.attempt_outcomes import AttemptMetrics, AttemptStats
 from engine.loops.kafka_processor import KafkaLoopSettings, KafkaProcessorLoop
 from engine.loops.reporting import SUMMARY_EVERY
 from schemas import observability as obs
+from schemas.attempt_credentials import signed_by
 from schemas.attempt_events import AttemptEvent, decode_attempt_event
 from schemas.clock import Clock, DatabaseClock
 from schemas.error_classification import is_transient
+from schemas.kafka_security import PLAINTEXT, KafkaSecurity
 from schemas.messages import MalformedMessage
 from schemas.queries import QUERIES
 from schemas.topics import ATTEMPTS_TOPIC, DEFAULT_PARTITIONS
@@ -53,29 +57,6 @@ log = logging.getLogger("chronoq.attempts")
 
 #: The progress of a partition nobody has read yet: every lease ends after it.
 PROGRESS_FLOOR = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-@dataclass(frozen=True)
-class ReceivedEvent:
-    """An attempt event as it arrived: decoded, with the record's bytes and headers (what a signature covers)."""
-
-    event: AttemptEvent
-    value: bytes
-    headers: tuple[tuple[str, bytes], ...] = ()
-    partition: int | None = None
-    offset: int | None = None
-
-
-class EventVerifier(Protocol):
-    """Decides whether each received event comes from the consumer it claims to (e.g. an HMAC over the record
-    with a credential the engine issued per target and consumer group).
-
-    Called once per batch, inside the batch's transaction before anything is applied, so looking the
-    credentials up is one statement for the batch. Returns, per event in order, None for an authentic event
-    or the reason it is rejected; a rejected event changes nothing and is counted and logged.
-    """
-
-    async def verify(self, conn: asyncpg.Connection, received: Sequence[ReceivedEvent]) -> Sequence[str | None]: ...
 
 
 @dataclass(frozen=True)
@@ -121,6 +102,7 @@ class AttemptProcessor:
         meter: metrics.Meter | None = None,
         tracer: trace.Tracer | None = None,
         verifier: EventVerifier | None = None,
+        security: KafkaSecurity = PLAINTEXT,
     ) -> None:
         self.pool = pool
         self.kafka_bootstrap = kafka_bootstrap
@@ -134,7 +116,9 @@ class AttemptProcessor:
             obs.ATTEMPT_EVENTS_LAG, unit="1", description="attempt events fetched or waiting, not applied yet"
         )
         self.tracer = tracer or obs.get_tracer("engine")
-        self.verifier = verifier
+        self.verifier: EventVerifier = verifier or CredentialVerifier()
+        self.security = security
+        self.rejections: Counter[str] = Counter()
         self.ledger = AttemptLedger(self.clock, rng or random.Random(), self.meters, self.stats)
         self.assigned_partitions = 0
         # The engine instant of the last progress write, and this host's time right after it: a poll
@@ -147,10 +131,14 @@ class AttemptProcessor:
         """Events decided so far (every verdict), for benchmarks and status."""
         return sum(self.stats.verdicts.values())
 
-    async def apply_events(self, batch: Sequence[AttemptEvent]) -> list[Verdict]:
-        """Apply events in order, in one transaction (no Kafka: tests and tools call this directly)."""
+    async def apply_events(self, batch: Sequence[AttemptEvent | ReceivedEvent]) -> list[Verdict]:
+        """Apply events in order, in one transaction (no Kafka: tests and tools call this directly); a bare
+        AttemptEvent counts as unsigned."""
         return await self.apply_received(
-            [ReceivedEvent(event, event.encode(), tuple(event.headers())) for event in batch]
+            [
+                item if isinstance(item, ReceivedEvent) else ReceivedEvent(item, None, item.key, item.encode())
+                for item in batch
+            ]
         )
 
     async def apply_received(self, received: Sequence[ReceivedEvent]) -> list[Verdict]:
@@ -163,9 +151,7 @@ class AttemptProcessor:
             span.set_attribute("chronoq.events", len(received))
             async with self.pool.acquire() as conn, conn.transaction():
                 now: datetime = await conn.fetchval(*QUERIES.current_instant(now=self.clock.now()))
-                rejections = (
-                    await self.verifier.verify(conn, received) if self.verifier is not None else [None] * len(received)
-                )
+                rejections = await self.verifier.verify(conn, received, now)
                 accepted = [r.event for r, why in zip(received, rejections, strict=True) if why is None]
                 try:
                     async with conn.transaction():
@@ -211,17 +197,20 @@ class AttemptProcessor:
             return Verdict.IGNORED
 
     def _rejected(self, item: ReceivedEvent, why: str) -> Verdict:
-        self.meters.rejected.add(1, {"event": item.event.event})
+        """Count and log an event that was not authenticated (the record's content, never a secret)."""
+        self.rejections[why] += 1
+        self.meters.rejected.add(1, {"reason": why, "event": item.event.event})
         log.warning(
-            "attempt event rejected: it failed verification",
+            "attempt event rejected: not authenticated as the consumer side of its target",
             extra={
                 "action": "attempt.rejected",
+                "reason": why,
                 "occurrence_id": str(item.event.occurrence_id),
                 "event": item.event.event,
                 "consumer_group": item.event.consumer_group,
+                "credential_id": str(item.credential_id) if item.credential_id else None,
                 "partition": item.partition,
                 "offset": item.offset,
-                "reason": why,
             },
         )
         return Verdict.REJECTED
@@ -229,7 +218,7 @@ class AttemptProcessor:
     async def handle_records(self, records: Sequence[ConsumerRecord]) -> dict[str, int]:
         """Decode a partition's records (undecodable ones are counted as poison and skipped) and apply them."""
         received: list[ReceivedEvent] = []
-        poison = 0
+        poison = rejected = 0
         for record in records:
             try:
                 event = decode_attempt_event(record.value)
@@ -247,11 +236,26 @@ class AttemptProcessor:
                     },
                 )
                 continue
+            try:
+                claim = signed_by(record.headers)
+            except MalformedMessage:
+                # Garbled credential headers: decodable, but it proves nothing.
+                rejected += 1
+                self.stats.count(
+                    self._rejected(
+                        ReceivedEvent(event, None, record.key, record.value or b"", record.partition, record.offset),
+                        Rejection.MALFORMED.value,
+                    ),
+                    1,
+                )
+                continue
             received.append(
-                ReceivedEvent(event, record.value, tuple(record.headers or ()), record.partition, record.offset)
+                ReceivedEvent(event, claim, record.key, record.value or b"", record.partition, record.offset)
             )
         verdicts = await self.apply_received(received) if received else []
-        return {**Counter(verdict.value for verdict in verdicts), **({"poison": poison} if poison else {})}
+        counts = Counter(verdict.value for verdict in verdicts)
+        counts[Verdict.REJECTED.value] += rejected
+        return {**{k: v for k, v in counts.items() if v}, **({"poison": poison} if poison else {})}
 
     async def record_progress(self, consumer: AIOKafkaConsumer) -> None:
         """After a poll: the partitions read to their end, as of the previous mark, and the lag gauges.
@@ -308,5 +312,11 @@ class AttemptProcessor:
             cfg.parallel_partitions,
         )
         await KafkaProcessorLoop(
-            "attempts", self.kafka_bootstrap, settings, self.handle_records, log, after_round=self.record_progress
+            "attempts",
+            self.kafka_bootstrap,
+            settings,
+            self.handle_records,
+            log,
+            after_round=self.record_progress,
+            security=self.security,
         ).run(stop)

@@ -52,6 +52,7 @@ from engine.loops.reporting import SUMMARY_EVERY, LoopSummary, log_failure
 from schemas import observability as obs
 from schemas.clock import pause
 from schemas.error_classification import is_transient
+from schemas.kafka_security import AUTHORIZATION_ERRORS, PLAINTEXT, KafkaSecurity, refused, start_client
 from schemas.topics import DEFAULT_PARTITIONS, create_missing_topics
 
 Handle = Callable[[Sequence[ConsumerRecord]], Awaitable[Mapping[str, int]]]
@@ -101,9 +102,11 @@ class KafkaProcessorLoop:
         unit: Literal["batch", "record"] = "batch",
         monotonic: Callable[[], float] = time.monotonic,
         after_round: AfterRound | None = None,
+        security: KafkaSecurity = PLAINTEXT,
     ) -> None:
         self.name = name
         self.bootstrap = bootstrap
+        self.security = security
         self.settings = settings
         self.handle = handle
         self.log = log
@@ -114,7 +117,7 @@ class KafkaProcessorLoop:
 
     async def run(self, stop: asyncio.Event) -> None:
         cfg = self.settings
-        await create_missing_topics(self.bootstrap, list(cfg.create), cfg.partitions)
+        await create_missing_topics(self.bootstrap, list(cfg.create), cfg.partitions, self.security)
         options = {"max_poll_records": cfg.max_poll_records} if cfg.max_poll_records is not None else {}
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap,
@@ -124,8 +127,9 @@ class KafkaProcessorLoop:
             session_timeout_ms=int(cfg.session_timeout * 1000),
             heartbeat_interval_ms=int(cfg.heartbeat_interval * 1000),
             **options,
+            **self.security.client_options(),
         )
-        await consumer.start()
+        await start_client(consumer, self.bootstrap, self.security)
         consumer.subscribe([cfg.topic])  # after start: start() with topics waits for the first join
         stopped = asyncio.create_task(stop.wait())
         try:
@@ -135,6 +139,8 @@ class KafkaProcessorLoop:
                 if fetched is not None and self.after_round is not None:
                     await self._after_round(consumer, stop)
                 await self.summary.maybe_log()
+        except AUTHORIZATION_ERRORS as err:
+            raise refused(err) from err  # not transient: the broker's ACLs must change first
         finally:
             stopped.cancel()
             await consumer.stop()
@@ -178,6 +184,8 @@ class KafkaProcessorLoop:
             return None
         try:
             return fetch.result()
+        except AUTHORIZATION_ERRORS:
+            raise  # an ACL refusal is not a failed poll: retrying cannot succeed (run() says so)
         except Exception as err:  # noqa: BLE001 - a failed poll must not end the loop
             self.summary.add({"errors": 1})
             log_failure(self.log, self.name, err, self.settings.error_backoff)

@@ -40,6 +40,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from fractions import Fraction
 from typing import Any
 
 import asyncpg
@@ -53,6 +54,7 @@ from engine.records import DueSchedule
 from engine.rules import timing
 from engine.rules.exclusion_calendars import ExclusionCalendar, entries_from_stored
 from engine.rules.fair_rounds import RoundCounter
+from engine.rules.token_bucket import TokenBucket, full_bucket, reserve, take
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock
 from schemas.dispatch_lanes import aware, bucket_of, lane_of
@@ -82,6 +84,8 @@ _STAGING_COLUMNS = (
     "lane",
     "bucket",
     "wrr_round",
+    "late_after",
+    "misfire_policy",
 )
 
 
@@ -95,7 +99,11 @@ class MaterializerConfig:
     batch_size: schedules per transaction (default 5000).
     idle_interval: seconds to wait when nothing was due (default 0.25).
     missed_record_limit: MISSED occurrences written per schedule per pass;
-        further missed instants are counted and logged, never enumerated.
+        further missed instants are counted and recorded as one missed_ranges row, never enumerated.
+    on_time_limit: the most lateness that still counts as on time, whatever a schedule's max_lateness
+        (default 5 minutes; None = max_lateness alone): bounds the on-time work one pass does after an
+        outage, and the relays' lateness check at dispatch. Pass the same to `chronoq reconcile
+        --on-time-limit`.
     shards: logical shards this node materializes when it runs without shard
         leases (None = all); with an ownership, the owned shards.
     """
@@ -104,11 +112,14 @@ class MaterializerConfig:
     batch_size: int = 5000
     idle_interval: float = 0.25
     missed_record_limit: int = 1000
+    on_time_limit: timedelta | None = timedelta(minutes=5)
     shards: tuple[int, ...] | None = None
 
     def validate(self) -> None:
         if self.horizon < timedelta(0):
             raise ValueError("horizon must not be negative")
+        if self.on_time_limit is not None and self.on_time_limit < timedelta(0):
+            raise ValueError("on_time_limit must not be negative")
         if self.batch_size < 1:
             raise ValueError("batch_size must be at least 1")
 
@@ -136,8 +147,33 @@ class MaterializeReport:
     conflicts: int = 0
     completed: int = 0
     skipped: int = 0  # schedules changed concurrently (compare-and-set failed): nothing written
+    ranges: int = 0  # missed_ranges rows written (schedules whose missed slots exceeded missed_record_limit)
+    catch_up: int = 0  # catch-up occurrences staged (late instants the policy enqueues)
+    throttled: int = 0  # of those, released after now by the tenant's token bucket
+    catch_up_refused: int = 0  # catch-ups recorded MISSED: the tenant's catch_up_per_minute is 0
     notes: list[str] = field(default_factory=list)
 
+
+@dataclass(frozen=True)
+class _Decided:
+    """One due schedule with its calendar, its misfire decision and its lateness threshold."""
+
+    schedule: DueSchedule
+    calendar: ExclusionCalendar | None
+    decision: timing.MisfireDecision
+    threshold: timedelta
+
+
+@dataclass
+class _Pacing:
+    """The batch's catch-up releases: (schedule_id, scheduled_for) -> available_at, and those refused."""
+
+    releases: dict[tuple[uuid.UUID, datetime], datetime] = field(default_factory=dict)
+    refused: set[tuple[uuid.UUID, datetime]] = field(default_factory=set)
+
+
+#: tenants.catch_up_per_minute's default, for a schedule whose tenant has no row.
+DEFAULT_CATCH_UP_PER_MINUTE = 1000
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
@@ -262,6 +298,8 @@ class Materializer:
         self._backlog = meter.create_gauge(obs.DUE_BACKLOG, unit="1")
         self._excluded = meter.create_counter(obs.EXCLUDED_SLOTS, unit="1")
         self._completed = meter.create_counter(obs.SCHEDULES_COMPLETED, unit="1")
+        self._catch_up = meter.create_counter(obs.CATCH_UP_ENQUEUED, unit="1")
+        self._throttled = meter.create_counter(obs.CATCH_UP_THROTTLED, unit="1")
         self._rounds = RoundCounter()
 
     async def run_once(self) -> MaterializeReport:
@@ -286,7 +324,9 @@ class Materializer:
                     if not rows:
                         return report
                 calendars = await self._calendars.for_batch(conn, rows)
-                staged, cursors = self._plan_batch(rows, now, seals, report, calendars)
+                decided = self._decide(rows, now, calendars)
+                pacing = await self._pace_catch_up(conn, decided, now, report)
+                staged, cursors, ranges = self._plan_batch(decided, now, seals, report, pacing)
                 await conn.execute(*QUERIES.create_staging())
                 if staged:
                     await conn.copy_records_to_table("materialize_staging", records=staged, columns=_STAGING_COLUMNS)
@@ -297,6 +337,11 @@ class Materializer:
                         cursors=cursors[2],
                         next_run_ats=cursors[3],
                         runs=cursors[4],
+                        range_schedule_ids=ranges[0],
+                        range_versions=ranges[1],
+                        range_firsts=ranges[2],
+                        range_lasts=ranges[3],
+                        range_counts=ranges[4],
                         gate_token=OVERLAP_GATE_TOKEN,
                         now=self.clock.now(),
                     )
@@ -304,6 +349,7 @@ class Materializer:
             report.schedules = written["schedules"]
             report.skipped = len(rows) - written["schedules"]
             report.ahead, report.late = written["ahead"], written["late"]
+            report.ranges = written["ranges"]
             report.occurrences = report.ahead + report.late
             if not report.skipped:  # every staged row belonged to an advanced schedule
                 report.conflicts = len(staged) - written["occurrences"]
@@ -362,44 +408,151 @@ class Materializer:
             )
         return [DueSchedule.from_row(row) for row in rows]
 
+    def _decide(
+        self, rows: list[DueSchedule], now: datetime, calendars: dict[uuid.UUID, ExclusionCalendar] | None = None
+    ) -> list[_Decided]:
+        """The misfire decision of every schedule, computed once per (spec with its calendar version, cursor,
+        misfire policy, runs left), with the lateness threshold its deliveries carry to the relay."""
+        cfg = self.config
+        decisions: dict[tuple[Any, ...], tuple[timing.MisfireDecision, timedelta]] = {}
+        out: list[_Decided] = []
+        for schedule in rows:
+            calendar = (calendars or {}).get(schedule.calendar_id) if schedule.calendar_id is not None else None
+            spec = dataclasses.replace(schedule.spec, calendar=calendar) if calendar is not None else schedule.spec
+            runs_left = schedule.runs_left
+            key = (spec, schedule.next_run_at, schedule.misfire_policy, schedule.max_lateness_s, runs_left)
+            found = decisions.get(key)
+            if found is None:
+                policy = schedule.misfire
+                found = decisions[key] = (
+                    timing.decide_misfire(
+                        spec,
+                        schedule.next_run_at,
+                        now,
+                        policy,
+                        cfg.horizon,
+                        cfg.missed_record_limit,
+                        remaining_runs=runs_left,
+                        on_time_limit=cfg.on_time_limit,
+                    ),
+                    timing.late_threshold(policy, cfg.on_time_limit),
+                )
+            out.append(_Decided(schedule, calendar, found[0], found[1]))
+        for decision, _ in decisions.values():
+            if decision.enqueue:
+                self._lag.record(max((now - (decision.enqueue[0] - cfg.horizon)).total_seconds(), 0.0))
+        return out
+
+    async def _pace_catch_up(
+        self, conn: asyncpg.Connection, decided: list[_Decided], now: datetime, report: MaterializeReport
+    ) -> _Pacing:
+        """Release instants of the batch's catch-up occurrences from their tenants' token buckets.
+
+        Each tenant's bucket row is locked FOR UPDATE (tenant order: no deadlock between nodes) and written
+        back in this transaction, so every node spends one shared budget. Catch-ups beyond the tokens are
+        stored with a later available_at (the instant the bucket refills for them), not held back behind
+        the cursor: the cursor must pass them so that on-time work after them is never delayed, and the
+        decision (which late instants are the K most recent) is made once, from the durable cursor.
+        A tenant whose catch_up_per_minute is 0 gets no catch-up: those instants are recorded MISSED.
+        Tokens taken for a schedule whose compare-and-set then fails are not given back: the budget can
+        only be underspent, never exceeded.
+        """
+        needs: dict[str, list[tuple[datetime, uuid.UUID]]] = {}
+        for item in decided:
+            for instant in item.decision.catch_up:
+                needs.setdefault(item.schedule.tenant_id, []).append((instant, item.schedule.schedule_id))
+        pacing = _Pacing()
+        if not needs:
+            return pacing
+        tenants = sorted(needs)
+        await conn.execute(*QUERIES.create_catch_up_buckets(tenant_ids=tenants, now=self.clock.now()))
+        found = {r["tenant_id"]: r for r in await conn.fetch(*QUERIES.lock_catch_up_buckets(tenant_ids=tenants))}
+        stored: tuple[list[Any], ...] = ([], [], [])
+        for tenant in tenants:
+            row = found.get(tenant)
+            if row is None:  # no tenant row (nothing to lock or store): the default quota, this pass only
+                bucket = full_bucket(DEFAULT_CATCH_UP_PER_MINUTE, now)
+            else:
+                rate = row["catch_up_per_minute"]
+                bucket = TokenBucket(rate, rate, min(Fraction(row["tokens"]), Fraction(rate)), row["updated_at"])
+            bucket = self._pace_tenant(tenant, sorted(needs[tenant]), bucket, now, pacing, report)
+            if row is not None:
+                stored[0].append(tenant)
+                stored[1].append(float(bucket.tokens))
+                stored[2].append(bucket.updated_at)
+        if stored[0]:
+            await conn.execute(
+                *QUERIES.store_catch_up_buckets(tenant_ids=stored[0], tokens=stored[1], updated_ats=stored[2])
+            )
+        return pacing
+
+    def _pace_tenant(
+        self,
+        tenant: str,
+        wanted: list[tuple[datetime, uuid.UUID]],
+        bucket: TokenBucket,
+        now: datetime,
+        pacing: _Pacing,
+        report: MaterializeReport,
+    ) -> TokenBucket:
+        """One tenant's catch-ups (oldest instant first) from its bucket; returns the bucket afterwards."""
+        if bucket.rate_per_minute == 0:
+            granted, bucket = take(bucket, now, len(wanted))
+            times = [now] * granted
+        else:
+            times, bucket = reserve(bucket, now, len(wanted))
+        for (instant, schedule_id), release in zip(wanted, times, strict=False):
+            pacing.releases[(schedule_id, instant)] = release
+        for instant, schedule_id in wanted[len(times) :]:
+            pacing.refused.add((schedule_id, instant))
+        throttled = sum(1 for t in times if t > now)
+        report.catch_up += len(times)
+        report.throttled += throttled
+        report.catch_up_refused += len(wanted) - len(times)
+        self._catch_up.add(len(times), {"tenant_id": tenant})
+        if throttled:
+            self._throttled.add(throttled, {"tenant_id": tenant})
+            log.info(
+                "catch-up paced by the tenant's catch_up_per_minute",
+                extra={
+                    "action": "occurrence.catch_up_throttled",
+                    "tenant_id": tenant,
+                    "count": throttled,
+                    "last_release": times[-1].isoformat(),
+                },
+            )
+        if len(times) < len(wanted):
+            log.warning(
+                "catch-up refused: the tenant's catch_up_per_minute is 0; recorded MISSED",
+                extra={"action": "occurrence.catch_up_refused", "tenant_id": tenant, "count": len(wanted) - len(times)},
+            )
+        return bucket
+
     def _plan_batch(
         self,
-        rows: list[DueSchedule],
+        decided: list[_Decided],
         now: datetime,
         seals: dict[tuple[int, str], datetime] | None,
         report: MaterializeReport,
-        calendars: dict[uuid.UUID, ExclusionCalendar] | None = None,
-    ) -> tuple[list[tuple[Any, ...]], tuple[list[Any], ...]]:
-        """Staged occurrence rows and the cursor arrays (ids, versions, cursors read, new cursors, new runs),
-        computing fires once per (spec with its calendar version, cursor, misfire policy, runs left).
+        pacing: _Pacing | None = None,
+    ) -> tuple[list[tuple[Any, ...]], tuple[list[Any], ...], tuple[list[Any], ...]]:
+        """Staged occurrence rows, the cursor arrays (ids, versions, cursors read, new cursors, new runs) and
+        the missed ranges (ids, versions, first, last, count).
 
         The per-occurrence work is what a burst multiplies: ids, message bytes, bucket and round. Whatever
         depends only on the schedule or only on the instant is computed once.
         """
         staged: list[tuple[Any, ...]] = []
         cursors: tuple[list[Any], ...] = ([], [], [], [], [])
-        decisions: dict[tuple[Any, ...], timing.MisfireDecision] = {}
+        ranges: tuple[list[Any], ...] = ([], [], [], [], [])
         instants: dict[datetime, tuple[bytes, datetime]] = {}
-        cfg = self.config
+        pacing = pacing or _Pacing()
         take_round = self._rounds.take
-        for schedule in rows:
-            calendar = (calendars or {}).get(schedule.calendar_id) if schedule.calendar_id is not None else None
-            spec = dataclasses.replace(schedule.spec, calendar=calendar) if calendar is not None else schedule.spec
-            runs_left = schedule.runs_left
-            key = (spec, schedule.next_run_at, schedule.misfire_policy, schedule.max_lateness_s, runs_left)
-            decision = decisions.get(key)
-            if decision is None:
-                decision = decisions[key] = timing.decide_misfire(
-                    spec,
-                    schedule.next_run_at,
-                    now,
-                    schedule.misfire,
-                    cfg.horizon,
-                    cfg.missed_record_limit,
-                    remaining_runs=runs_left,
-                )
-            staged.extend(self._occurrences(schedule, decision, seals, instants, take_round))
-            report.missed += len(decision.missed)
+        for item in decided:
+            schedule, decision = item.schedule, item.decision
+            rows, refused = self._occurrences(item, seals, instants, take_round, pacing)
+            staged.extend(rows)
+            report.missed += len(decision.missed) + refused
             if decision.missed or decision.missed_unlisted:
                 report.missed_unlisted += decision.missed_unlisted or 0
                 log.warning(
@@ -412,18 +565,22 @@ class Materializer:
                         "unlisted": decision.missed_unlisted,
                     },
                 )
+            summary = decision.missed_range
+            if summary is not None:
+                ranges[0].append(schedule.schedule_id)
+                ranges[1].append(schedule.version)
+                ranges[2].append(summary.first)
+                ranges[3].append(summary.last)
+                ranges[4].append(summary.count)
             cursors[0].append(schedule.schedule_id)
             cursors[1].append(schedule.version)
             cursors[2].append(schedule.next_run_at)
             cursors[3].append(decision.next_run_at)
-            cursors[4].append(len(decision.enqueue))  # its new runs (an existing occurrence cannot be here:
-            # the compare-and-set advance lets one materializer per cursor position write)
-            self._note_outcome(schedule, decision, calendar, report)
+            cursors[4].append(len(decision.enqueue) - refused)  # its new runs (an existing occurrence cannot
+            # be here: the compare-and-set advance lets one materializer per cursor position write)
+            self._note_outcome(schedule, decision, item.calendar, report)
             report.completed += decision.next_run_at is None
-        for decision in decisions.values():
-            if decision.enqueue:
-                self._lag.record(max((now - (decision.enqueue[0] - cfg.horizon)).total_seconds(), 0.0))
-        return staged, cursors
+        return staged, cursors, ranges
 
     @staticmethod
     def _note_outcome(
@@ -459,13 +616,22 @@ class Materializer:
 
     @staticmethod
     def _occurrences(
-        schedule: DueSchedule,
-        decision: timing.MisfireDecision,
+        item: _Decided,
         seals: dict[tuple[int, str], datetime] | None,
         instants: dict[datetime, tuple[bytes, datetime]],
         take_round: Any,
-    ) -> list[tuple[Any, ...]]:
-        """The staging rows of one schedule's decision (column order: _STAGING_COLUMNS)."""
+        pacing: _Pacing,
+    ) -> tuple[list[tuple[Any, ...]], int]:
+        """The staging rows of one schedule's decision (column order: _STAGING_COLUMNS), and how many of its
+        catch-ups were refused (recorded MISSED: the tenant's catch_up_per_minute is 0).
+
+        On-time deliveries carry ``late_after`` (available_at + the lateness threshold) and the policy, for
+        the relays' check at dispatch (not those the overlap gate holds: it decides when they go).
+        Catch-up deliveries carry neither (late by design, the token bucket paces them), wait in the late
+        lane until their release and never take the ahead lane: recovery runs in the late relay's
+        capacity, apart from on-time strict work.
+        """
+        schedule, decision = item.schedule, item.decision
         schedule_id, version, tenant, target, shard = (
             schedule.schedule_id,
             schedule.version,
@@ -481,6 +647,9 @@ class Materializer:
         flexible = lane == "flexible"
         window, deadline = schedule.flexible_window, schedule.deadline
         seal = seals.get((shard, lane)) if seals is not None else None
+        threshold, policy_text = item.threshold, schedule.misfire_policy
+        catch_up = set(decision.catch_up)
+        refused: list[datetime] = []
         out: list[tuple[Any, ...]] = []
         for scheduled_for in decision.enqueue:
             cached = instants.get(scheduled_for)
@@ -492,25 +661,36 @@ class Materializer:
                 bucket = bucket_of(available_at)
             else:
                 available_at, bucket = scheduled_for, cached[1]
+            # held rows wait for the overlap gate by design: the gate, not lateness, decides when they go
+            late_after: datetime | None = None if held else available_at + threshold
+            recovering = scheduled_for in catch_up
+            if recovering:
+                release = pacing.releases.get((schedule_id, scheduled_for))
+                if release is None:
+                    refused.append(scheduled_for)
+                    continue
+                available_at = max(available_at, release)
+                bucket, late_after = bucket_of(available_at), None
             message = encode_occurrence(
                 occ_id, ids.schedule_text, schedule, scheduled_for, available_at,
                 scheduled_for + deadline if deadline else None,
             )  # fmt: skip
             # Ahead only if this node holds the shard and the relay has not sealed past the instant;
-            # held rows wait for the overlap gate, which works on the outbox.
-            ahead = seal is not None and not held and bucket >= seal
+            # held rows wait for the overlap gate, which works on the outbox; catch-ups go late.
+            ahead = seal is not None and not held and not recovering and bucket >= seal
             wrr_round = take_round((shard, lane, bucket), tenant, schedule.weight) if ahead else 0
             out.append(
                 (occ_id, schedule_id, version, tenant, target, scheduled_for, available_at, "SCHEDULED", topic,
-                 message_key, message, held, ahead, shard, lane, bucket, wrr_round)
+                 message_key, message, held, ahead, shard, lane, bucket, wrr_round, late_after,
+                 policy_text if late_after is not None else None)
             )  # fmt: skip
-        for scheduled_for in decision.missed:
+        for scheduled_for in [*decision.missed, *refused]:
             out.append(
                 (ids.of(micros_text(scheduled_for)), schedule_id, version, tenant, target, scheduled_for,
                  scheduled_for, "MISSED", topic, message_key, b"", held, False, shard, lane,
-                 bucket_of(scheduled_for), 0)
+                 bucket_of(scheduled_for), 0, None, None)
             )  # fmt: skip
-        return out
+        return out, len(refused)
 
     async def record_backlog(self) -> int:
         """Record (and return) how many active schedules are already due: work not caught up with."""

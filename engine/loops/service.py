@@ -49,6 +49,7 @@ from relay.librdkafka_publisher import LibrdkafkaConfig, LibrdkafkaPublisher
 from relay.publisher import KafkaPublisher, PublisherConfig
 from schemas.clock import Clock, DatabaseClock, pause
 from schemas.connections import create_pool
+from schemas.kafka_security import PLAINTEXT, KafkaSecurity
 from schemas.migrations import apply_migrations
 from schemas.shard_ownership import ShardOwnership
 
@@ -151,6 +152,7 @@ class ServiceConfig:
     summary_every: seconds between each loop's one-line summary log (0: none).
     idempotent_publisher: the relay uses the idempotent producer (the broker must
         support it: Apache Kafka does, tansu does not; default False).
+    kafka_security: TLS and SASL of every Kafka client these roles open (default PLAINTEXT).
     The other fields configure one role each.
     """
 
@@ -159,6 +161,7 @@ class ServiceConfig:
     metrics_socket: socket.socket | None = None
     summary_every: float = SUMMARY_EVERY
     idempotent_publisher: bool = False
+    kafka_security: KafkaSecurity = PLAINTEXT
     materializer: MaterializerConfig = field(default_factory=MaterializerConfig)
     attempts: AttemptProcessorConfig = field(default_factory=AttemptProcessorConfig)
     reaper: ReaperConfig = field(default_factory=ReaperConfig)
@@ -218,6 +221,7 @@ async def run_services(
                 config.data_plane,
                 config.materializer if Role.MATERIALIZER in roles else None,
                 clock,
+                config.kafka_security,
             )
             tasks_extra = {name: run for name, run in plane.items() if name != "dispatch"}
             runs[Role.DISPATCH] = plane["dispatch"]
@@ -227,7 +231,9 @@ async def run_services(
         runs.update(pool_loops(pool, kafka_bootstrap, stop, config, clock))
         if Role.RELAY in roles:
             assert kafka_bootstrap is not None
-            publisher = KafkaPublisher(PublisherConfig(kafka_bootstrap, idempotent=config.idempotent_publisher))
+            publisher = KafkaPublisher(
+                PublisherConfig(kafka_bootstrap, idempotent=config.idempotent_publisher, security=config.kafka_security)
+            )
             await publisher.start()
             resources.push_async_callback(publisher.stop)
             relay_loop = relay_periodic_loop(Relay.create(pool, publisher, config.relay, clock), config.relay, every)
@@ -257,7 +263,7 @@ def pool_loops(
     roles, every = config.roles, config.summary_every
     runs: dict[Role, Callable[[], Coroutine[Any, Any, None]]] = {}
     if Role.ATTEMPTS in roles:
-        attempts = AttemptProcessor(pool, kafka_bootstrap, config.attempts, clock)
+        attempts = AttemptProcessor(pool, kafka_bootstrap, config.attempts, clock, security=config.kafka_security)
         runs[Role.ATTEMPTS] = lambda: attempts.run(stop, every)
     if Role.REAPER in roles:
         reaper = Reaper(pool, config.reaper, clock)
@@ -267,10 +273,12 @@ def pool_loops(
         runs[Role.OVERLAP_GATE] = lambda: gate.run(stop, every)
     if Role.COMMANDS in roles:
         assert kafka_bootstrap is not None
-        commands = CommandProcessor(pool, kafka_bootstrap, ControlPlane(pool, clock), config.commands)
+        commands = CommandProcessor(
+            pool, kafka_bootstrap, ControlPlane(pool, clock), config.commands, security=config.kafka_security
+        )
         runs[Role.COMMANDS] = lambda: commands.run(stop, every)
     if Role.STUCK in roles:
-        stuck = StuckOccurrences(pool, kafka_bootstrap, config.stuck_occurrences, clock)
+        stuck = StuckOccurrences(pool, kafka_bootstrap, config.stuck_occurrences, clock, config.kafka_security)
         runs[Role.STUCK] = lambda: stuck.run(stop, every)
     if Role.GAUGES in roles:
         gauges = BacklogGauges(pool, clock)
@@ -291,9 +299,17 @@ def relay_periodic_loop(relay: Relay, config: RelayConfig, summary_every: float 
     async def run_pass() -> PassOutcome:
         report = await relay.run_once()
         return PassOutcome(
-            {"published": report.published, "failed": report.failed, "fenced": report.fenced},
+            {
+                "published": report.published,
+                "failed": report.failed,
+                "fenced": report.fenced,
+                "refused": report.refused,
+                "quarantined": report.quarantined,
+            },
             more=report.claimed >= config.batch_size,
-            retry_later=report.failed > 0,
+            # Refused rows wait refusal_retry_delay on their own: only a transient failure (the broker away)
+            # slows the whole loop down.
+            retry_later=report.failed > report.refused,
         )
 
     async def gauges() -> dict[str, int]:
@@ -311,6 +327,7 @@ async def open_data_plane(
     config: DataPlaneConfig,
     materializer: MaterializerConfig | None,
     clock: Clock,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> dict[str, Callable[[], Coroutine[Any, Any, None]]]:
     """Open the node's pool and publisher (closed by ``resources``) and return its loops by name:
     shard leases, the ahead-lane relay, the settle pass, backlog gauges, and — given a config — the
@@ -323,7 +340,7 @@ async def open_data_plane(
         server_settings={**DATA_PLANE_SERVER_SETTINGS, "application_name": f"chronoq-node {ownership.node_id}"[:63]},
     )
     resources.push_async_callback(pool.close)
-    settings: dict[str, Any] = {"idempotent": config.idempotent_producer}
+    settings: dict[str, Any] = {"idempotent": config.idempotent_producer, "security": security}
     if config.partitions:
         settings["partitions"] = config.partitions
     publisher = LibrdkafkaPublisher(LibrdkafkaConfig(kafka_bootstrap, **settings))

@@ -5,7 +5,9 @@ attempt events move it (started, succeeded, failed...). If none arrives — the
 event was lost, the consumer group never got the message, a consumer applied
 the effect and died before reporting — it would stay ENQUEUED for good. This
 pass finds occurrences ENQUEUED for longer than ``timeout`` and publishes them
-again (a copy of their latest outbox message, same occurrence_id): a consumer
+again (a copy of their latest outbox message; for one that went out through
+the ahead lane, whose row the settle pass deleted, the message rebuilt from
+the occurrence and its schedule; same occurrence_id either way): a consumer
 that already applied the effect finds its dedupe row and reports
 ``already_applied`` (SUCCEEDED); one that never got it runs it. A redelivery is
 repeated after ``timeout * 2**n`` of silence, at most ``max_redeliveries``
@@ -27,20 +29,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import asyncpg
 from opentelemetry import metrics
 
 from engine.control.consumer_lag import read_consumer_lag
+from engine.loops.attempt_outcomes import lock_occurrence, original_message
 from engine.loops.periodic import LoopTiming, PassOutcome, PeriodicLoop
 from engine.loops.reporting import SUMMARY_EVERY
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock
 from schemas.error_classification import is_transient
+from schemas.kafka_security import PLAINTEXT, KafkaSecurity
 from schemas.queries import QUERIES
-from schemas.topics import ATTEMPTS_TOPIC
+from schemas.topics import ATTEMPTS_TOPIC, occurrence_topic, schedule_key
 
 log = logging.getLogger("chronoq.stuck_occurrences")
 
@@ -85,10 +90,12 @@ class StuckOccurrences:
         kafka_bootstrap: str | None = None,
         config: StuckOccurrencesConfig | None = None,
         clock: Clock | None = None,
+        security: KafkaSecurity = PLAINTEXT,
         meter: metrics.Meter | None = None,
     ) -> None:
         self.pool = pool
         self.kafka_bootstrap = kafka_bootstrap
+        self.security = security
         self.config = config or StuckOccurrencesConfig()
         self.config.validate()
         self.clock = clock or DatabaseClock()
@@ -125,6 +132,8 @@ class StuckOccurrences:
                     redelivered = await conn.fetchval(
                         *QUERIES.redeliver_occurrence(occurrence_id=row["occurrence_id"], now=now)
                     )
+                    if redelivered is None:
+                        redelivered = await republish_rebuilt(conn, row["occurrence_id"], now)
                 if redelivered is not None:
                     await conn.execute(*QUERIES.record_redelivery(occurrence_id=row["occurrence_id"], now=now))
                     report.redelivered += 1
@@ -164,7 +173,11 @@ class StuckOccurrences:
             self.config.attempts_group
             or f"chronoq-engine-attempts.{await self.pool.fetchval(*QUERIES.current_database())}"
         )
-        lags = [lag for lag in await read_consumer_lag(self.kafka_bootstrap, [group]) if lag.topic == ATTEMPTS_TOPIC]
+        lags = [
+            lag
+            for lag in await read_consumer_lag(self.kafka_bootstrap, [group], security=self.security)
+            if lag.topic == ATTEMPTS_TOPIC
+        ]
         total = sum(lag.lag for lag in lags)
         self._lag.set(total, {"group": group})
         return total
@@ -195,3 +208,25 @@ class StuckOccurrences:
         logged and retried after ``interval``)."""
         timing = LoopTiming(self.config.interval, error_backoff=self.config.interval, summary_every=summary_every)
         await PeriodicLoop("stuck-occurrences", self.run_pass, timing, log).run(stop)
+
+
+async def republish_rebuilt(conn: asyncpg.Connection, occurrence_id: uuid.UUID, now: datetime) -> bool | None:
+    """Queue the occurrence's message again when the outbox holds no copy to repeat: it went out through
+    the ahead lane, whose row the settle pass deleted. The message is rebuilt from the occurrence and its
+    schedule (as retries do, ``original_message``), same occurrence_id, due now. None if it is gone."""
+    occ = await lock_occurrence(conn, occurrence_id)
+    if occ is None:
+        return None
+    message = await original_message(conn, occ)
+    await conn.execute(
+        *QUERIES.insert_outbox_row(
+            occurrence_id=occ.occurrence_id,
+            tenant_id=occ.tenant_id,
+            topic=occurrence_topic(occ.target),
+            message_key=schedule_key(occ.schedule_id),
+            message=message.encode(),
+            due=now,
+            now=now,
+        )
+    )
+    return True

@@ -17,7 +17,11 @@ Guarantees (property-tested in tests/unit/test_token_bucket.py):
   in many small takes grants exactly what one large take would;
 * a clock that steps backwards mints nothing (``updated_at`` never moves back);
 * never starves: :func:`ready_at` names the instant from which a take of
-  ``n <= capacity`` is granted in full.
+  ``n <= capacity`` is granted in full;
+* :func:`reserve` hands out release instants instead of refusing: the bucket
+  it returns owes the tokens it promised (its ``updated_at`` is the last
+  release, possibly in the future, so nothing more is granted before then),
+  and the releases obey the same rate bound as takes.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from fractions import Fraction
 
-__all__ = ["TokenBucket", "full_bucket", "refill", "take", "ready_at"]
+__all__ = ["TokenBucket", "full_bucket", "refill", "take", "ready_at", "reserve"]
 
 _US_PER_MINUTE = 60_000_000
 
@@ -98,3 +102,33 @@ def ready_at(bucket: TokenBucket, n: int) -> datetime | None:
         return None
     missing_us = (n - bucket.tokens) * _US_PER_MINUTE / bucket.rate_per_minute
     return bucket.updated_at + timedelta(microseconds=math.ceil(missing_us))
+
+
+def reserve(bucket: TokenBucket, now: datetime, n: int) -> tuple[list[datetime], TokenBucket]:
+    """Release instants for ``n`` single-token takes, in order, and the bucket after all of them.
+
+    As many as the bucket holds are released at ``now`` (or at ``updated_at``
+    when an earlier reservation owes tokens until then); each further one at
+    the instant its token has refilled (rounded up to the microsecond, never
+    early). The bucket returned holds what is left at the last release, so a
+    later take or reservation queues behind these: over any window from
+    ``t0``, the releases up to ``t1`` never exceed ``capacity + rate * (t1 - t0)``.
+    Raises ValueError when a token is needed and the rate is 0 (they would never be released).
+    """
+    if n < 0:
+        raise ValueError(f"n must not be negative, got {n}")
+    current = refill(bucket, now)
+    base, tokens = current.updated_at, current.tokens
+    whole = min(n, math.floor(tokens))
+    releases = [base] * whole
+    if whole == n:
+        return releases, TokenBucket(current.rate_per_minute, current.capacity, tokens - n, base)
+    if current.rate_per_minute == 0:
+        raise ValueError("a bucket with rate 0 never refills: the tokens cannot be reserved")
+    for j in range(whole + 1, n + 1):
+        wait_us = (j - tokens) * _US_PER_MINUTE / current.rate_per_minute
+        releases.append(base + timedelta(microseconds=math.ceil(wait_us)))
+    last = releases[-1]
+    elapsed_us = (last - base) // timedelta(microseconds=1)
+    left = tokens + Fraction(elapsed_us * current.rate_per_minute, _US_PER_MINUTE) - n
+    return releases, TokenBucket(current.rate_per_minute, current.capacity, min(left, Fraction(current.capacity)), last)

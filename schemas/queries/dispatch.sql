@@ -32,10 +32,12 @@ WHERE shard = ANY (:shards::int[]) AND lane = :lane;
 -- name: read_ahead_page
 -- The next rows of :lane, per shard: up to :per_shard rows after each shard's cursor (:buckets, :rounds,
 -- :ids) and before its seal (:seals), ordered by shard then key (bucket, weighted round, occurrence_id),
--- with the identity headers' values already as bytes. Discarded rows are returned too (the cursor passes
+-- with the identity headers' values already as bytes, and the page's earliest late_after (the relay checks
+-- rows one by one only when the page has a late one). Discarded rows are returned too (the cursor passes
 -- them; the relay does not publish them).
 SELECT q.shard, q.bucket, q.wrr_round, q.occurrence_id, q.tenant_id, q.topic, q.message_key, q.message,
-       q.scheduled_for, q.available_at, q.discarded_at IS NOT NULL AS discarded,
+       q.scheduled_for, q.available_at, q.discarded_at IS NOT NULL AS discarded, q.late_after,
+       min(q.late_after) OVER () AS first_late_after,
        convert_to(q.occurrence_id::text, 'UTF8') AS occurrence_header,
        convert_to(q.tenant_id, 'UTF8') AS tenant_header
 FROM unnest(:shards::int[], :buckets::timestamptz[], :rounds::int[], :ids::uuid[], :seals::timestamptz[])
@@ -76,6 +78,53 @@ WITH moved AS (
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM logged) AS moved, coalesce(:now::timestamptz, now()) AS acked_at;
+
+-- name: late_ahead_candidates
+-- Lateness at dispatch: for the schedules (record keys :keys) of late rows a relay holds in :lane of
+-- :shards, from each one's first such row (:buckets, :rounds, :ids) on, every due row still to be judged
+-- (not discarded, late_after set), plus the held rows themselves whatever their state, locked so that
+-- the verdict and the write happen together.
+SELECT q.shard, q.bucket, q.wrr_round, q.occurrence_id, q.message_key, q.available_at, q.late_after,
+       q.misfire_policy, q.discarded_at IS NOT NULL AS discarded
+FROM unnest(:shards::int[], :keys::bytea[], :buckets::timestamptz[], :rounds::int[], :ids::uuid[])
+     AS c (shard, message_key, bucket, wrr_round, occurrence_id)
+JOIN dispatch_queue q ON q.shard = c.shard AND q.lane = :lane AND q.message_key = c.message_key
+                     AND (q.bucket, q.wrr_round, q.occurrence_id) >= (c.bucket, c.wrr_round, c.occurrence_id)
+                     AND q.bucket <= coalesce(:now::timestamptz, now())
+WHERE q.available_at <= coalesce(:now::timestamptz, now())
+  AND ((q.discarded_at IS NULL AND q.late_after IS NOT NULL) OR q.occurrence_id = ANY (:held_ids::uuid[]))
+ORDER BY q.shard, q.bucket, q.wrr_round, q.occurrence_id
+FOR UPDATE OF q;
+
+-- name: judge_ahead_rows
+-- Applies the verdict of lateness at dispatch in :lane, for the shards :node still holds at :epochs:
+-- rows :missed_* are discarded (the cursor passes them) and their SCHEDULED occurrences recorded MISSED;
+-- rows :kept_* are published although late (the policy allows them) and are never judged again.
+WITH held AS (
+    SELECT h.shard FROM unnest(:shards::int[], :epochs::bigint[]) AS h (shard, epoch)
+    JOIN shard_leases l ON l.shard = h.shard AND l.epoch = h.epoch AND l.owner = :node
+), missed AS (
+    UPDATE dispatch_queue q SET discarded_at = coalesce(:now::timestamptz, now())
+    FROM unnest(:missed_shards::int[], :missed_buckets::timestamptz[], :missed_rounds::int[], :missed_ids::uuid[])
+         AS m (shard, bucket, wrr_round, occurrence_id)
+    WHERE q.shard = m.shard AND q.lane = :lane AND q.bucket = m.bucket AND q.wrr_round = m.wrr_round
+      AND q.occurrence_id = m.occurrence_id AND q.discarded_at IS NULL AND q.shard IN (SELECT shard FROM held)
+    RETURNING q.occurrence_id
+), kept AS (
+    UPDATE dispatch_queue q SET late_after = NULL
+    FROM unnest(:kept_shards::int[], :kept_buckets::timestamptz[], :kept_rounds::int[], :kept_ids::uuid[])
+         AS k (shard, bucket, wrr_round, occurrence_id)
+    WHERE q.shard = k.shard AND q.lane = :lane AND q.bucket = k.bucket AND q.wrr_round = k.wrr_round
+      AND q.occurrence_id = k.occurrence_id AND q.shard IN (SELECT shard FROM held)
+    RETURNING 1
+), recorded AS (
+    UPDATE occurrences o SET state = 'MISSED', updated_at = coalesce(:now::timestamptz, now())
+    FROM missed
+    WHERE o.occurrence_id = missed.occurrence_id AND o.state = 'SCHEDULED'
+    RETURNING 1
+)
+SELECT coalesce((SELECT array_agg(occurrence_id) FROM missed), '{}') AS missed_ids,
+       (SELECT count(*) FROM kept) AS kept, (SELECT count(*) FROM recorded) AS recorded;
 
 -- name: quarantine_rows
 -- Sets aside deliveries the broker refused for good after bounded tries (the cursor passes them).

@@ -7,7 +7,8 @@
 CREATE TEMP TABLE IF NOT EXISTS materialize_staging (
     occurrence_id uuid, schedule_id uuid, schedule_version integer, tenant_id text, target text,
     scheduled_for timestamptz, available_at timestamptz, state text, topic text, message_key bytea,
-    message bytea, held boolean, ahead boolean, shard integer, lane text, bucket timestamptz, wrr_round integer
+    message bytea, held boolean, ahead boolean, shard integer, lane text, bucket timestamptz, wrr_round integer,
+    late_after timestamptz, misfire_policy text
 ) ON COMMIT DELETE ROWS;
 
 -- name: due_schedules_of_shards
@@ -50,7 +51,8 @@ LIMIT :limit;
 -- (a concurrent update or pause wins and nothing is written for that schedule). Then, for the schedules
 -- advanced, inserts the staged occurrences (an existing one is left alone and gets no second delivery)
 -- and each SCHEDULED one's delivery: ahead-lane row when staged ahead, else an outbox row (held by the
--- overlap gate with :gate_token when flagged). Returns how many of each were written.
+-- overlap gate with :gate_token when flagged) with late_after and misfire_policy (lateness is judged again
+-- at dispatch), and the missed_ranges rows (:range_*) of the advanced schedules. Returns the counts.
 WITH advanced AS (
     UPDATE schedules s
     SET next_run_at = u.next_run_at,
@@ -63,6 +65,17 @@ WITH advanced AS (
     WHERE s.schedule_id = u.schedule_id AND s.version = u.version AND s.state = 'active'
       AND s.next_run_at = u.cursor
     RETURNING s.schedule_id
+), ranges AS (
+    -- missed slots summarised, not listed (count NULL: more than can be counted)
+    INSERT INTO missed_ranges (schedule_id, schedule_version, first_missed, last_missed, missed_count, recorded_at)
+    SELECT r.schedule_id, r.version, r.first_missed, r.last_missed, r.missed_count,
+           coalesce(:now::timestamptz, now())
+    FROM unnest(:range_schedule_ids::uuid[], :range_versions::int[], :range_firsts::timestamptz[],
+                :range_lasts::timestamptz[], :range_counts::bigint[])
+         AS r (schedule_id, version, first_missed, last_missed, missed_count)
+    JOIN advanced a ON a.schedule_id = r.schedule_id
+    ON CONFLICT DO NOTHING
+    RETURNING 1
 ), inserted AS (
     INSERT INTO occurrences (occurrence_id, schedule_id, schedule_version, tenant_id, target, scheduled_for,
                              available_at, state, created_at, updated_at)
@@ -74,27 +87,55 @@ WITH advanced AS (
     RETURNING occurrence_id, state
 ), ahead AS (
     INSERT INTO dispatch_queue (shard, lane, bucket, wrr_round, occurrence_id, tenant_id, topic, message_key,
-                                message, scheduled_for, available_at)
+                                message, scheduled_for, available_at, late_after, misfire_policy)
     SELECT m.shard, m.lane, m.bucket, m.wrr_round, m.occurrence_id, m.tenant_id, m.topic, m.message_key,
-           m.message, m.scheduled_for, m.available_at
+           m.message, m.scheduled_for, m.available_at, m.late_after, m.misfire_policy
     FROM materialize_staging m
     JOIN inserted i ON i.occurrence_id = m.occurrence_id
     WHERE i.state = 'SCHEDULED' AND m.ahead
     RETURNING 1
 ), late AS (
     INSERT INTO outbox (occurrence_id, tenant_id, topic, message_key, message, scheduled_for, available_at,
-                        claim_token, claim_expires_at, created_at)
+                        claim_token, claim_expires_at, created_at, late_after, misfire_policy)
     SELECT m.occurrence_id, m.tenant_id, m.topic, m.message_key, m.message, m.scheduled_for, m.available_at,
            CASE WHEN m.held THEN :gate_token::uuid END, CASE WHEN m.held THEN 'infinity'::timestamptz END,
-           coalesce(:now::timestamptz, now())
+           coalesce(:now::timestamptz, now()), m.late_after, m.misfire_policy
     FROM materialize_staging m
     JOIN inserted i ON i.occurrence_id = m.occurrence_id
     WHERE i.state = 'SCHEDULED' AND NOT m.ahead
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM advanced) AS schedules, (SELECT count(*) FROM inserted) AS occurrences,
-       (SELECT count(*) FROM ahead) AS ahead, (SELECT count(*) FROM late) AS late;
+       (SELECT count(*) FROM ahead) AS ahead, (SELECT count(*) FROM late) AS late,
+       (SELECT count(*) FROM ranges) AS ranges;
 
 -- name: due_backlog
 -- Active schedules whose cursor is already in the past (work the materializer has not caught up with).
 SELECT count(*) FROM schedules WHERE state = 'active' AND next_run_at <= coalesce(:now::timestamptz, now());
+
+-- name: create_catch_up_buckets
+-- The catch-up token buckets of :tenant_ids that have none yet, full (catch_up_per_minute tokens at now).
+-- Tenants are taken in id order, the order lock_catch_up_buckets locks them in.
+INSERT INTO tenant_catch_up_buckets (tenant_id, tokens, updated_at)
+SELECT t.tenant_id, t.catch_up_per_minute, coalesce(:now::timestamptz, now())
+FROM tenants t
+WHERE t.tenant_id = ANY (:tenant_ids::text[])
+ORDER BY t.tenant_id
+ON CONFLICT (tenant_id) DO NOTHING;
+
+-- name: lock_catch_up_buckets
+-- The catch-up token buckets of :tenant_ids with each tenant's rate, locked FOR UPDATE in tenant order
+-- (engine nodes share one budget per tenant: the transaction that enqueues writes the bucket back).
+SELECT b.tenant_id, b.tokens, b.updated_at, t.catch_up_per_minute
+FROM tenant_catch_up_buckets b
+JOIN tenants t ON t.tenant_id = b.tenant_id
+WHERE b.tenant_id = ANY (:tenant_ids::text[])
+ORDER BY b.tenant_id
+FOR UPDATE OF b;
+
+-- name: store_catch_up_buckets
+-- Writes the buckets back (:tenant_ids, :tokens, :updated_ats) in the transaction that took from them.
+UPDATE tenant_catch_up_buckets b
+SET tokens = u.tokens, updated_at = u.updated_at
+FROM unnest(:tenant_ids::text[], :tokens::float8[], :updated_ats::timestamptz[]) AS u (tenant_id, tokens, updated_at)
+WHERE b.tenant_id = u.tenant_id;

@@ -31,7 +31,52 @@ SET claim_token = :token,
 FROM due
 WHERE o.id = due.id
 RETURNING o.id, o.occurrence_id, o.tenant_id, o.topic, o.message_key, o.message, o.scheduled_for,
-          o.available_at;
+          o.available_at, o.late_after, o.misfire_policy, coalesce(:now::timestamptz, now()) AS claimed_at;
+
+-- name: late_outbox_candidates
+-- Lateness at dispatch in the late lane: for the schedules of the late rows :ids that claim :token holds,
+-- every due, unsent row of their SCHEDULED occurrences still to be judged (late_after set) that no other
+-- relay's live claim holds, plus the rows :ids themselves whatever their state; locked, so that the
+-- verdict and its write happen together.
+WITH schedules_of AS (
+    SELECT DISTINCT oc.schedule_id
+    FROM outbox o
+    JOIN occurrences oc ON oc.occurrence_id = o.occurrence_id
+    WHERE o.id = ANY (:ids::bigint[])
+)
+SELECT o.id, oc.schedule_id, o.available_at, o.late_after, o.misfire_policy,
+       (o.sent_at IS NOT NULL OR o.discarded_at IS NOT NULL) AS done
+FROM schedules_of s
+JOIN occurrences oc ON oc.schedule_id = s.schedule_id AND oc.state = 'SCHEDULED'
+JOIN outbox o ON o.occurrence_id = oc.occurrence_id
+WHERE o.available_at <= coalesce(:now::timestamptz, now())
+  AND (o.id = ANY (:ids::bigint[])
+       OR (o.sent_at IS NULL AND o.discarded_at IS NULL AND o.late_after IS NOT NULL
+           AND (o.claim_token IS NULL OR o.claim_token = :token
+                OR o.claim_expires_at <= coalesce(:now::timestamptz, now()))))
+ORDER BY o.id
+FOR UPDATE OF o;
+
+-- name: judge_outbox_rows
+-- Applies the verdict of lateness at dispatch: rows :missed_ids are discarded (never published) and
+-- their SCHEDULED occurrences recorded MISSED; rows :kept_ids are published although late (the policy
+-- allows them) and never judged again. Returns the rows discarded.
+WITH missed AS (
+    UPDATE outbox
+    SET discarded_at = coalesce(:now::timestamptz, now()), claim_token = NULL, claim_expires_at = NULL
+    WHERE id = ANY (:missed_ids::bigint[]) AND sent_at IS NULL AND discarded_at IS NULL
+    RETURNING id, occurrence_id
+), kept AS (
+    UPDATE outbox SET late_after = NULL WHERE id = ANY (:kept_ids::bigint[]) AND sent_at IS NULL
+    RETURNING 1
+), recorded AS (
+    UPDATE occurrences o SET state = 'MISSED', updated_at = coalesce(:now::timestamptz, now())
+    FROM missed
+    WHERE o.occurrence_id = missed.occurrence_id AND o.state = 'SCHEDULED'
+    RETURNING 1
+)
+SELECT coalesce((SELECT array_agg(id) FROM missed), '{}') AS missed_ids, (SELECT count(*) FROM kept) AS kept,
+       (SELECT count(*) FROM recorded) AS recorded;
 
 -- name: mark_outbox_sent
 -- Marks rows sent after the broker acknowledged them, only while claim token :token still holds them
@@ -101,3 +146,34 @@ SET discarded_at = coalesce(:now::timestamptz, now())
 FROM unnest(:occurrence_ids::uuid[], :topics::text[]) AS f (occurrence_id, topic)
 WHERE o.occurrence_id = f.occurrence_id AND o.topic = f.topic AND o.occurrence_id = ANY (:occurrence_ids::uuid[])
   AND o.sent_at IS NULL AND o.discarded_at IS NULL;
+
+-- name: refuse_outbox_rows
+-- Gives back rows the broker refused for a reason about the row itself (too large, invalid or unauthorized
+-- topic): one more such refusal counted, and the next try not before :retry_after_s seconds from now, so a
+-- refused row never heads the next pass. Returns each row's refusals so far.
+UPDATE outbox
+SET claim_token = NULL, claim_expires_at = NULL, last_error = :error, poison_failures = poison_failures + 1,
+    available_at = greatest(available_at, coalesce(:now::timestamptz, now()) + make_interval(secs => :retry_after_s))
+WHERE id = ANY (:ids::bigint[]) AND claim_token = :token AND sent_at IS NULL
+RETURNING id, poison_failures;
+
+-- name: quarantine_outbox_rows
+-- Gives up on rows refused too often: they are never claimed again (discarded, quarantined), and each
+-- occurrence whose delivery this was and that still waited for it (SCHEDULED, RETRY_WAIT) goes DEAD with
+-- reason 'unpublishable' and the broker's error, so it shows in the dead-letter list and can be replayed.
+-- Returns the occurrences that went DEAD.
+WITH quarantined AS (
+    UPDATE outbox
+    SET discarded_at = coalesce(:now::timestamptz, now()), quarantined_at = coalesce(:now::timestamptz, now()),
+        last_error = :error
+    WHERE id = ANY (:ids::bigint[]) AND sent_at IS NULL AND discarded_at IS NULL
+    RETURNING occurrence_id, topic
+)
+UPDATE occurrences o
+SET state = 'DEAD', finished_at = coalesce(:now::timestamptz, now()), lease_token = NULL, lease_expires_at = NULL,
+    dead_reason = 'unpublishable', last_error_class = :error_class, last_error_message = :error,
+    updated_at = coalesce(:now::timestamptz, now())
+FROM quarantined q
+WHERE o.occurrence_id = q.occurrence_id AND starts_with(q.topic, :occurrence_topic_prefix)
+  AND o.state IN ('SCHEDULED', 'RETRY_WAIT')
+RETURNING o.occurrence_id, o.tenant_id, o.target;

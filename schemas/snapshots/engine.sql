@@ -4,11 +4,9 @@
 CREATE TABLE public.attempt_credentials (
     credential_id uuid NOT NULL,
     target text NOT NULL,
-    consumer_group text NOT NULL,
     secret bytea NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     revoked_at timestamp with time zone,
-    CONSTRAINT attempt_credentials_consumer_group_check CHECK (((length(consumer_group) >= 1) AND (length(consumer_group) <= 255))),
     CONSTRAINT attempt_credentials_secret_check CHECK ((length(secret) = 32))
 );
 CREATE TABLE public.attempt_event_progress (
@@ -133,6 +131,8 @@ CREATE TABLE public.dispatch_queue (
     scheduled_for timestamp with time zone NOT NULL,
     available_at timestamp with time zone NOT NULL,
     discarded_at timestamp with time zone,
+    late_after timestamp with time zone,
+    misfire_policy text,
     CONSTRAINT dispatch_queue_lane_check CHECK ((lane = ANY (ARRAY['strict'::text, 'flexible'::text]))),
     CONSTRAINT dispatch_queue_wrr_round_check CHECK ((wrr_round >= 0))
 );
@@ -183,7 +183,7 @@ CREATE TABLE public.occurrences (
     dead_reason text,
     origin text DEFAULT 'schedule'::text NOT NULL,
     requested_by text,
-    CONSTRAINT occurrences_dead_reason_check CHECK ((dead_reason = ANY (ARRAY['permanent_error'::text, 'max_attempts'::text, 'deadline'::text, 'retry_budget'::text]))),
+    CONSTRAINT occurrences_dead_reason_check CHECK ((dead_reason = ANY (ARRAY['permanent_error'::text, 'max_attempts'::text, 'deadline'::text, 'retry_budget'::text, 'unpublishable'::text]))),
     CONSTRAINT occurrences_origin_check CHECK ((origin = ANY (ARRAY['schedule'::text, 'backfill'::text, 'manual'::text]))),
     CONSTRAINT occurrences_state_check CHECK ((state = ANY (ARRAY['SCHEDULED'::text, 'ENQUEUED'::text, 'RUNNING'::text, 'SUCCEEDED'::text, 'RETRY_WAIT'::text, 'DEAD'::text, 'MISSED'::text, 'CANCELED'::text, 'SKIPPED_OVERLAP'::text])))
 );
@@ -209,7 +209,11 @@ CREATE TABLE public.outbox (
     last_error text,
     sent_at timestamp with time zone,
     discarded_at timestamp with time zone,
-    created_at timestamp with time zone DEFAULT now() NOT NULL
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    poison_failures integer DEFAULT 0 NOT NULL,
+    quarantined_at timestamp with time zone,
+    late_after timestamp with time zone,
+    misfire_policy text
 );
 ALTER TABLE public.outbox ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME public.outbox_id_seq
@@ -444,7 +448,7 @@ ALTER TABLE ONLY public.tenants
     ADD CONSTRAINT tenants_api_token_hash_key UNIQUE (api_token_hash);
 ALTER TABLE ONLY public.tenants
     ADD CONSTRAINT tenants_pkey PRIMARY KEY (tenant_id);
-CREATE INDEX attempt_credentials_live ON public.attempt_credentials USING btree (target, consumer_group) WHERE (revoked_at IS NULL);
+CREATE INDEX attempt_credentials_target ON public.attempt_credentials USING btree (target);
 CREATE INDEX attempts_occurrence ON public.attempts USING btree (occurrence_id, attempt_number);
 CREATE UNIQUE INDEX calendars_tenant_name ON public.calendars USING btree (tenant_id, name) WHERE (deleted_at IS NULL);
 CREATE INDEX console_sessions_expiry ON public.console_sessions USING btree (expires_at);

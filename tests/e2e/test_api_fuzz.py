@@ -34,6 +34,9 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = int(os.environ.get("CHRONOQ_FUZZ_EXAMPLES", "25"))
 FUZZ_QUOTAS = TenantQuotas(max_active_schedules=1_000_000, max_fires_per_minute=1e12)
 
+# The API never touches Kafka: one broker is enough (the suite's time budget).
+pytestmark = pytest.mark.on_broker("tansu")
+
 
 @pytest.fixture
 async def api_process(engine_db, kafka_bootstrap, pool):

@@ -26,6 +26,7 @@ async def test_a_short_chaos_run_ends_clean(servers, kafka_bootstrap, tmp_path):
         stuck_after="5s",
         settle_s=90.0,
         seed=13,
+        fault_every=(0.5, 2.5),
     )
     report = await run(servers.admin_url, kafka_bootstrap, options, tmp_path)
     summary = "\n".join(report.lines())

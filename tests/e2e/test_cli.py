@@ -21,6 +21,7 @@ from engine.loops.service import run_services
 from schemas.errors import StackError
 from tests.support.brokers import require_apache_kafka
 from tests.support.services import fast_services
+from tests.support.waiting import wait_for
 
 CHRONOQ = [sys.executable, "-m", "engine.cli"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -405,3 +406,57 @@ async def test_operators_register_grant_and_revoke_targets_from_the_cli(engine_d
     assert still_used.returncode != 0 and "live schedules" in still_used.stderr
     listed = orjson.loads((await chronoq("target", "list", "--tenant", "globex")).stdout)
     assert [t["target"] for t in listed["items"]] == ["billing.invoice"]
+
+
+async def test_a_consumer_with_its_targets_credential_from_the_cli_is_applied_and_the_token_shown_once(
+    engine_db, kafka_bootstrap, consumer_db, target, acme, pool
+):
+    """issue → CHRONOQ_ATTEMPT_CREDENTIALS → chronoq consume signs its events → the engine applies them
+    (the target has a credential, so unsigned ones would be rejected); rotate; list never shows a secret."""
+    env = cli_env(engine_db, kafka_bootstrap, CHRONOQ_CONSUMER_DATABASE_URL=consumer_db)
+    at = (datetime.now(UTC) + timedelta(seconds=3)).isoformat()
+    created = await asyncio.to_thread(
+        run, ["schedule", "create", "--tenant", "acme", "--target", target, "--at", at, "--json"], env
+    )
+    assert created.returncode == 0, created.stderr
+    issued = await asyncio.to_thread(run, ["target", "credential", "issue", target, "--json"], env)
+    assert issued.returncode == 0, issued.stderr
+    credential = orjson.loads(issued.stdout)
+    token = credential["token"]
+    assert token.startswith("cqa_") and token not in issued.stderr
+
+    bad = await asyncio.to_thread(
+        run, ["consume", "--target", target, "--max", "1"], {**env, "CHRONOQ_ATTEMPT_CREDENTIALS": "cqa_oops"}
+    )
+    assert bad.returncode != 0 and "CHRONOQ_ATTEMPT_CREDENTIALS" in bad.stderr and "cqa_oops" not in bad.stderr
+
+    stop = asyncio.Event()
+    services = asyncio.create_task(run_services(engine_db, kafka_bootstrap, stop, fast_services()))
+    try:
+        consumed = await asyncio.to_thread(
+            run,
+            ["consume", "--target", target, "--group", "cli-signed", "--max", "1", "--json"],
+            {**env, "CHRONOQ_ATTEMPT_CREDENTIALS": f"{target}={token}"},
+            60,
+        )
+        assert consumed.returncode == 0, consumed.stderr
+        assert token not in consumed.stdout + consumed.stderr
+        await wait_for(lambda: _state_is(pool, target, "SUCCEEDED"), timeout=30)
+    finally:
+        stop.set()
+        await services
+
+    rotated = orjson.loads(
+        (
+            await asyncio.to_thread(run, ["target", "credential", "rotate", target, "--grace", "10m", "--json"], env)
+        ).stdout
+    )
+    assert rotated["expiring"] == [credential["credential_id"]] and rotated["token"] != token
+    listed = await asyncio.to_thread(run, ["target", "credential", "list", target, "--json"], env)
+    items = orjson.loads(listed.stdout)["items"]
+    assert {i["credential_id"] for i in items} == {credential["credential_id"], rotated["credential_id"]}
+    assert "token" not in listed.stdout and token[-64:] not in listed.stdout
+
+
+async def _state_is(pool, target: str, state: str) -> bool:
+    return await pool.fetchval("SELECT state FROM occurrences WHERE target = $1", target) == state

@@ -23,7 +23,8 @@ from schemas.topics import create_missing_topics, occurrence_topic
 from tests.support.kafka import read_topic
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.slow
+# Process faults (kill, pause past a lease): run on the production broker only, for the suite's time budget.
+pytestmark = [pytest.mark.slow, pytest.mark.on_broker("apache")]
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -252,11 +252,11 @@ async def test_an_unavailable_broker_for_reports_does_not_consume_an_attempt(
     sent = await due_occurrence(pool, "acme", target, clock.now(), max_attempts=1)
     real_send, refusals = AttemptReporter.send, [2]
 
-    async def flaky_send(self, event):  # the broker refuses the first two reports ("started")
+    async def flaky_send(self, event, target):  # the broker refuses the first two reports ("started")
         if refusals[0] > 0:
             refusals[0] -= 1
             raise InfrastructureError("broker unavailable")
-        await real_send(self, event)
+        await real_send(self, event, target)
 
     monkeypatch.setattr(AttemptReporter, "send", flaky_send)
     app = new_app(consumer_db, kafka_bootstrap)

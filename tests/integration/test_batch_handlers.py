@@ -215,10 +215,10 @@ async def test_batched_and_single_reports_of_one_occurrence_land_on_one_partitio
         reporter = AttemptReporter(producer, timeout=10.0)
         occurrences = [uuid.uuid4() for _ in range(40)]
         tokens = {o: uuid.uuid4() for o in occurrences}
-        await reporter.send_many([AttemptEvent.started(o, 1, tokens[o], 30.0) for o in occurrences])
+        await reporter.send_many([AttemptEvent.started(o, 1, tokens[o], 30.0) for o in occurrences], "t")
         for o in occurrences:
-            await reporter.send(AttemptEvent.heartbeat(o, 1, tokens[o], 30.0))
-        await reporter.send_many([AttemptEvent.succeeded(o, 1, tokens[o]) for o in occurrences])
+            await reporter.send(AttemptEvent.heartbeat(o, 1, tokens[o], 30.0), "t")
+        await reporter.send_many([AttemptEvent.succeeded(o, 1, tokens[o]) for o in occurrences], "t")
     finally:
         await producer.stop()
     records = await read_topic(kafka_bootstrap, ATTEMPTS_TOPIC, expected=0, settle=0.3)

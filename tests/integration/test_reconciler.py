@@ -215,18 +215,16 @@ async def test_a_slot_summarized_as_a_missed_range_is_accounted_for(pool, clock,
     materializer = Materializer(pool, MaterializerConfig(horizon=timedelta(seconds=30), missed_record_limit=5), clock)
     await materializer.run_once()
     await advance(materializer, clock, START + timedelta(hours=1))
-    before = await reconcile(pool, WINDOW, clock=clock, record=False)
-    # 10:01..10:38 are late (skip): 10:01..10:05 recorded MISSED, 10:06..10:38 only counted, never recorded.
-    assert before.reasons["missing"] == {"lost": 33}
-    await pool.execute(
-        "INSERT INTO missed_ranges (schedule_id, schedule_version, first_missed, last_missed,"
-        " missed_count) VALUES ($1, 1, $2, $3, 33)",
-        uuid.UUID(schedule["schedule_id"]),
-        START + timedelta(minutes=6),
-        START + timedelta(minutes=38),
-    )
+    # 10:01..10:38 are late (skip): 10:01..10:05 recorded MISSED, 10:06..10:38 summarised by the materializer as
+    # one missed_ranges row in the same transaction, never enumerated.
+    ranges = await pool.fetch("SELECT first_missed, last_missed, missed_count FROM missed_ranges")
+    assert [tuple(r) for r in ranges] == [(START + timedelta(minutes=6), START + timedelta(minutes=38), 33)]
     after = await reconcile(pool, WINDOW, clock=clock, record=False)
-    assert after.clean and after.counts["summarized"] == 33
+    assert after.clean and after.counts["summarized"] == 33 and after.counts["missing"] == 0
+    # without the range those slots would be lost: the reconciler proves the row is what accounts for them
+    await pool.execute("DELETE FROM missed_ranges WHERE schedule_id = $1", uuid.UUID(schedule["schedule_id"]))
+    before = await reconcile(pool, WINDOW, clock=clock, record=False)
+    assert before.reasons["missing"] == {"lost": 33}
 
 
 async def test_a_misfire_decision_that_enqueues_too_many_late_slots_is_a_violation(pool, clock, target):

@@ -92,7 +92,9 @@ def test_pure_rules_import_only_rules_and_the_contract():
         path: sorted(
             name
             for name in names
-            if name.split(".")[0] in OURS and not name.startswith(("engine.rules", "schemas.errors"))
+            # schemas.dispatch_lateness: the misfire policy and the dispatch-time rule, pure, shared with the relays
+            if name.split(".")[0] in OURS
+            and not name.startswith(("engine.rules", "schemas.errors", "schemas.dispatch_lateness"))
         )
         for path, names in imported_modules("engine/rules").items()
     }
@@ -210,3 +212,28 @@ def test_the_operations_guide_lists_every_metric_and_span_name():
     }
     listed = set(re.findall(r"^\| `(chronoq\.[a-z_.]+)` \|", (ROOT / "docs" / "operations.md").read_text(), re.M))
     assert listed == names
+
+
+KAFKA_CLIENTS = {"AIOKafkaProducer", "AIOKafkaConsumer", "AIOKafkaAdminClient"}
+
+
+def test_every_kafka_client_of_the_product_is_built_with_the_security_options() -> None:
+    """One place builds the TLS/SASL arguments (schemas/kafka_security.py): a client built without
+    ``**<security>.client_options()`` would connect in plain text to a broker that requires TLS."""
+    missing, found = [], 0
+    for package in sorted(OURS):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.Call):
+                    continue
+                name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
+                if name not in KAFKA_CLIENTS:
+                    continue
+                found += 1
+                spread = [k.value for k in node.keywords if k.arg is None]
+                if not any(
+                    isinstance(v, ast.Call) and getattr(v.func, "attr", None) == "client_options" for v in spread
+                ):
+                    missing.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")
+    assert found >= 10  # the walk sees the clients (relay, engine, consumers, schemas, CLI)
+    assert missing == []

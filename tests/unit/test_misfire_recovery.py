@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
 import pytest
 from hypothesis import given, settings
@@ -20,6 +21,7 @@ from engine.rules.timing import (
     late_threshold,
     parse_misfire_policy,
 )
+from schemas.dispatch_lateness import LateDelivery, judge_late, stored_policy
 
 UTC = UTC
 US = timedelta(microseconds=1)
@@ -239,3 +241,43 @@ def test_dispatch_publishes_on_time_work_and_bounds_the_late(
     late = sorted(set(due) - on_time)
     assert late_published == late[len(late) - len(late_published) :]  # always the most recent late ones
     assert all(m < p for m in decision.missed for p in late_published)
+
+
+def test_a_stored_policy_reads_back_what_the_schedule_says() -> None:
+    threshold = timedelta(seconds=42)
+    for text in ("skip", "fire_once", "catch_up:7"):
+        assert stored_policy(text, threshold) == parse_misfire_policy(text, threshold)
+    with pytest.raises(ValueError, match="misfire_policy"):
+        stored_policy("catch_up", threshold)
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(
+    schedules=st.lists(
+        st.tuples(
+            st.sampled_from(["skip", "fire_once", "catch_up:1", "catch_up:3"]),
+            st.integers(0, 120),
+            st.lists(st.integers(-600, 0), max_size=12, unique=True),
+        ),
+        max_size=4,
+    )
+)
+def test_judging_late_deliveries_applies_the_policy_per_schedule(schedules: list[tuple[str, int, list[int]]]) -> None:
+    """The relays' verdict is decide_dispatch per schedule, whatever the rows of other schedules around it."""
+    now = at(12)
+    deliveries = []
+    for number, (text, lateness, offsets) in enumerate(schedules):
+        for offset in offsets:
+            due = now + timedelta(seconds=offset)
+            deliveries.append(LateDelivery((number, offset), number, due, due + timedelta(seconds=lateness), text))
+    verdict = judge_late(deliveries[::-1], now)  # order does not matter
+    missed_handles = [cast(tuple[int, int], h) for h in verdict.missed]
+    kept_handles = [cast(tuple[int, int], h) for h in verdict.published_late]
+    for number, (text, lateness, offsets) in enumerate(schedules):
+        instants = [now + timedelta(seconds=o) for o in offsets]
+        decision = decide_dispatch(instants, now, parse_misfire_policy(text, f"{lateness}s"))
+        missed = sorted(h[1] for h in missed_handles if h[0] == number)
+        assert missed == sorted(int((t - now).total_seconds()) for t in decision.missed)
+        kept = sorted(h[1] for h in kept_handles if h[0] == number)
+        late_published = [t for t in decision.publish if now - t > timedelta(seconds=lateness)]
+        assert kept == sorted(int((t - now).total_seconds()) for t in late_published)

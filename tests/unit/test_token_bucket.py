@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.rules.token_bucket import TokenBucket, full_bucket, ready_at, refill, take
+from engine.rules.token_bucket import TokenBucket, full_bucket, ready_at, refill, reserve, take
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 US = timedelta(microseconds=1)
@@ -162,3 +162,44 @@ def test_ready_at_names_the_first_instant_a_take_is_granted_in_full(
     assert take(bucket, instant, n)[0] == n
     if instant > T0:
         assert take(bucket, instant - US, n)[0] < n
+
+
+def test_a_reservation_releases_the_burst_now_and_the_rest_at_the_rate() -> None:
+    releases, bucket = reserve(full_bucket(60, T0), T0, 63)  # one per second, a burst of 60
+    assert releases[:60] == [T0] * 60
+    assert releases[60:] == [T0 + timedelta(seconds=s) for s in (1, 2, 3)]
+    assert (bucket.tokens, bucket.updated_at) == (Fraction(0), T0 + timedelta(seconds=3))
+    # the bucket owes until its last release: a take before then gets nothing, a later reservation queues
+    assert take(bucket, T0 + timedelta(seconds=2), 1)[0] == 0
+    later, _ = reserve(bucket, T0 + timedelta(seconds=1), 2)
+    assert later == [T0 + timedelta(seconds=4), T0 + timedelta(seconds=5)]
+
+
+def test_a_reservation_on_a_bucket_that_never_refills_is_refused() -> None:
+    assert reserve(TokenBucket(0, 5, Fraction(2), T0), T0, 2)[0] == [T0, T0]
+    with pytest.raises(ValueError, match="rate 0"):
+        reserve(TokenBucket(0, 5, Fraction(2), T0), T0, 3)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(
+    rate=st.integers(1, 5_000),
+    capacity=st.integers(0, 5_000),
+    start=st.integers(0, 5_000),
+    requests=st.lists(st.tuples(st.integers(0, 120_000_000), st.integers(0, 300)), max_size=12),
+)
+def test_reservations_never_release_faster_than_the_rate_allows(
+    rate: int, capacity: int, start: int, requests: list[tuple[int, int]]
+) -> None:
+    bucket = TokenBucket(rate, capacity, Fraction(min(start, capacity)), T0)
+    now, released = T0, list[datetime]()
+    for gap_us, n in requests:
+        now += gap_us * US
+        times, bucket = reserve(bucket, now, n)
+        assert len(times) == n and times == sorted(times) and all(t >= now for t in times)
+        assert not released or not times or times[0] >= released[-1]
+        released.extend(times)
+        assert 0 <= bucket.tokens <= bucket.capacity
+    for i, instant in enumerate(released):  # by each release, at most start + rate * elapsed were released
+        elapsed_us = (instant - T0) // US
+        assert i + 1 <= min(start, capacity) + math.floor(Fraction(elapsed_us * rate, 60_000_000))

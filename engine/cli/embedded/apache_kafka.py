@@ -234,6 +234,8 @@ class ApacheKafka:
         jars: Path | None = None,
         java: str | None = None,
         overrides: Mapping[str, str] | None = None,
+        listeners: Mapping[str, str] | None = None,
+        scram_users: Sequence[str] = (),
         jvm_options: Sequence[str] = JVM_OPTIONS,
         start_timeout: float = 60.0,
     ) -> None:
@@ -241,6 +243,9 @@ class ApacheKafka:
         self.jars = jars
         self.java = java
         self.overrides = dict(overrides or {})
+        self.listeners = dict(listeners or {})
+        self.scram_users = tuple(scram_users)
+        self.listener_ports: dict[str, int] = {}
         self.jvm_options = tuple(jvm_options)
         self.start_timeout = start_timeout
         self.process: subprocess.Popen[bytes] | None = None
@@ -252,6 +257,10 @@ class ApacheKafka:
     def bootstrap(self) -> str | None:
         """``127.0.0.1:port`` of the broker listener once ports are chosen (the same across restarts)."""
         return f"{_LOOPBACK}:{self.broker_port}" if self.broker_port else None
+
+    def listener_bootstrap(self, name: str) -> str:
+        """``127.0.0.1:port`` of the extra listener ``name`` (after :meth:`start`)."""
+        return f"{_LOOPBACK}:{self.listener_ports[name]}"
 
     @property
     def pid(self) -> int | None:
@@ -326,20 +335,32 @@ class ApacheKafka:
         process.wait()
 
     def _choose_ports(self) -> None:
-        broker = free_loopback_port()
-        controller = free_loopback_port()
-        while controller == broker:
-            controller = free_loopback_port()
-        self.broker_port, self.controller_port = broker, controller
+        chosen: set[int] = set()
+
+        def port() -> int:
+            candidate = free_loopback_port()
+            while candidate in chosen:
+                candidate = free_loopback_port()
+            chosen.add(candidate)
+            return candidate
+
+        self.broker_port, self.controller_port = port(), port()
+        self.listener_ports = {name: port() for name in self.listeners}
 
     def _write_properties(self) -> None:
+        extra = "".join(f",{name}://{_LOOPBACK}:{port}" for name, port in self.listener_ports.items())
         node = {
-            "listeners": f"PLAINTEXT://{_LOOPBACK}:{self.broker_port},CONTROLLER://{_LOOPBACK}:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{_LOOPBACK}:{self.broker_port}",
+            "listeners": f"PLAINTEXT://{_LOOPBACK}:{self.broker_port},CONTROLLER://{_LOOPBACK}:{self.controller_port}"
+            + extra,
+            "advertised.listeners": f"PLAINTEXT://{_LOOPBACK}:{self.broker_port}" + extra,
             "controller.quorum.voters": f"1@{_LOOPBACK}:{self.controller_port}",
             "log.dirs": str(self.log_dir),
             **self.overrides,
         }
+        if self.listeners:
+            node["listener.security.protocol.map"] = "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT" + "".join(
+                f",{name}:{protocol}" for name, protocol in self.listeners.items()
+            )
         # Later lines win in a Java properties file, so the template is copied
         # whole (its comments explain it) and the node's lines follow.
         lines = [f"{key}={value}" for key, value in node.items()]
@@ -360,6 +381,7 @@ class ApacheKafka:
             "--cluster-id",
             _cluster_id(),
             "--ignore-formatted",
+            *(argument for user in self.scram_users for argument in ("--add-scram", user)),
         ]
         with open(self.log_path, "ab") as log:
             result = subprocess.run(

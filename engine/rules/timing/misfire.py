@@ -17,7 +17,8 @@ schedule's ``max_lateness``:
 * the others are MISSED: the oldest ``record_limit`` listed, the rest counted
   and summarised as one :class:`MissedRange`.
 
-:func:`decide_dispatch` applies the same rule again when an on-time
+:func:`decide_dispatch` (in ``schemas.dispatch_lateness``, where the relays
+can import it; re-exported here) applies the same rule again when an on-time
 occurrence reaches the dispatcher late (the relay or the broker was down):
 it is published only if the policy still allows, else recorded MISSED.
 """
@@ -26,11 +27,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from itertools import islice
-from typing import Literal
 
 from engine.rules.timing.durations import MAX_DURATION, parse_duration
 from engine.rules.timing.exclusions import exclusions_of
@@ -38,19 +37,24 @@ from engine.rules.timing.fires import next_fire_after
 from engine.rules.timing.instants import MICROSECOND, UTC, naive_utc
 from engine.rules.timing.sources import backward_fires, count_fires, forward_fires
 from engine.rules.timing.spec import TimeSpec
+from schemas.dispatch_lateness import DispatchDecision, MisfirePolicy, decide_dispatch, late_threshold
 from schemas.errors import InvalidInput
+
+__all__ = [
+    "MISFIRE_KINDS",
+    "MAX_CATCH_UP",
+    "MisfirePolicy",
+    "MissedRange",
+    "MisfireDecision",
+    "DispatchDecision",
+    "parse_misfire_policy",
+    "late_threshold",
+    "decide_misfire",
+    "decide_dispatch",
+]
 
 MISFIRE_KINDS: tuple[str, ...] = ("skip", "fire_once", "catch_up")
 MAX_CATCH_UP = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class MisfirePolicy:
-    """What to do with fire instants that are more than ``max_lateness`` late."""
-
-    kind: Literal["skip", "fire_once", "catch_up"]
-    catch_up_limit: int = 0  # K for catch_up
-    max_lateness: timedelta = timedelta(minutes=1)
 
 
 @dataclass(frozen=True)
@@ -80,14 +84,6 @@ class MisfireDecision:
         """The instants of ``enqueue`` that are not catch-up."""
         late = set(self.catch_up)
         return [instant for instant in self.enqueue if instant not in late]
-
-
-@dataclass(frozen=True)
-class DispatchDecision:
-    """What the dispatcher does with one schedule's due on-time occurrences."""
-
-    publish: list[datetime]  # scheduled_for of those to publish (oldest first)
-    missed: list[datetime]  # those to record MISSED instead: too late for the policy (oldest first)
 
 
 def parse_misfire_policy(text: str, max_lateness: object = None) -> MisfirePolicy:
@@ -130,15 +126,6 @@ def parse_misfire_policy(text: str, max_lateness: object = None) -> MisfirePolic
     else:
         lateness = parse_duration(max_lateness, "max_lateness")
     return MisfirePolicy(kind, limit, lateness)  # type: ignore[arg-type]
-
-
-def late_threshold(policy: MisfirePolicy, on_time_limit: timedelta | None = None) -> timedelta:
-    """How late an instant may be and still count as on time: ``max_lateness``, capped by ``on_time_limit``."""
-    if on_time_limit is None:
-        return policy.max_lateness
-    if on_time_limit < timedelta(0):
-        raise ValueError("on_time_limit must not be negative")
-    return min(policy.max_lateness, on_time_limit)
 
 
 def decide_misfire(
@@ -246,37 +233,3 @@ def _excluded_count(spec: TimeSpec, slots: TimeSpec, cursor: datetime, until: da
     every = count_fires(slots, cursor - MICROSECOND, until + MICROSECOND)
     kept = count_fires(spec, cursor - MICROSECOND, until + MICROSECOND)
     return every - kept if every is not None and kept is not None else None
-
-
-def decide_dispatch(
-    due: Sequence[datetime], now: datetime, policy: MisfirePolicy, *, on_time_limit: timedelta | None = None
-) -> DispatchDecision:
-    """Lateness checked again at dispatch, for ONE schedule's on-time occurrences due now.
-
-    ``due`` holds the ``scheduled_for`` of every such occurrence of the
-    schedule not yet published (the caller passes them all at once: the
-    policy counts per schedule). Those still on time (``now - t`` within
-    :func:`late_threshold`) are published. Of the late ones — the relay or the
-    broker was down while they came due — ``skip`` publishes none,
-    ``fire_once`` the most recent unless an on-time one is published with it,
-    ``catch_up:K`` the K most recent; the rest are recorded MISSED. Catch-up
-    occurrences (:attr:`MisfireDecision.catch_up`) were late by design: they
-    are not passed here, the tenant's token bucket paces them instead.
-    """
-    current = naive_utc(now, "now")
-    late_before = current - late_threshold(policy, on_time_limit)
-    instants = sorted({naive_utc(instant, "due") for instant in due})
-    on_time = [t for t in instants if t >= late_before]
-    late = [t for t in instants if t < late_before]
-    if policy.kind == "catch_up":
-        allowed = policy.catch_up_limit
-    elif policy.kind == "fire_once":
-        allowed = 0 if any(t <= current for t in on_time) else 1
-    else:
-        allowed = 0
-    published_late = late[len(late) - allowed :] if allowed else []
-    missed = late[: len(late) - len(published_late)]
-    return DispatchDecision(
-        publish=[t.replace(tzinfo=UTC) for t in sorted(published_late + on_time)],
-        missed=[t.replace(tzinfo=UTC) for t in missed],
-    )
