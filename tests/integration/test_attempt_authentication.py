@@ -12,6 +12,7 @@ import uuid
 from collections import Counter
 from collections.abc import Sequence
 from datetime import timedelta
+from functools import partial
 
 import asyncpg
 import pytest
@@ -249,7 +250,7 @@ async def test_a_batch_handlers_events_are_signed_like_a_single_handlers(
     sent = [await due_occurrence(pool, "acme", served, clock.now()) for _ in range(5)]
     async with Running(app):
         for occurrence in sent:
-            await wait_for(lambda o=occurrence: _state(pool, o.occurrence_id, "SUCCEEDED"))
+            await wait_for(partial(_state, pool, occurrence.occurrence_id, "SUCCEEDED"))
     assert await effects.fetchval("SELECT count(*) FROM effects") == len(sent)
     assert app.stats.applied == len(sent)
 
