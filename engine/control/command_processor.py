@@ -45,7 +45,7 @@ from opentelemetry import metrics
 
 from engine.control.schedules import ControlPlane
 from engine.control.tenants import find_tenant
-from engine.loops.kafka_processor import KafkaLoopSettings, KafkaProcessorLoop
+from engine.loops.kafka_processor import KafkaLoopSettings, KafkaProcessorLoop, database_scoped_group
 from engine.loops.reporting import SUMMARY_EVERY
 from schemas import observability as obs
 from schemas.commands import (
@@ -327,7 +327,9 @@ class CommandProcessor:
     async def run(self, stop: asyncio.Event, summary_every: float = SUMMARY_EVERY) -> None:
         """Consume chronoq.commands until ``stop``; offsets follow the database commits."""
         cfg = self.config
-        group = cfg.group or f"chronoq-engine-commands.{await self.pool.fetchval(*QUERIES.current_database())}"
+        group = cfg.group or await database_scoped_group("chronoq-engine-commands", self.pool, stop, 1.0, log)
+        if group is None:
+            return
         settings = KafkaLoopSettings(
             group,
             COMMANDS_TOPIC,

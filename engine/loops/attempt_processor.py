@@ -41,7 +41,7 @@ from opentelemetry import metrics, trace
 from engine.loops.attempt_authentication import CredentialVerifier, EventVerifier, ReceivedEvent, Rejection
 from engine.loops.attempt_ledger import AttemptLedger, Verdict
 from engine.loops.attempt_outcomes import AttemptMetrics, AttemptStats
-from engine.loops.kafka_processor import KafkaLoopSettings, KafkaProcessorLoop
+from engine.loops.kafka_processor import KafkaLoopSettings, KafkaProcessorLoop, database_scoped_group
 from engine.loops.reporting import SUMMARY_EVERY
 from schemas import observability as obs
 from schemas.attempt_credentials import signed_by
@@ -298,7 +298,11 @@ class AttemptProcessor:
         if self.kafka_bootstrap is None:
             raise ValueError("AttemptProcessor.run needs kafka_bootstrap")
         cfg = self.config
-        group = cfg.group or f"chronoq-engine-attempts.{await self.pool.fetchval(*QUERIES.current_database())}"
+        group = cfg.group or await database_scoped_group(
+            "chronoq-engine-attempts", self.pool, stop, cfg.error_backoff, log
+        )
+        if group is None:
+            return
         settings = KafkaLoopSettings(
             group,
             ATTEMPTS_TOPIC,

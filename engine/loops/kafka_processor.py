@@ -44,6 +44,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
 from aiokafka.structs import ConsumerRecord
@@ -53,10 +54,33 @@ from schemas import observability as obs
 from schemas.clock import pause
 from schemas.error_classification import is_transient
 from schemas.kafka_security import AUTHORIZATION_ERRORS, PLAINTEXT, KafkaSecurity, refused, start_client
+from schemas.queries import QUERIES
 from schemas.topics import DEFAULT_PARTITIONS, create_missing_topics
 
 Handle = Callable[[Sequence[ConsumerRecord]], Awaitable[Mapping[str, int]]]
 AfterRound = Callable[[AIOKafkaConsumer], Awaitable[None]]
+
+
+async def database_scoped_group(
+    prefix: str, pool: asyncpg.Pool, stop: asyncio.Event, backoff: float, log: logging.Logger
+) -> str | None:
+    """``<prefix>.<engine database name>``: the default group of an engine loop, so the engines of one database
+    share it and engines of different databases on one broker never take each other's records.
+
+    A transient database error (the backend terminated, the database restarting) is retried every ``backoff``
+    seconds: a loop starting while the database is away waits for it instead of ending its process. None if
+    ``stop`` is set first.
+    """
+    while not stop.is_set():
+        try:
+            name: str = await pool.fetchval(*QUERIES.current_database())
+            return f"{prefix}.{name}"
+        except Exception as err:  # noqa: BLE001 - classified here
+            if not is_transient(err):
+                raise
+            log_failure(log, prefix, err, backoff)
+            await pause(stop, backoff)
+    return None
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaProducer
 
 from engine.loops.attempt_processor import AttemptProcessor, AttemptProcessorConfig
 from schemas.attempt_events import AttemptEvent
+from schemas.connections import create_pool
 from schemas.topics import ATTEMPTS_TOPIC, create_missing_topics
 from tests.support.rows import due_occurrence
 from tests.support.waiting import wait_for
@@ -90,3 +91,62 @@ async def test_a_batch_whose_backend_is_terminated_mid_transaction_drops_no_even
     assert await pool.fetchval(
         "SELECT count(*) FROM attempts WHERE occurrence_id = ANY($1) AND result = 'succeeded'", ids
     ) == len(ids)
+
+
+# The engine's first query of a Kafka loop names its consumer group after the database. This shadows
+# current_database() (public before pg_catalog on the search path of new connections) with one that
+# terminates its own backend the first time it is called.
+TERMINATE_FIRST_NAME_LOOKUP = """
+CREATE SEQUENCE name_lookup_fault_fired;
+CREATE FUNCTION public.current_database() RETURNS name LANGUAGE plpgsql AS $$
+BEGIN
+    IF nextval('name_lookup_fault_fired') = 1 THEN
+        PERFORM pg_terminate_backend(pg_backend_pid());
+        PERFORM pg_sleep(5);   -- the termination interrupts this
+    END IF;
+    RETURN pg_catalog.current_database();
+END $$;
+"""
+
+
+async def test_a_processor_whose_first_query_loses_its_backend_starts_anyway(
+    pool, engine_db, clock, target, kafka_bootstrap
+):
+    """Found by the chaos run: a backend terminated during the attempt processor's start-up query (the group
+    name) ended the engine process; the start-up now retries transient errors like every later pass."""
+    await pool.execute(TERMINATE_FIRST_NAME_LOOKUP)
+    database = await pool.fetchval("SELECT pg_catalog.current_database()")
+    await pool.execute(f'ALTER DATABASE "{database}" SET search_path = public, pg_catalog')
+    fresh = await create_pool(engine_db, min_size=1, max_size=4)  # connections with that search path
+    occurrence = await due_occurrence(pool, "acme", target, clock.now())
+    token = uuid.uuid4()
+    await create_missing_topics(kafka_bootstrap, [ATTEMPTS_TOPIC])
+    await produce_events(
+        kafka_bootstrap,
+        [
+            AttemptEvent.started(occurrence.occurrence_id, 1, token, 30.0, "billing", "host:1"),
+            AttemptEvent.succeeded(occurrence.occurrence_id, 1, token),
+        ],
+    )
+    processor = AttemptProcessor(
+        fresh,
+        kafka_bootstrap,
+        AttemptProcessorConfig(session_timeout=2.0, heartbeat_interval=0.4, error_backoff=0.05),
+        clock=clock,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(processor.run(stop))
+
+    async def succeeded() -> bool:
+        if task.done():
+            task.result()  # a processor that ended fails the test with its own error
+        state = await pool.fetchval("SELECT state FROM occurrences WHERE occurrence_id = $1", occurrence.occurrence_id)
+        return state == "SUCCEEDED"
+
+    try:
+        await wait_for(succeeded, timeout=30)
+    finally:
+        stop.set()
+        await task
+        await fresh.close()
+    assert await pool.fetchval("SELECT last_value FROM name_lookup_fault_fired") >= 2, "the fault was injected"
