@@ -359,10 +359,18 @@ class ConsumerSide:
     def applied(self) -> int:
         return sum(int(w.value("APPLIED") or 0) for w in self.consumers)
 
-    async def settle(self, expected: int, due: float, engine_pool: asyncpg.Pool, timeout: float = 1800.0) -> dict:
+    async def settle(
+        self,
+        expected: int,
+        due: float,
+        engine_pool: asyncpg.Pool,
+        timeout: float = 1800.0,
+        scheduled_for: datetime | None = None,
+    ) -> dict:
         """Wait until ``expected`` occurrences are applied and SUCCEEDED in the engine; return the figures.
 
-        due: the burst instant (``time.time()`` when everything became due).
+        due: the burst instant (``time.time()`` when everything became due). scheduled_for: count only the
+        occurrences of this instant as open (the database holds others), instead of every occurrence.
         """
         deadline = time.monotonic() + timeout
         settled_at = applied_at = None
@@ -376,6 +384,8 @@ class ConsumerSide:
             if applied_at is not None:
                 open_rows = await engine_pool.fetchval(
                     "SELECT count(*) FROM occurrences WHERE state IN ('SCHEDULED', 'ENQUEUED', 'RUNNING', 'RETRY_WAIT')"
+                    " AND ($1::timestamptz IS NULL OR scheduled_for = $1)",
+                    scheduled_for,
                 )
                 if open_rows == 0:
                     settled_at = time.time()

@@ -3,6 +3,7 @@
     python -m load_tests.hour_top [--schedules 500000] [--background 2000000] [--tenants 200]
         [--big-share 0.8] [--flexible-fraction 0.0 --flexible-window 60] [--broker tansu|apache]
         [--relays 2] [--json PATH] [--png PATH] [--no-floor] [--no-consumer]
+        [--consumer batch|single [--consumer-processes 1] [--consumer-batch 500]]
 
 What it does, on the embedded stack (or CHRONOQ_DATABASE_URL / CHRONOQ_KAFKA_BOOTSTRAP):
 
@@ -17,7 +18,12 @@ What it does, on the embedded stack (or CHRONOQ_DATABASE_URL / CHRONOQ_KAFKA_BOO
 4. measures for every occurrence ``schedule_lag = enqueued_at - scheduled_for`` (enqueued_at is
    the broker acknowledgement instant the relay logged), receive lag at a no-op consumer group,
    and checks Kafka for missing and duplicate occurrences;
-5. writes a JSON report and a PNG (lag CDF per lane, dispatch rate over time, per-tenant p99),
+5. with ``--consumer batch|single``, also runs consumer app processes (batch or single handlers,
+   dedupe rows in their own database) and the engine's attempt processor and reaper
+   (``load_tests.consumer_burst.ConsumerSide``), and measures due → handler start for every
+   occurrence, the consumers' and the attempt processor's rates, the time until every occurrence
+   of the burst is SUCCEEDED (``settle_s``) and the reaper's timeouts of healthy attempts;
+6. writes a JSON report and a PNG (lag CDF per lane, dispatch rate over time, per-tenant p99),
    and prints one JSON object as its last stdout line.
 
 ``limit_fraction`` is chronoq's strict dispatch rate divided by the floor's fastest raw
@@ -41,6 +47,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
@@ -487,14 +494,17 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     received_path = log_dir / "received.json"
     async with load_stack("hourtop", args.broker) as (url, bootstrap):
         conn = await asyncpg.connect(url)
+        side = None
         try:
             await apply_migrations(conn, "engine")
             shards = await conn.fetchval("SELECT count(*)::int FROM shard_leases")
             if not args.no_floor:
                 report["floor"] = await measure_floor(url, bootstrap, args.floor_rows, args.partitions)
                 print("floor", json.dumps(report["floor"]), file=sys.stderr, flush=True)
-            top = await seed(conn, args, shards, report)
             await create_missing_topics(bootstrap, topics, args.partitions)
+            # Consumer apps join before the seeding starts the lead time: no join inside the burst.
+            side = await start_consumer_side(args, url, bootstrap, log_dir) if args.consumer else None
+            top = await seed(conn, args, shards, report)
             horizon = (top - await conn.fetchval("SELECT now()")).total_seconds() + 60
             consumer = None if args.no_consumer else start_consumer(bootstrap, received_path, log_dir)
             nodes = start_nodes(
@@ -504,6 +514,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 await watch_materialization(conn, args, nodes, top, report, log_dir)
                 await wait_enqueued(conn, args, top, report)
+                if side is not None:
+                    report["consumer_side"] = await settle_consumer_side(side, url, args.schedules, top)
+                    print("consumer side", json.dumps(report["consumer_side"]), file=sys.stderr, flush=True)
             finally:
                 stop_nodes(nodes)
                 if consumer is not None:
@@ -527,6 +540,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 )
             )
         finally:
+            if side is not None:
+                await side.stop()
+                await conn.execute(f'DROP DATABASE IF EXISTS "{urlsplit(side.consumer_url).path[1:]}" WITH (FORCE)')
             await conn.close()
         seen = read_all(bootstrap, topics)
     received = json.loads(received_path.read_text()) if received_path.exists() else None
@@ -534,6 +550,47 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2, default=str))
     return summary
+
+
+async def start_consumer_side(
+    args: argparse.Namespace, url: str, bootstrap: str, log_dir: Path
+) -> Any:  # a load_tests.consumer_burst.ConsumerSide
+    """Consumer app processes on the burst's targets (their dedupe rows in a database of their own on the same
+    server) and an engine process with the attempt processor and the reaper; returns once the group owns
+    every partition, so no join happens inside the burst."""
+    from load_tests.consumer_burst import ConsumerSide
+    from schemas.topics import ATTEMPTS_TOPIC, create_missing_topics
+
+    name = f"hourtop_consumer_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    await create_missing_topics(bootstrap, [ATTEMPTS_TOPIC], args.partitions)
+    side = ConsumerSide(
+        bootstrap,
+        url,
+        urlunsplit(urlsplit(url)._replace(path=f"/{name}")),
+        [f"load.target-{i}" for i in range(args.targets)],
+        args.consumer,
+        args.consumer_processes,
+        args.consumer_batch,
+        partitions=args.partitions,
+        work_dir=log_dir / "consumer-side",
+    )
+    side.work_dir.mkdir(parents=True, exist_ok=True)
+    await side.start()
+    return side
+
+
+async def settle_consumer_side(side: Any, url: str, expected: int, top: datetime) -> dict[str, Any]:
+    """Wait until every occurrence of the burst is applied by the consumer apps and SUCCEEDED in the engine."""
+    pool = await asyncpg.create_pool(url, min_size=1, max_size=2)
+    try:
+        return dict(await side.settle(expected, top.timestamp(), pool, scheduled_for=top))
+    finally:
+        await pool.close()
 
 
 def analyze(
@@ -591,6 +648,12 @@ def analyze(
         "schedules": args.schedules,
         "flexible_fraction": args.flexible_fraction,
     }
+    side = report.get("consumer_side")
+    if side is not None:
+        summary["consumer"] = args.consumer
+        for key in ("handler_start_p50", "handler_start_p95", "handler_start_p99", "consumer_rows_per_s",
+                    "attempt_events_per_s", "settle_s", "reaper_timeouts", "duplicates"):  # fmt: skip
+            summary["consumer_duplicates" if key == "duplicates" else key] = side.get(key)
     report["summary"] = summary
     report["rate_100ms"] = rate
     if args.png and importlib.util.find_spec("matplotlib") is None:
@@ -625,7 +688,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--floor-rows", type=int, default=200_000)
     parser.add_argument("--no-floor", action="store_true")
-    parser.add_argument("--no-consumer", action="store_true")
+    parser.add_argument("--no-consumer", action="store_true", help="no no-op consumer group (receive lag)")
+    parser.add_argument(
+        "--consumer",
+        choices=("batch", "single"),
+        help="also run consumer apps with batch or single handlers and the engine's attempt side, and measure"
+        " due -> handler start and the time until every occurrence is SUCCEEDED",
+    )
+    parser.add_argument("--consumer-processes", type=int, default=1, help="consumer app processes in the group")
+    parser.add_argument("--consumer-batch", type=int, default=500, help="occurrences per batch handler call")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--png", type=Path)
     parser.add_argument("--log-dir")
