@@ -1,0 +1,2 @@
+-- local placeholder (not committed upstream): keeps versions contiguous until migration 0012 lands from another branch; dropped at merge
+SELECT 1;
