@@ -348,6 +348,23 @@ async def lifecycle_wal(pool: asyncpg.Pool, at: datetime, count: int, message: b
     return out
 
 
+async def lifecycle_wal_records_only(
+    pool: asyncpg.Pool, at: datetime, count: int, message: bytes, schedules: int
+) -> dict[str, Any]:
+    """The same lifecycle with full_page_writes off: the WAL records alone, without the full-page images
+    that the first change of each page after a checkpoint adds (their share depends on the checkpoint
+    interval and on how often the same pages are touched within it). Changes the server's configuration:
+    only on a server this benchmark owns."""
+    await pool.execute("ALTER SYSTEM SET full_page_writes = off")
+    await pool.execute("SELECT pg_reload_conf()")
+    try:
+        await asyncio.sleep(1)  # the reload reaches the backends at their next command
+        return await lifecycle_wal(pool, at, count, message, schedules)
+    finally:
+        await pool.execute("ALTER SYSTEM RESET full_page_writes")
+        await pool.execute("SELECT pg_reload_conf()")
+
+
 async def autovacuum_state(pool: asyncpg.Pool) -> dict[str, Any]:
     rows = await pool.fetch(
         "SELECT schemaname || '.' || relname AS name, n_live_tup, n_dead_tup, autovacuum_count,"
@@ -366,6 +383,7 @@ async def run_capacity(
     keep_days: int,
     measure_at: tuple[int, ...],
     lifecycle_sample: int = 20_000,
+    own_server: bool = False,
     log: Any = print,
 ) -> dict[str, Any]:
     """Fill, measure, prune, measure; return every figure (see the module docstring)."""
@@ -415,6 +433,11 @@ async def run_capacity(
             pool, now + timedelta(minutes=5), lifecycle_sample, message, schedules
         )
         log(f"lifecycle WAL per occurrence: {result['lifecycle_wal']}")
+        if own_server:
+            result["lifecycle_wal_records_only"] = await lifecycle_wal_records_only(
+                pool, now + timedelta(minutes=5), lifecycle_sample, message, schedules
+            )
+            log(f"lifecycle WAL per occurrence without full-page images: {result['lifecycle_wal_records_only']}")
 
         # Retention: keep the last keep_days days, as of the simulated now.
         await set_retention(pool, timedelta(days=keep_days))
@@ -491,6 +514,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             days=args.days,
             keep_days=args.keep_days,
             measure_at=tuple(int(x) for x in args.measure_at.split(",")),
+            own_server=postgres is not None,
         )
     finally:
         if postgres is not None and not args.keep:
