@@ -101,6 +101,22 @@ def start_pruner(env: dict[str, str]) -> subprocess.Popen[str]:
 async def test_a_pruner_killed_or_cut_off_mid_batch_loses_and_doubles_nothing(engine_db, pool):
     occurrences = await seed(pool)
     env = cli_env(engine_db)
+    refused = run(["history", "retention", "--keep", "5m"], env)
+    assert refused.returncode == 2 and "keep" in refused.stderr, refused.stderr
+    assert run(["history", "retention", "--tenant", "acme", "--keep", "90d"], env).returncode == 0
+    shown = run(["history", "retention", "--json"], env)
+    assert orjson.loads(shown.stdout)["tenants"] == [
+        {
+            "tenant_id": "acme",
+            "retention_s": 90 * 86400,
+            "override": True,
+            "cutoff": orjson.loads(shown.stdout)["tenants"][0]["cutoff"],
+        }
+    ]
+    assert run(["history", "retention", "--tenant", "acme", "--clear"], env).returncode == 0
+    text = run(["history", "prune", "--dry-run"], env)
+    assert f"would archive {FINISHED} occurrences and {FINISHED} attempts" in text.stdout, text.stdout
+    assert "kept hot RUNNING 40" in text.stdout, text.stdout
     dry = run(["history", "prune", "--dry-run", "--json"], env)
     assert dry.returncode == 0, dry.stderr
     assert orjson.loads(dry.stdout)["occurrences"] == FINISHED
