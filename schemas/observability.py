@@ -87,6 +87,10 @@ RECONCILE_DURATION = "chronoq.reconcile.duration"  # histogram, s: one reconcile
 STUCK_REDELIVERIES = "chronoq.stuck_redeliveries"  # counter: ENQUEUED without attempt events, published again
 STUCK_OCCURRENCES = "chronoq.stuck_occurrences"  # gauge, attr status: watched|flagged
 ATTEMPT_EVENTS_LAG = "chronoq.attempt_events_lag"  # gauge: events on chronoq.attempts the engine has not applied
+# History retention (issue 17).
+HISTORY_ARCHIVED = (
+    "chronoq.history_archived"  # counter, attrs table (occurrences|attempts), tenant_id: rows moved to the archive
+)
 
 # Span names.
 SPAN_MATERIALIZE = "chronoq.materialize"
@@ -95,6 +99,7 @@ SPAN_CONSUME = "chronoq.consume"
 SPAN_ATTEMPT_EVENTS = "chronoq.engine.attempt_events"
 SPAN_REAP = "chronoq.engine.reap"
 SPAN_RECONCILE = "chronoq.reconcile"
+SPAN_HISTORY_PRUNE = "chronoq.history.prune"
 
 _configured = False
 

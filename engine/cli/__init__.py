@@ -10,7 +10,7 @@ embedded PostgreSQL and broker (``engine.cli.embedded``).
 Each module registers one area's subcommands: ``stack_commands`` (up, api,
 migrate, engine, relay), ``tenant_commands`` (tenant create),
 ``schedule_commands`` (schedule ...), ``calendar_commands`` (calendar ...),
-``dlq_commands`` (dlq list, replay), ``consume_command`` (consume),
+``dlq_commands`` (dlq list, replay), ``history_commands`` (history prune, retention), ``consume_command`` (consume),
 ``kafka_command`` (kafka fetch, kafka acls) and ``status_command`` (status).
 
 Exit status: 0 on success, 2 for invalid input (one line naming the field,
@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         calendar_commands,
         consume_command,
         dlq_commands,
+        history_commands,
         kafka_command,
         operator_commands,
         reconcile_command,
@@ -74,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         calendar_commands,
         consume_command,
         dlq_commands,
+        history_commands,
         kafka_command,
         status_command,
         reconcile_command,

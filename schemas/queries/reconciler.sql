@@ -69,12 +69,30 @@ CREATE TEMP TABLE rc_effects (consumer_group text, occurrence_id uuid, schedule_
 
 -- name: collect_occurrences
 -- The occurrences of the window (of one tenant, if :tenant_id is given), copied once: every check reads this copy.
+-- Archived ones (history retention, migration 0013) count as existing: an occurrence is in exactly one of the
+-- two tables.
 INSERT INTO rc_occ
 SELECT occurrence_id, schedule_id, schedule_version, tenant_id, target, scheduled_for, state, created_at,
        updated_at, origin
 FROM occurrences
 WHERE scheduled_for >= :window_from AND scheduled_for < :window_to
+  AND (:tenant_id::text IS NULL OR tenant_id = :tenant_id)
+UNION ALL
+SELECT occurrence_id, schedule_id, schedule_version, tenant_id, target, scheduled_for, state, created_at,
+       updated_at, origin
+FROM archive.occurrences
+WHERE scheduled_for >= :window_from AND scheduled_for < :window_to
   AND (:tenant_id::text IS NULL OR tenant_id = :tenant_id);
+
+-- name: archived_in_window
+-- How many of the window's occurrences (of one tenant, if :tenant_id is given) the run read from the archive,
+-- and the newest archive horizon inside the window (NULL: no part of the window is archived).
+SELECT (SELECT count(*) FROM archive.occurrences
+        WHERE scheduled_for >= :window_from AND scheduled_for < :window_to
+          AND (:tenant_id::text IS NULL OR tenant_id = :tenant_id)) AS archived,
+       (SELECT max(least(archived_before, :window_to::timestamptz)) FROM archive.horizons
+        WHERE archived_before > :window_from AND (:tenant_id::text IS NULL OR tenant_id = :tenant_id))
+           AS archived_before;
 
 -- name: analyze_occurrences
 -- Statistics for the run's copy of the window's occurrences (autovacuum never analyzes temporary tables).
@@ -279,9 +297,12 @@ SELECT a.schedule_id, a.version, a.scheduled_for, v.tenant_id,
            WHEN v.version = v.current_version AND v.current_state = 'active'
                 AND v.current_cursor <= a.scheduled_for THEN 'pending'
            WHEN v.version = v.current_version AND v.current_state = 'completed'
-                AND a.scheduled_for > coalesce((SELECT max(o.scheduled_for) FROM occurrences o
-                                                WHERE o.schedule_id = a.schedule_id AND o.origin = 'schedule'
-                                                  AND o.state <> 'MISSED'), '-infinity') THEN 'after_completion'
+                AND a.scheduled_for > coalesce(greatest(
+                        (SELECT max(o.scheduled_for) FROM occurrences o
+                         WHERE o.schedule_id = a.schedule_id AND o.origin = 'schedule' AND o.state <> 'MISSED'),
+                        (SELECT max(o.scheduled_for) FROM archive.occurrences o  -- its last run may be archived
+                         WHERE o.schedule_id = a.schedule_id AND o.origin = 'schedule' AND o.state <> 'MISSED')),
+                    '-infinity') THEN 'after_completion'
            WHEN v.ended_at IS NOT NULL THEN 'superseded_unmaterialized'
            ELSE 'lost'
        END AS reason

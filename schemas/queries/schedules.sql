@@ -126,21 +126,36 @@ ORDER BY created_at, schedule_id
 LIMIT :limit;
 
 -- name: list_schedule_occurrences
--- A page of one schedule's occurrences, oldest first, after the cursor (scheduled_for, occurrence_id).
-SELECT *
-FROM occurrences
-WHERE schedule_id = :schedule_id AND tenant_id = :tenant_id
-  AND (:after_at::timestamptz IS NULL OR (scheduled_for, occurrence_id) > (:after_at, :after_id::uuid))
+-- A page of one schedule's occurrences, oldest first, after the cursor (scheduled_for, occurrence_id): the
+-- hot table's and the archive's (history retention, migration 0013; an occurrence is in exactly one).
+(SELECT *
+ FROM occurrences
+ WHERE schedule_id = :schedule_id AND tenant_id = :tenant_id
+   AND (:after_at::timestamptz IS NULL OR (scheduled_for, occurrence_id) > (:after_at, :after_id::uuid))
+ ORDER BY scheduled_for, occurrence_id
+ LIMIT :limit)
+UNION ALL
+(SELECT *
+ FROM archive.occurrences
+ WHERE schedule_id = :schedule_id AND tenant_id = :tenant_id
+   AND (:after_at::timestamptz IS NULL OR (scheduled_for, occurrence_id) > (:after_at, :after_id::uuid))
+ ORDER BY scheduled_for, occurrence_id
+ LIMIT :limit)
 ORDER BY scheduled_for, occurrence_id
 LIMIT :limit;
 
 -- name: get_occurrence
--- One occurrence of one tenant.
-SELECT * FROM occurrences WHERE occurrence_id = :occurrence_id AND tenant_id = :tenant_id;
+-- One occurrence of one tenant, hot or archived.
+SELECT * FROM occurrences WHERE occurrence_id = :occurrence_id AND tenant_id = :tenant_id
+UNION ALL
+SELECT * FROM archive.occurrences WHERE occurrence_id = :occurrence_id AND tenant_id = :tenant_id;
 
 -- name: list_attempts
--- The attempts of one occurrence, in order.
-SELECT * FROM attempts WHERE occurrence_id = :occurrence_id ORDER BY attempt_number, started_at;
+-- The attempts of one occurrence, in order, hot or archived (they move with their occurrence).
+SELECT * FROM attempts WHERE occurrence_id = :occurrence_id
+UNION ALL
+SELECT * FROM archive.attempts WHERE occurrence_id = :occurrence_id
+ORDER BY attempt_number, started_at;
 
 -- name: list_schedule_versions
 -- The version history of one schedule.

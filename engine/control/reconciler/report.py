@@ -94,6 +94,9 @@ class ReconcileReport:
     offenders: list[Offender] = field(default_factory=list)
     duration_s: float = 0.0
     run_id: int | None = None
+    #: The end of the window's archived part (history retention): its finished occurrences were read from the
+    #: archive; None when no part of the window is archived.
+    archived_before: datetime | None = None
 
     @property
     def clean(self) -> bool:
@@ -111,6 +114,7 @@ class ReconcileReport:
             "offenders": [offender.to_json() for offender in self.offenders],
             "duration_s": round(self.duration_s, 3),
             "run_id": self.run_id,
+            "archived_before": format_instant(self.archived_before) if self.archived_before else None,
         }
 
     def lines(self) -> list[str]:
@@ -128,6 +132,11 @@ class ReconcileReport:
             f"  not final {c.get('unfinished', 0)} (stuck {c.get('stuck', 0)})",
             "  states: " + (", ".join(f"{state} {n}" for state, n in sorted(self.states.items())) or "none"),
         ]
+        if self.archived_before is not None:
+            out.append(
+                f"  archived: {format_instant(self.window_from)} .. {format_instant(self.archived_before)}"
+                f" (finished occurrences past retention; {c.get('archived', 0)} of this window read from the archive)"
+            )
         if "effects_checked" in c:
             out.append(
                 f"  effects checked {c['effects_checked']}: applied twice {c.get('effects_applied_twice', 0)},"

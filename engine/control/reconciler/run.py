@@ -68,7 +68,12 @@ async def reconcile(
                 report = ReconcileReport(window.start, window.end, tenant_id, as_of)
                 await conn.execute(*QUERIES.reconcile_settings(work_mem=options.work_mem))
                 totals = await build_expected_slots(conn, window, tenant_id, slot_filter, options.ahead_slack)
+                archived = await conn.fetchrow(
+                    *QUERIES.archived_in_window(window_from=window.start, window_to=window.end, tenant_id=tenant_id)
+                )
+                report.archived_before = archived["archived_before"]
                 report.counts.update(
+                    archived=archived["archived"],
                     schedules=totals.schedules,
                     versions=totals.versions,
                     cron_rules=totals.cron_rules,
