@@ -27,3 +27,10 @@ WHERE o.origin <> 'manual' AND EXISTS (
 -- Manual occurrences ("trigger now") are extra runs on purpose, at an instant of their own: they hold no slot.
 CREATE UNIQUE INDEX occurrences_slot_holder ON occurrences (schedule_id, scheduled_for)
     WHERE slot_released_at IS NULL AND origin <> 'manual';
+
+-- The tenant gate (engine/loops/tenant_gate.py) and the materializer count a tenant's open occurrences
+-- (SCHEDULED, ENQUEUED, RUNNING, RETRY_WAIT) against its max_running, and its deliveries held for it.
+CREATE INDEX occurrences_tenant_open ON occurrences (tenant_id)
+    WHERE state IN ('SCHEDULED', 'ENQUEUED', 'RUNNING', 'RETRY_WAIT');
+CREATE INDEX outbox_tenant_held ON outbox (tenant_id, available_at)
+    WHERE claim_expires_at = 'infinity' AND sent_at IS NULL AND discarded_at IS NULL;
