@@ -48,9 +48,11 @@ class ConsumerConfig:
     shutdown_grace: seconds the first SIGTERM lets in-flight handlers finish before
         they are aborted (default 30).
     transaction_idle_timeout: seconds an attempt's transaction may sit idle before
-        PostgreSQL ends it (default lease_ttl): a worker paused past its lease
-        cannot keep the dedupe row locked, so the retry elsewhere proceeds and the
-        late commit fails. Handlers must not leave their transaction idle longer.
+        PostgreSQL ends it (default handler_timeout + lease_ttl): a worker paused or
+        stuck inside its transaction cannot keep the dedupe row locked for ever, so
+        the retry elsewhere proceeds and the late commit fails. It must exceed
+        handler_timeout: a handler may spend all of its time outside the database
+        (an HTTP call, a computation) and must still be able to commit.
     dedupe_lock_timeout: seconds a delivery waits for another attempt's
         uncommitted dedupe row before it backs off and tries again later
         (default lease_ttl).
@@ -119,7 +121,10 @@ class ConsumerConfig:
 
     @property
     def idle_timeout(self) -> float:
-        return self.transaction_idle_timeout if self.transaction_idle_timeout is not None else self.lease_ttl
+        if self.transaction_idle_timeout is not None:
+            return self.transaction_idle_timeout
+        # Room for a handler that idles in its transaction for its whole timeout, then commits.
+        return self.handler_timeout + self.lease_ttl
 
     @property
     def lock_timeout(self) -> float:
@@ -154,6 +159,13 @@ class ConsumerConfig:
         self.kafka_security.validate()
         if self.tenants is not None and not self.tenants:
             raise ValueError("tenants must name at least one tenant (or be None for the target bindings)")
+        if self.idle_timeout <= self.handler_timeout:
+            raise ValueError(
+                f"transaction_idle_timeout ({self.idle_timeout:g} s) must exceed handler_timeout"
+                f" ({self.handler_timeout:g} s): PostgreSQL would end the transaction of a handler that"
+                " works outside the database within its timeout, and it could never commit; raise"
+                " transaction_idle_timeout (or leave it unset) or lower handler_timeout"
+            )
         if self.shutdown_grace < 0:
             raise ValueError("shutdown_grace must not be negative")
         self.credentials()

@@ -233,6 +233,8 @@ class Occurrence(_Record):
     dead_reason: str | None
     origin: str  # schedule (its own slots) | backfill | manual (trigger now)
     requested_by: str | None  # backfill / manual: the principal that asked
+    canceled_by_version: int | None  # the schedule version whose change canceled it
+    slot_released_at: datetime | None  # canceled before it was ever published: a newer version may run its instant
 
 
 @dataclass(frozen=True, slots=True)

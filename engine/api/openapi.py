@@ -300,7 +300,17 @@ _SCHEDULE: dict[str, Any] = {
         "updated_at": _INSTANT,
         "canceled_occurrences": {
             "type": "integer",
-            "description": "on changes: unclaimed occurrences of older versions canceled",
+            "description": "on changes: unfinished occurrences of older versions now CANCELED",
+        },
+        "released_slots": {
+            "type": "integer",
+            "description": "on changes: of the canceled ones, never published; the new version may run their"
+            " instants (from the cursor, under the misfire policy)",
+        },
+        "still_running": {
+            "type": "integer",
+            "description": "on changes: RUNNING occurrences of older versions, not canceled; they finish and a"
+            " failure is not retried",
         },
         "runs": {"type": "integer", "description": "runs so far (counted against max_runs)"},
         **_DEFINITION,
@@ -334,6 +344,15 @@ _OCCURRENCE: dict[str, Any] = {
         },
         "attempt_count": {"type": "integer"},
         "enqueued_at": _NULLABLE_INSTANT,
+        "canceled_by_version": {
+            "type": "integer",
+            "nullable": True,
+            "description": "the schedule version whose change (update, pause, cancel) canceled it",
+        },
+        "slot_released": {
+            "type": "boolean",
+            "description": "canceled before it was ever published: a newer version may run its instant",
+        },
         "attempts": {"type": "array", "items": {"type": "object"}},
     },
     "required": ["occurrence_id", "schedule_id", "state", "scheduled_for"],

@@ -278,6 +278,7 @@ CHRONOQ_KAFKA_BOOTSTRAP, or a running `chronoq up`) until SIGINT or SIGTERM:
   attempts       apply consumers' attempt events from chronoq.attempts
   reaper         time out expired attempt leases: retry or dead-letter
   overlap-gate   dispatch, hold or skip occurrences of skip_if_running/queue_one schedules
+  tenant-gate    release first deliveries held for a tenant's max_running, in due order
   commands       apply signed scheduling commands from chronoq.commands
   gauges         record the backlog gauges (due, outbox, queue age, overlap held, DLQ) every 5 s
   stuck-occurrences  republish (then flag) occurrences ENQUEUED without attempt

@@ -5,8 +5,9 @@ or attempts are retried: ``max_active_schedules``, ``max_fires_per_minute``,
 ``max_payload_bytes`` and ``retry_budget_per_hour``; ``catch_up_per_minute``
 paces backfills (:mod:`engine.rules.catch_up_pacing`) and the
 materializer's misfire catch-up (a token bucket per tenant,
-:mod:`engine.rules.token_bucket`; the two are separate budgets today). ``max_running`` and ``weight`` are
-stored with the tenant and shown, but nothing enforces them yet.
+:mod:`engine.rules.token_bucket`; the two are separate budgets today). ``max_running`` is enforced
+at dispatch (:mod:`engine.loops.tenant_gate`: further first deliveries are held, then released in due
+order as the tenant's occurrences finish).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ class TenantQuotas:
         a tenant cannot create a million every-second schedules.
     max_payload_bytes: encoded JSON payload of one schedule (default 64 KiB).
     retry_budget_per_hour: retries the tenant may spend per UTC hour (the attempt ledger spends them).
-    max_running: occurrences of the tenant running at once — stored, NOT enforced yet.
+    max_running: occurrences of the tenant admitted at once (open: dispatched or due to be, and not
+        finished); further first deliveries wait, held, until some finish (the tenant gate).
     catch_up_per_minute: past slots a backfill, and separately the misfire catch-up, may release per minute.
     weight: the tenant's share in weighted fair dispatch — stored, NOT enforced yet.
     """

@@ -49,6 +49,7 @@ from engine.rules import timing
 from engine.rules.occurrence_states import Event, State, transition
 from engine.rules.schedule_lifecycle import SCHEDULE_STATES, lifecycle_transition
 from engine.rules.shards import shard_of
+from engine.rules.slots import Invalidation, cursor_from, may_release, updated_cursor
 from schemas.clock import Clock, DatabaseClock
 from schemas.errors import Conflict, InvalidInput, NotFound
 from schemas.messages import ScheduleStateMessage
@@ -253,8 +254,11 @@ class ControlPlane:
     ) -> dict[str, Any]:
         """Apply a partial definition change as a new version.
 
-        Unclaimed occurrences of older versions become CANCELED; future fires
-        follow the new definition only, from now on.
+        Unfinished occurrences of older versions become CANCELED (RUNNING ones
+        finish). The new definition continues from the durable cursor (or from
+        the earliest slot the change released, if earlier): instants that fell
+        due meanwhile follow the misfire policy, and a slot that may already
+        have been published keeps its old occurrence instead of running again.
         """
         check_changes(changes)
         async with self._transaction(conn) as conn:
@@ -269,9 +273,12 @@ class ControlPlane:
             calendar = await _calendar_columns(conn, tenant_id, request)
             now = await self.now(conn)
             request = anchored(request, now)
-            next_run_at = first_fire(request, now)
+            first = first_fire(request, now)  # also rejects a one-time instant already past
             rate = timing.fires_per_minute(request.spec, now)
             await check_quotas(conn, tenant_id, tenant.quotas, rate, exclude=row.schedule_id)
+            invalidation = await self._invalidate_older_versions(conn, row.schedule_id, row.version + 1)
+            start = cursor_from(row.next_run_at, invalidation.earliest_released)
+            next_run_at = updated_cursor(request.spec, start, now, first)
             updated = Schedule.from_row(
                 await conn.fetchrow(
                     *QUERIES.replace_schedule(
@@ -286,8 +293,7 @@ class ControlPlane:
                     )
                 )
             )
-            canceled = await self._invalidate_older_versions(conn, updated.schedule_id, updated.version)
-            updated = await self._give_back_runs(conn, updated, canceled)
+            updated = await self._give_back_runs(conn, updated, invalidation)
             if request.max_runs is not None and request.max_runs <= updated.runs:
                 # Raised inside the transaction: the new version and the cancellations roll back.
                 raise InvalidInput(
@@ -297,12 +303,13 @@ class ControlPlane:
                     str(updated.runs + 1),
                 )
             await self._record(conn, updated, "update")
-        return {**schedule_to_json(updated), "canceled_occurrences": canceled["canceled"]}
+        return _change_report(updated, invalidation)
 
     async def pause_schedule(
         self, tenant_id: str, schedule_id: uuid.UUID | str, *, conn: asyncpg.Connection | None = None
     ) -> dict[str, Any]:
-        """Stop firing; occurrences not yet started are canceled and counted as missed on resume."""
+        """Stop firing; occurrences not yet started are canceled. Slots never published are judged again
+        on resume (the cursor rewinds to the earliest of them); possibly published ones are not run again."""
         return await self._change_state(tenant_id, schedule_id, "pause", conn)
 
     async def resume_schedule(
@@ -324,14 +331,12 @@ class ControlPlane:
             row = await self._lock(conn, tenant_id, schedule_id)
             state = lifecycle_transition(row.state, action)
             if state == row.state:
-                return {**schedule_to_json(row), "canceled_occurrences": 0}
-            canceled = await self._invalidate_older_versions(conn, row.schedule_id, row.version + 1)
-            cursor = None if state == "canceled" else row.next_run_at
-            if action == "pause" and canceled["earliest_unpublished"] is not None and cursor is not None:
-                # Materialized ahead but never published: rewind the cursor so that
-                # resume judges those slots with the misfire policy. Published ones
-                # may already have run; they are canceled, never re-materialized.
-                cursor = min(cursor, canceled["earliest_unpublished"])
+                return _change_report(row, Invalidation())
+            invalidation = await self._invalidate_older_versions(conn, row.schedule_id, row.version + 1)
+            # Released slots (materialized ahead, never published) are judged again from the cursor with
+            # the misfire policy; possibly published ones keep their canceled occurrence and the unique
+            # slot index keeps the materializer from running them twice.
+            cursor = None if state == "canceled" else cursor_from(row.next_run_at, invalidation.earliest_released)
             updated = Schedule.from_row(
                 await conn.fetchrow(
                     *QUERIES.change_schedule_state(
@@ -343,9 +348,9 @@ class ControlPlane:
                     )
                 )
             )
-            updated = await self._give_back_runs(conn, updated, canceled)
+            updated = await self._give_back_runs(conn, updated, invalidation)
             await self._record(conn, updated, action)
-        return {**schedule_to_json(updated), "canceled_occurrences": canceled["canceled"]}
+        return _change_report(updated, invalidation)
 
     async def _lock(self, conn: asyncpg.Connection, tenant_id: str, schedule_id: uuid.UUID | str) -> Schedule:
         schedule = _schedule(
@@ -359,20 +364,46 @@ class ControlPlane:
 
     async def _invalidate_older_versions(
         self, conn: asyncpg.Connection, schedule_id: uuid.UUID, new_version: int
-    ) -> asyncpg.Record:
-        """Cancel unclaimed occurrences of versions before ``new_version``; count them."""
-        return await conn.fetchrow(
-            *QUERIES.cancel_unclaimed_occurrences(
-                schedule_id=schedule_id, new_version=new_version, now=self.clock.now()
+    ) -> Invalidation:
+        """Cancel the unfinished occurrences of versions before ``new_version`` (RUNNING ones excepted);
+        release the slots of those proven never published (:func:`engine.rules.slots.may_release`)."""
+        targets = await conn.fetch(
+            *QUERIES.lock_unfinished_older_occurrences(schedule_id=schedule_id, new_version=new_version)
+        )
+        if not targets:
+            return Invalidation()
+        scheduled = [t["occurrence_id"] for t in targets if t["state"] == State.SCHEDULED.value]
+        published: set[uuid.UUID] = set()
+        if scheduled:
+            published = {
+                r["occurrence_id"]
+                for r in await conn.fetch(*QUERIES.lock_deliveries(schedule_id=schedule_id, occurrence_ids=scheduled))
+                if r["possibly_published"]
+            }
+        cancel = [t for t in targets if t["state"] != State.RUNNING.value]
+        released = [t for t in cancel if may_release(t["state"], t["occurrence_id"] in published)]
+        canceled = await conn.fetchval(
+            *QUERIES.cancel_older_occurrences(
+                occurrence_ids=[t["occurrence_id"] for t in cancel],
+                released_ids=[t["occurrence_id"] for t in released],
+                new_version=new_version,
+                now=self.clock.now(),
             )
         )
+        return Invalidation(
+            canceled=canceled,
+            released=len(released),
+            still_running=len(targets) - len(cancel),
+            earliest_released=min((t["scheduled_for"] for t in released), default=None),
+            never_started=sum(t["state"] in (State.SCHEDULED.value, State.ENQUEUED.value) for t in cancel),
+        )
 
-    async def _give_back_runs(self, conn: asyncpg.Connection, row: Schedule, canceled: asyncpg.Record) -> Schedule:
+    async def _give_back_runs(self, conn: asyncpg.Connection, row: Schedule, invalidation: Invalidation) -> Schedule:
         """Canceled occurrences that never started were not runs: max_runs does not count them."""
-        if not canceled["never_started"]:
+        if not invalidation.never_started:
             return row
         return Schedule.from_row(
-            await conn.fetchrow(*QUERIES.give_back_runs(schedule_id=row.schedule_id, count=canceled["never_started"]))
+            await conn.fetchrow(*QUERIES.give_back_runs(schedule_id=row.schedule_id, count=invalidation.never_started))
         )
 
     async def preview_schedule(
@@ -449,6 +480,21 @@ def definition_columns(request: ScheduleRequest) -> dict[str, Any]:
         "retry_base_s": request.retry_base.total_seconds(),
         "retry_cap_s": request.retry_cap.total_seconds(),
         "deadline_s": int(request.deadline.total_seconds()) if request.deadline else None,
+    }
+
+
+def _change_report(schedule: Schedule, invalidation: Invalidation) -> dict[str, Any]:
+    """A changed schedule plus what the change did to older versions' unfinished occurrences.
+
+    canceled_occurrences: CANCELED now (each records the version that canceled it); released_slots: of
+    those, never published, so the new version may run their instants (from the cursor, under the misfire
+    policy); still_running: RUNNING, not canceled — they finish, and a failure is not retried.
+    """
+    return {
+        **schedule_to_json(schedule),
+        "canceled_occurrences": invalidation.canceled,
+        "released_slots": invalidation.released,
+        "still_running": invalidation.still_running,
     }
 
 

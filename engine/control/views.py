@@ -96,6 +96,8 @@ def occurrence_to_json(occurrence: Occurrence) -> dict[str, Any]:
         "state": occurrence.state,
         "attempt_count": occurrence.attempt_count,
         "enqueued_at": instant(occurrence.enqueued_at),
+        "canceled_by_version": occurrence.canceled_by_version,
+        "slot_released": occurrence.slot_released_at is not None,
         "created_at": instant(occurrence.created_at),
         "updated_at": instant(occurrence.updated_at),
         "origin": occurrence.origin,

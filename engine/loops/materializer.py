@@ -37,6 +37,7 @@ import functools
 import hashlib
 import logging
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -50,6 +51,7 @@ from opentelemetry import metrics, trace
 from engine.loops.overlap_gate import OVERLAP_GATE_TOKEN
 from engine.loops.periodic import LoopTiming, PassOutcome, PeriodicLoop
 from engine.loops.reporting import SUMMARY_EVERY
+from engine.loops.tenant_gate import TENANT_GATE_TOKEN, StagedColumns, hold_beyond_max_running
 from engine.records import DueSchedule
 from engine.rules import timing
 from engine.rules.exclusion_calendars import ExclusionCalendar, entries_from_stored
@@ -86,7 +88,13 @@ _STAGING_COLUMNS = (
     "wrr_round",
     "late_after",
     "misfire_policy",
+    "tenant_held",
 )
+_TENANT_HOLD_COLUMNS = StagedColumns(
+    **{name: _STAGING_COLUMNS.index(name) for name in (
+        "tenant_id", "available_at", "state", "held", "ahead", "late_after", "misfire_policy", "tenant_held"
+    )}
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -151,6 +159,7 @@ class MaterializeReport:
     catch_up: int = 0  # catch-up occurrences staged (late instants the policy enqueues)
     throttled: int = 0  # of those, released after now by the tenant's token bucket
     catch_up_refused: int = 0  # catch-ups recorded MISSED: the tenant's catch_up_per_minute is 0
+    tenant_held: Counter[str] = field(default_factory=Counter)  # first deliveries held for max_running, by tenant
     notes: list[str] = field(default_factory=list)
 
 
@@ -293,6 +302,7 @@ class Materializer:
         self.tracer = tracer or obs.get_tracer("engine")
         self._materialized = meter.create_counter(obs.OCCURRENCES_MATERIALIZED, unit="1")
         self._conflicts = meter.create_counter(obs.UNIQUENESS_CONFLICTS, unit="1")
+        self._tenant_throttled = meter.create_counter(obs.TENANT_THROTTLED, unit="1")
         self._missed = meter.create_counter(obs.MISSED_OCCURRENCES, unit="1")
         self._lag = meter.create_histogram(obs.MATERIALIZATION_LAG, unit="s")
         self._backlog = meter.create_gauge(obs.DUE_BACKLOG, unit="1")
@@ -327,6 +337,8 @@ class Materializer:
                 decided = self._decide(rows, now, calendars)
                 pacing = await self._pace_catch_up(conn, decided, now, report)
                 staged, cursors, ranges = self._plan_batch(decided, now, seals, report, pacing)
+                # A tenant at its max_running gets its further first deliveries held in the outbox.
+                staged, tenant_held = await hold_beyond_max_running(conn, staged, _TENANT_HOLD_COLUMNS)
                 await conn.execute(*QUERIES.create_staging())
                 if staged:
                     await conn.copy_records_to_table("materialize_staging", records=staged, columns=_STAGING_COLUMNS)
@@ -343,6 +355,7 @@ class Materializer:
                         range_lasts=ranges[3],
                         range_counts=ranges[4],
                         gate_token=OVERLAP_GATE_TOKEN,
+                        tenant_token=TENANT_GATE_TOKEN,
                         now=self.clock.now(),
                     )
                 )
@@ -350,6 +363,7 @@ class Materializer:
             report.skipped = len(rows) - written["schedules"]
             report.ahead, report.late = written["ahead"], written["late"]
             report.ranges = written["ranges"]
+            report.tenant_held = tenant_held
             report.occurrences = report.ahead + report.late
             if not report.skipped:  # every staged row belonged to an advanced schedule
                 report.conflicts = len(staged) - written["occurrences"]
@@ -361,6 +375,12 @@ class Materializer:
     def _count(self, report: MaterializeReport) -> None:
         """Metrics and logs of one pass."""
         self._materialized.add(report.occurrences)
+        for tenant_id, count in report.tenant_held.items():
+            self._tenant_throttled.add(count, {"tenant_id": tenant_id})
+            log.info(
+                "first deliveries held: the tenant is at max_running",
+                extra={"action": "tenant.throttled", "tenant_id": tenant_id, "count": count},
+            )
         if report.conflicts:
             self._conflicts.add(report.conflicts)
             log.warning(
@@ -682,13 +702,13 @@ class Materializer:
             out.append(
                 (occ_id, schedule_id, version, tenant, target, scheduled_for, available_at, "SCHEDULED", topic,
                  message_key, message, held, ahead, shard, lane, bucket, wrr_round, late_after,
-                 policy_text if late_after is not None else None)
+                 policy_text if late_after is not None else None, False)
             )  # fmt: skip
         for scheduled_for in [*decision.missed, *refused]:
             out.append(
                 (ids.of(micros_text(scheduled_for)), schedule_id, version, tenant, target, scheduled_for,
                  scheduled_for, "MISSED", topic, message_key, b"", held, False, shard, lane,
-                 bucket_of(scheduled_for), 0, None, None)
+                 bucket_of(scheduled_for), 0, None, None, False)
             )  # fmt: skip
         return out, len(refused)
 

@@ -17,6 +17,13 @@ its next pass), keep holding, or skip. Every decision about one schedule is
 made under its row lock, so two occurrences can never both see "nothing
 running", with any number of gates.
 
+**Fair and bounded.** A pass looks only at schedules whose decision can move
+something (dispatch or skip), the longest waiting first: a ``queue_one``
+schedule whose one waiting row sits behind an occurrence in flight is left
+out until that occurrence finishes, so any number of them can neither hide
+other schedules' rows nor keep the gate spinning — with nothing movable a
+pass finds no candidate and the loop sleeps ``interval``.
+
 Replays from the dead-letter list and retries are not gated: a retry belongs
 to the occurrence already in flight, and a replay is an operator's decision.
 A schedule whose dispatched occurrence is never reported (no consumer runs,
@@ -141,9 +148,12 @@ class OverlapGate:
 
     async def run_pass(self) -> PassOutcome:
         report = await self.run_once()
+        moved = len(report.dispatched) + len(report.skipped)
         return PassOutcome(
             {"dispatched": len(report.dispatched), "skipped": len(report.skipped), "held": report.held},
-            more=report.schedules >= self.config.batch_size,
+            # At once again only after a full batch that moved something: a pass that could only keep
+            # holding (a race with the candidates' query) waits like an idle one.
+            more=report.schedules >= self.config.batch_size and moved > 0,
         )
 
     async def run(self, stop: asyncio.Event, summary_every: float = SUMMARY_EVERY) -> None:

@@ -42,6 +42,7 @@ from engine.loops.reaper import Reaper, ReaperConfig
 from engine.loops.reporting import SUMMARY_EVERY
 from engine.loops.shard_leases import ShardLeaseConfig, ShardLeases, default_node_id
 from engine.loops.stuck_occurrences import StuckOccurrences, StuckOccurrencesConfig
+from engine.loops.tenant_gate import TenantGate
 from relay.ahead_lane import AheadLaneStore
 from relay.ahead_relay import AheadRelay, AheadRelayConfig, AheadRelayHooks
 from relay.dispatcher import Relay, RelayConfig
@@ -108,6 +109,7 @@ class Role(Enum):
     ATTEMPTS = "attempts"  # apply attempt events from consumers (chronoq.attempts)
     REAPER = "reaper"  # time out expired attempt leases: retry or dead-letter
     OVERLAP_GATE = "overlap-gate"  # dispatch, hold or skip deliveries of skip_if_running/queue_one schedules
+    TENANT_GATE = "tenant-gate"  # release deliveries held for a tenant's max_running as its occurrences finish
     COMMANDS = "commands"  # apply signed scheduling commands (chronoq.commands)
     STUCK = "stuck-occurrences"  # republish or flag ENQUEUED occurrences whose attempt events never came
     RELAY = "relay"  # due outbox rows -> Kafka
@@ -128,6 +130,7 @@ ENGINE_ROLES = frozenset(
         Role.ATTEMPTS,
         Role.REAPER,
         Role.OVERLAP_GATE,
+        Role.TENANT_GATE,
         Role.COMMANDS,
         Role.GAUGES,
         Role.STUCK,
@@ -137,7 +140,16 @@ ENGINE_ROLES = frozenset(
 API_ROLES = frozenset({Role.API, Role.GAUGES})
 #: The occurrence pipeline without commands and API: the default of :class:`ServiceConfig`.
 PIPELINE_ROLES = frozenset(
-    {Role.MATERIALIZER, Role.DISPATCH, Role.ATTEMPTS, Role.REAPER, Role.OVERLAP_GATE, Role.RELAY, Role.STUCK}
+    {
+        Role.MATERIALIZER,
+        Role.DISPATCH,
+        Role.ATTEMPTS,
+        Role.REAPER,
+        Role.OVERLAP_GATE,
+        Role.TENANT_GATE,
+        Role.RELAY,
+        Role.STUCK,
+    }
 )
 #: What ``chronoq up`` runs.
 ALL_ROLES = frozenset(Role)
@@ -166,6 +178,7 @@ class ServiceConfig:
     attempts: AttemptProcessorConfig = field(default_factory=AttemptProcessorConfig)
     reaper: ReaperConfig = field(default_factory=ReaperConfig)
     overlap_gate: OverlapGateConfig = field(default_factory=OverlapGateConfig)
+    tenant_gate_interval: float = 1.0  # seconds between the tenant gate's passes
     commands: CommandConfig = field(default_factory=CommandConfig)
     relay: RelayConfig = field(default_factory=RelayConfig)
     data_plane: DataPlaneConfig = field(default_factory=DataPlaneConfig)
@@ -271,6 +284,9 @@ def pool_loops(
     if Role.OVERLAP_GATE in roles:
         gate = OverlapGate(pool, config.overlap_gate, clock)
         runs[Role.OVERLAP_GATE] = lambda: gate.run(stop, every)
+    if Role.TENANT_GATE in roles:
+        tenant_gate = TenantGate(pool, config.tenant_gate_interval)
+        runs[Role.TENANT_GATE] = lambda: tenant_gate.run(stop, every)
     if Role.COMMANDS in roles:
         assert kafka_bootstrap is not None
         commands = CommandProcessor(

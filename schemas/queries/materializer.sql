@@ -8,7 +8,7 @@ CREATE TEMP TABLE IF NOT EXISTS materialize_staging (
     occurrence_id uuid, schedule_id uuid, schedule_version integer, tenant_id text, target text,
     scheduled_for timestamptz, available_at timestamptz, state text, topic text, message_key bytea,
     message bytea, held boolean, ahead boolean, shard integer, lane text, bucket timestamptz, wrr_round integer,
-    late_after timestamptz, misfire_policy text
+    late_after timestamptz, misfire_policy text, tenant_held boolean
 ) ON COMMIT DELETE ROWS;
 
 -- name: due_schedules_of_shards
@@ -51,7 +51,7 @@ LIMIT :limit;
 -- (a concurrent update or pause wins and nothing is written for that schedule). Then, for the schedules
 -- advanced, inserts the staged occurrences (an existing one is left alone and gets no second delivery)
 -- and each SCHEDULED one's delivery: ahead-lane row when staged ahead, else an outbox row (held by the
--- overlap gate with :gate_token when flagged) with late_after and misfire_policy (lateness is judged again
+-- overlap gate with :gate_token, or for the tenant's max_running with :tenant_token, when flagged) with late_after and misfire_policy (lateness is judged again
 -- at dispatch), and the missed_ranges rows (:range_*) of the advanced schedules. Returns the counts.
 WITH advanced AS (
     UPDATE schedules s
@@ -98,7 +98,8 @@ WITH advanced AS (
     INSERT INTO outbox (occurrence_id, tenant_id, topic, message_key, message, scheduled_for, available_at,
                         claim_token, claim_expires_at, created_at, late_after, misfire_policy)
     SELECT m.occurrence_id, m.tenant_id, m.topic, m.message_key, m.message, m.scheduled_for, m.available_at,
-           CASE WHEN m.held THEN :gate_token::uuid END, CASE WHEN m.held THEN 'infinity'::timestamptz END,
+           CASE WHEN m.held THEN :gate_token::uuid WHEN m.tenant_held THEN :tenant_token::uuid END,
+           CASE WHEN m.held OR m.tenant_held THEN 'infinity'::timestamptz END,
            coalesce(:now::timestamptz, now()), m.late_after, m.misfire_policy
     FROM materialize_staging m
     JOIN inserted i ON i.occurrence_id = m.occurrence_id

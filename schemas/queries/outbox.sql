@@ -81,20 +81,24 @@ SELECT coalesce((SELECT array_agg(id) FROM missed), '{}') AS missed_ids, (SELECT
 -- name: mark_outbox_sent
 -- Marks rows sent after the broker acknowledged them, only while claim token :token still holds them
 -- (a relay that lost its claim changes nothing), and records the first enqueue on each occurrence.
+-- A row discarded while its publish was in flight (a schedule change, a finished occurrence) is marked
+-- sent too — it is in the broker, and that is the fact a later change must see — but never moves its
+-- occurrence: only a live delivery makes an occurrence ENQUEUED.
 -- Returns how many rows this claim marked and the instant used.
 WITH sent AS (
     UPDATE outbox
     SET sent_at = coalesce(:now::timestamptz, now()), claim_token = NULL, claim_expires_at = NULL,
         last_error = NULL
     WHERE id = ANY (:ids::bigint[]) AND claim_token = :token AND sent_at IS NULL
-    RETURNING occurrence_id
+    RETURNING occurrence_id, discarded_at
 ), enqueued AS (
     UPDATE occurrences o
     SET state = 'ENQUEUED',
         enqueued_at = coalesce(o.enqueued_at, coalesce(:now::timestamptz, now())),
         updated_at = coalesce(:now::timestamptz, now())
     FROM sent
-    WHERE o.occurrence_id = sent.occurrence_id AND o.state IN ('SCHEDULED', 'RETRY_WAIT')
+    WHERE o.occurrence_id = sent.occurrence_id AND sent.discarded_at IS NULL
+      AND o.state IN ('SCHEDULED', 'RETRY_WAIT')
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM sent) AS marked, coalesce(:now::timestamptz, now()) AS marked_at;

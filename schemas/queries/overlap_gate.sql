@@ -2,14 +2,31 @@
 -- Held rows are outbox rows claimed with the gate's token :gate_token until 'infinity'.
 
 -- name: gated_due_schedules
--- Schedules with a held, due outbox row, the longest waiting first.
-SELECT oc.schedule_id, min(o.available_at) AS due
-FROM outbox o
-JOIN occurrences oc ON oc.occurrence_id = o.occurrence_id
-WHERE o.claim_expires_at = 'infinity' AND o.claim_token = :gate_token AND o.sent_at IS NULL
-  AND o.discarded_at IS NULL AND o.available_at <= coalesce(:now::timestamptz, now())
-GROUP BY oc.schedule_id
-ORDER BY due
+-- Schedules with a held, due outbox row whose decision can move something, the longest waiting first. A
+-- queue_one schedule with an occurrence in flight and one row waiting is left out: deciding it again changes
+-- nothing until that occurrence finishes, and however many such schedules wait they never hide the rows of
+-- the others (nor keep the gate busy when nothing can move). Work per pass: the held due rows, and one
+-- index probe per schedule holding them.
+WITH held AS (
+    SELECT oc.schedule_id, min(o.available_at) AS due, count(*) AS waiting
+    FROM outbox o
+    JOIN occurrences oc ON oc.occurrence_id = o.occurrence_id
+    WHERE o.claim_expires_at = 'infinity' AND o.claim_token = :gate_token AND o.sent_at IS NULL
+      AND o.discarded_at IS NULL AND o.available_at <= coalesce(:now::timestamptz, now())
+    GROUP BY oc.schedule_id
+)
+SELECT h.schedule_id, h.due
+FROM held h
+JOIN schedules s ON s.schedule_id = h.schedule_id
+WHERE NOT (
+    s.overlap_policy = 'queue_one' AND h.waiting = 1
+    AND EXISTS (
+        SELECT 1 FROM occurrences f
+        WHERE f.schedule_id = h.schedule_id
+          AND (f.state IN ('ENQUEUED', 'RUNNING', 'RETRY_WAIT') OR (f.state = 'SCHEDULED' AND f.dispatched_at IS NOT NULL))
+    )
+)
+ORDER BY h.due
 LIMIT :limit;
 
 -- name: lock_schedules_in_order

@@ -51,43 +51,82 @@ SET version = version + 1, state = :state, next_run_at = :next_run_at, updated_a
 WHERE schedule_id = :schedule_id AND tenant_id = :tenant_id
 RETURNING *;
 
--- name: cancel_unclaimed_occurrences
--- Invalidates occurrences of versions older than :new_version that no worker has started (SCHEDULED,
--- ENQUEUED, RETRY_WAIT): they become CANCELED, their unsent outbox rows are discarded, and so are their
--- ahead-lane rows the relay's cursor has not passed. An ENQUEUED one already in Kafka is skipped by
--- consumers, which check the schedule's version before the effect.
--- Returns how many were canceled; the earliest instant among those never published: SCHEDULED and not
--- passed by the ahead-lane cursor (a SCHEDULED occurrence the cursor passed is in Kafka; the settle pass
--- has not recorded it yet) — only those may be re-materialized later without risking a second run of the
--- slot; and how many had not started (SCHEDULED or ENQUEUED: no attempt ran), which the run count gives back.
-WITH targets AS (
-    SELECT occurrence_id, scheduled_for, available_at, state
-    FROM occurrences
-    WHERE schedule_id = :schedule_id AND schedule_version < :new_version
-      AND state IN ('SCHEDULED', 'ENQUEUED', 'RETRY_WAIT')
-    FOR UPDATE
-), canceled AS (
-    UPDATE occurrences o
-    SET state = 'CANCELED', updated_at = coalesce(:now::timestamptz, now())
-    FROM targets t
-    WHERE o.occurrence_id = t.occurrence_id
-    RETURNING t.occurrence_id, t.scheduled_for, t.available_at, t.state AS was
+-- name: lock_unfinished_older_occurrences
+-- Locks the unfinished occurrences of versions older than :new_version (SCHEDULED, ENQUEUED, RUNNING,
+-- RETRY_WAIT), in id order, for a change of the schedule (whose row the caller has locked).
+SELECT occurrence_id, scheduled_for, available_at, state
+FROM occurrences
+WHERE schedule_id = :schedule_id AND schedule_version < :new_version
+  AND state IN ('SCHEDULED', 'ENQUEUED', 'RUNNING', 'RETRY_WAIT')
+ORDER BY occurrence_id
+FOR UPDATE;
+
+-- name: lock_deliveries
+-- Locks the deliveries of :occurrence_ids (SCHEDULED occurrences of schedule :schedule_id) and says, per
+-- occurrence, whether one may have reached the broker:
+-- - an outbox row sent, or claimed by a relay at least once (a publish in progress, acknowledged but not yet
+--   marked, or failed with an unknown outcome). Under the row lock a relay's claim either committed before
+--   (and shows here) or skips the row (SKIP LOCKED) and finds it discarded afterwards;
+-- - an ahead-lane row in a bucket before its shard's seal: a relay may have read it (it reads only sealed
+--   buckets, and publishes what it read even if it is discarded meanwhile). The seal is read FOR SHARE, so
+--   no relay seals further until this change commits: a row at or after the seal is provably unread.
+-- An occurrence with no delivery row found is counted as possibly published (nothing proves otherwise).
+WITH seals AS (
+    SELECT d.lane, d.sealed_until
+    FROM schedules s
+    JOIN dispatch_seals d ON d.shard = s.shard
+    WHERE s.schedule_id = :schedule_id
+    ORDER BY d.lane
+    FOR SHARE OF d
+), targets AS (
+    SELECT o.occurrence_id, o.available_at, s.shard
+    FROM occurrences o
+    JOIN schedules s ON s.schedule_id = o.schedule_id
+    WHERE o.occurrence_id = ANY (:occurrence_ids::uuid[])
+), late AS (
+    SELECT o.occurrence_id, (o.sent_at IS NOT NULL OR o.publish_attempts > 0) AS published
+    FROM outbox o
+    WHERE o.occurrence_id = ANY (:occurrence_ids::uuid[])
+    ORDER BY o.id
+    FOR UPDATE OF o
 ), ahead AS (
-    SELECT q.shard, q.lane, q.bucket, q.wrr_round, q.occurrence_id,
-           (q.bucket, q.wrr_round, q.occurrence_id) <= (c.published_bucket, c.published_round, c.published_id)
-               AS published
-    FROM canceled k
-    JOIN schedules s ON s.schedule_id = :schedule_id
-    JOIN dispatch_queue q ON q.shard = s.shard AND q.lane IN ('strict', 'flexible')
-                         AND q.bucket = date_trunc('second', k.available_at, 'UTC') AND q.occurrence_id = k.occurrence_id
-    JOIN dispatch_cursors c ON c.shard = q.shard AND c.lane = q.lane
-    WHERE k.was = 'SCHEDULED'
+    SELECT q.occurrence_id, q.bucket < coalesce(seals.sealed_until, 'infinity'::timestamptz) AS published
+    FROM targets t
+    JOIN dispatch_queue q ON q.shard = t.shard AND q.lane IN ('strict', 'flexible')
+                         AND q.bucket = date_trunc('second', t.available_at, 'UTC')
+                         AND q.occurrence_id = t.occurrence_id
+    LEFT JOIN seals ON seals.lane = q.lane
+    FOR UPDATE OF q
+)
+SELECT t.occurrence_id,
+       coalesce(bool_or(d.published), true) AS possibly_published
+FROM targets t
+LEFT JOIN (SELECT * FROM late UNION ALL SELECT * FROM ahead) d ON d.occurrence_id = t.occurrence_id
+GROUP BY t.occurrence_id;
+
+-- name: cancel_older_occurrences
+-- Cancels :occurrence_ids (locked by lock_unfinished_older_occurrences, RUNNING ones left out) in the name
+-- of version :new_version; those in :released_ids were never published and give their slot up to newer
+-- versions. Their unsent outbox rows are discarded, and so are their ahead-lane rows the relay's cursor has
+-- not passed (a relay that read one before the discard publishes it: consumers skip the obsolete version).
+-- Returns how many were canceled.
+WITH canceled AS (
+    UPDATE occurrences
+    SET state = 'CANCELED', canceled_by_version = :new_version, finished_at = coalesce(:now::timestamptz, now()),
+        slot_released_at = CASE WHEN occurrence_id = ANY (:released_ids::uuid[])
+                                THEN coalesce(:now::timestamptz, now()) END,
+        lease_token = NULL, lease_expires_at = NULL, updated_at = coalesce(:now::timestamptz, now())
+    WHERE occurrence_id = ANY (:occurrence_ids::uuid[]) AND state IN ('SCHEDULED', 'ENQUEUED', 'RETRY_WAIT')
+    RETURNING occurrence_id, available_at, schedule_id
 ), discarded_ahead AS (
     UPDATE dispatch_queue q
     SET discarded_at = coalesce(:now::timestamptz, now())
-    FROM ahead a
-    WHERE NOT a.published AND q.shard = a.shard AND q.lane = a.lane AND q.bucket = a.bucket
-      AND q.wrr_round = a.wrr_round AND q.occurrence_id = a.occurrence_id AND q.discarded_at IS NULL
+    FROM canceled k
+    JOIN schedules s ON s.schedule_id = k.schedule_id
+    JOIN dispatch_cursors c ON c.shard = s.shard AND c.lane IN ('strict', 'flexible')
+    WHERE q.shard = s.shard AND q.lane = c.lane AND q.bucket = date_trunc('second', k.available_at, 'UTC')
+      AND q.occurrence_id = k.occurrence_id AND q.discarded_at IS NULL
+      AND (q.bucket, q.wrr_round, q.occurrence_id) > (c.published_bucket, c.published_round, c.published_id)
     RETURNING 1
 ), discarded AS (
     UPDATE outbox
@@ -95,12 +134,7 @@ WITH targets AS (
     WHERE occurrence_id IN (SELECT occurrence_id FROM canceled) AND sent_at IS NULL AND discarded_at IS NULL
     RETURNING 1
 )
-SELECT count(*) AS canceled,
-       min(scheduled_for) FILTER (
-           WHERE was = 'SCHEDULED' AND occurrence_id NOT IN (SELECT occurrence_id FROM ahead WHERE published)
-       ) AS earliest_unpublished,
-       count(*) FILTER (WHERE was IN ('SCHEDULED', 'ENQUEUED')) AS never_started
-FROM canceled;
+SELECT count(*) FROM canceled;
 
 -- name: give_back_runs
 -- Occurrences canceled before any attempt started were not runs: the schedule's run count gives them back.

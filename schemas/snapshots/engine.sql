@@ -48,6 +48,8 @@ CREATE TABLE archive.occurrences (
     dead_reason text,
     origin text DEFAULT 'schedule'::text NOT NULL,
     requested_by text,
+    canceled_by_version integer,
+    slot_released_at timestamp with time zone,
     CONSTRAINT occurrences_dead_reason_check CHECK ((dead_reason = ANY (ARRAY['permanent_error'::text, 'max_attempts'::text, 'deadline'::text, 'retry_budget'::text, 'unpublishable'::text]))),
     CONSTRAINT occurrences_origin_check CHECK ((origin = ANY (ARRAY['schedule'::text, 'backfill'::text, 'manual'::text]))),
     CONSTRAINT occurrences_state_check CHECK ((state = ANY (ARRAY['SCHEDULED'::text, 'ENQUEUED'::text, 'RUNNING'::text, 'SUCCEEDED'::text, 'RETRY_WAIT'::text, 'DEAD'::text, 'MISSED'::text, 'CANCELED'::text, 'SKIPPED_OVERLAP'::text])))
@@ -241,6 +243,8 @@ CREATE TABLE public.occurrences (
     dead_reason text,
     origin text DEFAULT 'schedule'::text NOT NULL,
     requested_by text,
+    canceled_by_version integer,
+    slot_released_at timestamp with time zone,
     CONSTRAINT occurrences_dead_reason_check CHECK ((dead_reason = ANY (ARRAY['permanent_error'::text, 'max_attempts'::text, 'deadline'::text, 'retry_budget'::text, 'unpublishable'::text]))),
     CONSTRAINT occurrences_origin_check CHECK ((origin = ANY (ARRAY['schedule'::text, 'backfill'::text, 'manual'::text]))),
     CONSTRAINT occurrences_state_check CHECK ((state = ANY (ARRAY['SCHEDULED'::text, 'ENQUEUED'::text, 'RUNNING'::text, 'SUCCEEDED'::text, 'RETRY_WAIT'::text, 'DEAD'::text, 'MISSED'::text, 'CANCELED'::text, 'SKIPPED_OVERLAP'::text])))
@@ -532,10 +536,13 @@ CREATE INDEX occurrences_open ON public.occurrences USING btree (schedule_id) WH
 CREATE INDEX occurrences_schedule ON public.occurrences USING btree (schedule_id, scheduled_for);
 CREATE INDEX occurrences_scheduled_brin ON public.occurrences USING brin (scheduled_for);
 CREATE UNIQUE INDEX occurrences_slot ON public.occurrences USING btree (schedule_id, schedule_version, scheduled_for) WHERE (origin <> 'manual'::text);
+CREATE UNIQUE INDEX occurrences_slot_holder ON public.occurrences USING btree (schedule_id, scheduled_for) WHERE ((slot_released_at IS NULL) AND (origin <> 'manual'::text));
+CREATE INDEX occurrences_tenant_open ON public.occurrences USING btree (tenant_id) WHERE (state = ANY (ARRAY['SCHEDULED'::text, 'ENQUEUED'::text, 'RUNNING'::text, 'RETRY_WAIT'::text]));
 CREATE INDEX occurrences_tenant_time ON public.occurrences USING btree (tenant_id, scheduled_for);
 CREATE INDEX outbox_occurrence ON public.outbox USING btree (occurrence_id);
 CREATE INDEX outbox_overlap_held ON public.outbox USING btree (available_at) WHERE ((claim_expires_at = 'infinity'::timestamp with time zone) AND (sent_at IS NULL) AND (discarded_at IS NULL));
 CREATE INDEX outbox_pending ON public.outbox USING btree (available_at) WHERE ((sent_at IS NULL) AND (discarded_at IS NULL));
+CREATE INDEX outbox_tenant_held ON public.outbox USING btree (tenant_id, available_at) WHERE ((claim_expires_at = 'infinity'::timestamp with time zone) AND (sent_at IS NULL) AND (discarded_at IS NULL));
 CREATE INDEX outbox_unsent_keyed ON public.outbox USING btree (topic, message_key, id) WHERE ((occurrence_id IS NULL) AND (sent_at IS NULL) AND (discarded_at IS NULL));
 CREATE INDEX reconcile_runs_recent ON public.reconcile_runs USING btree (finished_at);
 CREATE INDEX schedules_calendar ON public.schedules USING btree (calendar_id) WHERE ((calendar_id IS NOT NULL) AND (state = ANY (ARRAY['active'::text, 'paused'::text])));

@@ -54,6 +54,7 @@ async def main(args: argparse.Namespace) -> int:
         session_timeout=args.session_timeout,
         heartbeat_interval=args.session_timeout / 5,
         lease_ttl=args.lease_ttl,
+        handler_timeout=args.handler_timeout,
         transaction_idle_timeout=args.idle_timeout,
         dedupe_lock_timeout=args.lock_timeout,
         shutdown_grace=args.shutdown_grace,
@@ -106,6 +107,7 @@ if __name__ == "__main__":
     parser.add_argument("--batch", type=int, help="a batch handler taking up to this many occurrences per call")
     parser.add_argument("--session-timeout", type=float, default=2.0)
     parser.add_argument("--lease-ttl", type=float, default=30.0)
+    parser.add_argument("--handler-timeout", type=float, default=300.0)
     parser.add_argument("--idle-timeout", type=float)
     parser.add_argument("--lock-timeout", type=float)
     parser.add_argument("--shutdown-grace", type=float, default=30.0)

@@ -210,6 +210,8 @@ async def test_a_worker_paused_past_its_lease_is_fenced_when_it_wakes_and_the_ef
         "before_commit",
         "--lease-ttl",
         "3",
+        "--handler-timeout",
+        "1",  # the handler itself is instant; the pause is after it, before the commit
         "--idle-timeout",
         "2",
     )

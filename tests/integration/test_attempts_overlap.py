@@ -99,7 +99,7 @@ async def test_queue_one_keeps_one_waiting_behind_the_running_one(pool, clock, t
     )
     report = await gate.run_once()
     assert (report.dispatched, report.skipped, report.held) == ([], [extra.occurrence_id], 1)
-    assert (await gate.run_once()).held == 1  # still waiting: nothing changes
+    assert (await gate.run_once()).schedules == 0  # still waiting: nothing can change, so not even looked at
     await processor.apply_events([Ev.succeeded(running.occurrence_id, 1, token)])
     assert (await gate.run_once()).dispatched == [queued.occurrence_id]
     assert await states(pool, [running, queued, extra]) == ["SUCCEEDED", "SCHEDULED", "SKIPPED_OVERLAP"]

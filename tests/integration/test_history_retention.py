@@ -243,3 +243,14 @@ async def test_the_archive_has_the_hot_tables_columns_in_order(pool):
         hot = [(c["column_name"], c["data_type"]) for c in columns if c["table_schema"] == "public"]
         archive = [(c["column_name"], c["data_type"]) for c in columns if c["table_schema"] == "archive"]
         assert hot and hot == archive, table
+
+
+async def test_the_archive_tables_keep_exactly_the_hot_tables_columns_in_order(pool):
+    """Moves are INSERT ... SELECT * and readers UNION ALL hot and archive: a migration that adds a column to
+    occurrences or attempts must add it to the archive table too (the slot columns of 0014 did)."""
+    query = (
+        "SELECT array_agg(column_name::text || ' ' || data_type ORDER BY ordinal_position)"
+        " FROM information_schema.columns WHERE table_schema = $1 AND table_name = $2"
+    )
+    for table in ("occurrences", "attempts"):
+        assert await pool.fetchval(query, "archive", table) == await pool.fetchval(query, "public", table), table

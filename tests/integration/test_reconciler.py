@@ -119,11 +119,13 @@ async def test_planted_faults_are_reported_exactly(pool, clock, target):
     await pool.execute("DELETE FROM outbox WHERE occurrence_id = $1", lost_id)
     assert await pool.execute("DELETE FROM occurrences WHERE occurrence_id = $1", lost_id) == "DELETE 1"
     # 2. a second live occurrence for a slot that already has one (another version's, never in the history).
+    # The slot index (engine migration 0014) refuses a second holder, so the planted one claims to have
+    # released its slot: a fault only a bypassed control plane can make, which the reconciler still reports.
     dup_at = datetime(2026, 11, 29, 10, 14, tzinfo=UTC)
     dup_id = occurrence_id(uuid.UUID(rate["schedule_id"]), 2, dup_at)
     await pool.execute(
         "INSERT INTO occurrences (occurrence_id, schedule_id, schedule_version, tenant_id, target, scheduled_for,"
-        " available_at, state) VALUES ($1, $2, 2, 'acme', $3, $4, $4, 'ENQUEUED')",
+        " available_at, state, slot_released_at) VALUES ($1, $2, 2, 'acme', $3, $4, $4, 'ENQUEUED', $4)",
         dup_id,
         uuid.UUID(rate["schedule_id"]),
         target,
@@ -284,9 +286,11 @@ async def test_the_effects_check_finds_an_effect_removed_and_an_effect_doubled(p
         removed = rows[3]
         await app.execute("DELETE FROM chronoq_consumer_dedupe WHERE occurrence_id = $1", removed["occurrence_id"])
         doubled = rows[7]
+        # A second effect of one slot, as applied before consumer migration 0003 (which marks it superseded
+        # and keeps it out of the slot index): the reconciler still reports it.
         await app.execute(
             "INSERT INTO chronoq_consumer_dedupe (consumer_group, occurrence_id, schedule_id, schedule_version,"
-            " tenant_id, scheduled_for) VALUES ('billing', $1, $2, 2, $3, $4)",
+            " tenant_id, scheduled_for, superseded) VALUES ('billing', $1, $2, 2, $3, $4, true)",
             occurrence_id(doubled["schedule_id"], 2, doubled["scheduled_for"]),
             doubled["schedule_id"],
             doubled["tenant_id"],

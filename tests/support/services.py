@@ -26,6 +26,7 @@ def fast_services(**overrides: Any) -> ServiceConfig:
         reaper=ReaperConfig(interval=0.05),
         relay=RelayConfig(idle_interval=0.05),
         overlap_gate=OverlapGateConfig(interval=0.05),
+        tenant_gate_interval=0.05,
     )
     return ServiceConfig(**{**base, **overrides})
 

@@ -63,10 +63,10 @@ def config(**overrides) -> ConsumerConfig:
     return ConsumerConfig("g", "127.0.0.1:9092", "postgresql:///x", **overrides)
 
 
-def test_config_defaults_tie_the_transaction_limits_to_the_lease():
+def test_config_defaults_tie_the_transaction_limits_to_the_lease_and_the_handler_timeout():
     cfg = config(lease_ttl=12.0)
     cfg.validate()
-    assert (cfg.renew_interval, cfg.idle_timeout, cfg.lock_timeout) == (4.0, 12.0, 12.0)
+    assert (cfg.renew_interval, cfg.idle_timeout, cfg.lock_timeout) == (4.0, 312.0, 12.0)
 
 
 @pytest.mark.parametrize(

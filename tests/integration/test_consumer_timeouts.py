@@ -1,0 +1,57 @@
+"""Consumer timeouts on the real stack: a handler that works outside the database for longer than its lease
+(heartbeating all along) still commits, with the default transaction limits."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import asyncpg
+
+from consumers import ConsumerApp, ConsumerConfig, Occurrence
+from schemas.topics import ATTEMPTS_TOPIC, create_missing_topics, occurrence_topic
+from tests.support.kafka import attempt_events, occurrence_message, produce
+from tests.support.waiting import wait_for
+
+
+async def test_a_handler_idle_in_its_transaction_longer_than_the_lease_commits(
+    consumer_db, kafka_bootstrap, target, effects
+):
+    """Why: "Timeouts disagree". Before, PostgreSQL ended any transaction idle for lease_ttl: the attempt failed."""
+    message = occurrence_message(target)
+    await create_missing_topics(kafka_bootstrap, [ATTEMPTS_TOPIC])  # where the heartbeats are counted
+    await produce(kafka_bootstrap, occurrence_topic(target), [message.encode()])
+    app = ConsumerApp(
+        ConsumerConfig(
+            f"idle-{uuid.uuid4().hex[:8]}",
+            kafka_bootstrap,
+            consumer_db,
+            session_timeout=2.0,
+            heartbeat_interval=0.4,
+            lease_ttl=2.0,
+            handler_timeout=30.0,
+        )
+    )
+    outside_the_database = asyncio.Event()
+
+    @app.handler(target)
+    async def slow(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
+        await conn.execute("INSERT INTO effects (occurrence_id) VALUES ($1)", occurrence.occurrence_id)
+        await outside_the_database.wait()  # the transaction sits idle meanwhile
+        await conn.execute("UPDATE effects SET amount = 1 WHERE occurrence_id = $1", occurrence.occurrence_id)
+
+    async def idle_past_the_lease() -> bool:
+        beats = [e for e in await attempt_events(kafka_bootstrap, message.occurrence_id, 0) if e.event == "heartbeat"]
+        return len(beats) >= 4  # renewed every 2/3 s: well past the 2 s lease of idle time
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(app.run(stop))
+    try:
+        await wait_for(idle_past_the_lease, timeout=30)
+        outside_the_database.set()
+        await wait_for(lambda: app.stats.applied + app.stats.failures >= 1 or task.done(), timeout=20)
+    finally:
+        stop.set()
+        await task
+    assert (app.stats.applied, app.stats.failures) == (1, 0)
+    assert await effects.fetchval("SELECT amount FROM effects WHERE occurrence_id = $1", message.occurrence_id) == 1

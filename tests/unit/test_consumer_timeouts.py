@@ -1,0 +1,34 @@
+"""Consumer timeouts that agree: a handler within its timeout can always commit (ConsumerConfig.validate)."""
+
+from __future__ import annotations
+
+import pytest
+
+from consumers import ConsumerConfig
+
+
+def config(**overrides) -> ConsumerConfig:
+    return ConsumerConfig("g", "127.0.0.1:9092", "postgresql:///x", **overrides)
+
+
+def test_the_defaults_let_a_handler_idle_in_its_transaction_for_its_whole_timeout():
+    """Why: "Timeouts disagree". The idle-in-transaction limit was the lease ttl (30 s) while handlers had
+    300 s: a handler with more than 30 s of work outside the database failed every attempt and went DEAD."""
+    cfg = config()
+    cfg.validate()
+    assert cfg.idle_timeout > cfg.handler_timeout
+    assert (cfg.handler_timeout, cfg.lease_ttl, cfg.idle_timeout) == (300.0, 30.0, 330.0)
+    assert config(handler_timeout=20.0, lease_ttl=5.0).idle_timeout == 25.0  # follows both
+
+
+@pytest.mark.parametrize(
+    ("handler_timeout", "idle_timeout"),
+    [(300.0, 30.0), (60.0, 60.0)],  # the old default pair; equal leaves no time to commit
+)
+def test_an_idle_limit_a_handler_within_its_timeout_could_reach_is_rejected(handler_timeout, idle_timeout):
+    with pytest.raises(ValueError, match="transaction_idle_timeout .* must exceed handler_timeout"):
+        config(handler_timeout=handler_timeout, transaction_idle_timeout=idle_timeout).validate()
+
+
+def test_a_short_idle_limit_with_a_shorter_handler_timeout_is_accepted():
+    config(lease_ttl=3.0, handler_timeout=1.0, transaction_idle_timeout=2.0).validate()
