@@ -16,10 +16,10 @@ long run with 500+ examples per operation is ``load_tests/api_fuzz.py``):
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
