@@ -18,10 +18,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 import uuid
 from collections import defaultdict
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -107,7 +109,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     async with load_stack("dispatchburst", args.broker) as (url, bootstrap):
         conn = await asyncpg.connect(url)
         pool = await asyncpg.create_pool(url, min_size=2, max_size=6, server_settings=DATA_PLANE_SERVER_SETTINGS)
-        publisher = LibrdkafkaPublisher(LibrdkafkaConfig(bootstrap, partitions=8))
+        publisher = LibrdkafkaPublisher(LibrdkafkaConfig(bootstrap, partitions=8, linger=args.linger))
         try:
             await apply_migrations(conn, "engine")
             topics = [f"chronoq.occurrences.load.target-{i}" for i in range(TOPICS)]
@@ -130,6 +132,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 report["explain_start"] = await explain(conn, QUERIES, node, args, top, halfway=False)
             wait = (top - await conn.fetchval("SELECT now()")).total_seconds()
             await asyncio.sleep(max(0.0, wait - 0.8))  # the relay reads up to read_ahead (1 s) early
+            port = bootstrap.rsplit(":", 1)[-1]
+            cpu_before = cpu_seconds(port, url.rsplit("/", 1)[-1])
             started = time.perf_counter()
             published = 0
             while published < args.rows:
@@ -138,6 +142,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 if not result.read:
                     await asyncio.sleep(0.01)
             elapsed = time.perf_counter() - started
+            cpu_after = cpu_seconds(port, url.rsplit("/", 1)[-1])
+            report["cpu_us_per_row"] = {
+                k: round((cpu_after[k] - cpu_before[k]) / args.rows * 1e6, 1) for k in cpu_after
+            }
             first_ack, last_ack = await conn.fetchrow("SELECT min(acked_at), max(acked_at) FROM dispatch_log")
             report["first_ack_after_due_s"] = round((first_ack - top).total_seconds(), 3)
             report["published"] = published
@@ -159,6 +167,9 @@ async def explain(conn: asyncpg.Connection, queries: Any, node: str, args: argpa
                   halfway: bool) -> dict[str, list[str]]:  # fmt: skip
     """EXPLAIN (ANALYZE, BUFFERS) of the hot statements for all shards, at the cursors as they stand (or,
     ``halfway``, as if half of each shard had been sent), rolled back."""
+    from engine.loops.service import DATA_PLANE_SERVER_SETTINGS
+
+    await conn.execute(f"SET work_mem = '{DATA_PLANE_SERVER_SETTINGS['work_mem']}'")  # as the relay's pool has it
     shards = list(range(args.shards))
     positions = await conn.fetch(
         """
@@ -203,6 +214,28 @@ async def explain(conn: asyncpg.Connection, queries: Any, node: str, args: argpa
     return out
 
 
+def cpu_seconds(broker_port: str, database: str) -> dict[str, float]:
+    """CPU seconds used so far by this process, the broker listening on ``broker_port`` and the database
+    backends serving ``database`` (Linux /proc; backends that exited are not counted)."""
+    totals = {"relay": 0.0, "broker": 0.0, "postgres": 0.0}
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        used = (int(fields[11]) + int(fields[12])) / tick
+        if int(pid) == os.getpid():
+            totals["relay"] += used
+        elif "tansu" in cmd and f":{broker_port}" in cmd:
+            totals["broker"] += used
+        elif cmd.startswith("postgres:") and database in cmd:
+            totals["postgres"] += used
+    return totals
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=250_000)
@@ -212,6 +245,7 @@ def main() -> None:
     parser.add_argument("--due-in", type=float, default=2.0, help="seconds from the end of seeding to the due time")
     parser.add_argument("--broker", choices=("tansu", "apache"), default="tansu")
     parser.add_argument("--explain", action="store_true")
+    parser.add_argument("--linger", type=float, default=0.005, help="librdkafka linger (s)")
     args = parser.parse_args()
     report = asyncio.run(run(args))
     explains = {k: report.pop(k) for k in ("explain_start", "explain_halfway") if k in report}

@@ -142,10 +142,11 @@ ON CONFLICT (occurrence_id, topic) DO UPDATE SET error = excluded.error, tries =
 -- scan per (shard, lane) from its cursor: rows already sent but not yet settled are not read (a join over
 -- the whole queue was a parallel sequential scan of every row, sent ones included, every few seconds on
 -- every node while a burst was being dispatched).
-SELECT c.lane, count(*) AS due
+-- The count inside the LATERAL keeps the planner from flattening it into a join over the whole queue.
+SELECT c.lane, sum(q.due)::bigint AS due
 FROM dispatch_cursors c
 CROSS JOIN LATERAL (
-    SELECT 1
+    SELECT count(*) AS due
     FROM dispatch_queue q
     WHERE q.shard = c.shard AND q.lane = c.lane
       AND (q.bucket, q.wrr_round, q.occurrence_id) > (c.published_bucket, c.published_round, c.published_id)
