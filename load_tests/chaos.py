@@ -499,9 +499,9 @@ class Cluster:
             # it = publishing, before the mark.
             await self.terminate("claim_mark", component, ("idle",), "%publish_attempts%")
         else:
-            # The ahead lane (an engine node): the page read is the only statement naming first_late_after;
+            # The ahead lane (an engine node): the page read is the only statement naming occurrence_header;
             # idle after it = the page is being published, before its cursor moves.
-            await self.terminate("page_cursor", component, ("idle",), "%first_late_after%")
+            await self.terminate("page_cursor", component, ("idle",), "%occurrence_header%")
 
     async def in_handler(self) -> None:
         component = self.pick("consumer", working=True)

@@ -21,8 +21,8 @@ from schemas.dispatch_lateness import LateDelivery, judge_late
 from schemas.queries import QUERIES
 
 #: An ahead-lane row as read_ahead_page returns it (an asyncpg Record; fields by name): shard, bucket,
-#: wrr_round, occurrence_id, tenant_id, topic, message_key, message, scheduled_for, available_at,
-#: discarded, late_after, first_late_after (the page's earliest), occurrence_header, tenant_header.
+#: wrr_round, occurrence_id, tenant_id, topic, message_key, message, available_at, discarded, late_after,
+#: occurrence_header, tenant_header.
 #: Records, not objects: a burst reads hundreds of thousands of them and every per-row allocation shows
 #: in the dispatch rate.
 AheadRow: TypeAlias = asyncpg.Record
@@ -123,16 +123,20 @@ class AheadLaneStore:
         )  # fmt: skip
         return rows
 
-    async def advance(self, lane: str, moves: Sequence[CursorMove]) -> tuple[int, datetime]:
-        """Move the cursors of an acknowledged page and log it (one statement); returns how many cursors
-        moved (fewer than ``moves`` when a shard's epoch moved on) and the acknowledgement instant."""
+    async def advance(
+        self, lane: str, moves: Sequence[CursorMove], acked_at: datetime | None = None
+    ) -> tuple[int, datetime]:
+        """Move the cursors of an acknowledged page and log it (one statement) with its acknowledgement
+        instant (``acked_at``, the relay's estimate of the database clock when the broker's last
+        acknowledgement arrived; else the injected clock's or the database's now); returns how many cursors
+        moved (fewer than ``moves`` when a shard's epoch moved on) and the instant logged."""
         row = await self.pool.fetchrow(
             *QUERIES.advance_cursors(
                 shards=[m.shard for m in moves], epochs=[m.epoch for m in moves],
                 from_buckets=[m.start.bucket for m in moves], from_rounds=[m.start.wrr_round for m in moves],
                 from_ids=[m.start.occurrence_id for m in moves], to_buckets=[m.end.bucket for m in moves],
                 to_rounds=[m.end.wrr_round for m in moves], to_ids=[m.end.occurrence_id for m in moves],
-                rows=[m.rows for m in moves], now=self.clock.now(), node=self.node_id, lane=lane,
+                rows=[m.rows for m in moves], now=self.clock.now(), node=self.node_id, lane=lane, acked_at=acked_at,
             )
         )  # fmt: skip
         return row["moved"], row["acked_at"]

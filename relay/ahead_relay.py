@@ -48,8 +48,10 @@ log = logging.getLogger("chronoq.relay.ahead")
 @dataclass(frozen=True)
 class AheadRelayConfig:
     """rows_per_shard: rows read per shard per page (default 64; a page is at most this times the shards).
-    read_ahead: how far past now the relay seals and reads (default 1 s); rows are still released only
-        at their available_at.
+    read_ahead: how far past now the relay seals and reads (default 2 s); rows are still released only
+        at their available_at. A bucket can be read once the seal is past its end, so read_ahead must be
+        more than one bucket (1 s) for the top of an hour to be read before it: at 1 s the first page
+        was read, and its topics' metadata fetched, only at the top.
     pages_in_flight: pages handed to the broker before the oldest must be acknowledged (default 3).
     release_tick: seconds between clock checks while rows wait for their available_at (default 0.002).
     idle_interval: seconds to wait when nothing is due (default 0.02).
@@ -59,7 +61,7 @@ class AheadRelayConfig:
     """
 
     rows_per_shard: int = 64
-    read_ahead: timedelta = timedelta(seconds=1)
+    read_ahead: timedelta = timedelta(seconds=2)
     pages_in_flight: int = 3
     release_tick: float = 0.002
     idle_interval: float = 0.02
@@ -108,6 +110,8 @@ class _Page:
     starts: dict[int, CursorKey]
     rows: list[AheadRow]
     task: asyncio.Task[list[BaseException | None]]
+    #: The (estimated database) instant the page's last acknowledgement arrived, set by its task.
+    acked: list[datetime | None]
 
 
 class _MissedAtDispatch(Exception):
@@ -115,6 +119,12 @@ class _MissedAtDispatch(Exception):
 
 
 MISSED_AT_DISPATCH = _MissedAtDispatch()
+
+
+def _first_late_after(rows: list[AheadRow]) -> datetime | None:
+    """The earliest late_after of a page (None if no row can be late): rows are judged one by one only
+    when the page has a late one."""
+    return min((late for late in (r["late_after"] for r in rows) if late is not None), default=None)
 
 
 class _ClockEstimate:
@@ -220,6 +230,9 @@ class AheadRelay:
                     break
             if not page:
                 break
+            # Busy from the first page on, not only once the pass returns: a burst is one pass, and the
+            # settle pass (which runs only while this relay is quiet) must not compete with it meanwhile.
+            self.quiet = False
             report.read += len(page.rows)
             if len(self._inflight) >= self.config.pages_in_flight:
                 await self._complete_oldest(report)
@@ -289,8 +302,9 @@ class AheadRelay:
         # schedule's late rows are judged once, oldest page first; the release only re-checks rows that
         # became late between their read and their release (a stalled relay).
         skip, judged = await self._judge_at_read(lane, page_epochs, rows)
-        task = asyncio.create_task(self._release_and_send(rows, lane, page_epochs, skip, judged))
-        page = _Page(lane, page_epochs, starts, rows, task)
+        acked: list[datetime | None] = [None]
+        task = asyncio.create_task(self._send_page(rows, lane, page_epochs, skip, judged, acked))
+        page = _Page(lane, page_epochs, starts, rows, task, acked)
         self._inflight.append(page)
         return page
 
@@ -299,7 +313,7 @@ class AheadRelay:
     ) -> tuple[frozenset[object], frozenset[object]]:
         """Judge the page's rows already past their late_after: (ids not to publish, ids judged)."""
         now = self.clock.now()
-        first_late = rows[0]["first_late_after"]
+        first_late = _first_late_after(rows)
         if now is None or first_late is None or first_late >= now:
             return frozenset(), frozenset()
         late = [r for r in rows if not r["discarded"] and r["late_after"] is not None and r["late_after"] < now]
@@ -331,7 +345,7 @@ class AheadRelay:
             if r["occurrence_id"] in skip:
                 outcomes[i] = MISSED_AT_DISPATCH
         waiting = [i for i, r in enumerate(rows) if not r["discarded"] and r["occurrence_id"] not in skip]
-        first_late = rows[0]["first_late_after"] if rows else None  # the page's earliest: one check per release
+        first_late = _first_late_after(rows)  # the page's earliest: one check per release, not per row
         futures: list[tuple[list[int], asyncio.Future[list[BaseException | None]]]] = []
         while waiting:
             now = self.clock.now()
@@ -368,6 +382,23 @@ class AheadRelay:
                 errors = [TimeoutError("no acknowledgement within ack_timeout: outcome unknown")] * len(indexes)
             for i, error in zip(indexes, errors, strict=True):
                 outcomes[i] = error
+        return outcomes
+
+    async def _send_page(
+        self,
+        rows: list[AheadRow],
+        lane: str,
+        epochs: dict[int, int],
+        skip: frozenset[object],
+        judged: frozenset[object],
+        acked: list[datetime | None],
+    ) -> list[BaseException | None]:
+        """:meth:`_release_and_send`, then ``acked[0]`` = the clock's instant once the last acknowledgement
+        arrived: the broker's acknowledgement instant on the database's clock (never ahead of it), not the
+        later moment the cursor moves — pages are pipelined, and a page's cursor moves only after the next
+        page is read, which added a page read and more to every enqueued_at of the page."""
+        outcomes = await self._release_and_send(rows, lane, epochs, skip, judged)
+        acked[0] = self.clock.now()
         return outcomes
 
     async def _judge(
@@ -440,7 +471,7 @@ class AheadRelay:
                     },
                 )
         if moves:
-            moved, _acked_at = await self.store.advance(page.lane, moves)
+            moved, _acked_at = await self.store.advance(page.lane, moves, page.acked[0])
             for move in moves:
                 self._positions[(move.shard, page.lane)] = move.end
             if moved < len(moves):

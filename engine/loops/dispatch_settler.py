@@ -5,8 +5,11 @@ range, acknowledgement instant) instead of updating every occurrence. This
 loop turns log entries into per-occurrence state with set-based statements
 (SCHEDULED → ENQUEUED, ``enqueued_at`` = the acknowledgement instant), deletes
 the published queue rows and marks the entries settled. It runs while the
-relay is quiet (nothing due), so a burst is dispatched first and recorded
-after; until then the API derives ENQUEUED from the log. It records
+relay is quiet (nothing due) and no relay of another node logged a page in the
+last ``busy_window`` (bounded by ``max_defer``), so a burst is dispatched
+first and recorded after — on a shared machine its occurrence UPDATEs would
+otherwise take the database's CPU from the burst; until then the API derives
+ENQUEUED from the log. It records
 ``schedule_lag`` per occurrence here, not in the relay: the metric costs
 microseconds per row in the SDK, which the burst cannot spare.
 
@@ -37,11 +40,17 @@ class SettlerConfig:
         of a page, up to the relay's rows_per_shard rows).
     interval: seconds between passes when there is nothing to settle or the relay is busy (default 0.2).
     keep_log: seconds settled log entries are kept for inspection (default 3600).
+    busy_window: the settle pass waits while any node's relay logged a page within this many seconds
+        (default 1.0; 0 disables the check).
+    max_defer: ... but not once the oldest unsettled entry is this old (default 30): a steady stream of
+        pages never keeps the log unsettled for longer.
     """
 
     entries_per_pass: int = 400
     interval: float = 0.2
     keep_log: float = 3600.0
+    busy_window: float = 1.0
+    max_defer: float = 30.0
 
 
 @dataclass
@@ -81,6 +90,18 @@ class DispatchSettler:
             record(max(lag, 0.0), {"lane": "ahead"})
         return report
 
+    async def deferred(self) -> bool:
+        """True while another node's relay is still dispatching a burst (see ``SettlerConfig``)."""
+        if self.config.busy_window <= 0:
+            return False
+        return bool(
+            await self.pool.fetchval(
+                *QUERIES.settle_deferred(
+                    busy_s=self.config.busy_window, max_defer_s=self.config.max_defer, now=self.clock.now()
+                )
+            )
+        )
+
     async def run(self, stop: asyncio.Event) -> None:
         """Settle whenever the relay is quiet, until ``stop``; errors are logged and retried."""
         passes = 0
@@ -89,6 +110,9 @@ class DispatchSettler:
                 await pause(stop, self.config.interval)
                 continue
             try:
+                if await self.deferred():
+                    await pause(stop, self.config.interval)
+                    continue
                 report = await self.run_once()
                 passes += 1
                 if passes % 1000 == 0:

@@ -74,6 +74,8 @@ DATA_PLANE_SERVER_SETTINGS = {
     "idle_in_transaction_session_timeout": "5000",
     "lock_timeout": "5000",
     "statement_timeout": "60000",
+    # A page read sorts up to rows_per_shard x shards rows of ~500 bytes: in memory, not spilled to disk.
+    "work_mem": "32MB",
 }
 
 

@@ -32,12 +32,12 @@ WHERE shard = ANY (:shards::int[]) AND lane = :lane;
 -- name: read_ahead_page
 -- The next rows of :lane, per shard: up to :per_shard rows after each shard's cursor (:buckets, :rounds,
 -- :ids) and before its seal (:seals), ordered by shard then key (bucket, weighted round, occurrence_id),
--- with the identity headers' values already as bytes, and the page's earliest late_after (the relay checks
--- rows one by one only when the page has a late one). Discarded rows are returned too (the cursor passes
--- them; the relay does not publish them).
+-- with the identity headers' values already as bytes. Discarded rows are returned too (the cursor passes
+-- them; the relay does not publish them). Only the columns the relay uses: every column is decoded per
+-- row in the relay's one Python thread (a timestamp costs most), and a window aggregate over the page
+-- cost the database as much as the index scans.
 SELECT q.shard, q.bucket, q.wrr_round, q.occurrence_id, q.tenant_id, q.topic, q.message_key, q.message,
-       q.scheduled_for, q.available_at, q.discarded_at IS NOT NULL AS discarded, q.late_after,
-       min(q.late_after) OVER () AS first_late_after,
+       q.available_at, q.discarded_at IS NOT NULL AS discarded, q.late_after,
        convert_to(q.occurrence_id::text, 'UTF8') AS occurrence_header,
        convert_to(q.tenant_id, 'UTF8') AS tenant_header
 FROM unnest(:shards::int[], :buckets::timestamptz[], :rounds::int[], :ids::uuid[], :seals::timestamptz[])
@@ -56,8 +56,10 @@ ORDER BY q.shard, q.bucket, q.wrr_round, q.occurrence_id;
 -- name: advance_cursors
 -- After the broker acknowledged a page: moves :lane of :node's :shards (:epochs) from keys (:from_buckets,
 -- :from_rounds, :from_ids) to keys (:to_buckets, :to_rounds, :to_ids) covering :rows rows each, and logs
--- each move with the acknowledgement instant (the occurrences' enqueued_at). A shard whose epoch moved on
--- (another owner) is left alone. Returns how many cursors moved and the instant.
+-- each move with the acknowledgement instant :acked_at (the occurrences' enqueued_at; the relay's estimate
+-- of this database's clock when the broker's last acknowledgement of the page arrived, never ahead of it;
+-- NULL: now). A shard whose epoch moved on (another owner) is left alone. Returns how many cursors moved
+-- and the instant logged.
 WITH moved AS (
     UPDATE dispatch_cursors c
     SET published_bucket = m.to_bucket, published_round = m.to_round, published_id = m.to_id, epoch = m.epoch,
@@ -73,11 +75,12 @@ WITH moved AS (
     INSERT INTO dispatch_log (shard, lane, epoch, from_bucket, from_round, from_id, to_bucket, to_round, to_id,
                               rows, acked_at)
     SELECT shard, :lane, epoch, from_bucket, from_round, from_id, to_bucket, to_round, to_id, rows,
-           coalesce(:now::timestamptz, now())
+           coalesce(:acked_at::timestamptz, :now::timestamptz, now())
     FROM moved
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM logged) AS moved, coalesce(:now::timestamptz, now()) AS acked_at;
+SELECT (SELECT count(*) FROM logged) AS moved,
+       coalesce(:acked_at::timestamptz, :now::timestamptz, now()) AS acked_at;
 
 -- name: late_ahead_candidates
 -- Lateness at dispatch: for the schedules (record keys :keys) of late rows a relay holds in :lane of
@@ -135,13 +138,22 @@ FROM unnest(:occurrence_ids::uuid[], :shards::int[], :lanes::text[], :tenant_ids
 ON CONFLICT (occurrence_id, topic) DO UPDATE SET error = excluded.error, tries = excluded.tries;
 
 -- name: ahead_backlog
--- Ahead-lane rows due (available_at <= now) and not yet passed by their cursor, per lane.
-SELECT q.lane, count(*) AS due
-FROM dispatch_queue q
-JOIN dispatch_cursors c ON c.shard = q.shard AND c.lane = q.lane
-WHERE q.available_at <= coalesce(:now::timestamptz, now())
-  AND (q.bucket, q.wrr_round, q.occurrence_id) > (c.published_bucket, c.published_round, c.published_id)
-GROUP BY q.lane;
+-- Ahead-lane rows due (available_at <= now) and not yet passed by their cursor, per lane. One index range
+-- scan per (shard, lane) from its cursor: rows already sent but not yet settled are not read (a join over
+-- the whole queue was a parallel sequential scan of every row, sent ones included, every few seconds on
+-- every node while a burst was being dispatched).
+-- The count inside the LATERAL keeps the planner from flattening it into a join over the whole queue.
+SELECT c.lane, sum(q.due)::bigint AS due
+FROM dispatch_cursors c
+CROSS JOIN LATERAL (
+    SELECT count(*) AS due
+    FROM dispatch_queue q
+    WHERE q.shard = c.shard AND q.lane = c.lane
+      AND (q.bucket, q.wrr_round, q.occurrence_id) > (c.published_bucket, c.published_round, c.published_id)
+      AND q.bucket <= coalesce(:now::timestamptz, now())
+      AND q.available_at <= coalesce(:now::timestamptz, now())
+) q
+GROUP BY c.lane;
 
 -- name: settle_logged_pages
 -- Off the hot path: takes up to :limit unsettled log entries (oldest first), records ENQUEUED and
@@ -173,6 +185,17 @@ WITH entries AS (
 )
 SELECT (SELECT count(*) FROM settled) AS entries, (SELECT count(*) FROM published) AS rows,
        coalesce((SELECT array_agg(lag) FROM enqueued), '{}') AS lags;
+
+-- name: settle_deferred
+-- Whether the settle pass should wait: some relay (any node) logged a page within the last :busy_s
+-- seconds, so a burst is still being dispatched, and the oldest unsettled entry is younger than
+-- :max_defer_s (past that it settles anyway: steady dispatch never starves it). Two index probes.
+SELECT coalesce(
+    (SELECT acked_at FROM dispatch_log ORDER BY id DESC LIMIT 1)
+        > coalesce(:now::timestamptz, now()) - make_interval(secs => :busy_s)
+    AND (SELECT acked_at FROM dispatch_log WHERE settled_at IS NULL ORDER BY id LIMIT 1)
+        > coalesce(:now::timestamptz, now()) - make_interval(secs => :max_defer_s),
+    false) AS defer;
 
 -- name: prune_settled_log
 -- Forgets settled log entries older than :keep_s seconds.
