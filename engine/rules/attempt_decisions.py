@@ -85,6 +85,7 @@ class Verdict(str, Enum):
     IGNORED = "ignored"  # nothing to do (e.g. the occurrence is already CANCELED)
     UNKNOWN = "unknown"  # no such occurrence
     REJECTED = "rejected"  # the event failed verification (not from the consumer it claims)
+    FOREIGN = "foreign"  # from a consumer group that does not own the target: an observer, ignored
 
 
 @dataclass(frozen=True)
@@ -209,14 +210,37 @@ def tokens_to_read(events: Iterable[AttemptEvent], occurrences: Iterable[Mapping
     return tokens
 
 
+def owners_to_claim(
+    events: Iterable[AttemptEvent], occurrences: Mapping[uuid.UUID, Mapping[str, Any]], owners: Mapping[str, str]
+) -> dict[str, str]:
+    """Targets of this batch without an owning group, each with the group of its first ``started``: the
+    first group the engine sees starting an attempt of a target owns it (until an operator says otherwise)."""
+    claims: dict[str, str] = {}
+    for event in events:
+        occ = occurrences.get(event.occurrence_id)
+        if event.event != STARTED or event.consumer_group is None or occ is None:
+            continue
+        target = occ["target"]
+        if target not in owners and target not in claims:
+            claims[target] = event.consumer_group
+    return claims
+
+
 def fold_events(
     events: Sequence[AttemptEvent],
     occurrences: Mapping[uuid.UUID, Mapping[str, Any]],
     attempts: Iterable[Mapping[str, Any]],
     now: datetime,
+    owners: Mapping[str, str] | None = None,
 ) -> Decisions:
     """Decide a batch: ``occurrences`` are the locked rows by id, ``attempts`` the rows of
-    :func:`tokens_to_read`; events are taken in order (the order of their partition)."""
+    :func:`tokens_to_read`, ``owners`` the owning consumer group by target (:func:`owners_to_claim`);
+    events are taken in order (the order of their partition).
+
+    An event naming a consumer group other than its target's owner is ``FOREIGN``: it changes nothing, so
+    an observing group can neither take the owner's lease over nor settle its attempt. An event without a
+    group, or of a target without an owner, is judged as any other."""
+    owners = owners or {}
     decisions = Decisions()
     decisions.occurrences = {ident: OccurrenceState.from_row(row) for ident, row in occurrences.items()}
     decisions.attempts = {row["lease_token"]: AttemptState.from_row(row) for row in attempts}
@@ -228,6 +252,10 @@ def fold_events(
         occ = decisions.occurrences.get(event.occurrence_id)
         if occ is None:
             decisions.verdicts[index] = Verdict.UNKNOWN
+            continue
+        owner = owners.get(occ.row["target"])
+        if owner is not None and event.consumer_group is not None and event.consumer_group != owner:
+            decisions.verdicts[index] = Verdict.FOREIGN
             continue
         decisions.verdicts[index] = _Fold(decisions, occ, now).apply(event)
         if occ.occurrence_id in decisions.failures:

@@ -132,3 +132,24 @@ WITH progress AS (
     SET applied_through = greatest(p.applied_through, excluded.applied_through), updated_at = excluded.updated_at
 )
 SELECT coalesce(:now::timestamptz, now());
+
+-- name: claim_attempt_owners
+-- Targets :targets without an owning group are claimed by :consumer_groups (pairwise: the group of the first
+-- `started` of the batch for that target). An owner already registered is kept. A concurrent claim of the
+-- same target waits for the other transaction and then keeps its row: every engine node sees one owner.
+INSERT INTO target_attempt_owners (target, consumer_group, registered_by, registered_at)
+SELECT t.target, t.consumer_group, 'first_start', coalesce(:now::timestamptz, now())
+FROM unnest(:targets::text[], :consumer_groups::text[]) AS t(target, consumer_group)
+ON CONFLICT (target) DO NOTHING;
+
+-- name: attempt_owners
+-- The owning consumer group of each of :targets that has one.
+SELECT target, consumer_group FROM target_attempt_owners WHERE target = ANY (:targets::text[]);
+
+-- name: register_attempt_owner
+-- An operator makes :consumer_group the group whose attempt events count for :target (replacing any owner).
+INSERT INTO target_attempt_owners (target, consumer_group, registered_by, registered_at)
+VALUES (:target, :consumer_group, 'operator', coalesce(:now::timestamptz, now()))
+ON CONFLICT (target) DO UPDATE
+SET consumer_group = excluded.consumer_group, registered_by = 'operator', registered_at = excluded.registered_at
+RETURNING target, consumer_group, registered_by, registered_at;

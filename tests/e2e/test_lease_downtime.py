@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import asyncpg
@@ -119,11 +119,11 @@ async def state_is(pool: asyncpg.Pool, ident: uuid.UUID, state: str) -> bool:
     return (await occurrence_row(pool, ident))["state"] == state
 
 
-async def database_clock_past(pool: asyncpg.Pool, instant: object) -> bool:
+async def database_clock_past(pool: asyncpg.Pool, instant: datetime) -> bool:
     return bool(await pool.fetchval("SELECT now() > $1", instant))
 
 
-async def renewed_after(pool: asyncpg.Pool, ident: uuid.UUID, instant: object) -> bool:
+async def renewed_after(pool: asyncpg.Pool, ident: uuid.UUID, instant: datetime) -> bool:
     row = await occurrence_row(pool, ident)
     if row["state"] != "RUNNING":
         attempts = [(a["result"], a["error_class"]) for a in await attempt_rows(pool, ident)]

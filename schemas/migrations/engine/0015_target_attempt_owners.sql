@@ -1,0 +1,19 @@
+-- chronoq engine, migration 0015: one consumer group per target reports attempts.
+--
+-- Several consumer groups may read one target's topic (billing applies it,
+-- audit observes it). If each reported attempts, the second group's
+-- `started` would take the first group's lease over, the first group's
+-- failure would be fenced and never retried, and the second group's
+-- `already_applied` would settle the occurrence: the owner's effect lost.
+-- The attempt ledger applies only the events of the target's owning group;
+-- the others are observers, counted and ignored. A target without a row is
+-- claimed by the first group whose `started` the engine applies for it; an
+-- operator registers or changes the owner explicitly
+-- (`chronoq target owner`).
+
+CREATE TABLE target_attempt_owners (
+    target          text PRIMARY KEY,
+    consumer_group  text NOT NULL CHECK (consumer_group <> ''),
+    registered_by   text NOT NULL CHECK (registered_by IN ('first_start', 'operator')),
+    registered_at   timestamptz NOT NULL DEFAULT now()
+);
