@@ -65,6 +65,7 @@ _NEW_ATTEMPT = (
     "error_class",
     "error_message",
     "permanent",
+    "claim_order",
 )
 _CHANGED_ATTEMPT = (
     "lease_token",
@@ -200,6 +201,7 @@ class AttemptLedger:
             message = {
                 "attempt.cancel_unconfirmed": "a consumer skipped an occurrence the engine does not consider obsolete",
                 "occurrence.applied_after_final": "effect applied for an occurrence in a final state",
+                "attempt.takeover_refused": "a late start of an earlier claim did not take the lease over",
             }
             log.warning(
                 message.get(warning.action, warning.action),

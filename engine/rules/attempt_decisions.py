@@ -77,6 +77,9 @@ class AttemptEvent(Protocol):
     @property
     def applied_by(self) -> uuid.UUID | None: ...
 
+    @property
+    def claim_order(self) -> int | None: ...
+
 
 class Verdict(str, Enum):
     ACCEPTED = "accepted"  # the event changed state
@@ -156,10 +159,18 @@ class AttemptState:
     error_class: str | None = None
     error_message: str | None = None
     permanent: bool | None = None
+    claim_order: int | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> AttemptState:
-        return cls(row["lease_token"], row["occurrence_id"], row["attempt_number"], row["result"], row["finished_at"])
+        return cls(
+            row["lease_token"],
+            row["occurrence_id"],
+            row["attempt_number"],
+            row["result"],
+            row["finished_at"],
+            claim_order=row.get("claim_order"),
+        )
 
     @property
     def open(self) -> bool:
@@ -302,6 +313,18 @@ class _Fold:
         takeover = occ.state is State.RUNNING and event.attempt == occ.attempt_count
         if not (fresh or takeover):
             return Verdict.FENCED
+        if takeover and not self.claims_after_current(event):
+            # A worker whose dedupe claim came before the current lease's: its transaction must have ended
+            # for the current one's insert to succeed, so it can no longer commit. Its late `started` (it
+            # stalled between the insert and the report) must not fence the worker that can.
+            self.d.warnings.append(
+                Transition(
+                    occ,
+                    "attempt.takeover_refused",
+                    {"lease_token": str(event.lease_token), "current": str(occ.lease_token)},
+                )
+            )
+            return Verdict.FENCED
         if takeover:
             self.close(occ.lease_token, "fenced", Failure("Superseded", f"lease taken over by {event.lease_token}"))
         assert event.lease_token is not None and event.lease_ttl is not None  # the event format guarantees it
@@ -316,6 +339,7 @@ class _Fold:
             worker=event.worker,
             started_at=self.now,
             lease_expires_at=expires,
+            claim_order=event.claim_order,
         )
         occ.state = transition(occ.state, Event.STARTED)
         occ.attempt_count, occ.lease_token, occ.lease_expires_at = event.attempt, event.lease_token, expires
@@ -329,6 +353,14 @@ class _Fold:
             )
         )
         return Verdict.ACCEPTED
+
+    def claims_after_current(self, event: AttemptEvent) -> bool:
+        """A takeover's claim came after the current lease's (by the consumer database's transaction ids);
+        without both orders (an older runtime), arrival order decides as before."""
+        current = self.d.attempts.get(self.occ.lease_token) if self.occ.lease_token is not None else None
+        if event.claim_order is None or current is None or current.claim_order is None:
+            return True
+        return event.claim_order > current.claim_order
 
     def heartbeat(self, event: AttemptEvent, known: AttemptState | None) -> Verdict:
         if not self.current(event):

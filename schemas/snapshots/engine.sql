@@ -83,6 +83,7 @@ CREATE TABLE public.attempts (
     error_message text,
     worker text,
     permanent boolean,
+    claim_order bigint,
     CONSTRAINT attempts_result_check CHECK ((result = ANY (ARRAY['succeeded'::text, 'failed'::text, 'timed_out'::text, 'fenced'::text, 'canceled'::text])))
 );
 CREATE TABLE public.calendar_versions (
