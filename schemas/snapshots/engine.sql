@@ -17,6 +17,7 @@ CREATE TABLE archive.attempts (
     error_message text,
     worker text,
     permanent boolean,
+    claim_order bigint,
     CONSTRAINT attempts_result_check CHECK ((result = ANY (ARRAY['succeeded'::text, 'failed'::text, 'timed_out'::text, 'fenced'::text, 'canceled'::text])))
 );
 CREATE TABLE archive.horizons (

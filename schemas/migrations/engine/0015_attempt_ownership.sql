@@ -29,3 +29,5 @@ CREATE TABLE target_attempt_owners (
 -- `started` cannot take the lease of the worker that replaced it. Null: an
 -- older runtime's attempt, judged by arrival order as before.
 ALTER TABLE attempts ADD COLUMN claim_order bigint;
+-- The history archive keeps attempts column for column (archived with SELECT *, read with UNION ALL).
+ALTER TABLE archive.attempts ADD COLUMN claim_order bigint;
