@@ -242,7 +242,7 @@ class AttemptRunner:
                     lock_timeout_ms=limit_ms(cfg.lock_timeout), idle_timeout_ms=limit_ms(cfg.idle_timeout)
                 )
             )
-            applied_at = await conn.fetchval(
+            claimed = await conn.fetchrow(
                 *CONSUMER_QUERIES.insert_dedupe(
                     consumer_group=cfg.group,
                     occurrence_id=message.occurrence_id,
@@ -262,13 +262,20 @@ class AttemptRunner:
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
             await rollback(transaction)
             raise InfrastructureError(f"app database error before the handler: {err!r}") from err
-        if applied_at is None:
+        if claimed is None:
             await rollback(transaction)
             return await self._duplicate(conn, message)
+        applied_at = claimed["applied_at"]
         try:
             await self.reporter.send(
                 AttemptEvent.started(
-                    message.occurrence_id, message.attempt, token, cfg.lease_ttl, cfg.group, cfg.worker
+                    message.occurrence_id,
+                    message.attempt,
+                    token,
+                    cfg.lease_ttl,
+                    cfg.group,
+                    cfg.worker,
+                    claim_order=claimed["claim_order"],
                 ),
                 message.target,
             )

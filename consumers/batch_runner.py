@@ -224,6 +224,7 @@ class BatchRunner:
                 *CONSUMER_QUERIES.insert_dedupe_batch(consumer_group=cfg.group, rows=_dedupe_rows(items))
             )
             applied_at = {row["occurrence_id"]: row["applied_at"] for row in inserted}
+            claim_order = {row["occurrence_id"]: row["claim_order"] for row in inserted}
             before = [i for i in items if i.message.occurrence_id not in applied_at]
             earlier = (
                 await conn.fetch(
@@ -260,6 +261,7 @@ class BatchRunner:
                         cfg.lease_ttl,
                         cfg.group,
                         cfg.worker,
+                        claim_order=claim_order[i.message.occurrence_id],
                     )
                     for i in fresh
                 ],

@@ -12,6 +12,9 @@ Fields by event (unknown fields are ignored, as for every chronoq message):
 
 ========================  ==========================================================
 ``started``               lease_token (fresh, made by the consumer), lease_ttl (s)
+                          claim_order (optional): the consumer database's id of the
+                          transaction that inserted the dedupe row; a takeover of a
+                          running lease needs a greater one than the current lease's
 ``heartbeat``             lease_token, lease_ttl: extend the lease to engine-now + ttl
 ``succeeded``             lease_token: the effect and the dedupe row are committed
 ``failed``                lease_token, error_class, error_message, permanent (bool)
@@ -74,6 +77,9 @@ class AttemptEvent:
     permanent: bool = False
     reason: str | None = None
     applied_by: uuid.UUID | None = None
+    #: ``started`` only: the consumer database's id of the transaction that inserted the dedupe row
+    #: (``pg_current_xact_id()``, increasing): a takeover needs a later claim than the current lease's.
+    claim_order: int | None = None
 
     def __post_init__(self) -> None:
         if self.event not in EVENT_KINDS:
@@ -104,6 +110,7 @@ class AttemptEvent:
         lease_ttl: float,
         consumer_group: str | None = None,
         worker: str | None = None,
+        claim_order: int | None = None,
     ) -> AttemptEvent:
         return cls(
             STARTED,
@@ -113,6 +120,7 @@ class AttemptEvent:
             lease_ttl,
             _optional_printable(consumer_group),
             _optional_printable(worker),
+            claim_order=claim_order,
         )
 
     @classmethod
@@ -207,6 +215,8 @@ class AttemptEvent:
             data["permanent"] = self.permanent
         if self.applied_by is not None:
             data["applied_by"] = self.applied_by
+        if self.claim_order is not None:
+            data["claim_order"] = self.claim_order
         # orjson writes uuid.UUID as its canonical string itself; other UUID types (asyncpg's) through str().
         return orjson.dumps(data, default=str)
 
@@ -222,6 +232,7 @@ def _optional_printable(text: str | None) -> str | None:
 
 MAX_CONSUMER_GROUP = 255
 MAX_WORKER = 255
+MAX_CLAIM_ORDER = 2**63 - 1  # a bigint column; PostgreSQL's 64-bit transaction ids stay far below it
 
 
 def decode_attempt_event(value: bytes | None) -> AttemptEvent:
@@ -244,4 +255,7 @@ def decode_attempt_event(value: bytes | None) -> AttemptEvent:
         permanent=fields.boolean(data, "permanent"),
         reason=fields.optional_text(data, "reason", MAX_NAME),
         applied_by=fields.optional_uuid(data, "applied_by"),
+        claim_order=(
+            fields.integer(data, "claim_order", 1, MAX_CLAIM_ORDER) if data.get("claim_order") is not None else None
+        ),
     )

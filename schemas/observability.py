@@ -46,6 +46,7 @@ RETRIES = "chronoq.retries"  # counter: retries scheduled (RETRY_WAIT + outbox r
 DEAD_LETTERS = "chronoq.dead_letters"  # counter, attr reason: occurrences that went DEAD
 DLQ_SIZE = "chronoq.dlq_size"  # gauge: DEAD occurrences not replayed
 FENCED_EVENTS = "chronoq.fenced_attempt_events"  # counter, attr event: stale lease token rejected
+FOREIGN_GROUP_EVENTS = "chronoq.foreign_group_attempt_events"  # counter, attr event: an observing group, ignored
 LEASE_TIMEOUTS = "chronoq.lease_timeouts"  # counter: RUNNING attempts the reaper timed out
 OVERLAP_SKIPS = "chronoq.overlap_skips"  # counter: occurrences SKIPPED_OVERLAP
 CANCELED_DELIVERIES = "chronoq.canceled_deliveries"  # counter (consumer): skipped, older version or canceled

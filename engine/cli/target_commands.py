@@ -1,4 +1,5 @@
 """``chronoq target register|grant|revoke|list``: who may schedule onto a target;
+``chronoq target owner TARGET GROUP``: the one consumer group whose attempt events count for it;
 ``chronoq target credential issue|rotate|revoke|list``: its consumer side's attempt credentials.
 
 A target is claimed by the first tenant that creates a schedule on it; these
@@ -23,7 +24,7 @@ import asyncpg
 
 from engine.cli import print_json
 from engine.cli.endpoints import resolve_database_url
-from engine.control import attempt_credentials, targets
+from engine.control import attempt_credentials, attempt_owners, targets
 from schemas.clock import DatabaseClock
 from schemas.connections import create_pool
 from schemas.errors import InvalidInput
@@ -54,6 +55,14 @@ def cmd_grant(args: argparse.Namespace) -> int:
 
 def cmd_revoke(args: argparse.Namespace) -> int:
     return _run(lambda pool: _json(targets.revoke(pool, args.target, args.tenant, DatabaseClock())), args.json)
+
+
+def cmd_owner(args: argparse.Namespace) -> int:
+    async def registering(pool: asyncpg.Pool) -> dict[str, Any]:
+        owner = await attempt_owners.register_attempt_owner(pool, args.target, args.group, DatabaseClock())
+        return owner.to_json()
+
+    return _run(registering, args.json)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -133,6 +142,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         action.add_argument("tenant", help="the tenant id")
         action.add_argument("--json", action="store_true", help="print compact JSON")
         action.set_defaults(func=func)
+    owner = actions.add_parser(
+        "owner", help="the one consumer group whose attempt events count for a target (the others observe)"
+    )
+    owner.add_argument("target", help="the target name, e.g. billing.invoice")
+    owner.add_argument("group", help="the consumer group that reports attempts, e.g. billing")
+    owner.add_argument("--json", action="store_true", help="print compact JSON")
+    owner.set_defaults(func=cmd_owner)
     listing = actions.add_parser("list", help="targets with their owner and granted tenants")
     listing.add_argument("--tenant", help="only the targets this tenant may use")
     listing.add_argument("--json", action="store_true", help="print compact JSON")

@@ -5,8 +5,9 @@ rules — which event is accepted, a duplicate, fenced or ignored, and what it c
 :mod:`engine.rules.attempt_decisions`, following ``engine.rules.occurrence_states``. This ledger is its I/O,
 set-based: for a batch of events it
 
-1. locks every occurrence the batch names (one statement, in id order) and reads every attempt their lease
-   tokens name (one statement);
+1. locks every occurrence the batch names (one statement, in id order), reads the owning consumer group of
+   their targets (one statement; a target without one is claimed by its first ``started`` here, two more)
+   and every attempt their lease tokens name (one statement);
 2. folds each occurrence's events, in order, over that snapshot;
 3. writes what the fold decided with one statement per kind for the whole batch: new attempts, changed
    attempts, changed occurrences, unsent deliveries of finished occurrences;
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import random
+import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -36,7 +38,7 @@ from typing import Any
 import asyncpg
 
 from engine.loops.attempt_outcomes import AttemptMetrics, AttemptOutcomes, AttemptStats, lock_occurrence
-from engine.rules.attempt_decisions import Decisions, Verdict, fold_events, tokens_to_read
+from engine.rules.attempt_decisions import Decisions, Verdict, fold_events, owners_to_claim, tokens_to_read
 from schemas.attempt_events import AttemptEvent
 from schemas.clock import Clock
 from schemas.connections import json_rows
@@ -63,6 +65,7 @@ _NEW_ATTEMPT = (
     "error_class",
     "error_message",
     "permanent",
+    "claim_order",
 )
 _CHANGED_ATTEMPT = (
     "lease_token",
@@ -114,9 +117,11 @@ class AttemptLedger:
             return []
         ids = list({event.occurrence_id for event in events})  # the query locks them in id order
         rows = await conn.fetch(*QUERIES.lock_occurrences(occurrence_ids=ids))
+        by_id = {row["occurrence_id"]: row for row in rows}
+        owners = await self.owners(conn, events, by_id, now)
         tokens = tokens_to_read(events, rows)
         attempts = await conn.fetch(*QUERIES.attempts_by_token(lease_tokens=list(tokens))) if tokens else []
-        decisions = fold_events(events, {row["occurrence_id"]: row for row in rows}, attempts, now)
+        decisions = fold_events(events, by_id, attempts, now, owners)
         await self._write(conn, decisions, now)
         for occurrence_id, failure in decisions.failures.items():
             # The failed attempt is closed (written above); the retry decision reads the whole row now.
@@ -128,6 +133,30 @@ class AttemptLedger:
             verdicts[index] = await self.apply(conn, events[index], now)
         self._report(decisions)
         return verdicts
+
+    async def owners(
+        self,
+        conn: asyncpg.Connection,
+        events: Sequence[AttemptEvent],
+        occurrences: Mapping[uuid.UUID, Mapping[str, Any]],
+        now: datetime,
+    ) -> dict[str, str]:
+        """The owning group of every target the batch names; targets without one are claimed first (by the
+        group of their first ``started`` here). The claim is an insert that waits for a concurrent claim of
+        the same target, so two engine nodes never decide with different owners."""
+        targets = sorted({row["target"] for row in occurrences.values()})
+        if not targets:
+            return {}
+        owners = {r["target"]: r["consumer_group"] for r in await conn.fetch(*QUERIES.attempt_owners(targets=targets))}
+        claims = owners_to_claim(events, occurrences, owners)
+        if claims:
+            await conn.execute(
+                *QUERIES.claim_attempt_owners(targets=list(claims), consumer_groups=list(claims.values()), now=now)
+            )
+            rows = await conn.fetch(*QUERIES.attempt_owners(targets=list(claims)))
+            owners.update({r["target"]: r["consumer_group"] for r in rows})
+            log.info("attempt owners claimed", extra={"action": "target.attempt_owner_claimed", "claims": claims})
+        return owners
 
     async def _write(self, conn: asyncpg.Connection, decisions: Decisions, now: datetime) -> None:
         """What the fold decided: one statement per kind of write for the whole batch."""
@@ -172,6 +201,7 @@ class AttemptLedger:
             message = {
                 "attempt.cancel_unconfirmed": "a consumer skipped an occurrence the engine does not consider obsolete",
                 "occurrence.applied_after_final": "effect applied for an occurrence in a final state",
+                "attempt.takeover_refused": "a late start of an earlier claim did not take the lease over",
             }
             log.warning(
                 message.get(warning.action, warning.action),
@@ -180,6 +210,19 @@ class AttemptLedger:
 
     def fenced(self, event: AttemptEvent, verdict: Verdict) -> None:
         """Count and log a rejected event (called after the transaction, once per event)."""
+        if verdict is Verdict.FOREIGN:
+            # An observing group's report: expected whenever several groups read a target, so no warning.
+            self.meters.foreign_group.add(1, {"event": event.event})
+            log.debug(
+                "attempt event of a group that does not own the target: ignored",
+                extra={
+                    "action": "attempt.foreign_group",
+                    "occurrence_id": str(event.occurrence_id),
+                    "event": event.event,
+                    "consumer_group": event.consumer_group,
+                },
+            )
+            return
         if verdict is not Verdict.FENCED:
             return
         self.meters.fenced.add(1, {"event": event.event})

@@ -73,6 +73,9 @@ class AttemptMetrics:
         self.retries = meter.create_counter(obs.RETRIES, unit="1")
         self.dead = meter.create_counter(obs.DEAD_LETTERS, unit="1")
         self.fenced = meter.create_counter(obs.FENCED_EVENTS, unit="1")
+        self.foreign_group = meter.create_counter(
+            obs.FOREIGN_GROUP_EVENTS, unit="1", description="attempt events of an observing group: ignored"
+        )
         self.lease_timeouts = meter.create_counter(obs.LEASE_TIMEOUTS, unit="1")
         self.poison = meter.create_counter(obs.POISON_MESSAGES, unit="1")
         self.rejected = meter.create_counter(

@@ -77,6 +77,9 @@ class AttemptEvent(Protocol):
     @property
     def applied_by(self) -> uuid.UUID | None: ...
 
+    @property
+    def claim_order(self) -> int | None: ...
+
 
 class Verdict(str, Enum):
     ACCEPTED = "accepted"  # the event changed state
@@ -85,6 +88,7 @@ class Verdict(str, Enum):
     IGNORED = "ignored"  # nothing to do (e.g. the occurrence is already CANCELED)
     UNKNOWN = "unknown"  # no such occurrence
     REJECTED = "rejected"  # the event failed verification (not from the consumer it claims)
+    FOREIGN = "foreign"  # from a consumer group that does not own the target: an observer, ignored
 
 
 @dataclass(frozen=True)
@@ -155,10 +159,18 @@ class AttemptState:
     error_class: str | None = None
     error_message: str | None = None
     permanent: bool | None = None
+    claim_order: int | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> AttemptState:
-        return cls(row["lease_token"], row["occurrence_id"], row["attempt_number"], row["result"], row["finished_at"])
+        return cls(
+            row["lease_token"],
+            row["occurrence_id"],
+            row["attempt_number"],
+            row["result"],
+            row["finished_at"],
+            claim_order=row.get("claim_order"),
+        )
 
     @property
     def open(self) -> bool:
@@ -209,14 +221,37 @@ def tokens_to_read(events: Iterable[AttemptEvent], occurrences: Iterable[Mapping
     return tokens
 
 
+def owners_to_claim(
+    events: Iterable[AttemptEvent], occurrences: Mapping[uuid.UUID, Mapping[str, Any]], owners: Mapping[str, str]
+) -> dict[str, str]:
+    """Targets of this batch without an owning group, each with the group of its first ``started``: the
+    first group the engine sees starting an attempt of a target owns it (until an operator says otherwise)."""
+    claims: dict[str, str] = {}
+    for event in events:
+        occ = occurrences.get(event.occurrence_id)
+        if event.event != STARTED or event.consumer_group is None or occ is None:
+            continue
+        target = occ["target"]
+        if target not in owners and target not in claims:
+            claims[target] = event.consumer_group
+    return claims
+
+
 def fold_events(
     events: Sequence[AttemptEvent],
     occurrences: Mapping[uuid.UUID, Mapping[str, Any]],
     attempts: Iterable[Mapping[str, Any]],
     now: datetime,
+    owners: Mapping[str, str] | None = None,
 ) -> Decisions:
     """Decide a batch: ``occurrences`` are the locked rows by id, ``attempts`` the rows of
-    :func:`tokens_to_read`; events are taken in order (the order of their partition)."""
+    :func:`tokens_to_read`, ``owners`` the owning consumer group by target (:func:`owners_to_claim`);
+    events are taken in order (the order of their partition).
+
+    An event naming a consumer group other than its target's owner is ``FOREIGN``: it changes nothing, so
+    an observing group can neither take the owner's lease over nor settle its attempt. An event without a
+    group, or of a target without an owner, is judged as any other."""
+    owners = owners or {}
     decisions = Decisions()
     decisions.occurrences = {ident: OccurrenceState.from_row(row) for ident, row in occurrences.items()}
     decisions.attempts = {row["lease_token"]: AttemptState.from_row(row) for row in attempts}
@@ -228,6 +263,10 @@ def fold_events(
         occ = decisions.occurrences.get(event.occurrence_id)
         if occ is None:
             decisions.verdicts[index] = Verdict.UNKNOWN
+            continue
+        owner = owners.get(occ.row["target"])
+        if owner is not None and event.consumer_group is not None and event.consumer_group != owner:
+            decisions.verdicts[index] = Verdict.FOREIGN
             continue
         decisions.verdicts[index] = _Fold(decisions, occ, now).apply(event)
         if occ.occurrence_id in decisions.failures:
@@ -274,6 +313,18 @@ class _Fold:
         takeover = occ.state is State.RUNNING and event.attempt == occ.attempt_count
         if not (fresh or takeover):
             return Verdict.FENCED
+        if takeover and not self.claims_after_current(event):
+            # A worker whose dedupe claim came before the current lease's: its transaction must have ended
+            # for the current one's insert to succeed, so it can no longer commit. Its late `started` (it
+            # stalled between the insert and the report) must not fence the worker that can.
+            self.d.warnings.append(
+                Transition(
+                    occ,
+                    "attempt.takeover_refused",
+                    {"lease_token": str(event.lease_token), "current": str(occ.lease_token)},
+                )
+            )
+            return Verdict.FENCED
         if takeover:
             self.close(occ.lease_token, "fenced", Failure("Superseded", f"lease taken over by {event.lease_token}"))
         assert event.lease_token is not None and event.lease_ttl is not None  # the event format guarantees it
@@ -288,6 +339,7 @@ class _Fold:
             worker=event.worker,
             started_at=self.now,
             lease_expires_at=expires,
+            claim_order=event.claim_order,
         )
         occ.state = transition(occ.state, Event.STARTED)
         occ.attempt_count, occ.lease_token, occ.lease_expires_at = event.attempt, event.lease_token, expires
@@ -301,6 +353,14 @@ class _Fold:
             )
         )
         return Verdict.ACCEPTED
+
+    def claims_after_current(self, event: AttemptEvent) -> bool:
+        """A takeover's claim came after the current lease's (by the consumer database's transaction ids);
+        without both orders (an older runtime), arrival order decides as before."""
+        current = self.d.attempts.get(self.occ.lease_token) if self.occ.lease_token is not None else None
+        if event.claim_order is None or current is None or current.claim_order is None:
+            return True
+        return event.claim_order > current.claim_order
 
     def heartbeat(self, event: AttemptEvent, known: AttemptState | None) -> Verdict:
         if not self.current(event):

@@ -33,20 +33,22 @@ FOR UPDATE OF o;
 
 -- name: attempts_by_token
 -- The attempts the lease tokens :lease_tokens name (tokens are unique across all attempts).
-SELECT lease_token, occurrence_id, attempt_number, result, finished_at
+SELECT lease_token, occurrence_id, attempt_number, result, finished_at, claim_order
 FROM attempts WHERE lease_token = ANY (:lease_tokens::uuid[]);
 
 -- name: insert_attempts
 -- Records the attempts a batch of events opened (closed too, when their outcome came in the same batch):
 -- :attempts is a JSON array with one object per attempt, keyed by column. Lease instants are the engine's clock.
 INSERT INTO attempts (attempt_id, occurrence_id, attempt_number, lease_token, consumer_group, worker, started_at,
-                      heartbeat_at, lease_expires_at, finished_at, result, error_class, error_message, permanent)
+                      heartbeat_at, lease_expires_at, finished_at, result, error_class, error_message, permanent,
+                      claim_order)
 SELECT attempt_id, occurrence_id, attempt_number, lease_token, consumer_group, worker, started_at, heartbeat_at,
-       lease_expires_at, finished_at, result, error_class, error_message, permanent
+       lease_expires_at, finished_at, result, error_class, error_message, permanent, claim_order
 FROM jsonb_to_recordset(:attempts::text::jsonb)
      AS a (attempt_id uuid, occurrence_id uuid, attempt_number integer, lease_token uuid, consumer_group text,
            worker text, started_at timestamptz, heartbeat_at timestamptz, lease_expires_at timestamptz,
-           finished_at timestamptz, result text, error_class text, error_message text, permanent boolean);
+           finished_at timestamptz, result text, error_class text, error_message text, permanent boolean,
+           claim_order bigint);
 
 -- name: update_attempts
 -- Heartbeats and outcomes of attempts recorded before the batch (:attempts, a JSON array of objects keyed by
@@ -132,3 +134,24 @@ WITH progress AS (
     SET applied_through = greatest(p.applied_through, excluded.applied_through), updated_at = excluded.updated_at
 )
 SELECT coalesce(:now::timestamptz, now());
+
+-- name: claim_attempt_owners
+-- Targets :targets without an owning group are claimed by :consumer_groups (pairwise: the group of the first
+-- `started` of the batch for that target). An owner already registered is kept. A concurrent claim of the
+-- same target waits for the other transaction and then keeps its row: every engine node sees one owner.
+INSERT INTO target_attempt_owners (target, consumer_group, registered_by, registered_at)
+SELECT t.target, t.consumer_group, 'first_start', coalesce(:now::timestamptz, now())
+FROM unnest(:targets::text[], :consumer_groups::text[]) AS t(target, consumer_group)
+ON CONFLICT (target) DO NOTHING;
+
+-- name: attempt_owners
+-- The owning consumer group of each of :targets that has one.
+SELECT target, consumer_group FROM target_attempt_owners WHERE target = ANY (:targets::text[]);
+
+-- name: register_attempt_owner
+-- An operator makes :consumer_group the group whose attempt events count for :target (replacing any owner).
+INSERT INTO target_attempt_owners (target, consumer_group, registered_by, registered_at)
+VALUES (:target, :consumer_group, 'operator', coalesce(:now::timestamptz, now()))
+ON CONFLICT (target) DO UPDATE
+SET consumer_group = excluded.consumer_group, registered_by = 'operator', registered_at = excluded.registered_at
+RETURNING target, consumer_group, registered_by, registered_at;

@@ -12,13 +12,14 @@ SELECT set_config('lock_timeout', :lock_timeout_ms::text, true),
 -- Records that this consumer group applies an occurrence, in the transaction of the effect, with the
 -- delivery number and lease token of the attempt that applies it. Returns a row only for the first
 -- application; a redelivery (or a concurrent twin, which waits for the first transaction) gets nothing
--- back and must not apply the effect.
+-- back and must not apply the effect. claim_order is this transaction's id: increasing, so the engine can
+-- tell a later claim of the same delivery (a takeover) from a stalled earlier one.
 INSERT INTO chronoq_consumer_dedupe (consumer_group, occurrence_id, schedule_id, schedule_version, tenant_id,
                                      scheduled_for, attempt, lease_token)
 VALUES (:consumer_group, :occurrence_id, :schedule_id, :schedule_version, :tenant_id, :scheduled_for, :attempt,
         :lease_token)
 ON CONFLICT DO NOTHING
-RETURNING applied_at;
+RETURNING applied_at, pg_current_xact_id()::text::bigint AS claim_order;
 
 -- name: dedupe_row
 -- Which attempt applied the occurrence for this group (nothing if it was not applied).
@@ -49,7 +50,7 @@ FROM jsonb_to_recordset(:rows::text::jsonb)
      AS r (occurrence_id uuid, schedule_id uuid, schedule_version integer, tenant_id text,
            scheduled_for timestamptz, attempt integer, lease_token uuid)
 ON CONFLICT DO NOTHING
-RETURNING occurrence_id, applied_at;
+RETURNING occurrence_id, applied_at, pg_current_xact_id()::text::bigint AS claim_order;
 
 -- name: dedupe_rows
 -- Which attempts applied the occurrences :occurrence_ids for this group (those that were applied).

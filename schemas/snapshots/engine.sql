@@ -17,6 +17,7 @@ CREATE TABLE archive.attempts (
     error_message text,
     worker text,
     permanent boolean,
+    claim_order bigint,
     CONSTRAINT attempts_result_check CHECK ((result = ANY (ARRAY['succeeded'::text, 'failed'::text, 'timed_out'::text, 'fenced'::text, 'canceled'::text])))
 );
 CREATE TABLE archive.horizons (
@@ -83,6 +84,7 @@ CREATE TABLE public.attempts (
     error_message text,
     worker text,
     permanent boolean,
+    claim_order bigint,
     CONSTRAINT attempts_result_check CHECK ((result = ANY (ARRAY['succeeded'::text, 'failed'::text, 'timed_out'::text, 'fenced'::text, 'canceled'::text])))
 );
 CREATE TABLE public.calendar_versions (
@@ -391,6 +393,14 @@ CREATE TABLE public.stuck_occurrences (
     resolved_at timestamp with time zone,
     CONSTRAINT stuck_occurrences_redeliveries_check CHECK ((redeliveries >= 0))
 );
+CREATE TABLE public.target_attempt_owners (
+    target text NOT NULL,
+    consumer_group text NOT NULL,
+    registered_by text NOT NULL,
+    registered_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT target_attempt_owners_consumer_group_check CHECK ((consumer_group <> ''::text)),
+    CONSTRAINT target_attempt_owners_registered_by_check CHECK ((registered_by = ANY (ARRAY['first_start'::text, 'operator'::text])))
+);
 CREATE TABLE public.target_grants (
     target text NOT NULL,
     tenant_id text NOT NULL,
@@ -506,6 +516,8 @@ ALTER TABLE ONLY public.shard_leases
     ADD CONSTRAINT shard_leases_pkey PRIMARY KEY (shard);
 ALTER TABLE ONLY public.stuck_occurrences
     ADD CONSTRAINT stuck_occurrences_pkey PRIMARY KEY (occurrence_id);
+ALTER TABLE ONLY public.target_attempt_owners
+    ADD CONSTRAINT target_attempt_owners_pkey PRIMARY KEY (target);
 ALTER TABLE ONLY public.target_grants
     ADD CONSTRAINT target_grants_pkey PRIMARY KEY (target, tenant_id);
 ALTER TABLE ONLY public.targets

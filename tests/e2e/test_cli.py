@@ -410,6 +410,29 @@ async def test_operators_register_grant_and_revoke_targets_from_the_cli(engine_d
     assert [t["target"] for t in listed["items"]] == ["billing.invoice"]
 
 
+async def test_an_operator_registers_the_group_that_reports_a_targets_attempts_from_the_cli(
+    engine_db, kafka_bootstrap, pool
+):
+    """`chronoq target owner TARGET GROUP` (issue 11): the owner is stored, a change replaces it, a bad
+    group name is refused naming the field."""
+    from engine.control.attempt_owners import attempt_owner
+
+    env = cli_env(engine_db, kafka_bootstrap)
+    owner = await asyncio.to_thread(run, ["target", "owner", "billing.invoice", "billing", "--json"], env)
+    assert owner.returncode == 0, owner.stderr
+    shown = orjson.loads(owner.stdout)
+    assert (shown["target"], shown["consumer_group"], shown["registered_by"]) == (
+        "billing.invoice",
+        "billing",
+        "operator",
+    )
+    moved = await asyncio.to_thread(run, ["target", "owner", "billing.invoice", "billing-v2", "--json"], env)
+    assert moved.returncode == 0, moved.stderr
+    assert await attempt_owner(pool, "billing.invoice") == "billing-v2"
+    bad = await asyncio.to_thread(run, ["target", "owner", "billing.invoice", " ", "--json"], env)
+    assert bad.returncode != 0 and "consumer_group" in bad.stderr
+
+
 async def test_a_consumer_with_its_targets_credential_from_the_cli_is_applied_and_the_token_shown_once(
     engine_db, kafka_bootstrap, consumer_db, target, acme, pool
 ):

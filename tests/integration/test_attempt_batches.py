@@ -164,7 +164,8 @@ async def test_a_burst_batch_costs_a_fixed_number_of_statements_whatever_its_siz
                 [o.occurrence_id for o in occurrences],
             )
             assert [r["state"] for r in states] == ["SUCCEEDED"]
-        assert counts[10] == counts[300] <= 11, (counts, [q[:60] for q in statements])
+        # 12: the owning groups of the batch's targets are one more read (issue 11, one owner per target).
+        assert counts[10] == counts[300] <= 12, (counts, [q[:60] for q in statements])
     finally:
         await pool.close()
 

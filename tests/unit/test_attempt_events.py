@@ -121,3 +121,16 @@ def test_dead_occurrence_records_round_trip_and_poison_is_told_apart():
     assert decode_dead_occurrence(record.encode()) == record
     assert occurrence_id_of(record.encode()) == OCC
     assert occurrence_id_of(b"\x00garbage") is None
+
+
+def test_a_started_event_carries_its_claim_order_and_older_ones_have_none():
+    """Issue 11, takeover by claim order: the field round-trips, is optional, and is checked as an integer."""
+    event = AttemptEvent.started(uuid.uuid4(), 1, uuid.uuid4(), 30.0, "billing", claim_order=2**40)
+    assert decode_attempt_event(event.encode()).claim_order == 2**40
+    older = AttemptEvent.started(uuid.uuid4(), 1, uuid.uuid4(), 30.0, "billing")
+    assert b"claim_order" not in older.encode()
+    assert decode_attempt_event(older.encode()).claim_order is None
+    bad = older.encode().replace(b'"billing"', b'"billing","claim_order":"7"')
+    with pytest.raises(MalformedMessage) as raised:
+        decode_attempt_event(bad)
+    assert raised.value.field == "claim_order"
