@@ -302,6 +302,7 @@ class Attempt(_Record):
     error_message: str | None
     worker: str | None
     permanent: bool | None
+    claim_order: int | None  # the consumer's dedupe transaction id, when its runtime sent one (migration 0015)
 
 
 @dataclass(frozen=True, slots=True)

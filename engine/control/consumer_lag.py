@@ -4,6 +4,7 @@ Read with the Kafka admin API and a group-less consumer, never by joining a
 group (reading lag must not trigger a rebalance). Committed offsets are asked
 for every partition of every topic explicitly (the embedded broker answers
 only that form); a partition where the group has no offset is not the group's.
+A topic whose end offsets the broker cannot give in time is left out rather than failing the whole read.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 
 from schemas.kafka_security import PLAINTEXT, KafkaSecurity, start_client
 
@@ -70,8 +72,7 @@ async def _read(bootstrap: str, groups: Sequence[str] | None, security: KafkaSec
             for group in names:
                 offsets = await admin.list_consumer_group_offsets(group, partitions=every) if every else {}
                 committed[group] = {tp: meta.offset for tp, meta in offsets.items() if meta.offset >= 0}
-            partitions = sorted({tp for per in committed.values() for tp in per})
-            ends = await consumer.end_offsets(partitions) if partitions else {}
+            ends = await _end_offsets(consumer, {tp for per in committed.values() for tp in per})
         finally:
             await consumer.stop()
     finally:
@@ -80,7 +81,25 @@ async def _read(bootstrap: str, groups: Sequence[str] | None, security: KafkaSec
     for group in names:
         per_topic: dict[str, list[int]] = {}
         for tp, offset in committed[group].items():
-            per_topic.setdefault(tp.topic, []).append(max(ends.get(tp, 0) - offset, 0))
+            if tp in ends:
+                per_topic.setdefault(tp.topic, []).append(max(ends[tp] - offset, 0))
         for topic, lags in sorted(per_topic.items()):
             result.append(GroupLag(group, topic, len(lags), sum(lags)))
     return result
+
+
+async def _end_offsets(consumer: AIOKafkaConsumer, partitions: set[TopicPartition]) -> dict[TopicPartition, int]:
+    """High watermarks, asked per topic at once: a topic the broker cannot answer for in time (a partition
+    without a leader, a topic being deleted) is left out of the result instead of failing every other one."""
+    by_topic: dict[str, list[TopicPartition]] = {}
+    for tp in sorted(partitions):
+        by_topic.setdefault(tp.topic, []).append(tp)
+    answers = await asyncio.gather(*(consumer.end_offsets(tps) for tps in by_topic.values()), return_exceptions=True)
+    ends: dict[TopicPartition, int] = {}
+    for answer in answers:
+        if isinstance(answer, KafkaError):
+            continue
+        if isinstance(answer, BaseException):
+            raise answer
+        ends.update(answer)
+    return ends
