@@ -630,11 +630,7 @@ class ConsumerApp:
         """Process one Kafka record completely: decode, dedupe, run the handler, report."""
         assert self._runner is not None, "call start() first"
         try:
-            message = decode_occurrence(record.value, record.headers)
-            registration = self.handlers.for_target(message.target)
-            if registration is None:
-                raise MalformedMessage(f"no handler for target {message.target!r} in this app", "target")
-            await self._check_tenant(record, message)
+            message, registration = await self._admit(record)
         except MalformedMessage as err:
             return await self._dead_letter(record, str(err), err.field)
         context = obs.extract_trace_context(record.headers)
@@ -649,6 +645,16 @@ class ConsumerApp:
                 outcome = await self._runner.deliver(message, registration)
             span.set_attribute("chronoq.outcome", outcome.value)
         return outcome
+
+    async def _admit(self, record: ConsumerRecord) -> tuple[OccurrenceMessage, HandlerRegistration]:
+        """The record's message and the handler of its target, or MalformedMessage (the record is poison: it
+        does not decode, no handler of this app serves its target, or its tenant may not run there)."""
+        message = decode_occurrence(record.value, record.headers)
+        registration = self.handlers.for_target(message.target)
+        if registration is None:
+            raise MalformedMessage(f"no handler for target {message.target!r} in this app", "target")
+        await self._check_tenant(record, message)
+        return message, registration
 
     async def _check_tenant(self, record: ConsumerRecord, message: OccurrenceMessage) -> None:
         """MalformedMessage unless the record's tenant may run on its target (checked on the record itself)."""
@@ -683,11 +689,7 @@ class ConsumerApp:
         groups: dict[int, tuple[HandlerRegistration, list[tuple[int, OccurrenceMessage]]]] = {}
         for index, record in enumerate(records):
             try:
-                message = decode_occurrence(record.value, record.headers)
-                registration = self.handlers.for_target(message.target)
-                if registration is None:
-                    raise MalformedMessage(f"no handler for target {message.target!r} in this app", "target")
-                await self._check_tenant(record, message)
+                message, registration = await self._admit(record)
             except MalformedMessage as err:
                 outcomes[index] = await self._dead_letter(record, str(err), err.field)
                 continue

@@ -289,6 +289,7 @@ class ConsumerSide:
 
     async def start(self, timeout: float = 120.0) -> None:
         """Start every process and wait until the group owns every partition (no join inside the burst)."""
+        self.work_dir.mkdir(parents=True, exist_ok=True)
         group = f"burst-{uuid.uuid4().hex[:8]}"
         common = ["--bootstrap", self.bootstrap, "--session-timeout", str(self.session_timeout)]
         if self.run_engine and not self.engine_after_consumers:
@@ -547,7 +548,6 @@ async def main(args: argparse.Namespace) -> dict:
             engine_after_consumers=args.engine_after_consumers,
             work_dir=home / "workers",
         )
-        side.work_dir.mkdir(parents=True, exist_ok=True)
         await side.start()
         due = time.time()
         for start in range(0, len(records), args.publish_chunk):

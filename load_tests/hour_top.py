@@ -590,7 +590,6 @@ async def start_consumer_side(
         partitions=args.partitions,
         work_dir=log_dir / "consumer-side",
     )
-    side.work_dir.mkdir(parents=True, exist_ok=True)
     await side.start()
     return side
 
