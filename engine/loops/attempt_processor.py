@@ -19,7 +19,8 @@ skipped, never blocking its partition.
 Progress. After every poll the processor records, per partition it has read to its end, the engine
 instant up to which every event of that partition is applied (``attempt_event_progress``); the lease
 reaper judges leases by that instant, so a backlog of heartbeats and outcomes never makes it time out
-healthy attempts. The lag (events not yet applied) is a gauge per partition.
+healthy attempts. A partition gets its row (at the floor) before its first event is applied: with no row
+at all the reaper would judge by now alone. The lag (events not yet applied) is a gauge per partition.
 """
 
 from __future__ import annotations
@@ -216,7 +217,10 @@ class AttemptProcessor:
         return Verdict.REJECTED
 
     async def handle_records(self, records: Sequence[ConsumerRecord]) -> dict[str, int]:
-        """Decode a partition's records (undecodable ones are counted as poison and skipped) and apply them."""
+        """Decode a partition's records (undecodable ones are counted as poison and skipped) and apply them.
+
+        A partition's progress row exists before its first event is applied (see :meth:`_known`)."""
+        await self._known({record.partition for record in records})
         received: list[ReceivedEvent] = []
         poison = rejected = 0
         for record in records:
@@ -276,14 +280,7 @@ class AttemptProcessor:
             polled = consumer.last_poll_timestamp(tp)
             if self._mark is not None and position >= high and polled is not None and polled / 1000 > self._mark[1]:
                 caught_up.append(tp.partition)
-        new = sorted({tp.partition for tp in assignment} - self._known_partitions)
-        if new:
-            # Partitions just assigned and not read yet: their progress starts at the floor (or stays where a
-            # previous owner left it), so the reaper waits for this processor instead of judging by now.
-            await self.pool.fetchval(
-                *QUERIES.record_attempt_progress(partitions=new, applied_through=PROGRESS_FLOOR, now=self.clock.now())
-            )
-            self._known_partitions.update(new)
+        await self._known({tp.partition for tp in assignment})
         now: datetime = await self.pool.fetchval(
             *QUERIES.record_attempt_progress(
                 partitions=caught_up,
@@ -292,6 +289,21 @@ class AttemptProcessor:
             )
         )
         self._mark = (now, time.time())
+
+    async def _known(self, partitions: set[int]) -> None:
+        """Partitions this processor has not recorded yet get a progress row at the floor (or keep where a
+        previous owner left it), so the reaper waits for this processor instead of judging by now.
+
+        Called before a partition's first event is applied: with no row at all the reaper judges by now
+        alone, so an engine stopped right after applying a ``started`` (and before its first progress write)
+        would wake to time that lease out before reading the heartbeats sent meanwhile.
+        """
+        new = sorted(partitions - self._known_partitions)
+        if new:
+            await self.pool.fetchval(
+                *QUERIES.record_attempt_progress(partitions=new, applied_through=PROGRESS_FLOOR, now=self.clock.now())
+            )
+            self._known_partitions.update(new)
 
     async def run(self, stop: asyncio.Event, summary_every: float = SUMMARY_EVERY) -> None:
         """Consume attempt events until ``stop`` is set; the offset is committed after the database."""

@@ -258,6 +258,41 @@ async def test_the_reaper_waits_for_heartbeats_still_unread_and_times_out_only_s
     assert await pool.fetchval("SELECT count(*) FROM attempts WHERE result = 'timed_out'") == 1
 
 
+class StopsBeforeItsFirstProgressWrite(AttemptProcessor):
+    """A processor frozen (like a SIGSTOP) after applying its first poll's events, before recording progress."""
+
+    async def record_progress(self, consumer) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_an_engine_stopped_right_after_applying_a_start_does_not_wake_to_time_its_lease_out(
+    pool, clock, target, kafka_bootstrap
+):
+    """Why: the e2e downtime test failed once in CI. The engine applied a ``started`` and was SIGSTOPped before
+    its first progress write; with no progress row at all the reaper judged by now alone and, on waking, timed
+    the lease out before the heartbeats sent meanwhile were read (max_attempts=1: DEAD). A partition's row
+    must exist before its first event is applied."""
+    occurrence = await due_occurrence(pool, "acme", target, clock.now(), max_attempts=1)
+    await create_missing_topics(kafka_bootstrap, [ATTEMPTS_TOPIC])
+    await produce_events(kafka_bootstrap, [Ev.started(occurrence.occurrence_id, 1, uuid.uuid4(), 3.0, "billing")])
+    config = AttemptProcessorConfig(session_timeout=2.0, heartbeat_interval=0.4, error_backoff=0.05)
+    frozen = asyncio.create_task(
+        StopsBeforeItsFirstProgressWrite(pool, kafka_bootstrap, config, clock=clock).run(asyncio.Event())
+    )
+    try:
+        await wait_for(lambda: _state(pool, occurrence.occurrence_id, "RUNNING"), timeout=30)
+        clock.advance(timedelta(seconds=10))  # the engine was away for longer than the lease
+        assert await Reaper(pool, clock=clock).run_once() == 0
+        assert (await occurrence_row(pool, occurrence.occurrence_id))["state"] == "RUNNING"
+    finally:
+        frozen.cancel()
+        await asyncio.gather(frozen, return_exceptions=True)
+
+
+async def _state(pool: asyncpg.Pool, ident: uuid.UUID, state: str) -> bool:
+    return (await occurrence_row(pool, ident))["state"] == state
+
+
 async def _both_running(pool: asyncpg.Pool, tokens: dict) -> bool:
     rows = await pool.fetch("SELECT state FROM occurrences WHERE occurrence_id = ANY($1)", list(tokens))
     return [r["state"] for r in rows] == ["RUNNING", "RUNNING"]
