@@ -40,7 +40,7 @@ from schemas.clock import ManualClock
 from schemas.connections import create_pool
 from schemas.migrations import apply_migrations
 from tests.support.brokers import BROKER_TEST_OVERRIDES, BrokerUnderTest, require_apache_kafka
-from tests.support.databases import TEMPLATE, Servers, create_database, drop_database
+from tests.support.databases import TEMPLATE, DatabaseSpares, Servers, create_database, drop_database
 from tests.support.secure_kafka import SecureKafka, prepare_secure_kafka
 from tests.support.services import fast_services, services_running
 from tests.support.telemetry import Telemetry
@@ -160,22 +160,27 @@ async def template_database(servers: Servers) -> AsyncIterator[str]:
     await drop_database(servers, TEMPLATE)
 
 
+@pytest.fixture(scope="session")
+def database_spares(servers: Servers, template_database: str) -> Iterator[DatabaseSpares]:
+    spares = DatabaseSpares(servers, template_database)
+    yield spares
+    spares.close()
+
+
 @pytest.fixture
-async def engine_db(servers: Servers, template_database: str) -> AsyncIterator[str]:
-    """URL of a fresh, migrated engine database for this test."""
-    name = f"chronoq_test_{uuid.uuid4().hex[:12]}"
-    url = await create_database(servers, name, template_database)
+async def engine_db(database_spares: DatabaseSpares, template_database: str) -> AsyncIterator[str]:
+    """URL of a fresh, migrated engine database for this test (created ahead, dropped behind)."""
+    url = await database_spares.take(template_database)
     yield url
-    await drop_database(servers, name)
+    database_spares.discard(url)
 
 
 @pytest.fixture
-async def consumer_db(servers: Servers) -> AsyncIterator[str]:
+async def consumer_db(database_spares: DatabaseSpares) -> AsyncIterator[str]:
     """URL of a fresh, empty database for a consumer app (the runtime migrates it)."""
-    name = f"chronoq_consumer_{uuid.uuid4().hex[:12]}"
-    url = await create_database(servers, name)
+    url = await database_spares.take(None)
     yield url
-    await drop_database(servers, name)
+    database_spares.discard(url)
 
 
 @pytest.fixture
