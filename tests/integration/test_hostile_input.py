@@ -125,8 +125,9 @@ def forged_cursor(value: object) -> str:
 @pytest.mark.parametrize(
     "cursor",
     [
-        forged_cursor([1, str(uuid.uuid4())]),  # the finding: well-formed, wrong types
-        forged_cursor(["0001-01-01T00:00:00+01:00", str(uuid.uuid4())]),
+        # Fixed ids: the test ids must be the same in every process that collects them (pytest-xdist).
+        forged_cursor([1, "7594ed38-39ac-4f9d-ab85-15d51b9e03f6"]),  # the finding: well-formed, wrong types
+        forged_cursor(["0001-01-01T00:00:00+01:00", "948410be-8280-440c-92bd-d5d227dfefeb"]),
         forged_cursor(["2026-11-29T10:00:00Z", "not-a-uuid"]),
         forged_cursor({"a": 1}),
         forged_cursor(["2026-11-29T10:00:00Z"]),
