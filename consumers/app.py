@@ -51,6 +51,7 @@ from aiokafka.errors import CommitFailedError, KafkaError
 from aiokafka.structs import ConsumerRecord
 from opentelemetry import metrics, trace
 
+from consumers.attempt_grants import GrantWaiter
 from consumers.attempt_reports import AttemptReporter
 from consumers.attempt_runner import (
     AttemptRunner,
@@ -77,6 +78,7 @@ from schemas.kafka_security import AUTHORIZATION_ERRORS, refused, start_client
 from schemas.messages import OccurrenceMessage, decode_occurrence
 from schemas.migrations import apply_migrations
 from schemas.topics import (
+    ATTEMPT_GRANTS_TOPIC,
     ATTEMPTS_TOPIC,
     DEAD_LETTER_TOPIC,
     OCCURRENCE_TOPIC_PREFIX,
@@ -139,11 +141,14 @@ class ConsumerApp:
         config.validate()
         self.config = config
         self.hooks = hooks or ConsumerHooks()
-        self.handlers = HandlerRegistry(config.handler_timeout, config.concurrency)
+        self.handlers = HandlerRegistry(config.handler_timeout, config.concurrency, config.idle_timeout_for)
         self.stats = ConsumerStats()
-        self.meters = ConsumerMetrics(meter or obs.get_meter("consumer"))
+        self._meter = meter or obs.get_meter("consumer")
+        self.meters = ConsumerMetrics(self._meter)
         self.tracer = tracer or obs.get_tracer("consumer")
         self.view = ScheduleStateView()
+        # The engine's answers to this group's `started` (the cancel barrier); None when it is off.
+        self.grants: GrantWaiter | None = GrantWaiter(config.group, self._meter) if config.barrier else None
         self.bindings = TargetBindingView()
         self._stopping = asyncio.Event()
         self._aborting = asyncio.Event()
@@ -242,7 +247,14 @@ class ConsumerApp:
             "create the topics",
             lambda: create_missing_topics(
                 cfg.kafka_bootstrap,
-                self.topics + [DEAD_LETTER_TOPIC, ATTEMPTS_TOPIC, SCHEDULE_STATES_TOPIC, TARGET_BINDINGS_TOPIC],
+                self.topics
+                + [
+                    DEAD_LETTER_TOPIC,
+                    ATTEMPTS_TOPIC,
+                    ATTEMPT_GRANTS_TOPIC,
+                    SCHEDULE_STATES_TOPIC,
+                    TARGET_BINDINGS_TOPIC,
+                ],
                 cfg.partitions,
                 cfg.kafka_security,
             ),
@@ -259,9 +271,16 @@ class ConsumerApp:
         self._background.append(asyncio.create_task(self.view.follow(self._stopping), name="schedule-states"))
         await self.bindings.start(cfg.kafka_bootstrap, cfg.state_catch_up_timeout, cfg.kafka_security)
         self._background.append(asyncio.create_task(self.bindings.follow(self._stopping), name="target-bindings"))
+        if self.grants is not None:
+            # At the partition's end before the first `started` is sent: no answer is missed, none older read.
+            grants = self.grants
+            await self._until_done(
+                "read the attempt-grants topic", lambda: grants.start(cfg.kafka_bootstrap, cfg.kafka_security)
+            )
+            self._background.append(asyncio.create_task(grants.follow(self._stopping), name="attempt-grants"))
         reporter = AttemptReporter(self._producer, cfg.report_timeout, cfg.report_attempts, cfg.credentials())
         self._runner = AttemptRunner(
-            cfg, self._pool, reporter, self.view, self.hooks, self.meters, self.stats, self._stopping
+            cfg, self._pool, reporter, self.view, self.hooks, self.meters, self.stats, self._stopping, self.grants
         )
         self._batch_runner = BatchRunner(
             cfg, self._pool, reporter, self.view, self.hooks, self.meters, self.stats, self._stopping, self._runner
@@ -320,6 +339,7 @@ class ConsumerApp:
             consumer and consumer.stop,
             self.view.stop,
             self.bindings.stop,
+            self.grants.stop if self.grants is not None else None,
             producer and producer.stop,
             pool and pool.close,
         ):

@@ -12,11 +12,20 @@ For a decoded occurrence message the runner:
 3. reports ``started`` (attempt number from the message, the new token, the
    lease TTL) and waits for the broker's acknowledgement — only then is the
    attempt real; a broker failure rolls back and retries in place;
-4. re-checks the view right before calling the handler;
-5. calls the handler with the occurrence and the open connection, under the
+4. **the barrier** (``ConsumerConfig.attempt_barrier``, on by default): waits
+   for the engine's answer to that ``started`` (``consumers.attempt_grants``),
+   sent after the engine's transaction committed. ``granted`` means the engine
+   confirmed, after this dedupe insert, that the occurrence is live and the
+   lease this worker's; ``refused`` (canceled, fenced, ...) rolls back: no
+   effect, the handler is not called, nothing more is reported (the engine
+   knows). No answer within ``attempt_grant_timeout`` rolls back and retries in
+   place: a new claim, a new ``started``, no attempt consumed;
+5. re-checks the view right before calling the handler (a fast path, and the
+   only check with the barrier off);
+6. calls the handler with the occurrence and the open connection, under the
    target's timeout, while a background task heartbeats the lease and the
    view watches for the schedule's cancellation;
-6. commits, then reports ``succeeded``; or rolls back and reports ``failed``
+7. commits, then reports ``succeeded``; or rolls back and reports ``failed``
    (error class, message, permanent or not) or ``canceled``.
 
 Only the engine decides retries: a failed handler is reported, never retried
@@ -45,6 +54,7 @@ from typing import cast
 import asyncpg
 from opentelemetry import metrics
 
+from consumers.attempt_grants import GrantWaiter
 from consumers.attempt_reports import AttemptReporter
 from consumers.config import ConsumerConfig
 from consumers.errors import InfrastructureError, OccurrenceCanceled, PermanentError, lost_connection
@@ -52,6 +62,7 @@ from consumers.occurrence import Cancellation, Occurrence
 from consumers.schedule_states import ScheduleStateView
 from schemas import observability as obs
 from schemas.attempt_events import AttemptEvent
+from schemas.attempt_grants import FOREIGN_GROUP, AttemptGrant
 from schemas.clock import pause
 from schemas.messages import OccurrenceMessage
 from schemas.queries import CONSUMER_QUERIES
@@ -78,13 +89,20 @@ class Outcome(enum.Enum):
 @dataclass(frozen=True)
 class HandlerRegistration:
     """A target's handler and its limits. ``batch``: the handler takes a list of up to that many
-    occurrences (:mod:`consumers.batch_runner`); None: one occurrence per call."""
+    occurrences (:mod:`consumers.batch_runner`); None: one occurrence per call. ``idle_timeout``: the
+    idle-in-transaction limit of this target's transactions (``ConsumerConfig.idle_timeout_for`` of its
+    timeout, so a per-target timeout above the app's limit can still commit); None: the app's."""
 
     fn: Handler | BatchHandler
     timeout: float
     concurrency: int
     permanent_errors: tuple[type[BaseException], ...] = ()
     batch: int | None = None
+    idle_timeout: float | None = None
+
+    def idle_limit(self, config: ConsumerConfig) -> float:
+        """Seconds this target's transaction may sit idle before PostgreSQL ends it."""
+        return self.idle_timeout if self.idle_timeout is not None else config.idle_timeout_for(self.timeout)
 
 
 @dataclass(frozen=True)
@@ -115,6 +133,8 @@ class ConsumerStats:
     infrastructure_errors: int = 0
     abandoned: int = 0
     batch_failures: int = 0  # batches whose failure sent their occurrences through one by one
+    refused: int = 0  # deliveries the engine refused (the barrier): rolled back, the handler not called
+    grant_timeouts: int = 0  # waits for the engine's answer to started that ran out (retried in place)
     outcomes: list[tuple[uuid.UUID, int, str]] = field(default_factory=list)  # last 1000 (id, attempt, outcome)
 
     def record(self, occurrence_id: uuid.UUID, attempt: int, outcome: Outcome) -> None:
@@ -133,6 +153,12 @@ class ConsumerMetrics:
         self.lag = meter.create_gauge(obs.CONSUMER_LAG, unit="1")
         self.batch_size = meter.create_histogram(
             obs.CONSUMER_BATCH_SIZE, unit="1", description="occurrences per batch handler delivery"
+        )
+        self.grants = meter.create_counter(
+            obs.ATTEMPT_GRANTS, unit="1", description="answers to started: granted, refused or timeout"
+        )
+        self.grant_wait = meter.create_histogram(
+            obs.ATTEMPT_GRANT_WAIT, unit="s", description="from sending started to the engine's answer"
         )
 
 
@@ -173,6 +199,7 @@ class AttemptRunner:
         meters: ConsumerMetrics,
         stats: ConsumerStats,
         stopping: asyncio.Event,
+        grants: GrantWaiter | None = None,
     ) -> None:
         self.config = config
         self.pool = pool
@@ -182,6 +209,7 @@ class AttemptRunner:
         self.meters = meters
         self.stats = stats
         self.stopping = stopping
+        self.grants = grants  # None: no barrier (ConsumerConfig.attempt_barrier off, or nothing reported)
 
     async def deliver(self, message: OccurrenceMessage, registration: HandlerRegistration) -> Outcome:
         """Process one delivery to the end, retrying infrastructure errors in place until shutdown."""
@@ -239,7 +267,8 @@ class AttemptRunner:
             await transaction.start()
             await conn.fetchval(
                 *CONSUMER_QUERIES.limit_transaction(
-                    lock_timeout_ms=limit_ms(cfg.lock_timeout), idle_timeout_ms=limit_ms(cfg.idle_timeout)
+                    lock_timeout_ms=limit_ms(cfg.lock_timeout),
+                    idle_timeout_ms=limit_ms(registration.idle_limit(cfg)),
                 )
             )
             claimed = await conn.fetchrow(
@@ -266,22 +295,9 @@ class AttemptRunner:
             await rollback(transaction)
             return await self._duplicate(conn, message)
         applied_at = claimed["applied_at"]
-        try:
-            await self.reporter.send(
-                AttemptEvent.started(
-                    message.occurrence_id,
-                    message.attempt,
-                    token,
-                    cfg.lease_ttl,
-                    cfg.group,
-                    cfg.worker,
-                    claim_order=claimed["claim_order"],
-                ),
-                message.target,
-            )
-        except InfrastructureError:
-            await rollback(transaction)
-            raise
+        refusal = await self._start(message, token, claimed["claim_order"], transaction)
+        if refusal is not None:
+            return refusal
         lease = LocalLease(cfg.lease_ttl)
         obsolete = self.view.verdict(message.schedule_id, message.schedule_version)  # right before the handler
         if obsolete:
@@ -355,6 +371,91 @@ class AttemptRunner:
                 )
                 continue
             lease.renewed(sent_at)
+
+    # -- the barrier ----------------------------------------------------------------------------
+
+    async def _start(
+        self,
+        message: OccurrenceMessage,
+        token: uuid.UUID,
+        claim_order: int | None,
+        transaction: asyncpg.transaction.Transaction,
+    ) -> Outcome | None:
+        """Send ``started`` inside the dedupe transaction and, with the barrier, await the engine's answer.
+
+        None: go ahead (granted, or no barrier). An Outcome: the engine refused, rolled back. Raises
+        InfrastructureError (rolled back) when the broker does not take ``started`` or no answer comes
+        within ``attempt_grant_timeout``: the delivery is retried in place with a new claim.
+        """
+        cfg = self.config
+        if self.grants is not None:
+            self.grants.expect([token])  # before sending: the answer may come back at once
+        try:
+            await self.reporter.send(
+                AttemptEvent.started(
+                    message.occurrence_id,
+                    message.attempt,
+                    token,
+                    cfg.lease_ttl,
+                    cfg.group,
+                    cfg.worker,
+                    claim_order=claim_order,
+                ),
+                message.target,
+            )
+        except InfrastructureError:
+            if self.grants is not None:
+                self.grants.forget([token])
+            await rollback(transaction)
+            raise
+        if self.grants is None:
+            return None
+        grant = (await self.await_grants([token], message.target))[token]
+        if grant is None:
+            await rollback(transaction)
+            raise InfrastructureError(
+                f"no answer from the engine to started within {cfg.grant_timeout:g} s (attempt processor"
+                " down or behind); rolled back, retrying with a new claim"
+            )
+        if not grant.granted and grant.reason != FOREIGN_GROUP:
+            await rollback(transaction)
+            return self.refused(message, grant)
+        return None  # granted; or an observing group, which the engine does not gate (the view does)
+
+    async def await_grants(self, lease_tokens: list[uuid.UUID], target: str) -> dict[uuid.UUID, AttemptGrant | None]:
+        """The engine's answers to the ``started`` just sent for ``lease_tokens`` (registered with
+        ``expect`` before sending), awaited together within ``attempt_grant_timeout``; None: no answer."""
+        assert self.grants is not None
+        began = time.perf_counter()
+        answers = await self.grants.wait(lease_tokens, self.config.grant_timeout)
+        self.meters.grant_wait.record(time.perf_counter() - began, {"target": target})
+        for grant in answers.values():
+            result = "timeout" if grant is None else grant.result
+            self.meters.grants.add(1, {"target": target, "result": result})
+        timeouts = sum(1 for grant in answers.values() if grant is None)
+        if timeouts:
+            self.stats.grant_timeouts += timeouts
+            log.warning(
+                "no answer from the engine to started in time; the delivery is rolled back and retried in place",
+                extra={"action": "attempt.grant_timeout", "target": target, "occurrences": timeouts},
+            )
+        return answers
+
+    def refused(self, occurrence: OccurrenceMessage | Occurrence, grant: AttemptGrant) -> Outcome:
+        """The engine refused the attempt (rolled back already): no effect, nothing more to report."""
+        self.stats.refused += 1
+        self.stats.canceled += 1
+        self.meters.canceled.add(1, {"target": occurrence.target, "reason": f"refused_{grant.reason}"})
+        log.info(
+            "attempt refused by the engine: not applied",
+            extra={
+                **ids(occurrence),
+                "action": "attempt.refused",
+                "reason": grant.reason,
+                "lease_token": str(grant.lease_token),
+            },
+        )
+        return Outcome.CANCELED
 
     # -- outcomes -------------------------------------------------------------------------------
 

@@ -66,6 +66,7 @@ from consumers.errors import FailedOccurrences, InfrastructureError, lost_connec
 from consumers.occurrence import Cancellation, Occurrence
 from consumers.schedule_states import ScheduleStateView
 from schemas.attempt_events import AttemptEvent
+from schemas.attempt_grants import FOREIGN_GROUP
 from schemas.clock import pause
 from schemas.connections import json_rows
 from schemas.messages import OccurrenceMessage
@@ -217,7 +218,8 @@ class BatchRunner:
             await transaction.start()
             await conn.fetchval(
                 *CONSUMER_QUERIES.limit_transaction(
-                    lock_timeout_ms=limit_ms(cfg.lock_timeout), idle_timeout_ms=limit_ms(cfg.idle_timeout)
+                    lock_timeout_ms=limit_ms(cfg.lock_timeout),
+                    idle_timeout_ms=limit_ms(registration.idle_limit(cfg)),
                 )
             )
             inserted = await conn.fetch(
@@ -250,27 +252,13 @@ class BatchRunner:
             return []
         # The duplicates' reports ride in the same Kafka batch as the starts.
         duplicates = self._already_applied_events(before, earlier)
-        try:
-            await self.reporter.send_many(
-                duplicates
-                + [
-                    AttemptEvent.started(
-                        i.message.occurrence_id,
-                        i.message.attempt,
-                        i.lease,
-                        cfg.lease_ttl,
-                        cfg.group,
-                        cfg.worker,
-                        claim_order=claim_order[i.message.occurrence_id],
-                    )
-                    for i in fresh
-                ],
-                fresh[0].message.target,
-            )
-        except InfrastructureError:
-            await rollback(transaction)
-            raise
+        await self._announce(transaction, duplicates, fresh, claim_order)
         self._count_duplicates(before, outcomes)
+        if self.single.grants is not None:
+            fresh = await self._granted(conn, transaction, fresh, outcomes)
+            if not fresh:
+                await rollback(transaction)
+                return []
         lease = LocalLease(cfg.lease_ttl)
         for item in fresh:
             item.occurrence = Occurrence.from_message(
@@ -289,6 +277,86 @@ class BatchRunner:
             return []
         await rollback(transaction)
         return await self._failed(conn, fresh, registration, lease, error, timed_out, outcomes)
+
+    async def _announce(
+        self,
+        transaction: asyncpg.transaction.Transaction,
+        duplicates: list[AttemptEvent],
+        fresh: list[_Item],
+        claim_order: dict[uuid.UUID, int | None],
+    ) -> None:
+        """``started`` for every fresh occurrence (and the duplicates' reports) in one Kafka batch per
+        partition; with the barrier, their answers are expected before sending. Rolled back and raised
+        (InfrastructureError) when the broker does not take them."""
+        cfg = self.config
+        grants = self.single.grants
+        if grants is not None:
+            grants.expect(i.lease for i in fresh)  # before sending: answers may come back at once
+        try:
+            await self.reporter.send_many(
+                duplicates
+                + [
+                    AttemptEvent.started(
+                        i.message.occurrence_id,
+                        i.message.attempt,
+                        i.lease,
+                        cfg.lease_ttl,
+                        cfg.group,
+                        cfg.worker,
+                        claim_order=claim_order[i.message.occurrence_id],
+                    )
+                    for i in fresh
+                ],
+                fresh[0].message.target,
+            )
+        except InfrastructureError:
+            if grants is not None:
+                grants.forget(i.lease for i in fresh)
+            await rollback(transaction)
+            raise
+
+    async def _granted(
+        self,
+        conn: asyncpg.Connection,
+        transaction: asyncpg.transaction.Transaction,
+        items: list[_Item],
+        outcomes: dict[int, Outcome],
+    ) -> list[_Item]:
+        """The barrier for the whole batch: one wait for the engine's answers to every ``started``.
+
+        Refused occurrences lose their (uncommitted) dedupe row and are settled as canceled, unreported (the
+        engine knows); the granted ones go on. Any occurrence without an answer in time rolls the batch back
+        and raises InfrastructureError: the unsettled rest is retried in place with new claims.
+        """
+        answers = await self.single.await_grants([i.lease for i in items], items[0].message.target)
+        refused = [
+            (i, g) for i in items if (g := answers[i.lease]) is not None and not g.granted and g.reason != FOREIGN_GROUP
+        ]
+        if any(g is None for g in answers.values()):
+            await rollback(transaction)
+            for item, grant in refused:
+                outcomes[item.index] = self.single.refused(item.message, grant)
+            raise InfrastructureError(
+                f"no answer from the engine to started within {self.config.grant_timeout:g} s for part of the"
+                " batch (attempt processor down or behind); rolled back, retrying with new claims"
+            )
+        if not refused:
+            return items
+        try:
+            await conn.execute(
+                *CONSUMER_QUERIES.delete_dedupe_rows(
+                    consumer_group=self.config.group,
+                    occurrence_ids=[i.message.occurrence_id for i, _ in refused],
+                    lease_tokens=[i.token for i, _ in refused],
+                )
+            )
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
+            await rollback(transaction)
+            raise InfrastructureError(f"app database error before the handler: {err!r}") from err
+        for item, grant in refused:
+            outcomes[item.index] = self.single.refused(item.message, grant)
+        gone = {id(i) for i, _ in refused}
+        return [i for i in items if id(i) not in gone]
 
     async def _drop_obsolete_since_start(
         self,

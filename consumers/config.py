@@ -59,6 +59,15 @@ class ConsumerConfig:
     report_attempts: send attempt events to the engine (default True). Turn it off
         for a second group that only observes a target another app owns.
     report_timeout: seconds to wait for the broker to acknowledge an attempt event.
+    attempt_barrier: call a handler only after the engine answered its ``started`` with ``granted``
+        (default True; docs/state-machine.md, "Cancel as a barrier"): a cancel the engine committed first
+        is never applied, even when the schedule-state view has not read it yet. Off, the runtime falls
+        back to the view-only guarantee (a cancel inside the view's lag may still be applied, once).
+        Needs ``report_attempts`` (nothing is asked otherwise) and READ on ``chronoq.attempt-grants``.
+    attempt_grant_timeout: seconds to wait for that answer (default lease_ttl, or half of
+        transaction_idle_timeout if that is shorter). No answer in time: the
+        attempt's transaction is rolled back and the delivery retried in place with a new ``started``
+        (no attempt consumed). It must be below transaction_idle_timeout: the transaction waits idle.
     state_catch_up_timeout: seconds to read the schedule-state topic at start-up
         before handling occurrences (default 30; the app starts anyway after it).
     worker: this process's name in attempt events (default host:pid).
@@ -98,6 +107,8 @@ class ConsumerConfig:
     dedupe_lock_timeout: float | None = None
     report_attempts: bool = True
     report_timeout: float = 10.0
+    attempt_barrier: bool = True
+    attempt_grant_timeout: float | None = None
     state_catch_up_timeout: float = 30.0
     worker: str = field(default_factory=_worker_id)
     tenants: frozenset[str] | None = None
@@ -125,6 +136,27 @@ class ConsumerConfig:
             return self.transaction_idle_timeout
         # Room for a handler that idles in its transaction for its whole timeout, then commits.
         return self.handler_timeout + self.lease_ttl
+
+    @property
+    def grant_timeout(self) -> float:
+        if self.attempt_grant_timeout is not None:
+            return self.attempt_grant_timeout
+        # The lease ttl, but never so long that PostgreSQL ends the transaction waiting idle for the answer.
+        return min(self.lease_ttl, self.idle_timeout / 2)
+
+    @property
+    def barrier(self) -> bool:
+        """Whether handlers wait for the engine's grant (the barrier asks through attempt reports)."""
+        return self.attempt_barrier and self.report_attempts
+
+    def idle_timeout_for(self, handler_timeout: float) -> float:
+        """The idle-in-transaction limit of a target whose handler has ``handler_timeout`` seconds: the app's
+        ``transaction_idle_timeout`` if it exceeds that, else ``handler_timeout + lease_ttl`` — a handler that
+        works outside the database for its whole (per-target) timeout can still commit, and a stalled one
+        still releases its dedupe row a lease after its timeout."""
+        if self.idle_timeout > handler_timeout:
+            return self.idle_timeout
+        return handler_timeout + self.lease_ttl
 
     @property
     def lock_timeout(self) -> float:
@@ -165,6 +197,17 @@ class ConsumerConfig:
                 f" ({self.handler_timeout:g} s): PostgreSQL would end the transaction of a handler that"
                 " works outside the database within its timeout, and it could never commit; raise"
                 " transaction_idle_timeout (or leave it unset) or lower handler_timeout"
+            )
+        if self.grant_timeout <= 0:
+            raise ValueError(
+                f"attempt_grant_timeout ({self.grant_timeout:g} s) must be positive: it bounds the wait for the"
+                " engine's answer to started (leave it unset for lease_ttl)"
+            )
+        if self.barrier and self.grant_timeout >= self.idle_timeout:
+            raise ValueError(
+                f"attempt_grant_timeout ({self.grant_timeout:g} s) must be below transaction_idle_timeout"
+                f" ({self.idle_timeout:g} s): the attempt's transaction waits idle for the grant, and PostgreSQL"
+                " would end it first; lower attempt_grant_timeout or raise transaction_idle_timeout"
             )
         if self.shutdown_grace < 0:
             raise ValueError("shutdown_grace must not be negative")

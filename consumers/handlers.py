@@ -11,9 +11,17 @@ from schemas.topics import occurrence_topic, validate_target
 class HandlerRegistry:
     """Handlers by target with their limits (timeout, concurrency, permanent errors, batch size)."""
 
-    def __init__(self, default_timeout: float, default_concurrency: int) -> None:
+    def __init__(
+        self,
+        default_timeout: float,
+        default_concurrency: int,
+        idle_timeout_for: Callable[[float], float] | None = None,
+    ) -> None:
         self.default_timeout = default_timeout
         self.default_concurrency = default_concurrency
+        # A target's idle-in-transaction limit from its timeout (ConsumerConfig.idle_timeout_for); None: the
+        # runner's app-wide limit.
+        self.idle_timeout_for = idle_timeout_for
         self._by_target: dict[str, HandlerRegistration] = {}
         self.fallback: HandlerRegistration | None = None
 
@@ -29,7 +37,8 @@ class HandlerRegistry:
         concurrency = self.default_concurrency if concurrency is None else concurrency
         if timeout <= 0 or concurrency < 1:
             raise ValueError("a handler needs a positive timeout and a concurrency of at least 1")
-        return lambda fn: HandlerRegistration(fn, timeout, concurrency, tuple(permanent_errors), batch)
+        idle = self.idle_timeout_for(timeout) if self.idle_timeout_for is not None else None
+        return lambda fn: HandlerRegistration(fn, timeout, concurrency, tuple(permanent_errors), batch, idle)
 
     def add(self, target: str, registration: HandlerRegistration) -> None:
         validate_target(target)

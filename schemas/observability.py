@@ -78,6 +78,11 @@ SHARD_MOVES = "chronoq.shard_moves"  # counter, attr direction: acquired|release
 SETTLED_DELIVERIES = "chronoq.settled_deliveries"  # counter: ahead-lane rows the settle pass recorded ENQUEUED
 # counter, attr reason: unsigned|malformed|unknown_credential|expired_credential|wrong_target|bad_signature
 ATTEMPT_EVENTS_REJECTED = "chronoq.attempt_events_rejected"
+# The cancel barrier (docs/state-machine.md, "Cancel as a barrier").
+ATTEMPT_GRANTS_SENT = "chronoq.attempt_grants_sent"  # counter (engine), attr result: granted|refused, reason
+ATTEMPT_GRANTS = "chronoq.attempt_grants"  # counter (consumer), attr result: granted|refused|timeout, target
+ATTEMPT_GRANT_WAIT = "chronoq.attempt_grant_wait"  # histogram (consumer), s: from sending started to its answer
+ATTEMPT_GRANTS_MALFORMED = "chronoq.attempt_grants_malformed"  # counter (consumer): undecodable reply records
 # counter, attr reason: too_large|invalid_topic|unauthorized_topic|refused (relay quarantined an outbox row)
 OUTBOX_QUARANTINED = "chronoq.outbox_quarantined"
 CATCH_UP_ENQUEUED = "chronoq.catch_up_enqueued"  # counter, attr tenant_id: misfire catch-up occurrences materialized

@@ -10,6 +10,7 @@ resource                              may       why
 topic ``chronoq.occurrences.<X>``     READ      for each target X the tenant owns or was granted (literal)
 topic ``chronoq.schedule-states``     READ      skip occurrences of canceled schedules (runtime view)
 topic ``chronoq.target-bindings``     READ      check each occurrence's tenant against its target
+topic ``chronoq.attempt-grants``      READ      the engine's granted/refused answer to ``started`` (barrier)
 group ``<tenant>.`` (prefixed)        READ      its consumer groups must be named ``<tenant>.<name>``
 topic ``chronoq.attempts``            WRITE     report attempts to the engine
 topic ``chronoq.dead-letters``        WRITE     set aside a record it cannot run (hostile or malformed)
@@ -20,7 +21,8 @@ offset look-ups need. No CREATE: ``--apply`` creates the topics the ACLs name
 (with chronoq's topic settings) as the administrator, so the app finds them
 and never needs to. Another tenant's occurrence topic is neither readable
 nor even visible to this principal, and it can write no topic the engine
-writes (occurrences, schedule states, bindings, command results).
+writes (occurrences, schedule states, bindings, command results, attempt grants: a forged
+``granted`` would let a canceled occurrence run).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from aiokafka.protocol.admin import CreateAclsRequest, DescribeAclsRequest
 from schemas.errors import ChronoqError
 from schemas.kafka_security import KafkaAuthorizationError, KafkaSecurity, start_client
 from schemas.topics import (
+    ATTEMPT_GRANTS_TOPIC,
     ATTEMPTS_TOPIC,
     DEAD_LETTER_TOPIC,
     DEFAULT_PARTITIONS,
@@ -113,7 +116,7 @@ def consumer_acls(
     if not who.startswith("User:") or len(who) <= len("User:"):
         raise ChronoqError(f"principal {who!r} must look like User:<name>")
     read = [occurrence_topic(target) for target in sorted(set(targets))]
-    read += [SCHEDULE_STATES_TOPIC, TARGET_BINDINGS_TOPIC]
+    read += [SCHEDULE_STATES_TOPIC, TARGET_BINDINGS_TOPIC, ATTEMPT_GRANTS_TOPIC]
     bindings = [AclBinding(who, "TOPIC", topic, "LITERAL", "READ") for topic in read]
     bindings.append(AclBinding(who, "GROUP", group_prefix or f"{tenant_id}.", "PREFIXED", "READ"))
     bindings += [AclBinding(who, "TOPIC", topic, "LITERAL", "WRITE") for topic in (ATTEMPTS_TOPIC, DEAD_LETTER_TOPIC)]

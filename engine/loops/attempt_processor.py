@@ -40,19 +40,22 @@ from aiokafka.structs import ConsumerRecord
 from opentelemetry import metrics, trace
 
 from engine.loops.attempt_authentication import CredentialVerifier, EventVerifier, ReceivedEvent, Rejection
+from engine.loops.attempt_grants import GrantPublisher, GrantSink
 from engine.loops.attempt_ledger import AttemptLedger, Verdict
 from engine.loops.attempt_outcomes import AttemptMetrics, AttemptStats
 from engine.loops.kafka_processor import KafkaLoopSettings, KafkaProcessorLoop, database_scoped_group
 from engine.loops.reporting import SUMMARY_EVERY
+from engine.rules.attempt_grants import grant_for
 from schemas import observability as obs
 from schemas.attempt_credentials import signed_by
-from schemas.attempt_events import AttemptEvent, decode_attempt_event
+from schemas.attempt_events import STARTED, AttemptEvent, decode_attempt_event
+from schemas.attempt_grants import AttemptGrant
 from schemas.clock import Clock, DatabaseClock
 from schemas.error_classification import is_transient
 from schemas.kafka_security import PLAINTEXT, KafkaSecurity
 from schemas.messages import MalformedMessage
 from schemas.queries import QUERIES
-from schemas.topics import ATTEMPTS_TOPIC, DEFAULT_PARTITIONS
+from schemas.topics import ATTEMPT_GRANTS_TOPIC, ATTEMPTS_TOPIC, DEFAULT_PARTITIONS
 
 log = logging.getLogger("chronoq.attempts")
 
@@ -104,6 +107,7 @@ class AttemptProcessor:
         tracer: trace.Tracer | None = None,
         verifier: EventVerifier | None = None,
         security: KafkaSecurity = PLAINTEXT,
+        grants: GrantSink | None = None,
     ) -> None:
         self.pool = pool
         self.kafka_bootstrap = kafka_bootstrap
@@ -120,6 +124,10 @@ class AttemptProcessor:
         self.verifier: EventVerifier = verifier or CredentialVerifier()
         self.security = security
         self.rejections: Counter[str] = Counter()
+        # Where the answers to `started` go once their transaction committed (run() opens a Kafka
+        # publisher when none is given; without one, apply_events answers nobody).
+        self.grants = grants
+        self._meter = meter
         self.ledger = AttemptLedger(self.clock, rng or random.Random(), self.meters, self.stats)
         self.assigned_partitions = 0
         # The engine instant of the last progress write, and this host's time right after it: a poll
@@ -165,9 +173,21 @@ class AttemptProcessor:
                         extra={"action": "attempt.batch_fallback", "events": len(accepted), "error": repr(err)},
                     )
                     applied = [await self._apply_alone(conn, event, now) for event in accepted]
+                asked = list({r.event.occurrence_id for r in received if _asks_for_grant(r.event)})
+                leases = (
+                    {
+                        row["occurrence_id"]: row
+                        for row in await conn.fetch(*QUERIES.occurrence_leases(occurrence_ids=asked))
+                    }
+                    if asked
+                    else {}
+                )
         verdicts, results = [], iter(applied)
         for item, why in zip(received, rejections, strict=True):
             verdicts.append(next(results) if why is None else self._rejected(item, why))
+        if self.grants is not None and asked:
+            # After the commit: an answer never runs ahead of the state it reports.
+            await self.grants.send(answers(received, verdicts, leases))
         for item, verdict in zip(received, verdicts, strict=True):
             self.ledger.fenced(item.event, verdict)
         for verdict, n in Counter(verdicts).items():
@@ -315,10 +335,17 @@ class AttemptProcessor:
         )
         if group is None:
             return
+        publisher: GrantPublisher | None = None
+        if self.grants is None:
+            publisher = GrantPublisher(
+                self.kafka_bootstrap, self._meter or obs.get_meter("engine"), security=self.security
+            )
+            await publisher.start()
+            self.grants = publisher
         settings = KafkaLoopSettings(
             group,
             ATTEMPTS_TOPIC,
-            (ATTEMPTS_TOPIC,),
+            (ATTEMPTS_TOPIC, ATTEMPT_GRANTS_TOPIC),
             cfg.session_timeout,
             cfg.heartbeat_interval,
             cfg.max_poll_records,
@@ -327,12 +354,42 @@ class AttemptProcessor:
             summary_every,
             cfg.parallel_partitions,
         )
-        await KafkaProcessorLoop(
-            "attempts",
-            self.kafka_bootstrap,
-            settings,
-            self.handle_records,
-            log,
-            after_round=self.record_progress,
-            security=self.security,
-        ).run(stop)
+        try:
+            await KafkaProcessorLoop(
+                "attempts",
+                self.kafka_bootstrap,
+                settings,
+                self.handle_records,
+                log,
+                after_round=self.record_progress,
+                security=self.security,
+            ).run(stop)
+        finally:
+            if publisher is not None:
+                self.grants = None
+                await publisher.stop()
+
+
+def _asks_for_grant(event: AttemptEvent) -> bool:
+    """A `started` naming its group: the runtime that sent it waits for the answer (older runtimes name
+    no group and wait for nothing)."""
+    return event.event == STARTED and event.consumer_group is not None and event.lease_token is not None
+
+
+def answers(
+    received: Sequence[ReceivedEvent], verdicts: Sequence[Verdict], leases: dict[object, asyncpg.Record]
+) -> list[AttemptGrant]:
+    """The answer to every `started` of a batch, from the state the committed batch left
+    (:func:`engine.rules.attempt_grants.grant_for`)."""
+    grants = []
+    for item, verdict in zip(received, verdicts, strict=True):
+        event = item.event
+        if not _asks_for_grant(event):
+            continue
+        assert event.lease_token is not None and event.consumer_group is not None
+        row = leases.get(event.occurrence_id)
+        result, reason = grant_for(
+            event.lease_token, verdict.value, row["state"] if row else None, row["lease_token"] if row else None
+        )
+        grants.append(AttemptGrant(event.occurrence_id, event.lease_token, event.consumer_group, result, reason))
+    return grants

@@ -155,3 +155,8 @@ VALUES (:target, :consumer_group, 'operator', coalesce(:now::timestamptz, now())
 ON CONFLICT (target) DO UPDATE
 SET consumer_group = excluded.consumer_group, registered_by = 'operator', registered_at = excluded.registered_at
 RETURNING target, consumer_group, registered_by, registered_at;
+
+-- name: occurrence_leases
+-- The state and current lease token of the occurrences :occurrence_ids, read in the attempt processor's
+-- transaction after a batch was applied (rows locked by it): what the answers to the batch's `started` say.
+SELECT occurrence_id, state, lease_token FROM occurrences WHERE occurrence_id = ANY (:occurrence_ids::uuid[]);

@@ -26,6 +26,7 @@ def batch_app(consumer_db: str, kafka_bootstrap: str, group: str | None = None, 
             group or f"batch-{uuid.uuid4().hex[:8]}",
             kafka_bootstrap,
             consumer_db,
+            attempt_barrier=False,  # no attempt processor runs here: nobody answers started
             session_timeout=2.0,
             heartbeat_interval=0.4,
             redelivery_backoff=0.05,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import asyncpg
 import pytest
@@ -47,15 +48,24 @@ async def published_occurrence(control: ControlPlane, pool, clock, kafka_bootstr
     return schedule["schedule_id"], decode_occurrence(raw)
 
 
-def recording_app(kafka_bootstrap: str, consumer_db: str, target: str) -> ConsumerApp:
+def recording_app(
+    kafka_bootstrap: str, consumer_db: str, target: str, calls: list[uuid.UUID] | None = None, **config: Any
+) -> ConsumerApp:
     app = ConsumerApp(
         ConsumerConfig(
-            f"cancel-{uuid.uuid4().hex[:8]}", kafka_bootstrap, consumer_db, session_timeout=2.0, heartbeat_interval=0.4
+            f"cancel-{uuid.uuid4().hex[:8]}",
+            kafka_bootstrap,
+            consumer_db,
+            session_timeout=2.0,
+            heartbeat_interval=0.4,
+            **config,
         )
     )
 
     @app.handler(target)
     async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
+        if calls is not None:
+            calls.append(occurrence.occurrence_id)
         await conn.execute("INSERT INTO effects (occurrence_id) VALUES ($1)", occurrence.occurrence_id)
 
     return app
@@ -87,18 +97,42 @@ async def test_cancel_before_start_that_the_consumer_has_read_is_a_barrier(
     assert (await occurrence_row(pool, message.occurrence_id))["state"] == "CANCELED"
 
 
-async def test_cancel_before_start_that_the_consumer_has_not_read_can_still_be_applied_once(
+async def test_cancel_before_start_that_the_consumer_has_not_read_is_refused_by_the_engine(
     engine_db, pool, clock, kafka_bootstrap, consumer_db, effects, target, acme
 ):
-    """The documented window: the cancellation has not left the engine (no relay runs), the consumer's
-    view says the schedule is live and the effect is applied — once. The engine keeps the occurrence
-    CANCELED (the API's answer stays true of the engine's record) and records no attempt: the consumer's
-    `started` and `succeeded` for a CANCELED occurrence are fenced."""
+    """The barrier: the cancellation has not left the engine (no relay runs), so the consumer's view says
+    the schedule is live — but the engine answers the consumer's `started` `refused: canceled` (the cancel
+    committed first under the same row lock), and the runtime rolls back without calling the handler. On
+    main this was the documented window: the effect was applied once."""
     control = ControlPlane(pool, clock)
     schedule_id, message = await published_occurrence(control, pool, clock, kafka_bootstrap, target)
     answer = await control.cancel_schedule("acme", schedule_id)
     assert answer["canceled_occurrences"] == 1
-    app = recording_app(kafka_bootstrap, consumer_db, target)
+    calls: list[uuid.UUID] = []
+    app = recording_app(kafka_bootstrap, consumer_db, target, calls)
+    engine_without_relay = fast_services(roles=PIPELINE_ROLES - {Role.MATERIALIZER, Role.RELAY})
+    async with services_running(engine_db, kafka_bootstrap, engine_without_relay, clock), Running(app):
+        await wait_for(lambda: app.stats.canceled + app.stats.applied >= 1, timeout=30)
+    assert app.view.verdict(schedule_id, message.schedule_version) is None  # the view never had the cancel
+    assert calls == [] and app.stats.applied == 0
+    assert app.stats.refused == 1
+    assert await effects.fetchval("SELECT count(*) FROM effects") == 0
+    assert await effects.fetchval("SELECT count(*) FROM chronoq_consumer_dedupe") == 0  # rolled back
+    assert (await occurrence_row(pool, message.occurrence_id))["state"] == "CANCELED"
+    assert await attempt_rows(pool, message.occurrence_id) == []
+
+
+async def test_without_the_barrier_a_cancel_the_consumer_has_not_read_can_still_be_applied_once(
+    engine_db, pool, clock, kafka_bootstrap, consumer_db, effects, target, acme
+):
+    """`attempt_barrier=False` falls back to the view-only guarantee: the window is the schedule-state
+    topic's lag. The effect is applied once; the engine keeps the occurrence CANCELED and records no
+    attempt (the consumer's `started` and `succeeded` for a CANCELED occurrence are fenced)."""
+    control = ControlPlane(pool, clock)
+    schedule_id, message = await published_occurrence(control, pool, clock, kafka_bootstrap, target)
+    answer = await control.cancel_schedule("acme", schedule_id)
+    assert answer["canceled_occurrences"] == 1
+    app = recording_app(kafka_bootstrap, consumer_db, target, attempt_barrier=False)
     engine_without_relay = fast_services(roles=PIPELINE_ROLES - {Role.MATERIALIZER, Role.RELAY})
     async with services_running(engine_db, kafka_bootstrap, engine_without_relay, clock), Running(app):
         await wait_for(lambda: app.stats.applied >= 1, timeout=30)  # reported, too

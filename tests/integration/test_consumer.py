@@ -28,6 +28,7 @@ def effect_app(consumer_db, kafka_bootstrap, target, fail_times: int = 0, group:
             group or f"group-{uuid.uuid4().hex[:8]}",
             kafka_bootstrap,
             consumer_db,
+            attempt_barrier=False,  # no attempt processor runs here: nobody answers started
             redelivery_backoff=0.05,
             session_timeout=2.0,
             heartbeat_interval=0.4,

@@ -84,6 +84,7 @@ async def test_an_app_started_before_its_database_accepts_connections_waits_and_
             f"group-{uuid.uuid4().hex[:8]}",
             kafka_bootstrap,
             gated_url,
+            attempt_barrier=False,  # no attempt processor runs here: nobody answers started
             redelivery_backoff=0.05,
             redelivery_backoff_max=0.2,
             session_timeout=2.0,

@@ -26,6 +26,7 @@ async def test_a_handler_idle_in_its_transaction_longer_than_the_lease_commits(
             f"idle-{uuid.uuid4().hex[:8]}",
             kafka_bootstrap,
             consumer_db,
+            attempt_barrier=False,  # no attempt processor runs here: nobody answers started
             session_timeout=2.0,
             heartbeat_interval=0.4,
             lease_ttl=2.0,

@@ -37,7 +37,12 @@ async def test_a_second_occurrence_of_an_applied_slot_is_a_duplicate(consumer_db
     await produce(kafka_bootstrap, occurrence_topic(target), [m.encode() for m in (first, second, other_slot)])
     app = ConsumerApp(
         ConsumerConfig(
-            f"slot-{uuid.uuid4().hex[:8]}", kafka_bootstrap, consumer_db, session_timeout=2.0, heartbeat_interval=0.4
+            f"slot-{uuid.uuid4().hex[:8]}",
+            kafka_bootstrap,
+            consumer_db,
+            session_timeout=2.0,
+            heartbeat_interval=0.4,
+            attempt_barrier=False,  # no attempt processor runs here: nobody answers started
         )
     )
 

@@ -113,6 +113,7 @@ def test_a_tenants_consumer_acls_read_only_its_targets_and_write_only_attempts_a
         ("TOPIC", "chronoq.occurrences.billing.invoice", "LITERAL"),
         ("TOPIC", SCHEDULE_STATES_TOPIC, "LITERAL"),
         ("TOPIC", "chronoq.target-bindings", "LITERAL"),
+        ("TOPIC", "chronoq.attempt-grants", "LITERAL"),  # read, never written: only the engine answers
         ("GROUP", "acme.", "PREFIXED"),
     }
     writes = {a.name for a in acls if a.operation == "WRITE"}

@@ -1,0 +1,143 @@
+"""Waiting for the engine's answer to ``started``: the cancel barrier on the consumer side.
+
+The attempt processor answers every ``started`` it applied, after its transaction committed, on
+``chronoq.attempt-grants`` (``schemas/attempt_grants.py``). Every answer for one consumer group is on one
+partition (``grant_partition(group, partitions)``), so an instance reads only its own group's answers: it
+assigns itself that partition (no consumer group: every instance reads it whole and keeps the answers for
+the lease tokens it is waiting on) and seeks to its end at start-up, before it sends its first ``started``
+— an answer is always produced after the ``started`` it answers, so none is missed and nothing older is
+read.
+
+A runner registers the lease tokens it is about to announce (:meth:`GrantWaiter.expect`) *before* sending
+``started``, then awaits them together (:meth:`GrantWaiter.wait`, one wait for a whole batch). A record
+that is not a well-formed answer (forged, garbled, another format) is logged and counted
+(``chronoq.attempt_grants_malformed``), never raised: the reader keeps going. Only the engine may write
+this topic (docs/security.md): a forged ``granted`` would defeat the barrier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Iterable
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from opentelemetry import metrics
+
+from schemas import observability as obs
+from schemas.attempt_grants import AttemptGrant, decode_attempt_grant, grant_partition
+from schemas.errors import MalformedMessage
+from schemas.kafka_security import PLAINTEXT, KafkaSecurity, start_client
+from schemas.topics import ATTEMPT_GRANTS_TOPIC, topic_partitions
+
+log = logging.getLogger("chronoq.consumer.attempt_grants")
+
+
+class GrantWaiter:
+    """The answers for this group's lease tokens, as they arrive."""
+
+    def __init__(self, consumer_group: str, meter: metrics.Meter) -> None:
+        self.consumer_group = consumer_group
+        self._waiting: dict[uuid.UUID, asyncio.Future[AttemptGrant]] = {}
+        self._consumer: AIOKafkaConsumer | None = None
+        self.malformed = 0
+        self._malformed = meter.create_counter(
+            obs.ATTEMPT_GRANTS_MALFORMED, unit="1", description="records on chronoq.attempt-grants that are no answer"
+        )
+
+    # -- the pure part ------------------------------------------------------------------------
+
+    def expect(self, lease_tokens: Iterable[uuid.UUID]) -> None:
+        """Register tokens about to be announced in ``started`` (before sending: the answer may be quick)."""
+        loop = asyncio.get_running_loop()
+        for token in lease_tokens:
+            self._waiting[token] = loop.create_future()
+
+    def forget(self, lease_tokens: Iterable[uuid.UUID]) -> None:
+        """Stop waiting for these tokens (answered, timed out or rolled back)."""
+        for token in lease_tokens:
+            future = self._waiting.pop(token, None)
+            if future is not None and not future.done():
+                future.cancel()
+
+    def receive(self, value: bytes | None, partition: int | None = None, offset: int | None = None) -> None:
+        """Take one record of the topic: an answer for a token this instance waits on resolves its wait;
+        any other answer is ignored; a malformed record is logged and counted."""
+        try:
+            grant = decode_attempt_grant(value)
+        except MalformedMessage as err:
+            self.malformed += 1
+            self._malformed.add(1)
+            log.warning(
+                "a record on the attempt-grants topic is not an answer; ignored",
+                extra={
+                    "action": "attempt.grant_malformed",
+                    "partition": partition,
+                    "offset": offset,
+                    "error": str(err),
+                },
+            )
+            return
+        if grant.consumer_group != self.consumer_group:
+            return  # another group sharing this partition
+        future = self._waiting.get(grant.lease_token)
+        if future is not None and not future.done():
+            future.set_result(grant)
+
+    async def wait(self, lease_tokens: Iterable[uuid.UUID], timeout: float) -> dict[uuid.UUID, AttemptGrant | None]:
+        """The answer for each token, None for those without one within ``timeout`` seconds; the tokens are
+        forgotten afterwards."""
+        tokens = list(lease_tokens)
+        futures = [self._waiting[t] for t in tokens if t in self._waiting]
+        try:
+            if futures:
+                await asyncio.wait(futures, timeout=timeout)
+            return {
+                t: (f.result() if (f := self._waiting.get(t)) is not None and f.done() and not f.cancelled() else None)
+                for t in tokens
+            }
+        finally:
+            self.forget(tokens)
+
+    # -- reading the topic ------------------------------------------------------------------
+
+    async def start(self, bootstrap: str, security: KafkaSecurity = PLAINTEXT, wait_for_topic: float = 30.0) -> None:
+        """Assign this group's partition of the topic at its end (read before any ``started`` is sent)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_for_topic
+        partitions = await topic_partitions(bootstrap, ATTEMPT_GRANTS_TOPIC, security)
+        while not partitions and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+            partitions = await topic_partitions(bootstrap, ATTEMPT_GRANTS_TOPIC, security)
+        if not partitions:
+            raise RuntimeError(
+                f"topic {ATTEMPT_GRANTS_TOPIC} does not exist: create it (`chronoq kafka acls --apply` or the engine"
+                " does), or turn the barrier off with ConsumerConfig(attempt_barrier=False)"
+            )
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap,
+            enable_auto_commit=False,
+            auto_offset_reset="latest",
+            fetch_max_wait_ms=100,
+            **security.client_options(),
+        )
+        await start_client(consumer, bootstrap, security)
+        tp = TopicPartition(ATTEMPT_GRANTS_TOPIC, grant_partition(self.consumer_group, len(partitions)))
+        consumer.assign([tp])
+        await consumer.seek_to_end(tp)
+        await consumer.position(tp)  # resolves the end offset now, before any started is sent
+        self._consumer = consumer
+
+    async def follow(self, stop: asyncio.Event) -> None:
+        """Read answers until ``stop`` is set."""
+        while not stop.is_set() and self._consumer is not None:
+            batches = await self._consumer.getmany(timeout_ms=200)
+            for records in batches.values():
+                for record in records:
+                    self.receive(record.value, record.partition, record.offset)
+
+    async def stop(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            await consumer.stop()

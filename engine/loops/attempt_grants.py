@@ -1,0 +1,95 @@
+"""Sending the attempt processor's answers to ``started`` (``chronoq.attempt-grants``).
+
+The processor calls :meth:`GrantSink.send` after the transaction that applied the batch committed, so an
+answer never runs ahead of the state it reports. Each answer goes to the partition of its consumer group
+(``schemas.attempt_grants.grant_partition``), keyed by occurrence. A reply the broker does not take is
+logged and dropped, never retried and never re-reading the batch: the waiting runtime hears nothing within
+its bound, rolls back and sends a new ``started`` (a later claim), whose answer follows the state again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from typing import Protocol
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+from opentelemetry import metrics
+
+from schemas import observability as obs
+from schemas.attempt_grants import AttemptGrant, grant_partition
+from schemas.kafka_security import PLAINTEXT, KafkaSecurity, start_client
+from schemas.topics import ATTEMPT_GRANTS_TOPIC
+
+log = logging.getLogger("chronoq.attempts")
+
+
+class GrantSink(Protocol):
+    """Where the processor's answers go (Kafka in production; a list in tests)."""
+
+    async def send(self, grants: Sequence[AttemptGrant]) -> None: ...
+
+
+class GrantPublisher:
+    """Produces answers to ``chronoq.attempt-grants`` (acks=all) and counts them (``chronoq.attempt_grants_sent``)."""
+
+    def __init__(
+        self, bootstrap: str, meter: metrics.Meter, timeout: float = 10.0, security: KafkaSecurity = PLAINTEXT
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.security = security
+        self.timeout = timeout
+        self.sent = 0
+        self._counter = meter.create_counter(
+            obs.ATTEMPT_GRANTS_SENT, unit="1", description="answers to started sent on chronoq.attempt-grants"
+        )
+        self._producer: AIOKafkaProducer | None = None
+
+    async def start(self) -> None:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap,
+            acks="all",
+            enable_idempotence=False,
+            request_timeout_ms=int(self.timeout * 1000),
+            **self.security.client_options(),
+        )
+        await start_client(producer, self.bootstrap, self.security)
+        self._producer = producer
+
+    async def stop(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.stop()
+
+    async def send(self, grants: Sequence[AttemptGrant]) -> None:
+        """Produce every answer and wait for the acknowledgements; a failure is logged, not raised."""
+        if not grants or self._producer is None:
+            return
+        producer = self._producer
+        try:
+            async with asyncio.timeout(self.timeout):
+                partitions = len(await producer.partitions_for(ATTEMPT_GRANTS_TOPIC))
+                acknowledgements = [
+                    await producer.send(
+                        ATTEMPT_GRANTS_TOPIC,
+                        grant.encode(),
+                        key=grant.key,
+                        headers=grant.headers(),
+                        partition=grant_partition(grant.consumer_group, partitions),
+                    )
+                    for grant in grants
+                ]
+                await asyncio.gather(*acknowledgements)
+        except (TimeoutError, KafkaError) as err:
+            # The runtimes waiting for these retry in place after their bound (a new, later claim).
+            log.warning(
+                "answers to started not delivered; the waiting consumers retry after their bound",
+                extra={"action": "attempt.grants_failed", "grants": len(grants), "error": repr(err)},
+            )
+            return
+        self.sent += len(grants)
+        for (result, reason), n in Counter((g.result, g.reason or "") for g in grants).items():
+            self._counter.add(n, {"result": result, "reason": reason})

@@ -1,0 +1,123 @@
+"""Attempt grants: the engine's answer to each ``started`` it applied (the cancel barrier).
+
+Topic ``chronoq.attempt-grants``, written only by the engine's attempt processor, after the transaction
+that applied the ``started`` committed; read by the consumer runtime, which calls the handler only once
+the answer for its lease token is ``granted``. Encoded with orjson as a JSON object, format 1::
+
+    {"format": 1, "occurrence_id": "uuid", "lease_token": "uuid", "consumer_group": "billing",
+     "result": "granted"}
+    {"format": 1, "occurrence_id": "uuid", "lease_token": "uuid", "consumer_group": "billing",
+     "result": "refused", "reason": "canceled"}
+
+The answer is derived from the occurrence's state after the transaction, not from the event's verdict
+alone: a ``started`` read again after a crash between the commit and the reply (a duplicate) is still
+answered ``granted`` while the occurrence is RUNNING on that lease token.
+
+**Partitioning.** Every reply for one consumer group goes to one partition, :func:`grant_partition` of
+the group (a pure function both sides compute): a runtime instance assigns itself that partition only
+(no consumer group: every instance of the group reads it and keeps the answers for its own tokens), so
+no instance reads other groups' replies. The record key is the occurrence id.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from schemas import record_fields as fields
+from schemas.errors import MalformedMessage
+from schemas.messages import HEADER_FORMAT, HEADER_OCCURRENCE_ID, decode_json_object
+
+FORMAT_VERSION = 1
+_FORMAT_HEADER = str(FORMAT_VERSION).encode()
+
+GRANTED = "granted"
+REFUSED = "refused"
+RESULTS = (GRANTED, REFUSED)
+
+#: Why a ``started`` was refused.
+CANCELED = "canceled"  # the occurrence is CANCELED (a cancel or an update committed first)
+FENCED = "fenced"  # another lease is current (a later claim took over, or the delivery moved on)
+FINISHED = "finished"  # the occurrence reached another final state (SUCCEEDED, DEAD, ...)
+UNKNOWN = "unknown"  # the engine has no such occurrence
+FOREIGN_GROUP = "foreign_group"  # the group does not own the occurrence's target
+NOT_AUTHENTICATED = "not_authenticated"  # the event was not signed by the target's consumer side
+REFUSAL_REASONS = (CANCELED, FENCED, FINISHED, UNKNOWN, FOREIGN_GROUP, NOT_AUTHENTICATED)
+
+MAX_CONSUMER_GROUP = 255
+
+
+@dataclass(frozen=True)
+class AttemptGrant:
+    """The engine's answer to one ``started``: ``granted``, or ``refused`` with a reason."""
+
+    occurrence_id: uuid.UUID
+    lease_token: uuid.UUID
+    consumer_group: str
+    result: str
+    reason: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.result not in RESULTS:
+            raise MalformedMessage(f"field 'result' must be one of {', '.join(RESULTS)}", "result")
+        if self.result == REFUSED and self.reason not in REFUSAL_REASONS:
+            raise MalformedMessage(f"a refused grant needs a reason: one of {', '.join(REFUSAL_REASONS)}", "reason")
+        if self.result == GRANTED and self.reason is not None:
+            raise MalformedMessage("a granted answer has no reason", "reason")
+        if not self.consumer_group or len(self.consumer_group) > MAX_CONSUMER_GROUP:
+            raise MalformedMessage("field 'consumer_group' must be a non-empty string", "consumer_group")
+
+    @property
+    def granted(self) -> bool:
+        return self.result == GRANTED
+
+    @functools.cached_property
+    def key(self) -> bytes:
+        return str(self.occurrence_id).encode()
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return [(HEADER_FORMAT, _FORMAT_HEADER), (HEADER_OCCURRENCE_ID, self.key)]
+
+    def encode(self) -> bytes:
+        data: dict[str, Any] = {
+            "format": FORMAT_VERSION,
+            "occurrence_id": self.occurrence_id,
+            "lease_token": self.lease_token,
+            "consumer_group": self.consumer_group,
+            "result": self.result,
+        }
+        if self.reason is not None:
+            data["reason"] = self.reason
+        return orjson.dumps(data, default=str)
+
+
+def decode_attempt_grant(value: bytes | None) -> AttemptGrant:
+    """Decode a grant or raise MalformedMessage saying what is wrong (strict: every field checked)."""
+    data = decode_json_object(value, "attempt grant")
+    result = fields.choice(data, "result", RESULTS)
+    reason = fields.choice(data, "reason", REFUSAL_REASONS) if result == REFUSED else None
+    if result == GRANTED and data.get("reason") is not None:
+        raise MalformedMessage("a granted answer has no reason", "reason")
+    return AttemptGrant(
+        occurrence_id=fields.uuid_field(data, "occurrence_id"),
+        lease_token=fields.uuid_field(data, "lease_token"),
+        consumer_group=fields.text(data, "consumer_group", MAX_CONSUMER_GROUP),
+        result=result,
+        reason=reason,
+    )
+
+
+def grant_partition(consumer_group: str, partitions: int) -> int:
+    """The partition of ``chronoq.attempt-grants`` that carries every answer for ``consumer_group``.
+
+    CRC-32 of the group's UTF-8 bytes modulo the topic's partition count: stable across processes and
+    languages (unlike Python's ``hash``), so the engine and every runtime instance agree on it.
+    """
+    if partitions < 1:
+        raise ValueError("the attempt-grants topic has no partitions")
+    return zlib.crc32(consumer_group.encode()) % partitions
