@@ -281,7 +281,7 @@ async def test_concurrent_handlers_are_bounded_and_offsets_never_pass_an_unfinis
 ):
     sent = [occurrence_message(target, when=datetime(2026, 11, 29, 10, i, tzinfo=UTC)) for i in range(6)]
     await produce(kafka_bootstrap, occurrence_topic(target), [m.encode() for m in sent])  # one partition
-    app = new_app(consumer_db, kafka_bootstrap)
+    app = new_app(consumer_db, kafka_bootstrap, attempt_barrier=False)
     running: set[uuid.UUID] = set()
     release = {m.occurrence_id: asyncio.Event() for m in sent}
     most = [0]
@@ -322,7 +322,7 @@ async def committed_is(committed, expected: int) -> bool:
 async def test_timeouts_and_mapped_permanent_errors_are_reported_as_failures(kafka_bootstrap, consumer_db, target):
     slow, bad = occurrence_message(target), occurrence_message(target, when=datetime(2026, 11, 29, 11, tzinfo=UTC))
     await produce(kafka_bootstrap, occurrence_topic(target), [slow.encode(), bad.encode()])
-    app = new_app(consumer_db, kafka_bootstrap)
+    app = new_app(consumer_db, kafka_bootstrap, attempt_barrier=False)
 
     @app.handler(target, timeout=0.3, permanent_errors=(KeyError,))
     async def handle(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
@@ -347,7 +347,7 @@ async def test_obsolete_versions_are_skipped_and_a_canceled_schedule_interrupts_
     stale, doomed = occurrence_message(target), occurrence_message(target, when=datetime(2026, 11, 29, 11, tzinfo=UTC))
     updated = ScheduleStateMessage(stale.schedule_id, "acme", 2, "active", at)
     await produce(kafka_bootstrap, SCHEDULE_STATES_TOPIC, [updated.encode()], key=updated.key)
-    app = new_app(consumer_db, kafka_bootstrap)
+    app = new_app(consumer_db, kafka_bootstrap, attempt_barrier=False)
     started = asyncio.Event()
     calls = []
 

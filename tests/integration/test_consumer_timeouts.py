@@ -56,3 +56,50 @@ async def test_a_handler_idle_in_its_transaction_longer_than_the_lease_commits(
         await task
     assert (app.stats.applied, app.stats.failures) == (1, 0)
     assert await effects.fetchval("SELECT amount FROM effects WHERE occurrence_id = $1", message.occurrence_id) == 1
+
+
+async def test_a_handler_whose_own_timeout_exceeds_the_apps_idle_limit_commits(
+    consumer_db, kafka_bootstrap, target, effects
+):
+    """Why: the per-target timeout (`@app.handler(target, timeout=...)`) could exceed the app's
+    transaction_idle_timeout, and PostgreSQL ended the transaction of a handler inside its own timeout. The
+    target's transaction now gets its own limit (timeout + lease ttl, SET LOCAL in that transaction)."""
+    message = occurrence_message(target)
+    await create_missing_topics(kafka_bootstrap, [ATTEMPTS_TOPIC])  # where the heartbeats are counted
+    await produce(kafka_bootstrap, occurrence_topic(target), [message.encode()])
+    app = ConsumerApp(
+        ConsumerConfig(
+            f"idle-{uuid.uuid4().hex[:8]}",
+            kafka_bootstrap,
+            consumer_db,
+            attempt_barrier=False,  # no attempt processor runs here: nobody answers started
+            session_timeout=2.0,
+            heartbeat_interval=0.4,
+            lease_ttl=1.0,
+            handler_timeout=1.0,  # the app's idle limit: 1 + 1 = 2 s
+        )
+    )
+    assert app.config.idle_timeout == 2.0
+    outside_the_database = asyncio.Event()
+
+    @app.handler(target, timeout=10.0)  # its own limit: 11 s
+    async def slow(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
+        await conn.execute("INSERT INTO effects (occurrence_id) VALUES ($1)", occurrence.occurrence_id)
+        await outside_the_database.wait()  # the transaction sits idle meanwhile
+        await conn.execute("UPDATE effects SET amount = 1 WHERE occurrence_id = $1", occurrence.occurrence_id)
+
+    async def idle_past_the_apps_limit() -> bool:
+        beats = [e for e in await attempt_events(kafka_bootstrap, message.occurrence_id, 0) if e.event == "heartbeat"]
+        return len(beats) >= 9  # renewed every 1/3 s: 3 s idle, past the app's 2 s limit
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(app.run(stop))
+    try:
+        await wait_for(idle_past_the_apps_limit, timeout=30)
+        outside_the_database.set()
+        await wait_for(lambda: app.stats.applied + app.stats.failures >= 1 or task.done(), timeout=20)
+    finally:
+        stop.set()
+        await task
+    assert (app.stats.applied, app.stats.failures) == (1, 0)
+    assert await effects.fetchval("SELECT amount FROM effects WHERE occurrence_id = $1", message.occurrence_id) == 1
