@@ -16,6 +16,13 @@ again. Any other database error in the set-based statements (a bug, or a constra
 makes the batch fall back to one event at a time, each in a savepoint: the event that fails is logged and
 skipped, never blocking its partition.
 
+Answers. After the transaction commits, every ``started`` that names its consumer group is answered on
+``chronoq.attempt-grants`` (:mod:`engine.loops.attempt_grants`): ``granted`` or ``refused`` with a reason,
+read from the occurrences' state and lease tokens at the end of that transaction
+(:func:`engine.rules.attempt_grants.grant_for`), so a ``started`` read again after a crash between the commit
+and the reply is answered ``granted`` again. The consumer runtime calls the handler only after ``granted``
+(the cancel barrier, docs/state-machine.md).
+
 Progress. After every poll the processor records, per partition it has read to its end, the engine
 instant up to which every event of that partition is applied (``attempt_event_progress``); the lease
 reaper judges leases by that instant, so a backlog of heartbeats and outcomes never makes it time out

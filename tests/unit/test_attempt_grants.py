@@ -157,8 +157,8 @@ async def test_an_answer_that_comes_while_waiting_ends_the_wait() -> None:
     waiter.expect([TOKEN])
     loop = asyncio.get_running_loop()
     loop.call_soon(waiter.receive, AttemptGrant(OCC, TOKEN, "billing", "granted").encode())
-    answered = await waiter.wait([TOKEN], timeout=30)  # returns at once, not after 30 s
-    assert answered[TOKEN] is not None and answered[TOKEN].granted
+    answer = (await waiter.wait([TOKEN], timeout=30))[TOKEN]  # returns at once, not after 30 s
+    assert answer is not None and answer.granted
 
 
 def config(**overrides: object) -> ConsumerConfig:
