@@ -69,8 +69,13 @@ class AttemptGrant:
             raise MalformedMessage(f"a refused grant needs a reason: one of {', '.join(REFUSAL_REASONS)}", "reason")
         if self.result == GRANTED and self.reason is not None:
             raise MalformedMessage("a granted answer has no reason", "reason")
-        if not self.consumer_group or len(self.consumer_group) > MAX_CONSUMER_GROUP:
-            raise MalformedMessage("field 'consumer_group' must be a non-empty string", "consumer_group")
+        group = self.consumer_group
+        if not isinstance(group, str) or not group or len(group) > MAX_CONSUMER_GROUP or "\x00" in group:
+            raise MalformedMessage(
+                f"field 'consumer_group' must be a non-empty string of at most {MAX_CONSUMER_GROUP} characters"
+                " without NUL",
+                "consumer_group",
+            )
 
     @property
     def granted(self) -> bool:

@@ -398,5 +398,9 @@ def answers(
         result, reason = grant_for(
             event.lease_token, verdict.value, row["state"] if row else None, row["lease_token"] if row else None
         )
-        grants.append(AttemptGrant(event.occurrence_id, event.lease_token, event.consumer_group, result, reason))
+        try:
+            grants.append(AttemptGrant(event.occurrence_id, event.lease_token, event.consumer_group, result, reason))
+        except MalformedMessage:
+            # A group name the reply cannot carry (a runtime could not be waiting under it): nobody to answer.
+            continue
     return grants

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from schemas.attempt_events import AttemptEvent
+from schemas.attempt_grants import AttemptGrant
 from schemas.commands import Command, CommandResult
 from schemas.dead_letter_messages import DeadOccurrenceMessage
 from schemas.messages import HEADER_TENANT, OccurrenceMessage, ScheduleStateMessage
@@ -36,6 +37,7 @@ VALID: dict[str, bytes] = {
     "command": Command(uuid.uuid4(), "acme", "update", AT, uuid.uuid4(), "key-1", {"expression": "0 9 * * *"}).encode(),
     "command_result": CommandResult(uuid.uuid4(), "acme", "applied", {"schedule_id": "x"}).encode(),
     "attempt_event": AttemptEvent.failed(OCC, 2, uuid.uuid4(), "TimeoutError", "slow", permanent=True).encode(),
+    "attempt_grant": AttemptGrant(OCC, uuid.uuid4(), "billing", "refused", "canceled").encode(),
     "dead_occurrence": DeadOccurrenceMessage(OCCURRENCE, 3, "max_attempts", "TimeoutError", "slow", AT).encode(),
     "target_binding": TargetBindingMessage("billing.invoice", ("acme", "globex"), 2, AT).encode(),
 }

@@ -24,13 +24,14 @@ from schemas.errors import MalformedMessage
 
 OCC, TOKEN, OTHER = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
 
+groups = st.text(st.characters(blacklist_characters="\x00"), min_size=1, max_size=40)
 grants = st.one_of(
-    st.builds(AttemptGrant, st.uuids(), st.uuids(), st.text(min_size=1, max_size=40), st.just(wire.GRANTED)),
+    st.builds(AttemptGrant, st.uuids(), st.uuids(), groups, st.just(wire.GRANTED)),
     st.builds(
         AttemptGrant,
         st.uuids(),
         st.uuids(),
-        st.text(min_size=1, max_size=40),
+        groups,
         st.just(wire.REFUSED),
         st.sampled_from(wire.REFUSAL_REASONS),
     ),
@@ -76,6 +77,13 @@ def test_a_malformed_grant_is_rejected_naming_the_field(value: bytes | None, fie
     with pytest.raises(MalformedMessage) as caught:
         decode_attempt_grant(value)
     assert caught.value.field == field
+
+
+def test_a_grant_the_wire_cannot_carry_is_refused_when_made() -> None:
+    with pytest.raises(MalformedMessage):
+        AttemptGrant(OCC, TOKEN, "bill\x00ing", "granted")
+    with pytest.raises(MalformedMessage):
+        AttemptGrant(OCC, TOKEN, "billing", "refused")  # no reason
 
 
 def test_a_groups_partition_is_stable_and_in_range() -> None:

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schemas.attempt_events import decode_attempt_event
+from schemas.attempt_grants import decode_attempt_grant
 from schemas.commands import Command, decode_command, decode_command_result, signature_of
 from schemas.dead_letter_messages import decode_dead_occurrence
 from schemas.errors import MalformedMessage
@@ -41,6 +42,7 @@ DECODERS: dict[str, Callable[[bytes | None, Any], Any]] = {
     "command": _command,
     "command_result": lambda value, headers: decode_command_result(value),
     "attempt_event": lambda value, headers: decode_attempt_event(value),
+    "attempt_grant": lambda value, headers: decode_attempt_grant(value),
     "dead_occurrence": lambda value, headers: decode_dead_occurrence(value),
     "target_binding": lambda value, headers: decode_target_binding(value),
 }
