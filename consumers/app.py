@@ -277,7 +277,7 @@ class ConsumerApp:
             await self._until_done(
                 "read the attempt-grants topic", lambda: grants.start(cfg.kafka_bootstrap, cfg.kafka_security)
             )
-            self._background.append(asyncio.create_task(grants.follow(self._stopping), name="attempt-grants"))
+            self._background.append(asyncio.create_task(grants.follow(), name="attempt-grants"))
         reporter = AttemptReporter(self._producer, cfg.report_timeout, cfg.report_attempts, cfg.credentials())
         self._runner = AttemptRunner(
             cfg, self._pool, reporter, self.view, self.hooks, self.meters, self.stats, self._stopping, self.grants

@@ -129,9 +129,10 @@ class GrantWaiter:
         await consumer.position(tp)  # resolves the end offset now, before any started is sent
         self._consumer = consumer
 
-    async def follow(self, stop: asyncio.Event) -> None:
-        """Read answers until ``stop`` is set."""
-        while not stop.is_set() and self._consumer is not None:
+    async def follow(self, stop: asyncio.Event | None = None) -> None:
+        """Read answers until ``stop`` is set (or the task is cancelled, or :meth:`stop`). The app passes no
+        event: deliveries draining at shutdown still wait for their answers."""
+        while (stop is None or not stop.is_set()) and self._consumer is not None:
             batches = await self._consumer.getmany(timeout_ms=200)
             for records in batches.values():
                 for record in records:

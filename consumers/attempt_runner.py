@@ -62,7 +62,7 @@ from consumers.occurrence import Cancellation, Occurrence
 from consumers.schedule_states import ScheduleStateView
 from schemas import observability as obs
 from schemas.attempt_events import AttemptEvent
-from schemas.attempt_grants import FOREIGN_GROUP, AttemptGrant
+from schemas.attempt_grants import FOREIGN_GROUP, NOT_AUTHENTICATED, AttemptGrant
 from schemas.clock import pause
 from schemas.messages import OccurrenceMessage
 from schemas.queries import CONSUMER_QUERIES
@@ -446,8 +446,15 @@ class AttemptRunner:
         self.stats.refused += 1
         self.stats.canceled += 1
         self.meters.canceled.add(1, {"target": occurrence.target, "reason": f"refused_{grant.reason}"})
-        log.info(
-            "attempt refused by the engine: not applied",
+        # Not authenticated is a misconfiguration (the target's attempt credential), not a race: say so.
+        log.log(
+            logging.WARNING if grant.reason == NOT_AUTHENTICATED else logging.INFO,
+            "attempt refused by the engine: not applied"
+            + (
+                "; its events are not signed with the target's attempt credential (ConsumerConfig.attempt_credentials)"
+                if grant.reason == NOT_AUTHENTICATED
+                else ""
+            ),
             extra={
                 **ids(occurrence),
                 "action": "attempt.refused",
