@@ -63,7 +63,9 @@ class ConsumerConfig:
         (default True; docs/state-machine.md, "Cancel as a barrier"): a cancel the engine committed first
         is never applied, even when the schedule-state view has not read it yet. Off, the runtime falls
         back to the view-only guarantee (a cancel inside the view's lag may still be applied, once).
-        Needs ``report_attempts`` (nothing is asked otherwise) and READ on ``chronoq.attempt-grants``.
+        Needs ``report_attempts`` (nothing is asked otherwise) and READ on ``chronoq.attempt-grants``; an
+        occurrence the engine does not know is refused (``unknown``), and with no attempt processor running
+        nothing is granted, so an app run without an engine (a test harness) turns it off.
     attempt_grant_timeout: seconds to wait for that answer (default lease_ttl, or half of
         transaction_idle_timeout if that is shorter). No answer in time: the
         attempt's transaction is rolled back and the delivery retried in place with a new ``started``

@@ -62,7 +62,7 @@ async def test_an_engine_away_for_twice_the_lease_ttl_times_out_no_heartbeating_
     dead letter appears, the effect exists once."""
     now = await pool.fetchval("SELECT now()")
     message = await due_occurrence(pool, "acme", target, now, max_attempts=1)
-    release = asyncio.Event()
+    release, handling = asyncio.Event(), asyncio.Event()
     app = ConsumerApp(
         ConsumerConfig(
             f"downtime-{uuid.uuid4().hex[:8]}",
@@ -78,6 +78,7 @@ async def test_an_engine_away_for_twice_the_lease_ttl_times_out_no_heartbeating_
 
     @app.handler(target)
     async def slow(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
+        handling.set()
         await release.wait()
         await conn.execute("INSERT INTO effects (occurrence_id) VALUES ($1)", occurrence.occurrence_id)
 
@@ -87,6 +88,8 @@ async def test_an_engine_away_for_twice_the_lease_ttl_times_out_no_heartbeating_
     try:
         async with services_running(engine_db, kafka_bootstrap, relay), Running(app):
             await wait_for(lambda: state_is(pool, message.occurrence_id, "RUNNING"), timeout=60)
+            # The handler runs once the engine answered `started` (the barrier): away only after that.
+            await wait_for(handling.wait, timeout=60)
             if downtime == "sigstop":
                 engine.send_signal(signal.SIGSTOP)
             else:
