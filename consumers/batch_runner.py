@@ -12,7 +12,11 @@ call, with one open transaction on the app's database. For a batch the runner:
    already there are occurrences applied before, reported ``already_applied`` — they never reach the
    handler;
 4. reports ``started`` for the rest in one Kafka batch (one message per occurrence, as always) and
-   waits for the acknowledgement before the handler runs;
+   waits for the acknowledgement before the handler runs; with the barrier, then **one wait** for the
+   engine's answers to all of them: a refused occurrence loses its dedupe row inside the transaction and
+   never reaches the handler (nothing more reported: the engine decided), and an occurrence without an
+   answer in time rolls the batch back and retries the unsettled rest in place (new claims, no attempt
+   consumed);
 5. re-checks the schedule-state view; occurrences that became obsolete meanwhile lose their dedupe row
    inside the transaction and are reported ``canceled``;
 6. calls the handler with the list and the connection, under the target's timeout, heartbeating every

@@ -22,10 +22,15 @@ from tests.support.waiting import wait_for
 OCCURRENCE_ROWS = "SELECT count(*) FROM outbox WHERE occurrence_id IS NOT NULL"
 
 
-def recording_app(consumer_db, kafka_bootstrap, target, **instruments) -> ConsumerApp:
+def recording_app(consumer_db, kafka_bootstrap, target, barrier: bool = True, **instruments) -> ConsumerApp:
     app = ConsumerApp(
         ConsumerConfig(
-            f"e2e-{uuid.uuid4().hex[:8]}", kafka_bootstrap, consumer_db, session_timeout=2.0, heartbeat_interval=0.4
+            f"e2e-{uuid.uuid4().hex[:8]}",
+            kafka_bootstrap,
+            consumer_db,
+            session_timeout=2.0,
+            heartbeat_interval=0.4,
+            attempt_barrier=barrier,
         ),
         **instruments,
     )
@@ -87,7 +92,8 @@ async def test_trace_context_travels_from_the_relay_to_the_consumer_span(
         assert (await relay.run_once()).published == 3  # the occurrence, the schedule's state, the target's binding
     finally:
         await publisher.stop()
-    app = recording_app(consumer_db, kafka_bootstrap, target, **telemetry.instruments("consumer"))
+    # No attempt processor runs here: nobody would answer started.
+    app = recording_app(consumer_db, kafka_bootstrap, target, barrier=False, **telemetry.instruments("consumer"))
     stop = asyncio.Event()
     task = asyncio.create_task(app.run(stop))
     await wait_for(lambda: app.stats.applied == 1)
