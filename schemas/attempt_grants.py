@@ -70,10 +70,10 @@ class AttemptGrant:
         if self.result == GRANTED and self.reason is not None:
             raise MalformedMessage("a granted answer has no reason", "reason")
         group = self.consumer_group
-        if not isinstance(group, str) or not group or len(group) > MAX_CONSUMER_GROUP or "\x00" in group:
+        if not isinstance(group, str) or not group or len(group) > MAX_CONSUMER_GROUP or not _wire_text(group):
             raise MalformedMessage(
                 f"field 'consumer_group' must be a non-empty string of at most {MAX_CONSUMER_GROUP} characters"
-                " without NUL",
+                " without NUL or lone surrogates",
                 "consumer_group",
             )
 
@@ -99,6 +99,17 @@ class AttemptGrant:
         if self.reason is not None:
             data["reason"] = self.reason
         return orjson.dumps(data, default=str)
+
+
+def _wire_text(text: str) -> bool:
+    """Text JSON on the wire can carry: no NUL, no lone surrogate."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def decode_attempt_grant(value: bytes | None) -> AttemptGrant:
