@@ -24,7 +24,7 @@ from schemas.errors import MalformedMessage
 
 OCC, TOKEN, OTHER = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
 
-groups = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), min_size=1, max_size=40)
+groups = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=["Cs"]), min_size=1, max_size=40)
 grants = st.one_of(
     st.builds(AttemptGrant, st.uuids(), st.uuids(), groups, st.just(wire.GRANTED)),
     st.builds(
