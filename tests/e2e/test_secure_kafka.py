@@ -33,7 +33,7 @@ from engine.control.schedules import ControlPlane
 from engine.control.tenants import create_tenant
 from engine.loops.service import run_services
 from schemas.kafka_security import KafkaAuthorizationError, KafkaSecurity, KafkaSecurityError
-from schemas.topics import occurrence_topic
+from schemas.topics import ATTEMPT_GRANTS_TOPIC, occurrence_topic
 from tests.support.secure_kafka import SecureKafka
 from tests.support.services import fast_services
 from tests.support.waiting import wait_for
@@ -184,6 +184,9 @@ async def test_another_tenants_principal_is_refused_by_the_broker_and_chronoq_sa
     try:
         with pytest.raises(TopicAuthorizationFailedError):
             await producer.send_and_wait(occurrence_topic(target), b"forged", key=TENANT.encode())
+        # Nor answer a `started` in the engine's place: a forged `granted` would defeat the cancel barrier.
+        with pytest.raises(TopicAuthorizationFailedError):
+            await producer.send_and_wait(ATTEMPT_GRANTS_TOPIC, b"forged")
     finally:
         await producer.stop()
 
