@@ -15,8 +15,8 @@ format:          ## rewrite the tree in ruff's format and apply ruff's safe fixe
 typecheck:       ## mypy over engine, relay, consumers, schemas, tests, load_tests (config in pyproject.toml)
 	$(BIN)/mypy
 
-test:            ## every tier: unit, integration, e2e (starts its own PostgreSQL and broker)
-	$(BIN)/pytest
+test:            ## every tier: unit, integration, e2e (starts its own PostgreSQL and broker), two workers
+	$(BIN)/pytest -n 2
 
 test-unit:       ## no I/O, a few seconds
 	$(BIN)/pytest tests/unit

@@ -11,6 +11,9 @@ CHRONOQ_DATABASE_URL and CHRONOQ_KAFKA_BOOTSTRAP set, the tests use those
 servers instead, and the Kafka tests run once, as ``[external]`` (the
 database role needs CREATEDB).
 
+The README's command runs two pytest-xdist workers (``-n 2``); each is a session of its own, with its own
+PostgreSQL and brokers on their own free ports, so nothing is shared between them.
+
 Each test that touches the engine gets its own database cloned from a migrated
 template (fast and isolated); Kafka isolation comes from unique target names
 and consumer groups per test. Helpers that are not fixtures are in
