@@ -6,11 +6,16 @@ the engine, the relay and consumer apps read the same types.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import asyncpg
 import orjson
+
+from schemas.clock import pause
+from schemas.error_classification import is_transient
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -34,6 +39,37 @@ def json_rows(rows: Sequence[Mapping[str, Any]]) -> str:
 async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10, **kwargs: Any) -> asyncpg.Pool:
     """A connection pool with chronoq's codecs installed on every connection."""
     return await asyncpg.create_pool(url, min_size=min_size, max_size=max_size, init=_init_connection, **kwargs)
+
+
+async def create_pool_when_ready(
+    url: str,
+    stop: asyncio.Event,
+    log: logging.Logger,
+    *,
+    min_size: int = 1,
+    max_size: int = 10,
+    backoff: float = 0.2,
+    backoff_max: float = 5.0,
+    **kwargs: Any,
+) -> asyncpg.Pool | None:
+    """:func:`create_pool` for a long-running process: a transient refusal (too many clients, the server
+    starting or shutting down, the connection refused or lost) is logged and retried with capped backoff
+    instead of ending the process, so a restart into a busy or restarting database waits for it. Returns
+    None when ``stop`` is set first; anything not transient (a wrong password, no such database) is raised."""
+    while True:
+        try:
+            return await create_pool(url, min_size=min_size, max_size=max_size, **kwargs)
+        except Exception as err:
+            if not (is_transient(err) or isinstance(err, OSError)):
+                raise
+            log.warning(
+                "could not open the database pool yet; retrying",
+                extra={"action": "database.connect_retry", "error": repr(err), "backoff": backoff},
+            )
+        await pause(stop, backoff)
+        if stop.is_set():
+            return None
+        backoff = min(backoff * 2, backoff_max)
 
 
 async def connect(url: str) -> asyncpg.Connection:

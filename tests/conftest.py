@@ -22,6 +22,7 @@ and consumer groups per test. Helpers that are not fixtures are in
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import shutil
 import tempfile
@@ -84,6 +85,9 @@ def servers() -> Iterator[Servers]:
     postgres = EmbeddedPostgres(base / "postgres")
     try:
         postgres.start()
+        # Room for the multi-process tests (the short chaos run alone: two engines, two relays and two
+        # consumer apps, ~120 connections at full pools), above PostgreSQL's default of 100.
+        asyncio.run(postgres.configure({"max_connections": "300"}))
         yield Servers(postgres.url("postgres"))
     finally:
         postgres.stop()

@@ -49,7 +49,7 @@ from relay.dispatcher import Relay, RelayConfig
 from relay.librdkafka_publisher import LibrdkafkaConfig, LibrdkafkaPublisher
 from relay.publisher import KafkaPublisher, PublisherConfig
 from schemas.clock import Clock, DatabaseClock, pause
-from schemas.connections import create_pool
+from schemas.connections import create_pool, create_pool_when_ready
 from schemas.kafka_security import PLAINTEXT, KafkaSecurity
 from schemas.migrations import apply_migrations
 from schemas.shard_ownership import ShardOwnership
@@ -218,7 +218,10 @@ async def run_services(
     config.validate(kafka_bootstrap)
     clock = clock or DatabaseClock()
     async with AsyncExitStack() as resources:
-        pool = await create_pool(database_url, min_size=2, max_size=8)
+        # Restarted into a database that refuses connections for now (too many clients, restarting): wait.
+        pool = await create_pool_when_ready(database_url, stop, log, min_size=2, max_size=8)
+        if pool is None:
+            return
         resources.push_async_callback(pool.close)
         runs: dict[Role, Callable[[], Coroutine[Any, Any, None]]] = {}
         tasks_extra: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {}
@@ -238,6 +241,8 @@ async def run_services(
                 clock,
                 config.kafka_security,
             )
+            if not plane:
+                return  # stopped while waiting for the database
             tasks_extra = {name: run for name, run in plane.items() if name != "dispatch"}
             runs[Role.DISPATCH] = plane["dispatch"]
         elif Role.MATERIALIZER in roles:
@@ -349,14 +354,18 @@ async def open_data_plane(
 ) -> dict[str, Callable[[], Coroutine[Any, Any, None]]]:
     """Open the node's pool and publisher (closed by ``resources``) and return its loops by name:
     shard leases, the ahead-lane relay, the settle pass, backlog gauges, and — given a config — the
-    shard-owning materializer."""
+    shard-owning materializer. Nothing (an empty mapping) when ``stop`` came while waiting for the database."""
     ownership = ShardOwnership(config.node_id or default_node_id())
-    pool = await create_pool(
+    pool = await create_pool_when_ready(
         database_url,
+        stop,
+        log,
         min_size=2,
         max_size=config.pool_size,
         server_settings={**DATA_PLANE_SERVER_SETTINGS, "application_name": f"chronoq-node {ownership.node_id}"[:63]},
     )
+    if pool is None:
+        return {}
     resources.push_async_callback(pool.close)
     settings: dict[str, Any] = {"idempotent": config.idempotent_producer, "security": security}
     if config.partitions:

