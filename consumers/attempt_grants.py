@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from opentelemetry import metrics
 
+from consumers.topic_reader import keep_reading
 from schemas import observability as obs
 from schemas.attempt_grants import AttemptGrant, decode_attempt_grant, grant_partition
 from schemas.errors import MalformedMessage
@@ -132,11 +133,16 @@ class GrantWaiter:
     async def follow(self, stop: asyncio.Event | None = None) -> None:
         """Read answers until ``stop`` is set (or the task is cancelled, or :meth:`stop`). The app passes no
         event: deliveries draining at shutdown still wait for their answers."""
-        while (stop is None or not stop.is_set()) and self._consumer is not None:
-            batches = await self._consumer.getmany(timeout_ms=200)
-            for records in batches.values():
-                for record in records:
-                    self.receive(record.value, record.partition, record.offset)
+        await keep_reading(self._read, lambda: self._consumer is not None, stop, log, "attempt grants")
+
+    async def _read(self) -> None:
+        consumer = self._consumer
+        if consumer is None:
+            return
+        batches = await consumer.getmany(timeout_ms=200)
+        for records in batches.values():
+            for record in records:
+                self.receive(record.value, record.partition, record.offset)
 
     async def stop(self) -> None:
         consumer, self._consumer = self._consumer, None

@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from aiokafka import AIOKafkaConsumer
 
 from consumers.occurrence import Cancellation
-from consumers.topic_reader import open_from_beginning
+from consumers.topic_reader import keep_reading, open_from_beginning
 from schemas.kafka_security import PLAINTEXT, KafkaSecurity
 from schemas.messages import MalformedMessage, ScheduleStateMessage, decode_schedule_state
 from schemas.topics import SCHEDULE_STATES_TOPIC
@@ -155,9 +155,8 @@ class ScheduleStateView:
                     )
 
     async def follow(self, stop: asyncio.Event) -> None:
-        """Keep reading new state messages until ``stop`` is set."""
-        while not stop.is_set() and self._consumer is not None:
-            await self._read(200)
+        """Keep reading new state messages until ``stop`` is set (a failed read is logged and retried)."""
+        await keep_reading(lambda: self._read(200), lambda: self._consumer is not None, stop, log, "schedule states")
 
     async def stop(self) -> None:
         consumer, self._consumer = self._consumer, None

@@ -35,7 +35,7 @@ import time
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from consumers.topic_reader import open_from_beginning
+from consumers.topic_reader import keep_reading, open_from_beginning
 from schemas.errors import MalformedMessage
 from schemas.kafka_security import PLAINTEXT, KafkaSecurity
 from schemas.target_bindings import TargetBindingMessage, decode_target_binding
@@ -189,9 +189,10 @@ class TargetBindingView:
             self._progress.notify_all()
 
     async def follow(self, stop: asyncio.Event) -> None:
-        """Keep reading new bindings until ``stop`` is set."""
-        while not stop.is_set() and self._consumer is not None and self._assigned:
-            await self._read(100)
+        """Keep reading new bindings until ``stop`` is set (a failed read is logged and retried)."""
+        await keep_reading(
+            lambda: self._read(100), lambda: self._consumer is not None and bool(self._assigned), stop, log, "bindings"
+        )
 
     async def stop(self) -> None:
         if self._catching_up is not None:

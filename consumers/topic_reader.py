@@ -1,16 +1,22 @@
-"""Reading a whole compacted topic without a consumer group (the schedule-state and target-binding views).
+"""Reading topics without a consumer group (the schedule-state and target-binding views, the grants).
 
 Each view reads its topic from the beginning on every partition and keeps the
 newest record per key; no group, so reading never triggers a rebalance and
-every app instance sees every record.
+every app instance sees every record. A view's reader runs for the app's whole
+life (:func:`keep_reading`): a failed read is logged and retried, never the
+end of the reader — a view that silently stops reading would turn every later
+verdict stale (a tenant's binding never seen, a grant never received).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from schemas.clock import pause
 from schemas.kafka_security import KafkaSecurity, start_client
 from schemas.topics import topic_partitions
 
@@ -43,3 +49,35 @@ async def open_from_beginning(
         consumer.assign(assigned)
         await consumer.seek_to_beginning(*assigned)
     return consumer, assigned
+
+
+async def keep_reading(
+    read: Callable[[], Awaitable[None]],
+    more: Callable[[], bool],
+    stop: asyncio.Event | None,
+    log: logging.Logger,
+    view: str,
+    backoff: float = 0.2,
+    backoff_max: float = 5.0,
+) -> None:
+    """Call ``read`` while ``more()`` and ``stop`` is not set; an error (the broker away, a fetch refused)
+    is logged (``action=consumer.view_read_failed``) and retried after a capped backoff."""
+    wait = backoff
+    while (stop is None or not stop.is_set()) and more():
+        try:
+            await read()
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # noqa: BLE001 - a reader must outlive any one failed read
+            log.warning(
+                "reading %s failed; retrying",
+                view,
+                extra={"action": "consumer.view_read_failed", "view": view, "error": repr(err), "backoff": wait},
+            )
+            if stop is None:
+                await asyncio.sleep(wait)
+            else:
+                await pause(stop, wait)
+            wait = min(wait * 2, backoff_max)
+        else:
+            wait = backoff

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import random
 
@@ -66,4 +67,8 @@ if __name__ == "__main__":
     parser.add_argument("--session-timeout", type=float, default=4.0)
     parser.add_argument("--lease-ttl", type=float, default=6.0)
     parser.add_argument("--hold", type=float, default=0.05, help="longest wait inside the transaction (s)")
+    # The engine's key=value lines: a poison verdict's reason, a refusal's, are in the extras.
+    from engine.cli.log_format import configure_logging
+
+    configure_logging(logging.WARNING)
     asyncio.run(main(parser.parse_args()))
