@@ -346,21 +346,10 @@ class BatchRunner:
             )
         if not refused:
             return items
-        try:
-            await conn.execute(
-                *CONSUMER_QUERIES.delete_dedupe_rows(
-                    consumer_group=self.config.group,
-                    occurrence_ids=[i.message.occurrence_id for i, _ in refused],
-                    lease_tokens=[i.token for i, _ in refused],
-                )
-            )
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
-            await rollback(transaction)
-            raise InfrastructureError(f"app database error before the handler: {err!r}") from err
+        remaining = await self._drop_claims(conn, transaction, items, [i for i, _ in refused])
         for item, grant in refused:
             outcomes[item.index] = self.single.refused(item.message, grant)
-        gone = {id(i) for i, _ in refused}
-        return [i for i in items if id(i) not in gone]
+        return remaining
 
     async def _drop_obsolete_since_start(
         self,
@@ -377,19 +366,31 @@ class BatchRunner:
                 obsolete.append((item, verdict))
         if not obsolete:
             return items
+        remaining = await self._drop_claims(conn, transaction, items, [i for i, _ in obsolete])
+        await self._skip(obsolete, outcomes)
+        return remaining
+
+    async def _drop_claims(
+        self,
+        conn: asyncpg.Connection,
+        transaction: asyncpg.transaction.Transaction,
+        items: list[_Item],
+        dropped: list[_Item],
+    ) -> list[_Item]:
+        """Delete the (uncommitted) dedupe rows of ``dropped`` in the batch's transaction; the rest of
+        ``items``. A database error rolls the batch back and raises InfrastructureError (retried in place)."""
         try:
             await conn.execute(
                 *CONSUMER_QUERIES.delete_dedupe_rows(
                     consumer_group=self.config.group,
-                    occurrence_ids=[i.message.occurrence_id for i, _ in obsolete],
-                    lease_tokens=[i.token for i, _ in obsolete],
+                    occurrence_ids=[i.message.occurrence_id for i in dropped],
+                    lease_tokens=[i.token for i in dropped],
                 )
             )
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
             await rollback(transaction)
             raise InfrastructureError(f"app database error before the handler: {err!r}") from err
-        await self._skip(obsolete, outcomes)
-        gone = {id(i) for i, _ in obsolete}
+        gone = {id(i) for i in dropped}
         return [i for i in items if id(i) not in gone]
 
     async def _run_handler(

@@ -15,7 +15,6 @@ from datetime import timedelta
 
 import asyncpg
 import pytest
-from aiokafka import AIOKafkaProducer
 from opentelemetry.metrics import NoOpMeter
 
 from consumers import ConsumerApp, ConsumerConfig, Occurrence
@@ -54,15 +53,10 @@ def app_for(kafka_bootstrap: str, consumer_db: str, **config: object) -> Consume
 
 async def produce_to_group_partition(kafka_bootstrap: str, group: str, values: list[bytes]) -> None:
     partitions = await topic_partitions(kafka_bootstrap, ATTEMPT_GRANTS_TOPIC)
-    partition = grant_partition(group, len(partitions))
     # Not keyed: these must reach the group's partition, as the engine's answers do.
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
-    await producer.start()
-    try:
-        for value in values:
-            await producer.send_and_wait(ATTEMPT_GRANTS_TOPIC, value, partition=partition)
-    finally:
-        await producer.stop()
+    await produce(
+        kafka_bootstrap, ATTEMPT_GRANTS_TOPIC, values, key=None, partition=grant_partition(group, len(partitions))
+    )
 
 
 async def test_no_answer_within_the_bound_retries_in_place_until_the_processor_runs(

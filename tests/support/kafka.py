@@ -41,15 +41,17 @@ def occurrence_message(
     )
 
 
-async def produce(bootstrap: str, topic: str, values: list[bytes], key: bytes = b"acme") -> None:
-    """Produce ``values`` in order (one key: one partition), creating the topic first as chronoq does
-    (Apache Kafka never creates one on its own)."""
+async def produce(
+    bootstrap: str, topic: str, values: list[bytes], key: bytes | None = b"acme", partition: int | None = None
+) -> None:
+    """Produce ``values`` in order (one key, or the given ``partition``: one partition), creating the topic
+    first as chronoq does (Apache Kafka never creates one on its own)."""
     await create_missing_topics(bootstrap, [topic])
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
     await producer.start()
     try:
         for value in values:
-            await producer.send_and_wait(topic, value, key=key)
+            await producer.send_and_wait(topic, value, key=key, partition=partition)
     finally:
         await producer.stop()
 
