@@ -361,6 +361,7 @@ class AttemptRunner:
                         occurrence.attempt,
                         occurrence.lease_token,  # type: ignore[arg-type]
                         self.config.lease_ttl,
+                        occurrence.scheduled_for,
                     ),
                     occurrence.target,
                 )
@@ -400,6 +401,7 @@ class AttemptRunner:
                     cfg.group,
                     cfg.worker,
                     claim_order=claim_order,
+                    scheduled_for=message.scheduled_for,
                 ),
                 message.target,
             )
@@ -475,7 +477,12 @@ class AttemptRunner:
         )
         if self.hooks.after_commit:
             await self.hooks.after_commit(occurrence)
-        event = AttemptEvent.succeeded(occurrence.occurrence_id, occurrence.attempt, occurrence.lease_token)  # type: ignore[arg-type]
+        event = AttemptEvent.succeeded(
+            occurrence.occurrence_id,
+            occurrence.attempt,
+            occurrence.lease_token,  # type: ignore[arg-type]
+            occurrence.scheduled_for,
+        )
         if not await self._report(event, occurrence.target):
             return Outcome.ABANDONED
         if self.hooks.after_report:
@@ -524,7 +531,9 @@ class AttemptRunner:
                 "error": text[:500],
             },
         )
-        event = AttemptEvent.failed(occurrence.occurrence_id, occurrence.attempt, token, error_class, text, permanent)
+        event = AttemptEvent.failed(
+            occurrence.occurrence_id, occurrence.attempt, token, error_class, text, permanent, occurrence.scheduled_for
+        )
         return Outcome.FAILED if await self._report(event, occurrence.target) else Outcome.ABANDONED
 
     async def _duplicate(self, conn: asyncpg.Connection, message: OccurrenceMessage) -> Outcome:
@@ -541,7 +550,11 @@ class AttemptRunner:
             extra={**ids(message), "action": "occurrence.duplicate", "attempt": message.attempt},
         )
         event = AttemptEvent.already_applied(
-            message.occurrence_id, message.attempt, row["lease_token"] if row else None, self.config.group
+            message.occurrence_id,
+            message.attempt,
+            row["lease_token"] if row else None,
+            self.config.group,
+            message.scheduled_for,
         )
         return Outcome.DUPLICATE if await self._report(event, message.target) else Outcome.ABANDONED
 
@@ -557,7 +570,9 @@ class AttemptRunner:
                 "version": occurrence.schedule_version,
             },
         )
-        event = AttemptEvent.canceled(occurrence.occurrence_id, occurrence.attempt, reason, token, self.config.group)
+        event = AttemptEvent.canceled(
+            occurrence.occurrence_id, occurrence.attempt, reason, token, self.config.group, occurrence.scheduled_for
+        )
         return Outcome.CANCELED if await self._report(event, occurrence.target) else Outcome.ABANDONED
 
     async def _report(self, event: AttemptEvent, target: str) -> bool:

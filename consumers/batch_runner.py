@@ -308,6 +308,7 @@ class BatchRunner:
                         cfg.group,
                         cfg.worker,
                         claim_order=claim_order[i.message.occurrence_id],
+                        scheduled_for=i.message.scheduled_for,
                     )
                     for i in fresh
                 ],
@@ -441,6 +442,7 @@ class BatchRunner:
                             i.message.attempt,
                             i.lease,
                             self.config.lease_ttl,
+                            i.message.scheduled_for,
                         )
                         for i in items
                     ],
@@ -471,7 +473,10 @@ class BatchRunner:
         if self.hooks.after_commit:
             for item in items:
                 await self.hooks.after_commit(item.started)
-        events = [AttemptEvent.succeeded(i.message.occurrence_id, i.message.attempt, i.lease) for i in items]
+        events = [
+            AttemptEvent.succeeded(i.message.occurrence_id, i.message.attempt, i.lease, i.message.scheduled_for)
+            for i in items
+        ]
         reported = await self._report(events, items[0].message.target)
         if reported and self.hooks.after_report:
             for item in items:
@@ -556,6 +561,7 @@ class BatchRunner:
                 i.lease,
                 error_class,
                 text,
+                scheduled_for=i.message.scheduled_for,
             )
             for i in items
         ]
@@ -568,7 +574,11 @@ class BatchRunner:
         tokens = {row["occurrence_id"]: row["lease_token"] for row in rows}
         return [
             AttemptEvent.already_applied(
-                i.message.occurrence_id, i.message.attempt, tokens.get(i.message.occurrence_id), self.config.group
+                i.message.occurrence_id,
+                i.message.attempt,
+                tokens.get(i.message.occurrence_id),
+                self.config.group,
+                i.message.scheduled_for,
             )
             for i in items
         ]
@@ -607,7 +617,9 @@ class BatchRunner:
                 },
             )
         events = [
-            AttemptEvent.canceled(i.message.occurrence_id, i.message.attempt, reason, i.token, self.config.group)
+            AttemptEvent.canceled(
+                i.message.occurrence_id, i.message.attempt, reason, i.token, self.config.group, i.message.scheduled_for
+            )
             for i, reason in items
         ]
         reported = await self._report(events, items[0][0].message.target)

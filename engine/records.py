@@ -303,6 +303,7 @@ class Attempt(_Record):
     worker: str | None
     permanent: bool | None
     claim_order: int | None  # the consumer's dedupe transaction id, when its runtime sent one (migration 0015)
+    scheduled_for: datetime  # its occurrence's: the day partition it lives in (migration 0016)
 
 
 @dataclass(frozen=True, slots=True)

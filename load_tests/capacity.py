@@ -163,7 +163,7 @@ async def fill_day(
             """
             INSERT INTO attempts (attempt_id, occurrence_id, attempt_number, lease_token, consumer_group, started_at,
                                   heartbeat_at, lease_expires_at, finished_at, result, error_class, error_message,
-                                  worker, permanent)
+                                  worker, permanent, scheduled_for)
             SELECT md5('attempt' || o.occurrence_id::text || n)::uuid, o.occurrence_id, n,
                    coalesce(CASE WHEN o.state = 'RUNNING' AND n = a.k THEN o.lease_token END,
                             md5('lease' || o.occurrence_id::text || n)::uuid),
@@ -174,7 +174,7 @@ async def fill_day(
                         WHEN n < k OR o.state = 'DEAD' THEN 'failed' ELSE 'succeeded' END,
                    CASE WHEN n < k OR o.state = 'DEAD' THEN 'TimeoutError' END,
                    CASE WHEN n < k OR o.state = 'DEAD' THEN 'upstream timed out after 30 s' END,
-                   'worker-' || (hashtext(o.occurrence_id::text) & 63), false
+                   'worker-' || (hashtext(o.occurrence_id::text) & 63), false, o.scheduled_for
             FROM occurrences o
             CROSS JOIN LATERAL (SELECT CASE WHEN o.state = 'DEAD' THEN 3
                                             WHEN hashtext(o.occurrence_id::text) % 20 = 0 THEN 2 ELSE 1 END AS k) a
@@ -196,12 +196,21 @@ async def sizes(pool: asyncpg.Pool) -> dict[str, Any]:
     for schema, table in [("public", t) for t in TABLES] + [("archive", "occurrences"), ("archive", "attempts")]:
         name = f"{schema}.{table}"
         rows = await pool.fetchval(f"SELECT count(*) FROM {name}")  # fixed names of this module
-        heap = await pool.fetchval("SELECT pg_table_size($1::regclass)", name)
+        # A partitioned table (migration 0016) has no storage of its own: sum its partitions, and each
+        # partitioned index over its partitions' indexes.
+        heap = await pool.fetchval(
+            "SELECT CASE WHEN c.relkind = 'p'"
+            " THEN (SELECT coalesce(sum(pg_table_size(t.relid)), 0) FROM pg_partition_tree(c.oid) t)"
+            " ELSE pg_table_size(c.oid) END FROM pg_class c WHERE c.oid = $1::regclass",
+            name,
+        )
         indexes = {
             r["name"]: r["bytes"]
             for r in await pool.fetch(
-                "SELECT indexrelid::regclass::text AS name, pg_relation_size(indexrelid) AS bytes"
-                " FROM pg_index WHERE indrelid = $1::regclass ORDER BY 1",
+                "SELECT i.indexrelid::regclass::text AS name, CASE WHEN c.relkind = 'I'"
+                " THEN (SELECT coalesce(sum(pg_relation_size(t.relid)), 0) FROM pg_partition_tree(c.oid) t)"
+                " ELSE pg_relation_size(c.oid) END AS bytes"
+                " FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = $1::regclass ORDER BY 1",
                 name,
             )
         }
@@ -258,7 +267,7 @@ async def hot_queries(pool: asyncpg.Pool, now: datetime, repeat: int = 3) -> dic
     """The hot queries at ``now``: the best of ``repeat`` runs each (warm cache, as in steady state)."""
     async with pool.acquire() as conn:
         recent = await conn.fetchrow(
-            "SELECT occurrence_id, schedule_id, tenant_id FROM occurrences WHERE scheduled_for < $1"
+            "SELECT occurrence_id, schedule_id, tenant_id, scheduled_for FROM occurrences WHERE scheduled_for < $1"
             " ORDER BY scheduled_for DESC LIMIT 1",
             now - timedelta(minutes=10),
         )
@@ -269,8 +278,13 @@ async def hot_queries(pool: asyncpg.Pool, now: datetime, repeat: int = 3) -> dic
             "dispatch_claim_outbox": QUERIES.claim_due_outbox(now=now, limit=500, token=uuid.uuid4(), claim_ttl_s=60.0),
             "reaper_expired_leases": QUERIES.expired_leases(now=now, limit=500),
             "stuck_claim": QUERIES.claim_stuck_occurrences(now=now, timeout_s=600.0, limit=500),
+            # By id alone (a failure's retry decision; events without scheduled_for): a probe of every day's key.
             "attempt_lock_occurrence": QUERIES.lock_occurrence(
                 default_retry_budget=1000, occurrence_id=recent["occurrence_id"]
+            ),
+            # The attempt processor's batch lock with the events' scheduled_for: that day's partition only.
+            "attempt_lock_occurrences_of_days": QUERIES.lock_occurrences_of_days(
+                occurrence_ids=[recent["occurrence_id"]], days=[recent["scheduled_for"]]
             ),
             "listing_schedule_occurrences": QUERIES.list_schedule_occurrences(
                 schedule_id=recent["schedule_id"], tenant_id=recent["tenant_id"], after_at=None, after_id=None, limit=51
@@ -315,9 +329,11 @@ async def lifecycle_wal(pool: asyncpg.Pool, at: datetime, count: int, message: b
         ),
         "started": (
             "WITH a AS (INSERT INTO attempts (attempt_id, occurrence_id, attempt_number, lease_token, started_at,"
-            " lease_expires_at, consumer_group, worker) SELECT md5('life-a' || i)::uuid, md5('life' || i)::uuid, 1,"
-            " md5('life-l' || i)::uuid, $1::timestamptz, $1::timestamptz + interval '1 minute', 'bench-app',"
-            " 'worker-1' FROM generate_series($2::int, $3::int) i RETURNING occurrence_id, lease_token)"
+            " lease_expires_at, consumer_group, worker, scheduled_for) SELECT md5('life-a' || i)::uuid,"
+            " md5('life' || i)::uuid, 1, md5('life-l' || i)::uuid, $1::timestamptz,"
+            " $1::timestamptz + interval '1 minute', 'bench-app', 'worker-1',"
+            " $1::timestamptz + make_interval(secs => i)"
+            " FROM generate_series($2::int, $3::int) i RETURNING occurrence_id, lease_token)"
             " UPDATE occurrences o SET state = 'RUNNING', attempt_count = 1, lease_token = a.lease_token,"
             " lease_expires_at = $1::timestamptz + interval '1 minute', updated_at = $1::timestamptz"
             " FROM a WHERE o.occurrence_id = a.occurrence_id AND $4::bytea IS NOT NULL AND $5::int > 0"
@@ -368,8 +384,8 @@ async def lifecycle_wal_records_only(
 async def autovacuum_state(pool: asyncpg.Pool) -> dict[str, Any]:
     rows = await pool.fetch(
         "SELECT schemaname || '.' || relname AS name, n_live_tup, n_dead_tup, autovacuum_count,"
-        " last_autovacuum::text FROM pg_stat_user_tables WHERE relname = ANY($1::text[]) ORDER BY 1",
-        ["occurrences", "attempts", "outbox"],
+        " last_autovacuum::text FROM pg_stat_user_tables"
+        " WHERE relname ~ '^(occurrences|attempts|outbox)(_p[0-9]{8}|_default)?$' ORDER BY 1",
     )
     return {r["name"]: {k: r[k] for k in r.keys() if k != "name"} for r in rows}
 
@@ -406,6 +422,12 @@ async def run_capacity(
             "fill": {},
             "measured": {},
         }
+        # The day partitions of every simulated day (the engine creates them ahead; history_partitions.py).
+        await pool.fetchval(
+            *QUERIES.ensure_day_partitions(
+                from_day=(now - timedelta(days=days)).date(), to_day=(now + timedelta(days=2)).date()
+            )
+        )
         result["fill"]["schedules"] = await seed_schedules(pool, schedules, now)
         log(f"seeded {schedules:,} schedules in {result['fill']['schedules']['seconds']:.1f} s")
         # The newest day first (its last hour still in flight), then older and older days: "now" stays at the end
@@ -448,6 +470,7 @@ async def run_capacity(
         seconds = time.perf_counter() - began
         prune_wal = await wal_since(pool, lsn)
         result["retention"] = {
+            "days_moved_whole": [d.to_json() for d in report.days],
             "would_archive": dry.occurrences,
             "archived_occurrences": report.occurrences,
             "archived_attempts": report.attempts,

@@ -24,6 +24,10 @@ Fields by event (unknown fields are ignored, as for every chronoq message):
                           dedupe row (null if the row predates tokens)
 ========================  ==========================================================
 
+Every event may carry ``scheduled_for``, the occurrence's scheduled instant from its message (optional;
+added with the day-partitioned history, migration 0016): the engine then finds the occurrence in that day's
+partition. Without it, or with a wrong one, the engine looks the occurrence up by id alone.
+
 ``attempt`` is the delivery number carried by the occurrence message
 (``OccurrenceMessage.attempt``). Nothing here carries a worker's wall-clock
 time: the engine judges leases by its own clock.
@@ -34,13 +38,14 @@ from __future__ import annotations
 import functools
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import orjson
 
 from schemas import record_fields as fields
 from schemas.errors import MalformedMessage
-from schemas.messages import HEADER_FORMAT, HEADER_OCCURRENCE_ID, decode_json_object
+from schemas.messages import HEADER_FORMAT, HEADER_OCCURRENCE_ID, decode_json_object, format_instant
 from schemas.record_fields import MAX_NAME
 
 FORMAT_VERSION = 1
@@ -80,6 +85,9 @@ class AttemptEvent:
     #: ``started`` only: the consumer database's id of the transaction that inserted the dedupe row
     #: (``pg_current_xact_id()``, increasing): a takeover needs a later claim than the current lease's.
     claim_order: int | None = None
+    #: The occurrence's scheduled instant (``OccurrenceMessage.scheduled_for``), optional: the engine finds
+    #: the occurrence in that day's partition (migration 0016) instead of probing every day's.
+    scheduled_for: datetime | None = None
 
     def __post_init__(self) -> None:
         if self.event not in EVENT_KINDS:
@@ -111,6 +119,7 @@ class AttemptEvent:
         consumer_group: str | None = None,
         worker: str | None = None,
         claim_order: int | None = None,
+        scheduled_for: datetime | None = None,
     ) -> AttemptEvent:
         return cls(
             STARTED,
@@ -121,17 +130,25 @@ class AttemptEvent:
             _optional_printable(consumer_group),
             _optional_printable(worker),
             claim_order=claim_order,
+            scheduled_for=scheduled_for,
         )
 
     @classmethod
     def heartbeat(
-        cls, occurrence_id: uuid.UUID, attempt: int, lease_token: uuid.UUID, lease_ttl: float
+        cls,
+        occurrence_id: uuid.UUID,
+        attempt: int,
+        lease_token: uuid.UUID,
+        lease_ttl: float,
+        scheduled_for: datetime | None = None,
     ) -> AttemptEvent:
-        return cls(HEARTBEAT, occurrence_id, attempt, lease_token, lease_ttl)
+        return cls(HEARTBEAT, occurrence_id, attempt, lease_token, lease_ttl, scheduled_for=scheduled_for)
 
     @classmethod
-    def succeeded(cls, occurrence_id: uuid.UUID, attempt: int, lease_token: uuid.UUID) -> AttemptEvent:
-        return cls(SUCCEEDED, occurrence_id, attempt, lease_token)
+    def succeeded(
+        cls, occurrence_id: uuid.UUID, attempt: int, lease_token: uuid.UUID, scheduled_for: datetime | None = None
+    ) -> AttemptEvent:
+        return cls(SUCCEEDED, occurrence_id, attempt, lease_token, scheduled_for=scheduled_for)
 
     @classmethod
     def failed(
@@ -142,6 +159,7 @@ class AttemptEvent:
         error_class: str,
         error_message: str,
         permanent: bool = False,
+        scheduled_for: datetime | None = None,
     ) -> AttemptEvent:
         # An exception's text may hold anything, NUL included; the wire (and the engine's
         # text columns) may not, so it is replaced rather than letting the event be rejected.
@@ -153,6 +171,7 @@ class AttemptEvent:
             error_class=_printable(error_class)[:MAX_ERROR_CLASS],
             error_message=_printable(error_message)[:MAX_ERROR_MESSAGE],
             permanent=permanent,
+            scheduled_for=scheduled_for,
         )
 
     @classmethod
@@ -163,6 +182,7 @@ class AttemptEvent:
         reason: str,
         lease_token: uuid.UUID | None = None,
         consumer_group: str | None = None,
+        scheduled_for: datetime | None = None,
     ) -> AttemptEvent:
         return cls(
             CANCELED,
@@ -171,11 +191,17 @@ class AttemptEvent:
             lease_token,
             consumer_group=_optional_printable(consumer_group),
             reason=reason,
+            scheduled_for=scheduled_for,
         )
 
     @classmethod
     def already_applied(
-        cls, occurrence_id: uuid.UUID, attempt: int, applied_by: uuid.UUID | None, consumer_group: str | None = None
+        cls,
+        occurrence_id: uuid.UUID,
+        attempt: int,
+        applied_by: uuid.UUID | None,
+        consumer_group: str | None = None,
+        scheduled_for: datetime | None = None,
     ) -> AttemptEvent:
         return cls(
             ALREADY_APPLIED,
@@ -183,6 +209,7 @@ class AttemptEvent:
             attempt,
             consumer_group=_optional_printable(consumer_group),
             applied_by=applied_by,
+            scheduled_for=scheduled_for,
         )
 
     @functools.cached_property
@@ -217,6 +244,8 @@ class AttemptEvent:
             data["applied_by"] = self.applied_by
         if self.claim_order is not None:
             data["claim_order"] = self.claim_order
+        if self.scheduled_for is not None:
+            data["scheduled_for"] = format_instant(self.scheduled_for)
         # orjson writes uuid.UUID as its canonical string itself; other UUID types (asyncpg's) through str().
         return orjson.dumps(data, default=str)
 
@@ -258,4 +287,5 @@ def decode_attempt_event(value: bytes | None) -> AttemptEvent:
         claim_order=(
             fields.integer(data, "claim_order", 1, MAX_CLAIM_ORDER) if data.get("claim_order") is not None else None
         ),
+        scheduled_for=fields.optional_instant(data, "scheduled_for"),
     )

@@ -99,6 +99,8 @@ ATTEMPT_EVENTS_LAG = "chronoq.attempt_events_lag"  # gauge: events on chronoq.at
 HISTORY_ARCHIVED = (
     "chronoq.history_archived"  # counter, attrs table (occurrences|attempts), tenant_id: rows moved to the archive
 )
+HISTORY_PARTITIONS_CREATED = "chronoq.history_partitions_created"  # counter: day partitions created ahead
+HISTORY_DAYS_ARCHIVED = "chronoq.history_days_archived"  # counter: day partitions moved whole into the archive
 
 # Span names.
 SPAN_MATERIALIZE = "chronoq.materialize"

@@ -7,6 +7,17 @@ scheduled before ``now - retention`` and nothing still hands it off (no unsent o
 queue row, no open stuck watch). Not-final occurrences, and DEAD ones (an operator may still replay them),
 are never moved, however old.
 
+Two ways out of the hot tables (both in :func:`prune`, days first):
+
+* **whole days** (migration 0016): a day partition of ``occurrences``/``attempts`` older than the default
+  retention moves into the archive with DDL (``chronoq_archive_day``: detach, keep hot what must stay,
+  attach to the archive): no per-row WAL, no dead tuples. What must stay hot (not final, DEAD, in a
+  handoff, or of a tenant whose override is longer) goes back into the hot tables' DEFAULT partition;
+* **batches**: rows in the DEFAULT partition (days from before partitioning, rows kept hot by a day
+  move), and the rows of tenants whose override is shorter than the default, wherever they are.
+
+So a tenant on the default retention keeps its history at least ``keep`` and at most ``keep`` + 1 day.
+
 Guarantee: :func:`prune` works in bounded batches, each one transaction that locks up to ``batch_size``
 such occurrences (``FOR UPDATE SKIP LOCKED``), moves their attempts and them into ``archive.*``, deletes
 their delivered outbox rows and resolved stuck watches, and advances the tenant's archive horizon. A pruner
@@ -17,9 +28,10 @@ occurrences, an occurrence with its attempts, the reconciler) read both tables.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 import asyncpg
@@ -30,6 +42,8 @@ from schemas.clock import Clock, DatabaseClock
 from schemas.errors import InvalidInput, NotFound
 from schemas.messages import format_instant
 from schemas.queries import QUERIES
+
+log = logging.getLogger("chronoq.history")
 
 #: The shortest retention accepted (the schema's CHECK): an hour keeps everything a reader of the last
 #: runs, the stuck-occurrence watch and the reconciler's usual windows look at.
@@ -66,23 +80,44 @@ class TenantPrune:
 
 
 @dataclass
+class DayMove:
+    """One day partition moved (or, in a dry run, that would move) into the archive whole."""
+
+    day: date
+    occurrences: int = 0
+    attempts: int = 0
+    #: Occurrences of the day that stay hot (back in the DEFAULT partition), by state in a dry run.
+    kept: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "day": self.day.isoformat(),
+            "occurrences": self.occurrences,
+            "attempts": self.attempts,
+            "kept": dict(self.kept),
+        }
+
+
+@dataclass
 class PruneReport:
     """What a prune moved (or, in a dry run, would move), per tenant, and in how many batches."""
 
     dry_run: bool
     as_of: datetime
     tenants: list[TenantPrune] = field(default_factory=list)
+    #: Day partitions moved whole (before the batches).
+    days: list[DayMove] = field(default_factory=list)
     batches: int = 0
     #: False when ``max_batches`` stopped the run before everything prunable had moved.
     complete: bool = True
 
     @property
     def occurrences(self) -> int:
-        return sum(t.occurrences for t in self.tenants)
+        return sum(t.occurrences for t in self.tenants) + sum(d.occurrences for d in self.days)
 
     @property
     def attempts(self) -> int:
-        return sum(t.attempts for t in self.tenants)
+        return sum(t.attempts for t in self.tenants) + sum(d.attempts for d in self.days)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -92,12 +127,19 @@ class PruneReport:
             "attempts": self.attempts,
             "batches": self.batches,
             "complete": self.complete,
+            "days": [d.to_json() for d in self.days],
             "tenants": [t.to_json() for t in self.tenants],
         }
 
     def lines(self) -> list[str]:
         verb = "would archive" if self.dry_run else "archived"
         out = [f"history prune as of {format_instant(self.as_of)}" + (" (dry run)" if self.dry_run else "")]
+        for d in self.days:
+            kept = ", ".join(f"{state} {n}" for state, n in sorted(d.kept.items())) or "none"
+            out.append(
+                f"  day {d.day.isoformat()} (whole partition): {verb} {d.occurrences} occurrences,"
+                f" {d.attempts} attempts; kept hot {kept}"
+            )
         for t in self.tenants:
             kept = ", ".join(f"{state} {n}" for state, n in sorted(t.kept.items())) or "none"
             span = (
@@ -174,10 +216,18 @@ class HistoryMetrics:
         self._archived = meter.create_counter(
             obs.HISTORY_ARCHIVED, unit="1", description="rows moved from the hot tables into the archive"
         )
+        self._days = meter.create_counter(
+            obs.HISTORY_DAYS_ARCHIVED, unit="1", description="day partitions moved whole into the archive"
+        )
 
     def record(self, tenant_id: str, occurrences: int, attempts: int) -> None:
         self._archived.add(occurrences, {"table": "occurrences", "tenant_id": tenant_id})
         self._archived.add(attempts, {"table": "attempts", "tenant_id": tenant_id})
+
+    def record_day(self, occurrences: int, attempts: int) -> None:
+        self._days.add(1)
+        self._archived.add(occurrences, {"table": "occurrences", "tenant_id": "*"})
+        self._archived.add(attempts, {"table": "attempts", "tenant_id": "*"})
 
 
 async def prune(
@@ -206,6 +256,8 @@ async def prune(
         now = clock.now()
         as_of = await pool.fetchval(*QUERIES.current_instant(now=now))
         report = PruneReport(dry_run, as_of)
+        if tenant_id is None:  # a day holds every tenant's rows: only a prune of all tenants moves days
+            await _move_days(pool, report, as_of, dry_run, recorder)
         cutoffs = [
             r for r in await pool.fetch(*QUERIES.retention_cutoffs(now=as_of)) if tenant_id in (None, r["tenant_id"])
         ]
@@ -215,8 +267,11 @@ async def prune(
             tenant = TenantPrune(row["tenant_id"], row["keep_s"], row["overridden"], row["cutoff"])
             report.tenants.append(tenant)
             bounds = {"tenant_id": tenant.tenant_id, "cutoff": tenant.cutoff}
+            # Day partitions are the day moves' (above), except for a tenant whose retention is shorter.
+            scope = {**bounds, "everywhere": row["shorter"]}
             if dry_run:
-                summary = await pool.fetchrow(*QUERIES.prunable_summary(**bounds))
+                moving = [d.day for d in report.days]
+                summary = await pool.fetchrow(*QUERIES.prunable_summary(**scope, moving_days=moving))
                 tenant.occurrences, tenant.attempts = summary["occurrences"], summary["attempts"]
                 tenant.oldest, tenant.newest = summary["oldest"], summary["newest"]
             else:
@@ -224,7 +279,7 @@ async def prune(
                     if max_batches is not None and report.batches >= max_batches:
                         report.complete = False
                         break
-                    moved = await _prune_batch(pool, tenant, batch_size, as_of)
+                    moved = await _prune_batch(pool, tenant, batch_size, as_of, row["shorter"])
                     if moved is None:
                         break
                     report.batches += 1
@@ -238,14 +293,57 @@ async def prune(
     return report
 
 
-async def _prune_batch(pool: asyncpg.Pool, tenant: TenantPrune, limit: int, now: datetime) -> tuple[int, int] | None:
+async def _move_days(
+    pool: asyncpg.Pool, report: PruneReport, now: datetime, dry_run: bool, recorder: HistoryMetrics
+) -> None:
+    """Move (or, in a dry run, count) every day partition wholly older than the default retention, oldest
+    first, one transaction each. Today's partition never moves: its day is not over."""
+    keep_s: int = await pool.fetchval(*QUERIES.retention_policy())
+    cutoff = now - timedelta(seconds=keep_s)
+    today = now.astimezone(UTC).date()
+    for row in await pool.fetch(*QUERIES.hot_day_partitions()):
+        day: date = row["day"]
+        if day >= today or datetime.combine(day + timedelta(days=1), time(), UTC) > cutoff:
+            continue
+        move = DayMove(day)
+        report.days.append(move)
+        if dry_run:
+            counts = await pool.fetchrow(*QUERIES.day_partition_rows(day=day))
+            move.occurrences, move.attempts = counts["occurrences"], counts["attempts"]
+            kept = await pool.fetch(*QUERIES.day_partition_kept(day=day, default_keep_s=keep_s, now=now))
+            move.kept = {r["state"]: r["occurrences"] for r in kept}
+            move.occurrences -= sum(r["occurrences"] for r in kept)
+            move.attempts -= sum(r["attempts"] for r in kept)
+            continue
+        async with pool.acquire() as conn, conn.transaction():
+            moved = await conn.fetchrow(*QUERIES.archive_day(day=day, default_keep_s=keep_s, now=now))
+        move.occurrences, move.attempts = moved["occurrences"], moved["attempts"]
+        move.kept = {"kept": moved["kept"]} if moved["kept"] else {}
+        recorder.record_day(move.occurrences, move.attempts)
+        log.info(
+            "history day moved to the archive",
+            extra={
+                "action": "history.day_archived",
+                "day": day.isoformat(),
+                "occurrences": move.occurrences,
+                "attempts": move.attempts,
+                "kept": moved["kept"],
+            },
+        )
+
+
+async def _prune_batch(
+    pool: asyncpg.Pool, tenant: TenantPrune, limit: int, now: datetime, everywhere: bool
+) -> tuple[int, int] | None:
     """One transaction: lock, move attempts, forget delivered handoffs, move occurrences, advance the horizon.
     None when nothing was left to move."""
     async with pool.acquire() as conn, conn.transaction():
         ids = [
             r["occurrence_id"]
             for r in await conn.fetch(
-                *QUERIES.lock_prunable_batch(tenant_id=tenant.tenant_id, cutoff=tenant.cutoff, limit=limit)
+                *QUERIES.lock_prunable_batch(
+                    tenant_id=tenant.tenant_id, cutoff=tenant.cutoff, limit=limit, everywhere=everywhere
+                )
             )
         ]
         if not ids:

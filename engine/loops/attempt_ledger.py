@@ -91,6 +91,26 @@ _MOVED_OCCURRENCE = (
 )
 
 
+async def lock_event_occurrences(conn: asyncpg.Connection, events: Sequence[AttemptEvent]) -> list[asyncpg.Record]:
+    """Lock the occurrences a batch of events names, in id order. Events that carry their occurrence's
+    ``scheduled_for`` are looked up in those days' partitions only; an id not found there (an event from
+    an older consumer runtime without the field, or with a wrong instant) is looked up by id alone, so a
+    wrong or missing instant costs a wider lookup, never an event."""
+    ids = sorted({event.occurrence_id for event in events})
+    days = {event.occurrence_id: event.scheduled_for for event in events if event.scheduled_for is not None}
+    if not days:
+        return list(await conn.fetch(*QUERIES.lock_occurrences(occurrence_ids=ids)))
+    rows = list(
+        await conn.fetch(*QUERIES.lock_occurrences_of_days(occurrence_ids=list(days), days=sorted(set(days.values()))))
+    )
+    found = {row["occurrence_id"] for row in rows}
+    missing = [occurrence_id for occurrence_id in ids if occurrence_id not in found]
+    if missing:
+        rows += await conn.fetch(*QUERIES.lock_occurrences(occurrence_ids=missing))
+        rows.sort(key=lambda row: row["occurrence_id"])
+    return rows
+
+
 class AttemptLedger:
     """Applies attempt events and failure conclusions inside a caller's transaction.
 
@@ -115,14 +135,15 @@ class AttemptLedger:
         """Apply events in order (of their partition): the verdict of each, in order."""
         if not events:
             return []
-        ids = list({event.occurrence_id for event in events})  # the query locks them in id order
-        rows = await conn.fetch(*QUERIES.lock_occurrences(occurrence_ids=ids))
+        rows = await lock_event_occurrences(conn, events)
         by_id = {row["occurrence_id"]: row for row in rows}
+        # The locked occurrences' instants: every later statement of the batch reads those days' partitions.
+        days = sorted({row["scheduled_for"] for row in rows})
         owners = await self.owners(conn, events, by_id, now)
         tokens = tokens_to_read(events, rows)
-        attempts = await conn.fetch(*QUERIES.attempts_by_token(lease_tokens=list(tokens))) if tokens else []
+        attempts = await conn.fetch(*QUERIES.attempts_by_token(lease_tokens=list(tokens), days=days)) if tokens else []
         decisions = fold_events(events, by_id, attempts, now, owners)
-        await self._write(conn, decisions, now)
+        await self._write(conn, decisions, now, days)
         for occurrence_id, failure in decisions.failures.items():
             # The failed attempt is closed (written above); the retry decision reads the whole row now.
             occ = await lock_occurrence(conn, occurrence_id)
@@ -158,24 +179,29 @@ class AttemptLedger:
             log.info("attempt owners claimed", extra={"action": "target.attempt_owner_claimed", "claims": claims})
         return owners
 
-    async def _write(self, conn: asyncpg.Connection, decisions: Decisions, now: datetime) -> None:
-        """What the fold decided: one statement per kind of write for the whole batch."""
+    async def _write(
+        self, conn: asyncpg.Connection, decisions: Decisions, now: datetime, days: Sequence[datetime]
+    ) -> None:
+        """What the fold decided: one statement per kind of write for the whole batch (``days``: the locked
+        occurrences' instants, which prune every statement to their day partitions)."""
         new = decisions.new_attempts()
         if new:
             rows = [{column: getattr(a, column) for column in _NEW_ATTEMPT} for a in new]
-            await conn.execute(*QUERIES.insert_attempts(attempts=json_rows(rows)))
+            await conn.execute(*QUERIES.insert_attempts(attempts=json_rows(rows), days=days))
         changed = decisions.changed_attempts()
         if changed:
             rows = [{column: getattr(a, column) for column in _CHANGED_ATTEMPT} for a in changed]
             await conn.execute(
-                *QUERIES.update_attempts(attempts=json_rows(rows), lease_tokens=[a.lease_token for a in changed])
+                *QUERIES.update_attempts(
+                    attempts=json_rows(rows), lease_tokens=[a.lease_token for a in changed], days=days
+                )
             )
         moved = decisions.changed_occurrences()
         if moved:
             rows = [{column: getattr(o, column) for column in _MOVED_OCCURRENCE} for o in moved]
             await conn.execute(
                 *QUERIES.update_occurrences(
-                    occurrences=json_rows(rows), occurrence_ids=[o.occurrence_id for o in moved], now=now
+                    occurrences=json_rows(rows), occurrence_ids=[o.occurrence_id for o in moved], now=now, days=days
                 )
             )
         if decisions.finished:

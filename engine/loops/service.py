@@ -35,6 +35,7 @@ from engine.control.schedules import ControlPlane
 from engine.loops.attempt_processor import AttemptProcessor, AttemptProcessorConfig
 from engine.loops.backlog_gauges import BacklogGauges
 from engine.loops.dispatch_settler import DispatchSettler, SettlerConfig
+from engine.loops.history_partitions import HistoryPartitions
 from engine.loops.materializer import Materializer, MaterializerConfig, MaterializerHooks
 from engine.loops.overlap_gate import OverlapGate, OverlapGateConfig
 from engine.loops.periodic import LoopTiming, PassOutcome, PeriodicLoop
@@ -117,6 +118,7 @@ class Role(Enum):
     RELAY = "relay"  # due outbox rows -> Kafka
     API = "api"  # the HTTP API, the console (/ui) and /metrics on ServiceConfig.api_socket
     GAUGES = "gauges"  # record the backlog gauges (due, outbox, queue age, held, DLQ) every few seconds
+    PARTITIONS = "history-partitions"  # create the history tables' day partitions ahead (migration 0016)
 
     @property
     def needs_kafka(self) -> bool:
@@ -136,6 +138,7 @@ ENGINE_ROLES = frozenset(
         Role.COMMANDS,
         Role.GAUGES,
         Role.STUCK,
+        Role.PARTITIONS,
     }
 )
 #: What ``chronoq api`` runs: the site and the backlog gauges its /metrics shows.
@@ -151,6 +154,7 @@ PIPELINE_ROLES = frozenset(
         Role.TENANT_GATE,
         Role.RELAY,
         Role.STUCK,
+        Role.PARTITIONS,
     }
 )
 #: What ``chronoq up`` runs.
@@ -306,6 +310,9 @@ def pool_loops(
     if Role.GAUGES in roles:
         gauges = BacklogGauges(pool, clock)
         runs[Role.GAUGES] = lambda: gauges.run(stop, every)
+    if Role.PARTITIONS in roles:
+        partitions = HistoryPartitions(pool, clock)
+        runs[Role.PARTITIONS] = lambda: partitions.run(stop, every)
     return runs
 
 

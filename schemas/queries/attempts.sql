@@ -24,31 +24,49 @@ FOR UPDATE OF o;
 -- rest with lock_occurrence.
 SELECT o.occurrence_id, o.schedule_id, o.schedule_version, o.tenant_id, o.target, o.state, o.attempt_count,
        o.lease_token, o.lease_expires_at, o.enqueued_at, o.finished_at, o.last_error_class, o.last_error_message,
-       o.dead_reason, s.version AS current_version, s.state AS schedule_state
+       o.dead_reason, s.version AS current_version, s.state AS schedule_state, o.scheduled_for
 FROM occurrences o
 CROSS JOIN LATERAL (SELECT version, state FROM schedules WHERE schedule_id = o.schedule_id OFFSET 0) s
 WHERE o.occurrence_id = ANY (:occurrence_ids::uuid[])
 ORDER BY o.occurrence_id
 FOR UPDATE OF o;
 
+-- name: lock_occurrences_of_days
+-- lock_occurrences for events that name their occurrence's scheduled_for (attempt event field, migration
+-- 0016): :days, the distinct instants, prune the lookup to those days' partitions instead of probing every
+-- day's key. An id whose instant was wrong is simply not found here; the caller looks it up by id alone.
+SELECT o.occurrence_id, o.schedule_id, o.schedule_version, o.tenant_id, o.target, o.state, o.attempt_count,
+       o.lease_token, o.lease_expires_at, o.enqueued_at, o.finished_at, o.last_error_class, o.last_error_message,
+       o.dead_reason, s.version AS current_version, s.state AS schedule_state, o.scheduled_for
+FROM occurrences o
+CROSS JOIN LATERAL (SELECT version, state FROM schedules WHERE schedule_id = o.schedule_id OFFSET 0) s
+WHERE o.occurrence_id = ANY (:occurrence_ids::uuid[]) AND o.scheduled_for = ANY (:days::timestamptz[])
+ORDER BY o.occurrence_id
+FOR UPDATE OF o;
+
 -- name: attempts_by_token
--- The attempts the lease tokens :lease_tokens name (tokens are unique across all attempts).
+-- The attempts the lease tokens :lease_tokens name (tokens are unique across all attempts), of occurrences
+-- scheduled at :days (an attempt lives in its occurrence's day partition).
 SELECT lease_token, occurrence_id, attempt_number, result, finished_at, claim_order
-FROM attempts WHERE lease_token = ANY (:lease_tokens::uuid[]);
+FROM attempts WHERE lease_token = ANY (:lease_tokens::uuid[]) AND scheduled_for = ANY (:days::timestamptz[]);
 
 -- name: insert_attempts
 -- Records the attempts a batch of events opened (closed too, when their outcome came in the same batch):
 -- :attempts is a JSON array with one object per attempt, keyed by column. Lease instants are the engine's clock.
 INSERT INTO attempts (attempt_id, occurrence_id, attempt_number, lease_token, consumer_group, worker, started_at,
                       heartbeat_at, lease_expires_at, finished_at, result, error_class, error_message, permanent,
-                      claim_order)
-SELECT attempt_id, occurrence_id, attempt_number, lease_token, consumer_group, worker, started_at, heartbeat_at,
-       lease_expires_at, finished_at, result, error_class, error_message, permanent, claim_order
+                      claim_order, scheduled_for)
+SELECT a.attempt_id, a.occurrence_id, a.attempt_number, a.lease_token, a.consumer_group, a.worker, a.started_at,
+       a.heartbeat_at, a.lease_expires_at, a.finished_at, a.result, a.error_class, a.error_message, a.permanent,
+       a.claim_order, o.scheduled_for
 FROM jsonb_to_recordset(:attempts::text::jsonb)
      AS a (attempt_id uuid, occurrence_id uuid, attempt_number integer, lease_token uuid, consumer_group text,
            worker text, started_at timestamptz, heartbeat_at timestamptz, lease_expires_at timestamptz,
            finished_at timestamptz, result text, error_class text, error_message text, permanent boolean,
-           claim_order bigint);
+           claim_order bigint)
+-- The attempt lives in its occurrence's day partition (migration 0016); the occurrence is locked by this
+-- transaction, so the join always finds it; :days (the locked occurrences' instants) prune the join.
+JOIN occurrences o ON o.occurrence_id = a.occurrence_id AND o.scheduled_for = ANY (:days::timestamptz[]);
 
 -- name: update_attempts
 -- Heartbeats and outcomes of attempts recorded before the batch (:attempts, a JSON array of objects keyed by
@@ -62,12 +80,13 @@ SET heartbeat_at = coalesce(u.heartbeat_at, a.heartbeat_at),
 FROM jsonb_to_recordset(:attempts::text::jsonb)
      AS u (lease_token uuid, heartbeat_at timestamptz, lease_expires_at timestamptz, finished_at timestamptz,
            result text, error_class text, error_message text, permanent boolean)
-WHERE a.lease_token = u.lease_token AND a.lease_token = ANY (:lease_tokens::uuid[]);
+WHERE a.lease_token = u.lease_token AND a.lease_token = ANY (:lease_tokens::uuid[])
+  AND a.scheduled_for = ANY (:days::timestamptz[]);
 
 -- name: update_occurrences
 -- Writes the occurrences a batch of events moved, each column as decided (:occurrences, a JSON array of
--- objects keyed by column). The ANY condition on :occurrence_ids lets the planner probe the primary key
--- instead of scanning the table.
+-- objects keyed by column). The ANY conditions on :occurrence_ids and :days (their instants) let the planner
+-- probe the primary key of those days' partitions instead of scanning the table.
 UPDATE occurrences o
 SET state = u.state, attempt_count = u.attempt_count, lease_token = u.lease_token,
     lease_expires_at = u.lease_expires_at, enqueued_at = u.enqueued_at, finished_at = u.finished_at,
@@ -77,7 +96,8 @@ FROM jsonb_to_recordset(:occurrences::text::jsonb)
      AS u (occurrence_id uuid, state text, attempt_count integer, lease_token uuid, lease_expires_at timestamptz,
            enqueued_at timestamptz, finished_at timestamptz, last_error_class text, last_error_message text,
            dead_reason text)
-WHERE o.occurrence_id = u.occurrence_id AND o.occurrence_id = ANY (:occurrence_ids::uuid[]);
+WHERE o.occurrence_id = u.occurrence_id AND o.occurrence_id = ANY (:occurrence_ids::uuid[])
+  AND o.scheduled_for = ANY (:days::timestamptz[]);
 
 -- name: finish_attempt
 -- Closes an open attempt with its result (succeeded, failed, timed_out, fenced, canceled).

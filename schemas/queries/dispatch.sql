@@ -168,14 +168,16 @@ WITH entries AS (
     WHERE q.shard = e.shard AND q.lane = e.lane
       AND (q.bucket, q.wrr_round, q.occurrence_id) > (e.from_bucket, e.from_round, e.from_id)
       AND (q.bucket, q.wrr_round, q.occurrence_id) <= (e.to_bucket, e.to_round, e.to_id)
-    RETURNING q.occurrence_id, q.discarded_at, e.acked_at
+    RETURNING q.occurrence_id, q.scheduled_for, q.discarded_at, e.acked_at
 ), enqueued AS (
     UPDATE occurrences o
     SET state = CASE WHEN o.state = 'SCHEDULED' THEN 'ENQUEUED' ELSE o.state END,
         enqueued_at = coalesce(o.enqueued_at, p.acked_at),
         updated_at = coalesce(:now::timestamptz, now())
     FROM published p
-    WHERE o.occurrence_id = p.occurrence_id AND p.discarded_at IS NULL
+    -- The queue row's scheduled_for is its occurrence's (the ahead lane holds first deliveries only): each
+    -- probe reads one day partition's key (migration 0016), not every day's.
+    WHERE o.occurrence_id = p.occurrence_id AND o.scheduled_for = p.scheduled_for AND p.discarded_at IS NULL
       AND (o.state = 'SCHEDULED' OR o.enqueued_at IS NULL)
     RETURNING extract(epoch FROM o.enqueued_at - o.scheduled_for)::float8 AS lag
 ), settled AS (

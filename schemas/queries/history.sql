@@ -20,14 +20,18 @@ UPDATE tenants SET history_keep_s = :keep_s::bigint WHERE tenant_id = :tenant_id
 SELECT t.tenant_id,
        coalesce(t.history_keep_s, r.keep_s) AS keep_s,
        t.history_keep_s IS NOT NULL AS overridden,
-       coalesce(:now::timestamptz, now()) - make_interval(secs => coalesce(t.history_keep_s, r.keep_s)) AS cutoff
+       coalesce(:now::timestamptz, now()) - make_interval(secs => coalesce(t.history_keep_s, r.keep_s)) AS cutoff,
+       coalesce(t.history_keep_s, r.keep_s) < r.keep_s AS shorter
 FROM tenants t CROSS JOIN history_retention r
 ORDER BY t.tenant_id;
 
 -- name: prunable_summary
--- What a prune would move for tenant :tenant_id (dry run): finished occurrences scheduled before :cutoff
--- that nothing still hands off (no unsent outbox row, no ahead-lane queue row, no open stuck watch),
--- their attempts, and the oldest and newest scheduled_for among them.
+-- What a prune's batches would move for tenant :tenant_id (dry run): finished occurrences scheduled before
+-- :cutoff that nothing still hands off (no unsent outbox row, no ahead-lane queue row, no open stuck watch),
+-- their attempts, and the oldest and newest scheduled_for among them. Rows of the day partitions move with
+-- their day (archive_day), so batches take them only when :everywhere (a tenant retention shorter than the
+-- default); otherwise only the DEFAULT partition's. Rows of :moving_days, the days the same run moves whole
+-- first, are the days' count.
 SELECT count(*) AS occurrences,
        coalesce(sum((SELECT count(*) FROM attempts a WHERE a.occurrence_id = o.occurrence_id)), 0)::bigint AS attempts,
        min(o.scheduled_for) AS oldest, max(o.scheduled_for) AS newest
@@ -38,7 +42,9 @@ WHERE o.tenant_id = :tenant_id AND o.scheduled_for < :cutoff
                   AND b.sent_at IS NULL AND b.discarded_at IS NULL)
   AND NOT EXISTS (SELECT 1 FROM dispatch_queue q WHERE q.occurrence_id = o.occurrence_id)
   AND NOT EXISTS (SELECT 1 FROM stuck_occurrences s WHERE s.occurrence_id = o.occurrence_id
-                  AND s.resolved_at IS NULL);
+                  AND s.resolved_at IS NULL)
+  AND (:everywhere OR o.tableoid = 'occurrences_default'::regclass)
+  AND NOT ((o.scheduled_for AT TIME ZONE 'UTC')::date = ANY (:moving_days::date[]));
 
 -- name: kept_summary
 -- What stays hot for tenant :tenant_id although scheduled before :cutoff: not final (or DEAD), or still in a
@@ -68,6 +74,7 @@ WHERE o.tenant_id = :tenant_id AND o.scheduled_for < :cutoff
   AND NOT EXISTS (SELECT 1 FROM dispatch_queue q WHERE q.occurrence_id = o.occurrence_id)
   AND NOT EXISTS (SELECT 1 FROM stuck_occurrences s WHERE s.occurrence_id = o.occurrence_id
                   AND s.resolved_at IS NULL)
+  AND (:everywhere OR o.tableoid = 'occurrences_default'::regclass)
 ORDER BY o.scheduled_for
 LIMIT :limit
 FOR UPDATE OF o SKIP LOCKED;

@@ -86,13 +86,14 @@ WHERE scheduled_for >= :window_from AND scheduled_for < :window_to
 
 -- name: archived_in_window
 -- How many of the window's occurrences (of one tenant, if :tenant_id is given) the run read from the archive,
--- and the newest archive horizon inside the window (NULL: no part of the window is archived).
+-- and the newest archive horizon inside the window (NULL: no part of the window is archived); tenant '*' is
+-- the horizon of the whole days moved (every tenant's).
 SELECT (SELECT count(*) FROM archive.occurrences
         WHERE scheduled_for >= :window_from AND scheduled_for < :window_to
           AND (:tenant_id::text IS NULL OR tenant_id = :tenant_id)) AS archived,
        (SELECT max(least(archived_before, :window_to::timestamptz)) FROM archive.horizons
-        WHERE archived_before > :window_from AND (:tenant_id::text IS NULL OR tenant_id = :tenant_id))
-           AS archived_before;
+        WHERE archived_before > :window_from
+          AND (:tenant_id::text IS NULL OR tenant_id = :tenant_id OR tenant_id = '*')) AS archived_before;
 
 -- name: analyze_occurrences
 -- Statistics for the run's copy of the window's occurrences (autovacuum never analyzes temporary tables).

@@ -43,9 +43,10 @@ async def seed(pool) -> set[uuid.UUID]:
         RUNNING,
     )
     await pool.execute(
-        "INSERT INTO attempts (attempt_id, occurrence_id, attempt_number, lease_token, started_at, result)"
+        "INSERT INTO attempts (attempt_id, occurrence_id, attempt_number, lease_token, started_at, result,"
+        "                      scheduled_for)"
         " SELECT gen_random_uuid(), occurrence_id, 1, gen_random_uuid(), scheduled_for,"
-        "        CASE WHEN state = 'SUCCEEDED' THEN 'succeeded' END FROM occurrences"
+        "        CASE WHEN state = 'SUCCEEDED' THEN 'succeeded' END, scheduled_for FROM occurrences"
     )
     return {r[0] for r in await pool.fetch("SELECT occurrence_id FROM occurrences")}
 

@@ -9,6 +9,7 @@ the reconciler read the archive, and the reconciler says which part of its windo
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -33,7 +34,9 @@ def clock() -> ManualClock:
     return ManualClock(START)
 
 
-async def simulated_days(pool, clock: ManualClock, target: str) -> dict[str, list[str]]:
+async def simulated_days(
+    pool, clock: ManualClock, target: str, before_each_step: Callable[[], Awaitable[object]] | None = None
+) -> dict[str, list[str]]:
     """Hourly and quarter-hourly schedules of acme and globex over DAYS days, materialized as the clock moves,
     then 'run': everything before the last hour SUCCEEDED with one attempt (two for every fifth), except a
     planted few that stay in flight, die, or keep a pending handoff."""
@@ -49,6 +52,8 @@ async def simulated_days(pool, clock: ManualClock, target: str) -> dict[str, lis
     materializer = Materializer(pool, MaterializerConfig(horizon=timedelta(hours=1)), clock)
     while clock.now() < START + timedelta(days=DAYS):
         clock.advance(timedelta(minutes=30))
+        if before_each_step is not None:  # the engine's other periodic work (the partitions ahead)
+            await before_each_step()
         while (await materializer.run_once()).schedules:
             pass
     ran_before = clock.now() - timedelta(hours=1)
@@ -61,10 +66,11 @@ async def simulated_days(pool, clock: ManualClock, target: str) -> dict[str, lis
         ran_before,
     )
     await pool.execute(
-        "INSERT INTO attempts (attempt_id, occurrence_id, attempt_number, lease_token, started_at, finished_at, result)"
+        "INSERT INTO attempts (attempt_id, occurrence_id, attempt_number, lease_token, started_at, finished_at, result,"
+        "                      scheduled_for)"
         " SELECT gen_random_uuid(), o.occurrence_id, n, gen_random_uuid(), o.scheduled_for, o.finished_at,"
         "        CASE WHEN n = 1 AND (extract(hour FROM o.scheduled_for)::int % 5 = 0) THEN 'failed'"
-        "        ELSE 'succeeded' END"
+        "        ELSE 'succeeded' END, o.scheduled_for"
         " FROM occurrences o CROSS JOIN LATERAL generate_series(1,"
         "        CASE WHEN extract(hour FROM o.scheduled_for)::int % 5 = 0 THEN 2 ELSE 1 END) n"
         " WHERE o.state = 'SUCCEEDED'"

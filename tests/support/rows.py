@@ -147,7 +147,9 @@ async def occurrence_row(pool: asyncpg.Pool, ident: uuid.UUID) -> asyncpg.Record
 
 async def attempt_rows(pool: asyncpg.Pool, ident: uuid.UUID) -> list[asyncpg.Record]:
     return await pool.fetch(
-        "SELECT * FROM attempts WHERE occurrence_id = $1 ORDER BY started_at, attempt_number", ident
+        # claim_order breaks a tie of one batch's instant: a takeover's claim is later than the fenced one's.
+        "SELECT * FROM attempts WHERE occurrence_id = $1 ORDER BY started_at, attempt_number, claim_order",
+        ident,
     )
 
 
