@@ -135,6 +135,7 @@ class ConsumerStats:
     batch_failures: int = 0  # batches whose failure sent their occurrences through one by one
     refused: int = 0  # deliveries the engine refused (the barrier): rolled back, the handler not called
     grant_timeouts: int = 0  # waits for the engine's answer to started that ran out (retried in place)
+    binding_behind: int = 0  # records parked because the target-binding view was older than their version
     outcomes: list[tuple[uuid.UUID, int, str]] = field(default_factory=list)  # last 1000 (id, attempt, outcome)
 
     def record(self, occurrence_id: uuid.UUID, attempt: int, outcome: Outcome) -> None:

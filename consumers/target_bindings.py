@@ -76,6 +76,7 @@ class TargetBindingView:
         self._catching_up: asyncio.Task[bool] | None = None
         self.poison = 0
         self.catch_ups = 0  # reads to the end that allows() started (a refused record's re-check)
+        self.reads = 0  # fetches from the topic (each one wakes whoever waits for a version)
 
     # -- the pure part ------------------------------------------------------------------------
 
@@ -185,6 +186,7 @@ class TargetBindingView:
                             "error": str(err),
                         },
                     )
+        self.reads += 1
         async with self._progress:
             self._progress.notify_all()
 

@@ -8,13 +8,22 @@ Encoded with orjson as a JSON object::
      "occurrence_id": "uuid", "schedule_id": "uuid", "schedule_version": 1,
      "tenant_id": "acme", "target": "billing.invoice",
      "scheduled_for": "2026-11-29T10:00:00Z", "available_at": "2026-11-29T10:00:00Z",
-     "attempt": 1, "priority": "strict", "deadline": null, "payload": {...}}
+     "attempt": 1, "priority": "strict", "deadline": null, "payload": {...},
+     "binding_version": 3}
 
 Instants are UTC ISO-8601 with a ``Z``. ``attempt`` is the delivery the engine
 intends (1 for the first, n for the n-th retry); duplicates of one delivery
 carry the same occurrence_id and attempt. Readers accept any message whose
 ``format`` they know and ignore unknown fields, so a producer may add fields
 without a format bump; removing or changing one needs ``format`` 2.
+
+``binding_version`` (added without a format bump; absent from older engines'
+messages, and then the consumer checks as it did before) is the version of the
+target's binding (``schemas/target_bindings.py``) the engine read in the
+transaction that wrote the message: a version at which the tenant was bound,
+whose binding message was committed no later than this one. A consumer app
+whose view of the bindings is older than it is *behind*, not refusing
+(``consumers/target_bindings.py``).
 
 The relay adds headers a router can act on without decoding the body
 (``chronoq-occurrence-id``, ``chronoq-tenant``) and the W3C trace context
@@ -63,8 +72,11 @@ class OccurrenceMessage:
     priority: str = "strict"
     deadline: datetime | None = None
     payload: Any = field(default_factory=dict)
+    binding_version: int | None = None
 
     def encode(self) -> bytes:
+        # Written only when known, so a message without it reads (and re-encodes) as older engines wrote it.
+        extra = {} if self.binding_version is None else {"binding_version": self.binding_version}
         return orjson.dumps(
             {
                 "format": FORMAT_VERSION,
@@ -79,6 +91,7 @@ class OccurrenceMessage:
                 "priority": self.priority,
                 "deadline": format_instant(self.deadline) if self.deadline else None,
                 "payload": self.payload,
+                **extra,
             }
         )
 
@@ -136,7 +149,16 @@ def occurrence_from_object(data: dict[str, Any]) -> OccurrenceMessage:
         priority=fields.choice(data, "priority", PRIORITIES, default="strict"),
         deadline=fields.optional_instant(data, "deadline"),
         payload=fields.json_value(data, "payload", {}),
+        binding_version=optional_binding_version(data),
     )
+
+
+def optional_binding_version(data: dict[str, Any]) -> int | None:
+    """The message's ``binding_version``: None when absent or null (an older engine), else a version as
+    targets.version holds it (1 up to PostgreSQL's integer), or MalformedMessage naming the field."""
+    if data.get("binding_version") is None:
+        return None
+    return fields.integer(data, "binding_version")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,194 @@
+"""Occurrences carry their target's binding version: a consumer app's view that is *behind* is no refusal.
+
+A grant goes through the outbox like everything else, so its binding message can
+reach the topic after the occurrences it made possible (a relay killed right after
+claiming the grant's row strands it until the claim expires). Each occurrence names
+the target's binding version it was dispatched under; an app whose view is older
+than that waits for the topic (the record is parked: its offset is not committed
+past, later records run), runs it once the binding arrives, and dead-letters it only
+after ``binding_behind_timeout`` ("binding view behind"). A view that has the
+version and lacks the tenant refuses at once, without reading the topic again.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+import asyncpg
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from consumers import ConsumerApp, ConsumerConfig, Occurrence
+from consumers.dead_letters import HEADER_REASON
+from schemas.identity import occurrence_id
+from schemas.messages import OccurrenceMessage
+from schemas.target_bindings import TargetBindingMessage
+from schemas.topics import DEAD_LETTER_TOPIC, TARGET_BINDINGS_TOPIC, create_missing_topics, occurrence_topic
+from tests.support.kafka import read_topic
+from tests.support.services import Running
+from tests.support.waiting import wait_for
+
+AT = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+async def effects(consumer_db):
+    conn = await asyncpg.connect(consumer_db)
+    await conn.execute("CREATE TABLE effects (occurrence_id uuid, tenant text)")
+    yield conn
+    await conn.close()
+
+
+def effect_app(consumer_db, kafka_bootstrap, target, **config) -> ConsumerApp:
+    app = ConsumerApp(
+        ConsumerConfig(
+            f"group-{uuid.uuid4().hex[:8]}",
+            kafka_bootstrap,
+            consumer_db,
+            redelivery_backoff=0.05,
+            session_timeout=2.0,
+            heartbeat_interval=0.4,
+            binding_wait=0.5,
+            # Occurrences made up here, unknown to any engine: what is tested is the runtime's own checks.
+            attempt_barrier=False,
+            **config,
+        )
+    )
+
+    @app.handler(target)
+    async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
+        await conn.execute("INSERT INTO effects VALUES ($1, $2)", occurrence.occurrence_id, occurrence.tenant_id)
+
+    return app
+
+
+def occurrence(target: str, tenant: str, binding_version: int | None) -> OccurrenceMessage:
+    schedule_id = uuid.uuid4()
+    return OccurrenceMessage(
+        occurrence_id(schedule_id, 1, AT),
+        schedule_id,
+        1,
+        tenant,
+        target,
+        AT,
+        AT,
+        payload={"n": 1},
+        binding_version=binding_version,
+    )
+
+
+async def produce(bootstrap: str, topic: str, *values: tuple[bytes, bytes]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
+    await producer.start()
+    try:
+        for key, value in values:
+            await producer.send_and_wait(topic, value, key=key)
+    finally:
+        await producer.stop()
+
+
+async def publish(bootstrap: str, *bindings: TargetBindingMessage) -> None:
+    await produce(bootstrap, TARGET_BINDINGS_TOPIC, *((b.key, b.encode()) for b in bindings))
+
+
+async def one_partition_topics(bootstrap: str, target: str) -> str:
+    topic = occurrence_topic(target)
+    await create_missing_topics(bootstrap, [topic], partitions=1)
+    await create_missing_topics(bootstrap, [TARGET_BINDINGS_TOPIC, DEAD_LETTER_TOPIC])
+    return topic
+
+
+def committed(app: ConsumerApp) -> int | None:
+    lanes = list(app._lanes.values())
+    return lanes[0].committed if len(lanes) == 1 else None
+
+
+async def dead_letters_of(bootstrap: str, value: bytes) -> list:
+    return [r for r in await read_topic(bootstrap, DEAD_LETTER_TOPIC, 0, settle=0.3) if r.value == value]
+
+
+async def test_an_occurrence_newer_than_the_view_waits_for_its_grant_and_runs_once_it_arrives(
+    consumer_db, kafka_bootstrap, target, effects
+):
+    """The chaos run's stranded grant: the topic has the registration (v1, acme only) but not the grant
+    (v2, + globex) when globex's occurrence, dispatched under v2, arrives. It is not dead-lettered, the
+    offset is not committed past it, the record behind it (acme's) runs meanwhile, and it runs once the
+    grant is published."""
+    topic = await one_partition_topics(kafka_bootstrap, target)
+    await publish(kafka_bootstrap, TargetBindingMessage(target, ("acme",), 1, AT))
+    granted, own = occurrence(target, "globex", 2), occurrence(target, "acme", 1)
+    await produce(kafka_bootstrap, topic, (b"globex", granted.encode()), (b"acme", own.encode()))
+    app = effect_app(consumer_db, kafka_bootstrap, target)
+    async with Running(app):
+        await wait_for(lambda: app.stats.applied == 1 and app.stats.binding_behind == 1, 30)
+        # Parked, not refused: several reads of the topic to its end later it is still waiting, uncommitted.
+        await wait_for(lambda: app.bindings.reads >= 20, 30)
+        assert app.stats.dead_lettered == 0 and committed(app) == 0
+        assert await effects.fetch("SELECT tenant FROM effects") == [("acme",)]
+
+        await publish(kafka_bootstrap, TargetBindingMessage(target, ("acme", "globex"), 2, AT))
+        await wait_for(lambda: app.stats.applied == 2, 30)
+        await wait_for(lambda: committed(app) == 2, 10)
+    assert app.stats.dead_lettered == 0
+    assert sorted(await effects.fetch("SELECT tenant FROM effects")) == [("acme",), ("globex",)]
+    assert await dead_letters_of(kafka_bootstrap, granted.encode()) == []
+
+
+async def test_a_view_that_has_the_version_and_lacks_the_tenant_refuses_at_once(
+    consumer_db, kafka_bootstrap, target, effects
+):
+    """globex was granted (v2) and revoked (v3); its occurrence dispatched under v2 is refused without
+    waiting or re-reading the topic: the view is not behind, the tenant is not bound."""
+    topic = await one_partition_topics(kafka_bootstrap, target)
+    await publish(
+        kafka_bootstrap,
+        TargetBindingMessage(target, ("acme",), 1, AT),
+        TargetBindingMessage(target, ("acme", "globex"), 2, AT),
+        TargetBindingMessage(target, ("acme",), 3, AT),
+    )
+    revoked, own = occurrence(target, "globex", 2), occurrence(target, "acme", 3)
+    await produce(kafka_bootstrap, topic, (b"globex", revoked.encode()), (b"acme", own.encode()))
+    app = effect_app(consumer_db, kafka_bootstrap, target, binding_wait=30.0)
+    async with Running(app):
+        await wait_for(lambda: app.stats.applied == 1 and app.stats.dead_lettered == 1, 20)
+        await wait_for(lambda: committed(app) == 2, 10)
+    # binding_wait is 30 s: a refusal that had read the topic again would have counted a catch-up.
+    assert app.bindings.catch_ups == 0 and app.stats.binding_behind == 0
+    (dead,) = await dead_letters_of(kafka_bootstrap, revoked.encode())
+    assert b"not bound" in dict(dead.headers)[HEADER_REASON]
+
+
+async def test_a_view_behind_for_longer_than_the_bound_dead_letters_and_moves_on(
+    consumer_db, kafka_bootstrap, target, effects
+):
+    """The partition is never held for ever: past binding_behind_timeout the record is dead-lettered
+    naming the view's lag, and the offset moves on."""
+    topic = await one_partition_topics(kafka_bootstrap, target)
+    await publish(kafka_bootstrap, TargetBindingMessage(target, ("acme",), 1, AT))
+    ahead, own = occurrence(target, "globex", 7), occurrence(target, "acme", 1)
+    await produce(kafka_bootstrap, topic, (b"globex", ahead.encode()), (b"acme", own.encode()))
+    app = effect_app(consumer_db, kafka_bootstrap, target, binding_behind_timeout=2.0)
+    async with Running(app):
+        await wait_for(lambda: app.stats.applied == 1 and app.stats.dead_lettered == 1, 30)
+        await wait_for(lambda: committed(app) == 2, 10)
+    (dead,) = await dead_letters_of(kafka_bootstrap, ahead.encode())
+    reason = dict(dead.headers)[HEADER_REASON]
+    assert b"binding view behind" in reason and b"version 7" in reason
+    assert app.stats.binding_behind == 1
+    assert await effects.fetch("SELECT tenant FROM effects") == [("acme",)]
+
+
+async def test_a_record_without_a_binding_version_is_checked_as_before(consumer_db, kafka_bootstrap, target, effects):
+    """Older engines: no binding_version field. An unbound tenant is refused after one read to the end."""
+    topic = await one_partition_topics(kafka_bootstrap, target)
+    await publish(kafka_bootstrap, TargetBindingMessage(target, ("acme",), 1, AT))
+    foreign, own = occurrence(target, "globex", None), occurrence(target, "acme", None)
+    assert b"binding_version" not in foreign.encode()
+    await produce(kafka_bootstrap, topic, (b"globex", foreign.encode()), (b"acme", own.encode()))
+    app = effect_app(consumer_db, kafka_bootstrap, target)
+    async with Running(app):
+        await wait_for(lambda: app.stats.applied == 1 and app.stats.dead_lettered == 1, 20)
+    assert app.stats.binding_behind == 0
+    (dead,) = await dead_letters_of(kafka_bootstrap, foreign.encode())
+    assert b"not bound" in dict(dead.headers)[HEADER_REASON]
