@@ -27,6 +27,15 @@ Poison messages (undecodable, or for a target without a handler) go to the
 dead-letter topic and their offsets are committed: they never block a
 partition.
 
+A record whose ``binding_version`` is newer than the app's view of the target
+bindings (its grant is not on the topic yet) is *parked*, not dead-lettered: it
+leaves its handler slot, its offset stays unfinished (nothing is committed past
+it; the records after it run), and it goes back to the front of its partition's
+queue once the view has read a binding that decides it — or, after
+``binding_behind_timeout``, to be dead-lettered as "binding view behind". Parked
+records count towards the partition's buffer, so a flood of them pauses
+fetching from it instead of growing without bound.
+
 Shutdown. The first SIGTERM (or ``stop``) stops fetching, lets in-flight
 handlers finish for up to ``shutdown_grace`` seconds, commits offsets and
 leaves the group. A second SIGTERM (or :meth:`ConsumerApp.abort`) aborts the
@@ -43,6 +52,7 @@ import re
 import signal
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import asyncpg
@@ -68,7 +78,7 @@ from consumers.dead_letters import send_to_dead_letters
 from consumers.handlers import HandlerRegistry
 from consumers.offsets import PartitionOffsets
 from consumers.schedule_states import ScheduleStateView
-from consumers.target_bindings import TargetBindingView
+from consumers.target_bindings import Admission, TargetBindingView
 from schemas import observability as obs
 from schemas.clock import pause
 from schemas.connections import create_pool
@@ -104,6 +114,20 @@ def _undecodable(record: ConsumerRecord) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class _Behind:
+    """A record the binding view was behind: since when (loop time), and what it waits for."""
+
+    since: float
+    target: str
+    tenant_id: str
+    binding_version: int
+
+
+class _ViewBehind(Exception):
+    """The record's binding version is newer than the view: park it (not poison, not finished)."""
+
+
 class _Lane:
     """One assigned partition: fetched-but-not-started messages and the offsets in flight."""
 
@@ -113,6 +137,7 @@ class _Lane:
         self.offsets = PartitionOffsets()
         self.pending: collections.deque[ConsumerRecord] = collections.deque()
         self.committed: int | None = None
+        self.parked = 0  # records waiting for the binding view, out of ``pending`` but not finished
         self.paused = False
         self.revoked = False
 
@@ -165,6 +190,9 @@ class ConsumerApp:
         self._in_flight_records = 0
         self._lag_recorded_at = 0.0
         self._background: list[asyncio.Task[None]] = []
+        # Records found behind the binding view, by (topic, partition, offset); their unparking waits.
+        self._behind: dict[tuple[str, int, int], _Behind] = {}
+        self._parked: set[asyncio.Task[None]] = set()
 
     # -- registration ---------------------------------------------------------------------------
 
@@ -330,6 +358,8 @@ class ConsumerApp:
         """
         self._stopping.set()
         background, self._background = self._background, []
+        # Parked records stay unfinished: their offsets were never committed, the next owner reads them again.
+        background += list(self._parked)
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
@@ -516,7 +546,9 @@ class ConsumerApp:
             self._running_per_target[target] -= 1
             self._in_flight_records -= len(taken)
         for (lane, record), outcome in zip(taken, outcomes, strict=True):
-            if outcome is not Outcome.ABANDONED:
+            if outcome is Outcome.PARKED:
+                self._park(lane, record)
+            elif outcome is not Outcome.ABANDONED:
                 lane.offsets.finish(record.offset)
 
     async def _run_record(self, lane: _Lane, record: ConsumerRecord, counted: bool = True) -> None:
@@ -534,8 +566,32 @@ class ConsumerApp:
         finally:
             if counted:
                 self._running_per_target[lane.target] -= 1
-        if outcome is not Outcome.ABANDONED:
+        if outcome is Outcome.PARKED:
+            self._park(lane, record)
+        elif outcome is not Outcome.ABANDONED:
             lane.offsets.finish(record.offset)
+
+    def _park(self, lane: _Lane, record: ConsumerRecord) -> None:
+        """Set a record aside until the binding view decides it (or its bound passes); its offset stays
+        unfinished, so nothing is committed past it, and it takes no handler slot meanwhile."""
+        behind = self._behind.get((record.topic, record.partition, record.offset))
+        if behind is None or lane.revoked:
+            return
+        lane.parked += 1
+        task = asyncio.create_task(self._unpark_when_decided(lane, record, behind), name="binding-behind")
+        self._parked.add(task)
+        task.add_done_callback(self._parked.discard)
+
+    async def _unpark_when_decided(self, lane: _Lane, record: ConsumerRecord, behind: _Behind) -> None:
+        remaining = behind.since + self.config.binding_behind_timeout - asyncio.get_running_loop().time()
+        try:
+            await self.bindings.until_decided(behind.target, behind.tenant_id, behind.binding_version, remaining)
+        finally:
+            lane.parked -= 1
+        if self._stopping.is_set() or lane.revoked or self._lanes.get(lane.tp) is not lane:
+            return  # unfinished: read again from the committed offset by whoever owns the partition next
+        # First in its partition's queue again: admitted, refused, or (past the bound) dead-lettered.
+        lane.pending.appendleft(record)
 
     async def _commit(self, final: bool = False) -> None:
         """Commit, per partition, up to the lowest unfinished offset (only what moved).
@@ -581,7 +637,7 @@ class ConsumerApp:
             if lane.tp not in assigned:  # being revoked: the rebalance listener drops the lane
                 continue
             registration = self.handlers.for_target(lane.target)
-            full = len(lane.pending) >= max(
+            full = len(lane.pending) + lane.parked >= max(
                 self.config.max_poll_records, registration.batch or 0 if registration else 0
             )
             if full and not lane.paused:
@@ -639,6 +695,9 @@ class ConsumerApp:
                 if lane is not None:
                     lane.revoked = True
                     lane.pending.clear()
+            gone = {(tp.topic, tp.partition) for tp in revoked}
+            for key in [key for key in self._behind if key[:2] in gone]:
+                del self._behind[key]
 
     def _assign(self, assigned: list[TopicPartition]) -> None:
         for tp in assigned:
@@ -653,6 +712,8 @@ class ConsumerApp:
             message, registration = await self._admit(record)
         except MalformedMessage as err:
             return await self._dead_letter(record, str(err), err.field)
+        except _ViewBehind:
+            return Outcome.PARKED
         context = obs.extract_trace_context(record.headers)
         with self.tracer.start_as_current_span(obs.SPAN_CONSUME, context=context) as span:
             span.set_attribute("chronoq.occurrence_id", str(message.occurrence_id))
@@ -668,7 +729,8 @@ class ConsumerApp:
 
     async def _admit(self, record: ConsumerRecord) -> tuple[OccurrenceMessage, HandlerRegistration]:
         """The record's message and the handler of its target, or MalformedMessage (the record is poison: it
-        does not decode, no handler of this app serves its target, or its tenant may not run there)."""
+        does not decode, no handler of this app serves its target, or its tenant may not run there), or
+        _ViewBehind (the binding view has not read the record's binding version yet: park it)."""
         message = decode_occurrence(record.value, record.headers)
         registration = self.handlers.for_target(message.target)
         if registration is None:
@@ -691,12 +753,58 @@ class ConsumerApp:
                 "tenant_id",
             )
         appended_at_ms = record.timestamp if isinstance(record.timestamp, int) and record.timestamp >= 0 else None
-        if not await self.bindings.allows(message.target, message.tenant_id, self.config.binding_wait, appended_at_ms):
+        admission = await self.bindings.admit(
+            message.target, message.tenant_id, message.binding_version, self.config.binding_wait, appended_at_ms
+        )
+        key = (record.topic, record.partition, record.offset)
+        if admission is Admission.BEHIND:
+            self._still_behind(key, message)
+        behind = self._behind.pop(key, None)
+        if behind is not None:
+            self.meters.binding_behind.add(1, {"outcome": admission.value, "target": message.target})
+        if admission is Admission.REFUSED:
             raise MalformedMessage(
                 f"tenant {message.tenant_id!r} is not bound to target {message.target!r};"
                 " an operator grants it with chronoq target grant",
                 "tenant_id",
             )
+
+    def _still_behind(self, key: tuple[str, int, int], message: OccurrenceMessage) -> None:
+        """Raise _ViewBehind to park the record, or past ``binding_behind_timeout`` since it was first
+        found behind, MalformedMessage (dead-lettered: the partition is never held for ever)."""
+        assert message.binding_version is not None
+        now = asyncio.get_running_loop().time()
+        known = self.bindings.version_of(message.target)
+        behind = self._behind.get(key)
+        if behind is None:
+            behind = self._behind[key] = _Behind(now, message.target, message.tenant_id, message.binding_version)
+            self.stats.binding_behind += 1
+            self.meters.binding_behind.add(1, {"outcome": "parked", "target": message.target})
+            log.warning(
+                "the target-binding view is behind this occurrence's binding version; retrying it in place",
+                extra={
+                    "action": "consumer.binding_behind",
+                    "topic": key[0],
+                    "partition": key[1],
+                    "offset": key[2],
+                    "target": message.target,
+                    "tenant_id": message.tenant_id,
+                    "binding_version": message.binding_version,
+                    "view_version": known,
+                },
+            )
+        limit = self.config.binding_behind_timeout
+        if now - behind.since < limit:
+            raise _ViewBehind
+        del self._behind[key]
+        self.meters.binding_behind.add(1, {"outcome": "expired", "target": message.target})
+        raise MalformedMessage(
+            f"binding view behind: tenant {message.tenant_id!r}'s occurrence was dispatched under version"
+            f" {message.binding_version} of target {message.target!r}'s binding, but this app has read"
+            f" {'no binding' if known is None else f'only version {known}'} after {limit:g} s"
+            " (binding_behind_timeout); is the relay publishing chronoq.target-bindings?",
+            "binding_version",
+        )
 
     async def handle_batch(self, records: list[ConsumerRecord]) -> list[Outcome]:
         """Process the records of one batch handler's call completely; one outcome per record, in order.
@@ -712,6 +820,9 @@ class ConsumerApp:
                 message, registration = await self._admit(record)
             except MalformedMessage as err:
                 outcomes[index] = await self._dead_letter(record, str(err), err.field)
+                continue
+            except _ViewBehind:
+                outcomes[index] = Outcome.PARKED
                 continue
             if not registration.batch:
                 outcomes[index] = await self.handle_record(record)

@@ -84,6 +84,7 @@ class Outcome(enum.Enum):
     CANCELED = "canceled"  # obsolete version / canceled schedule; reported
     DEAD_LETTERED = "dead_lettered"  # a poison record went to the dead-letter topic
     ABANDONED = "abandoned"  # shutdown came first: not finished, its offset is not committed
+    PARKED = "parked"  # the binding view is behind the record: not finished, retried once it caught up
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,9 @@ class ConsumerMetrics:
         )
         self.grants = meter.create_counter(
             obs.ATTEMPT_GRANTS, unit="1", description="answers to started: granted, refused or timeout"
+        )
+        self.binding_behind = meter.create_counter(
+            obs.BINDING_VIEW_BEHIND, unit="1", description="records whose binding version the view had not read"
         )
         self.grant_wait = meter.create_histogram(
             obs.ATTEMPT_GRANT_WAIT, unit="s", description="from sending started to the engine's answer"

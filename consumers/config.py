@@ -81,6 +81,13 @@ class ConsumerConfig:
     binding_wait: seconds an occurrence of a tenant its target is not bound to
         waits for the target-binding topic to be read to its end (a grant may be
         on its way) before it is dead-lettered (default 5).
+    binding_behind_timeout: seconds an occurrence whose ``binding_version`` is newer
+        than the app's view of the target bindings is retried in place (parked: the
+        offset is not committed past it, later records run) before it is
+        dead-lettered as "binding view behind" (default 90: the relay's claim ttl,
+        60 s, after which another relay publishes a binding a killed relay had
+        claimed, plus a margin). It bounds how long a record claiming a version
+        that never comes (a forgery) holds its partition's committed offset.
     attempt_credentials: target -> attempt credential token (``cqa_...``, from
         ``chronoq target credential issue|rotate <target>``). Every attempt event
         about an occurrence of such a target is signed with it; the engine
@@ -115,6 +122,7 @@ class ConsumerConfig:
     worker: str = field(default_factory=_worker_id)
     tenants: frozenset[str] | None = None
     binding_wait: float = 5.0
+    binding_behind_timeout: float = 90.0
     kafka_security: KafkaSecurity = PLAINTEXT
     attempt_credentials: Mapping[str, str] = field(default_factory=dict, repr=False)
 
@@ -190,6 +198,8 @@ class ConsumerConfig:
             raise ValueError("transaction_idle_timeout and dedupe_lock_timeout must be positive")
         if self.binding_wait < 0:
             raise ValueError("binding_wait must not be negative")
+        if self.binding_behind_timeout < 0:
+            raise ValueError("binding_behind_timeout must not be negative")
         self.kafka_security.validate()
         if self.tenants is not None and not self.tenants:
             raise ValueError("tenants must name at least one tenant (or be None for the target bindings)")

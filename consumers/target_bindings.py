@@ -24,12 +24,26 @@ occurrence run on this target?
   no for records the engine never wrote. An app that must never run another
   tenant's work names its tenants in ``ConsumerConfig.tenants`` as well.
 
+Records of engines that stamp each occurrence with the target's binding version
+(``binding_version``, ``schemas/messages.py``) are judged against it instead of
+against the freshness of the last read (:func:`admission_of`):
+
+* the view has that version (or a newer one) and the tenant is not in it → no,
+  at once, without reading the topic: the tenant was bound at that version and
+  a later change took it out;
+* the view is older than that version → *behind*: the binding the engine wrote
+  before the occurrence is not on the topic yet (a relay killed right after
+  claiming its row strands it until the claim expires). The app reads the topic
+  to its end and, if still behind, parks the record (``consumers/app.py``):
+  never dead-lettered for it until ``binding_behind_timeout``.
+
 Memory: one small entry per target.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
 
@@ -63,6 +77,25 @@ def needs_catch_up(
     if appended_at_ms is None or fresh_as_of_ms is None:
         return True
     return fresh_as_of_ms < appended_at_ms + margin_ms
+
+
+class Admission(enum.Enum):
+    ALLOWED = "allowed"  # the tenant is bound (or the target has no binding at all)
+    REFUSED = "refused"  # the view has the record's version or a newer one, without the tenant
+    BEHIND = "behind"  # the view is older than the record's binding version and lacks the tenant
+
+
+def admission_of(
+    binding: TargetBindingMessage | None, tenant_id: str, binding_version: int | None
+) -> Admission | None:
+    """The verdict on an occurrence dispatched under ``binding_version``, from the view's binding of its
+    target alone; None when only a read to the topic's end can say (a record without a binding version,
+    of a tenant the view does not bind: today's freshness rule, :func:`needs_catch_up`)."""
+    if binding is None or tenant_id in binding.tenants:
+        return Admission.ALLOWED
+    if binding_version is None:
+        return None
+    return Admission.REFUSED if binding.version >= binding_version else Admission.BEHIND
 
 
 class TargetBindingView:
@@ -104,6 +137,47 @@ class TargetBindingView:
         verdict = self.verdict(target, tenant_id)
         if not needs_catch_up(verdict, appended_at_ms, self._fresh_as_of_ms, self._margin_ms):
             return verdict is not False
+        await self._shared_catch_up(wait)
+        return self.verdict(target, tenant_id) is not False
+
+    async def admit(
+        self, target: str, tenant_id: str, binding_version: int | None, wait: float, appended_at_ms: int | None = None
+    ) -> Admission:
+        """The verdict on ``tenant_id``'s occurrence dispatched under ``binding_version`` (None: an older
+        engine's record, judged by :meth:`allows`). A view behind the version reads the topic to its end
+        first (at most ``wait`` seconds, shared with concurrent re-checks) and may still be BEHIND."""
+        decided = admission_of(self._bindings.get(target), tenant_id, binding_version)
+        if decided is None:
+            allowed = await self.allows(target, tenant_id, wait, appended_at_ms)
+            return Admission.ALLOWED if allowed else Admission.REFUSED
+        if decided is not Admission.BEHIND:
+            return decided
+        await self._shared_catch_up(wait)
+        return admission_of(self._bindings.get(target), tenant_id, binding_version) or Admission.BEHIND
+
+    async def until_decided(self, target: str, tenant_id: str, binding_version: int, timeout: float) -> bool:
+        """Wait (at most ``timeout`` s) until the view is no longer behind ``binding_version`` for this
+        tenant's record (its binding arrived, or one that binds the tenant); False if it still is."""
+
+        def behind() -> bool:
+            return admission_of(self._bindings.get(target), tenant_id, binding_version) is Admission.BEHIND
+
+        try:
+            async with asyncio.timeout(max(timeout, 0.0)):
+                while behind():
+                    async with self._progress:
+                        await self._progress.wait()
+        except TimeoutError:
+            return not behind()
+        return True
+
+    def version_of(self, target: str) -> int | None:
+        """The newest binding version of ``target`` this view has read (None: none yet)."""
+        binding = self._bindings.get(target)
+        return binding.version if binding is not None else None
+
+    async def _shared_catch_up(self, wait: float) -> None:
+        """Read the topic to its end, waiting at most ``wait`` s; concurrent re-checks share one read."""
         if self._catching_up is None or self._catching_up.done():
             self.catch_ups += 1
             self._catching_up = asyncio.create_task(self.catch_up(wait))
@@ -111,7 +185,6 @@ class TargetBindingView:
             await asyncio.wait_for(asyncio.shield(self._catching_up), wait)
         except TimeoutError:
             pass
-        return self.verdict(target, tenant_id) is not False
 
     def __len__(self) -> int:
         return len(self._bindings)

@@ -80,6 +80,10 @@ SETTLED_DELIVERIES = "chronoq.settled_deliveries"  # counter: ahead-lane rows th
 ATTEMPT_EVENTS_REJECTED = "chronoq.attempt_events_rejected"
 # The cancel barrier (docs/state-machine.md, "Cancel as a barrier").
 ATTEMPT_GRANTS_SENT = "chronoq.attempt_grants_sent"  # counter (engine), attr result: granted|refused, reason
+# counter (consumer), attr outcome: parked (the target-binding view was older than the record's binding_version:
+# retried in place, not dead-lettered), admitted|refused (decided once the view caught up), expired (still behind
+# after binding_behind_timeout: dead-lettered, "binding view behind"); attr target
+BINDING_VIEW_BEHIND = "chronoq.binding_view_behind"
 ATTEMPT_GRANTS = "chronoq.attempt_grants"  # counter (consumer), attr result: granted|refused|timeout, target
 ATTEMPT_GRANT_WAIT = "chronoq.attempt_grant_wait"  # histogram (consumer), s: from sending started to its answer
 ATTEMPT_GRANTS_MALFORMED = "chronoq.attempt_grants_malformed"  # counter (consumer): undecodable reply records

@@ -41,6 +41,7 @@ async def effects(consumer_db):
 
 
 def effect_app(consumer_db, kafka_bootstrap, target, **config) -> ConsumerApp:
+    config.setdefault("binding_wait", 0.5)
     app = ConsumerApp(
         ConsumerConfig(
             f"group-{uuid.uuid4().hex[:8]}",
@@ -49,7 +50,6 @@ def effect_app(consumer_db, kafka_bootstrap, target, **config) -> ConsumerApp:
             redelivery_backoff=0.05,
             session_timeout=2.0,
             heartbeat_interval=0.4,
-            binding_wait=0.5,
             # Occurrences made up here, unknown to any engine: what is tested is the runtime's own checks.
             attempt_barrier=False,
             **config,
