@@ -33,6 +33,7 @@ from opentelemetry import metrics
 
 from engine.control.calendars import calendar_by_id
 from engine.control.identifiers import as_uuid
+from engine.control.targets import binding_versions
 from engine.control.views import instant, occurrence_to_json
 from engine.loops.overlap_gate import OVERLAP_GATE_TOKEN
 from engine.records import Occurrence, Schedule
@@ -202,15 +203,16 @@ class RequestedOccurrences:
             key=lambda t: t[0],
         )
         new, refire = _Rows(), _Rows()
+        bound = (await binding_versions(conn, [schedule.target])).get(schedule.target)
         for (slot, existing), release in zip(targets, pacing.release_at, strict=True):
             if existing is not None:
                 transition(existing.state, Event.BACKFILL)  # the state machine's one definition
                 refire.add(
-                    existing.occurrence_id, slot, release, _message(schedule, existing.occurrence_id, slot, release)
+                    existing.occurrence_id, slot, release, _message(schedule, existing.occurrence_id, slot, release, bound)
                 )
             else:
                 oid = slot_occurrence_id(schedule.schedule_id, schedule.version, slot)
-                new.add(oid, slot, release, _message(schedule, oid, slot, release))
+                new.add(oid, slot, release, _message(schedule, oid, slot, release, bound))
         common = _common(schedule, "backfill", requested_by, now)
         if new.ids:
             await conn.fetchval(*QUERIES.insert_requested_occurrences(**new.columns(), **common))
@@ -234,7 +236,8 @@ class RequestedOccurrences:
             else:
                 oid = uuid.uuid4()
             rows = _Rows()
-            rows.add(oid, now, now, _message(schedule, oid, now, now))
+            bound = (await binding_versions(conn, [schedule.target])).get(schedule.target)
+            rows.add(oid, now, now, _message(schedule, oid, now, now, bound))
             created = await conn.fetchval(
                 *QUERIES.insert_requested_occurrences(
                     **rows.columns(), **_common(schedule, "manual", requested_by, now)
@@ -301,7 +304,9 @@ def _common(schedule: Schedule, origin: str, requested_by: str, now: datetime) -
     }
 
 
-def _message(schedule: Schedule, oid: uuid.UUID, slot: datetime, release: datetime) -> bytes:
+def _message(
+    schedule: Schedule, oid: uuid.UUID, slot: datetime, release: datetime, binding_version: int | None
+) -> bytes:
     # The deadline counts from the release: a backfilled slot is hours old by design.
     deadline = schedule.deadline
     return OccurrenceMessage(
@@ -316,4 +321,5 @@ def _message(schedule: Schedule, oid: uuid.UUID, slot: datetime, release: dateti
         priority=schedule.priority,
         deadline=release + deadline if deadline else None,
         payload=schedule.payload,
+        binding_version=binding_version,
     ).encode()

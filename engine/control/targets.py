@@ -20,6 +20,14 @@ Every change of a target's tenants bumps its version and queues a
 same transaction, so consumer apps learn the binding at least once and in
 version order (``consumers/target_bindings.py``).
 
+Every occurrence message carries its target's version as ``binding_version``
+(:func:`binding_versions`, read in the transaction that writes the message).
+That is the version the tenant is bound under — it was authorized when its
+schedule was accepted, and a grant cannot be revoked while the tenant has live
+schedules there — and its binding message committed no later than the
+occurrence's, so a consumer's view reaches it eventually whatever order the
+relays publish in. A view older than it is *behind*, not refusing.
+
 The production equivalent is Kafka ACLs (``docs/security.md``): only the
 engine's principal writes occurrence topics, and each consumer app's
 principal reads only the topics of its targets.
@@ -27,6 +35,7 @@ principal reads only the topics of its targets.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -70,6 +79,15 @@ async def authorize(conn: asyncpg.Connection, tenant_id: str, target: str, now: 
             f"{target!r} belongs to another tenant; use a target name of your own, or"
             " ask an operator to grant it to you (chronoq target grant <target> <tenant>)",
         )
+
+
+async def binding_versions(conn: asyncpg.Connection, targets: Iterable[str]) -> dict[str, int]:
+    """The current binding version of each registered target among ``targets`` (unregistered ones are
+    absent: their occurrences carry no binding_version, and consumers check them as before)."""
+    names = sorted(set(targets))
+    if not names:
+        return {}
+    return {r["target"]: r["version"] for r in await conn.fetch(*QUERIES.binding_versions(targets=names))}
 
 
 async def register(pool: asyncpg.Pool, target: str, owner: str, clock: Clock) -> Target:

@@ -29,6 +29,7 @@ import asyncpg
 from opentelemetry import metrics
 
 from engine.control.quotas import DEFAULT_RETRY_BUDGET
+from engine.control.targets import binding_versions
 from engine.records import LockedOccurrence
 from engine.rules.attempt_decisions import Failure
 from engine.rules.occurrence_states import Event, State, transition
@@ -271,7 +272,8 @@ async def original_message(conn: asyncpg.Connection, occ: LockedOccurrence) -> O
 
     The latest copy in the outbox if there is one; otherwise (a first delivery through the ahead lane,
     whose row the settle pass deleted, or an undecodable copy) rebuilt from the occurrence and its
-    schedule, which carry every field of the message.
+    schedule, which carry every field of the message, and the target's binding version now (the copy keeps
+    the one it was first written with: either is a version the tenant is bound under).
     """
     raw = await conn.fetchval(
         *QUERIES.latest_occurrence_message(occurrence_id=occ.occurrence_id, topic=occurrence_topic(occ.target))
@@ -285,6 +287,7 @@ async def original_message(conn: asyncpg.Connection, occ: LockedOccurrence) -> O
                 extra=ids_of(occ, action="attempt.message_rebuilt"),
             )
     deadline = occ.deadline
+    bound = (await binding_versions(conn, [occ.target])).get(occ.target)
     return OccurrenceMessage(
         occurrence_id=occ.occurrence_id,
         schedule_id=occ.schedule_id,
@@ -297,6 +300,7 @@ async def original_message(conn: asyncpg.Connection, occ: LockedOccurrence) -> O
         priority=occ.priority,
         deadline=occ.scheduled_for + deadline if deadline else None,
         payload=occ.payload,
+        binding_version=bound,
     )
 
 

@@ -48,6 +48,7 @@ import asyncpg
 import orjson
 from opentelemetry import metrics, trace
 
+from engine.control.targets import binding_versions
 from engine.loops.overlap_gate import OVERLAP_GATE_TOKEN
 from engine.loops.periodic import LoopTiming, PassOutcome, PeriodicLoop
 from engine.loops.reporting import SUMMARY_EVERY
@@ -219,6 +220,7 @@ def encode_occurrence(
     scheduled_for: datetime,
     available_at: datetime,
     deadline: datetime | None,
+    binding_version: int | None = None,
 ) -> bytes:
     """The occurrence message (schemas.messages format 1) with the stored payload spliced in as JSON text.
 
@@ -240,7 +242,8 @@ def encode_occurrence(
             "deadline": _instant_text(deadline) if deadline else None,
         }
     )
-    return head[:-1] + b',"payload":' + schedule.payload_json.encode() + b"}"
+    tail = b"}" if binding_version is None else b',"binding_version":' + str(binding_version).encode() + b"}"
+    return head[:-1] + b',"payload":' + schedule.payload_json.encode() + tail
 
 
 class CalendarVersions:
@@ -336,7 +339,8 @@ class Materializer:
                 calendars = await self._calendars.for_batch(conn, rows)
                 decided = self._decide(rows, now, calendars)
                 pacing = await self._pace_catch_up(conn, decided, now, report)
-                staged, cursors, ranges = self._plan_batch(decided, now, seals, report, pacing)
+                versions = await binding_versions(conn, (r.target for r in rows))
+                staged, cursors, ranges = self._plan_batch(decided, now, seals, report, pacing, versions)
                 # A tenant at its max_running gets its further first deliveries held in the outbox.
                 staged, tenant_held = await hold_beyond_max_running(conn, staged, _TENANT_HOLD_COLUMNS)
                 await conn.execute(*QUERIES.create_staging())
@@ -555,9 +559,11 @@ class Materializer:
         seals: dict[tuple[int, str], datetime] | None,
         report: MaterializeReport,
         pacing: _Pacing | None = None,
+        versions: dict[str, int] | None = None,
     ) -> tuple[list[tuple[Any, ...]], tuple[list[Any], ...], tuple[list[Any], ...]]:
         """Staged occurrence rows, the cursor arrays (ids, versions, cursors read, new cursors, new runs) and
-        the missed ranges (ids, versions, first, last, count).
+        the missed ranges (ids, versions, first, last, count). ``versions``: each target's binding version,
+        which its occurrence messages carry.
 
         The per-occurrence work is what a burst multiplies: ids, message bytes, bucket and round. Whatever
         depends only on the schedule or only on the instant is computed once.
@@ -570,7 +576,8 @@ class Materializer:
         take_round = self._rounds.take
         for item in decided:
             schedule, decision = item.schedule, item.decision
-            rows, refused = self._occurrences(item, seals, instants, take_round, pacing)
+            binding_version = versions.get(schedule.target) if versions else None
+            rows, refused = self._occurrences(item, seals, instants, take_round, pacing, binding_version)
             staged.extend(rows)
             report.missed += len(decision.missed) + refused
             if decision.missed or decision.missed_unlisted:
@@ -641,6 +648,7 @@ class Materializer:
         instants: dict[datetime, tuple[bytes, datetime]],
         take_round: Any,
         pacing: _Pacing,
+        binding_version: int | None = None,
     ) -> tuple[list[tuple[Any, ...]], int]:
         """The staging rows of one schedule's decision (column order: _STAGING_COLUMNS), and how many of its
         catch-ups were refused (recorded MISSED: the tenant's catch_up_per_minute is 0).
@@ -693,7 +701,7 @@ class Materializer:
                 bucket, late_after = bucket_of(available_at), None
             message = encode_occurrence(
                 occ_id, ids.schedule_text, schedule, scheduled_for, available_at,
-                scheduled_for + deadline if deadline else None,
+                scheduled_for + deadline if deadline else None, binding_version,
             )  # fmt: skip
             # Ahead only if this node holds the shard and the relay has not sealed past the instant;
             # held rows wait for the overlap gate, which works on the outbox; catch-ups go late.

@@ -58,3 +58,8 @@ WHERE :tenant_id::text IS NULL OR t.owner_tenant = :tenant_id::text
    OR EXISTS (SELECT 1 FROM target_grants x WHERE x.target = t.target AND x.tenant_id = :tenant_id::text)
 GROUP BY t.target
 ORDER BY t.target;
+
+-- name: binding_versions
+-- The binding version of each registered target among :targets. An occurrence message carries its target's
+-- (read in the transaction that writes the message: that version's binding message committed before it).
+SELECT target, version FROM targets WHERE target = ANY(:targets::text[]);

@@ -21,12 +21,16 @@ from aiokafka import AIOKafkaProducer
 
 from consumers import ConsumerApp, ConsumerConfig, Occurrence
 from consumers.dead_letters import HEADER_REASON
+from engine.control.schedules import ControlPlane
+from engine.control.targets import grant
+from engine.control.tenants import create_tenant
+from schemas.clock import DatabaseClock
 from schemas.identity import occurrence_id
-from schemas.messages import OccurrenceMessage
+from schemas.messages import OccurrenceMessage, decode_occurrence
 from schemas.target_bindings import TargetBindingMessage
 from schemas.topics import DEAD_LETTER_TOPIC, TARGET_BINDINGS_TOPIC, create_missing_topics, occurrence_topic
 from tests.support.kafka import read_topic
-from tests.support.services import Running
+from tests.support.services import Running, fast_services, services_running
 from tests.support.waiting import wait_for
 
 AT = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
@@ -192,3 +196,39 @@ async def test_a_record_without_a_binding_version_is_checked_as_before(consumer_
     assert app.stats.binding_behind == 0
     (dead,) = await dead_letters_of(kafka_bootstrap, foreign.encode())
     assert b"not bound" in dict(dead.headers)[HEADER_REASON]
+
+
+async def test_a_grant_stranded_on_a_dead_relays_claim_delays_the_granted_tenants_occurrences_not_loses_them(
+    engine_db, pool, consumer_db, kafka_bootstrap, target, effects, acme
+):
+    """The engine end to end: acme registers the target (v1), globex is granted it (v2) and that binding's
+    outbox row is claimed by a relay that dies at once; globex's occurrences go out under v2. The app parks
+    them (no dead letter, no effect) until the claim is released and the grant published, then runs them."""
+    await create_tenant(pool, "globex")
+    control = ControlPlane(pool)
+    await control.create_schedule("acme", {"kind": "rate", "expression": "1h", "target": target})
+    assert (await grant(pool, target, "globex", DatabaseClock())).version == 2
+    stranded = await pool.fetchval(
+        "UPDATE outbox SET claim_token = gen_random_uuid(), claim_expires_at = 'infinity'"
+        " WHERE id = (SELECT max(id) FROM outbox WHERE topic = $1) RETURNING id",
+        TARGET_BINDINGS_TOPIC,
+    )
+    await control.create_schedule("globex", {"kind": "rate", "expression": "1s", "target": target})
+    app = effect_app(consumer_db, kafka_bootstrap, target)
+    async with services_running(engine_db, kafka_bootstrap, fast_services()):
+        async with Running(app):
+            await wait_for(lambda: app.stats.binding_behind >= 2, 40)
+            published = await pool.fetchval(
+                "SELECT message FROM outbox WHERE topic = $1 AND sent_at IS NOT NULL LIMIT 1", occurrence_topic(target)
+            )
+            assert decode_occurrence(published).binding_version == 2
+            reads = app.bindings.reads
+            await wait_for(lambda: app.bindings.reads >= reads + 20, 30)
+            assert app.stats.dead_lettered == 0 and app.stats.applied == 0
+            assert app.bindings.version_of(target) == 1
+
+            await pool.execute("UPDATE outbox SET claim_expires_at = now() WHERE id = $1", stranded)  # it expires
+            await wait_for(lambda: app.stats.applied >= 2, 40)
+            assert app.bindings.version_of(target) == 2
+    assert app.stats.dead_lettered == 0
+    assert {r["tenant"] for r in await effects.fetch("SELECT tenant FROM effects")} == {"globex"}
