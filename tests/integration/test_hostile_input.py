@@ -32,10 +32,12 @@ from engine.loops.service import PIPELINE_ROLES, Role
 from schemas.commands import HEADER_SIGNATURE, Command, sign
 from schemas.identity import occurrence_id
 from schemas.messages import OccurrenceMessage, ScheduleStateMessage
+from schemas.target_bindings import TargetBindingMessage
 from schemas.topics import (
     COMMANDS_TOPIC,
     DEAD_LETTER_TOPIC,
     SCHEDULE_STATES_TOPIC,
+    TARGET_BINDINGS_TOPIC,
     command_results_topic,
     create_missing_topics,
     occurrence_topic,
@@ -483,3 +485,36 @@ async def test_a_record_naming_another_target_than_its_topic_is_dead_lettered(
     async with Running(app):
         await wait_for(lambda: app.stats.dead_lettered == 1, 30)
     assert ran == []
+
+
+async def test_hostile_binding_versions_never_crash_the_app_or_hold_the_partition_beyond_the_bound(
+    consumer_db, kafka_bootstrap, target, effects
+):
+    """A binding_version that is no version (negative, zero, beyond PostgreSQL's integer, text, a boolean) is
+    dead-lettered at once naming the field; one claiming a version far ahead of the view parks its record
+    for binding_behind_timeout only, while the records behind it run, then it is dead-lettered too."""
+    topic = occurrence_topic(target)
+    await create_missing_topics(kafka_bootstrap, [topic], partitions=1)
+    binding = TargetBindingMessage(target, ("acme",), 1, AT)
+    await produce(kafka_bootstrap, [(TARGET_BINDINGS_TOPIC, binding.encode(), [])])
+
+    def forged(version: object) -> bytes:
+        data = orjson.loads(occurrence(target, "globex").encode())
+        data["binding_version"] = version
+        return orjson.dumps(data)
+
+    far_ahead = forged(2**31 - 1)
+    garbled = [forged(v) for v in (-1, 0, 2**40, "2", True)]
+    valid = occurrence(target, "acme")
+    await produce(
+        kafka_bootstrap,
+        [(topic, far_ahead, []), *((topic, value, []) for value in garbled), (topic, valid.encode(), [])],
+    )
+    app = effect_app(consumer_db, kafka_bootstrap, target, binding_behind_timeout=3.0)
+    async with Running(app):
+        await wait_for(lambda: app.stats.applied == 1 and app.stats.dead_lettered == len(garbled) + 1, 30)
+        await wait_for(lambda: app._lanes and all(lane.committed == 7 for lane in app._lanes.values()), 10)
+    dead = {r.value: dict(r.headers)[HEADER_REASON] for r in await read_topic(kafka_bootstrap, DEAD_LETTER_TOPIC, 0, settle=0.3)}
+    assert all(b"binding_version" in dead[value] for value in garbled)
+    assert b"binding view behind" in dead[far_ahead]
+    assert await effects.fetch("SELECT tenant FROM effects") == [("acme",)]

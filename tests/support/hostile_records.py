@@ -27,7 +27,7 @@ from schemas.target_bindings import TargetBindingMessage
 AT = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 OCC = uuid.UUID("6f1c2a0e-4d0b-5c8e-9a51-63686f6e6f71")
 OCCURRENCE = OccurrenceMessage(
-    OCC, uuid.uuid4(), 3, "acme", "billing.invoice", AT, AT, 2, "flexible", AT, {"invoice": 42}
+    OCC, uuid.uuid4(), 3, "acme", "billing.invoice", AT, AT, 2, "flexible", AT, {"invoice": 42}, 4
 )
 
 #: A valid record of each kind: the shape the fuzzer mutates.

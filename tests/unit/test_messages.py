@@ -86,6 +86,46 @@ def test_invalid_field_is_named(field, bad):
         decode_occurrence(orjson.dumps(data))
 
 
+def test_the_binding_version_round_trips_and_is_absent_when_unknown():
+    stamped = sample(binding_version=7)
+    assert orjson.loads(stamped.encode())["binding_version"] == 7
+    assert decode_occurrence(stamped.encode()) == stamped
+    # An older engine's message: no field at all (so it re-encodes byte for byte), read as None.
+    older = sample()
+    assert "binding_version" not in orjson.loads(older.encode())
+    assert decode_occurrence(older.encode()).binding_version is None
+    data = orjson.loads(older.encode())
+    data["binding_version"] = None
+    assert decode_occurrence(orjson.dumps(data)).binding_version is None
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2**31, 2**62, 1.5, "3", True, [], {"v": 1}])
+def test_a_hostile_binding_version_is_rejected_naming_the_field(bad):
+    data = orjson.loads(sample().encode())
+    data["binding_version"] = bad
+    with pytest.raises(MalformedMessage) as caught:
+        decode_occurrence(orjson.dumps(data))
+    assert caught.value.field == "binding_version" and "binding_version" in str(caught.value)
+
+
+@pytest.mark.parametrize("binding_version", [None, 1, 2**31 - 1])
+def test_the_materializers_encoding_is_the_messages_encoding(binding_version):
+    from engine.loops.materializer import encode_occurrence
+    from engine.records import DueSchedule
+    from tests.unit.test_records import due_row
+
+    schedule = DueSchedule.from_row(due_row())
+    at = datetime(2026, 11, 1, 5, 30, tzinfo=UTC)
+    oid = uuid.uuid4()
+    raw = encode_occurrence(oid, str(schedule.schedule_id), schedule, at, at, None, binding_version)
+    expected = OccurrenceMessage(
+        oid, schedule.schedule_id, schedule.version, "acme", "billing.invoice", at, at, 1, "flexible", None,
+        {"plan": "pro"}, binding_version,
+    )  # fmt: skip
+    assert decode_occurrence(raw) == expected
+    assert orjson.loads(raw) == orjson.loads(expected.encode())
+
+
 def test_occurrence_id_is_deterministic_and_zone_independent():
     schedule = uuid.UUID("00000000-0000-4000-8000-000000000001")
     instant = datetime(2026, 3, 8, 7, 30, tzinfo=UTC)

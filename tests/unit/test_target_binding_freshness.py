@@ -1,11 +1,17 @@
-"""When a refused occurrence must be re-checked against the target-binding topic (pure rule)."""
+"""When a refused occurrence must be re-checked against the target-binding topic, and what a record's
+binding version decides (pure rules)."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from consumers.target_bindings import needs_catch_up
+from datetime import UTC, datetime
+
+from consumers.target_bindings import Admission, admission_of, needs_catch_up
+from schemas.target_bindings import TargetBindingMessage
+
+AT = datetime(2026, 12, 1, tzinfo=UTC)
 
 instants = st.integers(min_value=0, max_value=2**48)
 maybe_instants = st.none() | instants
@@ -31,3 +37,42 @@ def test_a_later_read_never_makes_a_recheck_necessary_again(appended, fresh, mar
     # Freshness only grows: once a read answers for a record, every later read does too.
     if not needs_catch_up(False, appended, fresh, margin):
         assert not needs_catch_up(False, appended, fresh + later, margin)
+
+
+# -- records stamped with their target's binding version (admission_of) ------------------------------------
+
+tenants = st.sampled_from(["acme", "globex", "initech"])
+versions = st.integers(min_value=1, max_value=2**31 - 1)
+bindings = st.builds(
+    lambda tenant_set, version: TargetBindingMessage("billing.invoice", tuple(sorted(tenant_set)), version, AT),
+    st.sets(tenants, min_size=1),
+    versions,
+)
+
+
+@given(st.none() | bindings, tenants, st.none() | versions)
+def test_a_bound_tenant_or_an_unbound_target_is_admitted_whatever_the_version(binding, tenant, version):
+    if binding is None or tenant in binding.tenants:
+        assert admission_of(binding, tenant, version) is Admission.ALLOWED
+
+
+@given(bindings, tenants, versions)
+def test_an_absent_tenant_is_refused_only_by_a_view_that_has_the_records_version(binding, tenant, version):
+    if tenant in binding.tenants:
+        return
+    expected = Admission.REFUSED if binding.version >= version else Admission.BEHIND
+    assert admission_of(binding, tenant, version) is expected
+
+
+@given(bindings, tenants)
+def test_a_record_without_a_version_leaves_an_absent_tenant_to_the_freshness_rule(binding, tenant):
+    if tenant not in binding.tenants:
+        assert admission_of(binding, tenant, None) is None
+
+
+@given(bindings, tenants, versions, st.integers(min_value=0, max_value=1000))
+def test_a_newer_view_never_turns_a_refusal_back_into_behind(binding, tenant, version, later):
+    """Monotonic: once refused at view version v, every view version above v refuses too (same tenants)."""
+    newer = TargetBindingMessage(binding.target, binding.tenants, binding.version + later, AT)
+    if admission_of(binding, tenant, version) is Admission.REFUSED:
+        assert admission_of(newer, tenant, version) is Admission.REFUSED
