@@ -58,7 +58,6 @@ import asyncpg
 from engine.client import ChronoqClient
 from engine.control import targets as target_registry
 from schemas.clock import DatabaseClock
-from schemas.topics import TARGET_BINDINGS_TOPIC
 
 ROOT = Path(__file__).resolve().parents[1]
 CHRONOQ = [sys.executable, "-m", "engine.cli"]
@@ -372,11 +371,9 @@ class Cluster:
             await target_registry.register(self.pool, target, tenants[0], clock)
             for tenant in tenants[1:]:
                 await target_registry.grant(self.pool, target, tenant, clock)
-        # The set-up's grants reach the bindings topic before any fault: a relay killed while holding the
-        # grant's outbox row strands it for claim_ttl while the owner-only registration goes out, and the
-        # granted tenant's occurrences are refused as unbound meanwhile — the known gap of docs/security.md
-        # ("Known gap"), a different finding from what this run looks for. Remove once that gap is fixed.
-        await self.bindings_published()
+        # No wait for the grants to be published: a grant stranded on a killed relay's claim delays the granted
+        # tenant's occurrences (their binding_version is ahead of the consumer's view: parked, not refused)
+        # until the claim expires, within ConsumerConfig.binding_behind_timeout (docs/security.md).
         bodies = []
         for i in range(self.options.schedules):
             tenant = tenants[i % len(tenants)]
@@ -404,18 +401,6 @@ class Cluster:
 
         for start in range(0, len(bodies), 20):
             await asyncio.gather(*(create(t, b) for t, b in bodies[start : start + 20]))
-
-    async def bindings_published(self, timeout: float = 60.0) -> None:
-        """Wait until no target-binding message is left unsent in the outbox."""
-        assert self.pool is not None
-        deadline = time.monotonic() + timeout
-        while await self.pool.fetchval(
-            "SELECT count(*) FROM outbox WHERE topic = $1 AND sent_at IS NULL AND discarded_at IS NULL",
-            TARGET_BINDINGS_TOPIC,
-        ):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"target bindings not published within {timeout:g} s: are the relays up?")
-            await asyncio.sleep(0.1)
 
     # ------------------------------------------------------------ faults
 
