@@ -187,6 +187,9 @@ class ConsumerConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        for name in ("binding_wait", "binding_behind_timeout", "shutdown_grace"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative")
         if self.heartbeat_interval >= self.session_timeout:
             raise ValueError("heartbeat_interval must be shorter than session_timeout")
         if not 0 < self.renew_interval <= self.lease_ttl / 2:
@@ -196,10 +199,6 @@ class ConsumerConfig:
             )
         if self.idle_timeout <= 0 or self.lock_timeout <= 0:
             raise ValueError("transaction_idle_timeout and dedupe_lock_timeout must be positive")
-        if self.binding_wait < 0:
-            raise ValueError("binding_wait must not be negative")
-        if self.binding_behind_timeout < 0:
-            raise ValueError("binding_behind_timeout must not be negative")
         self.kafka_security.validate()
         if self.tenants is not None and not self.tenants:
             raise ValueError("tenants must name at least one tenant (or be None for the target bindings)")
@@ -221,6 +220,4 @@ class ConsumerConfig:
                 f" ({self.idle_timeout:g} s): the attempt's transaction waits idle for the grant, and PostgreSQL"
                 " would end it first; lower attempt_grant_timeout or raise transaction_idle_timeout"
             )
-        if self.shutdown_grace < 0:
-            raise ValueError("shutdown_grace must not be negative")
         self.credentials()

@@ -85,9 +85,7 @@ class Admission(enum.Enum):
     BEHIND = "behind"  # the view is older than the record's binding version and lacks the tenant
 
 
-def admission_of(
-    binding: TargetBindingMessage | None, tenant_id: str, binding_version: int | None
-) -> Admission | None:
+def admission_of(binding: TargetBindingMessage | None, tenant_id: str, binding_version: int | None) -> Admission | None:
     """The verdict on an occurrence dispatched under ``binding_version``, from the view's binding of its
     target alone; None when only a read to the topic's end can say (a record without a binding version,
     of a tenant the view does not bind: today's freshness rule, :func:`needs_catch_up`)."""

@@ -208,7 +208,10 @@ class RequestedOccurrences:
             if existing is not None:
                 transition(existing.state, Event.BACKFILL)  # the state machine's one definition
                 refire.add(
-                    existing.occurrence_id, slot, release, _message(schedule, existing.occurrence_id, slot, release, bound)
+                    existing.occurrence_id,
+                    slot,
+                    release,
+                    _message(schedule, existing.occurrence_id, slot, release, bound),
                 )
             else:
                 oid = slot_occurrence_id(schedule.schedule_id, schedule.version, slot)

@@ -3,10 +3,10 @@ binding version decides (pure rules)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from hypothesis import given
 from hypothesis import strategies as st
-
-from datetime import UTC, datetime
 
 from consumers.target_bindings import Admission, admission_of, needs_catch_up
 from schemas.target_bindings import TargetBindingMessage
