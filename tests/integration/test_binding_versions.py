@@ -13,7 +13,7 @@ version and lacks the tenant refuses at once, without reading the topic again.
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
@@ -21,9 +21,12 @@ from aiokafka import AIOKafkaProducer
 
 from consumers import ConsumerApp, ConsumerConfig, Occurrence
 from consumers.dead_letters import HEADER_REASON
+from engine.control.requested_occurrences import RequestedOccurrences
 from engine.control.schedules import ControlPlane
 from engine.control.targets import grant
 from engine.control.tenants import create_tenant
+from engine.loops.attempt_outcomes import lock_occurrence, original_message
+from engine.loops.materializer import Materializer, MaterializerConfig
 from schemas.clock import DatabaseClock
 from schemas.identity import occurrence_id
 from schemas.messages import OccurrenceMessage, decode_occurrence
@@ -232,3 +235,38 @@ async def test_a_grant_stranded_on_a_dead_relays_claim_delays_the_granted_tenant
             assert app.bindings.version_of(target) == 2
     assert app.stats.dead_lettered == 0
     assert {r["tenant"] for r in await effects.fetch("SELECT tenant FROM effects")} == {"globex"}
+
+
+async def test_every_occurrence_message_carries_its_targets_binding_version_when_it_was_written(
+    pool, clock, target, acme
+):
+    """Materialized, run-now and rebuilt messages: the target's version read in the writing transaction."""
+    for tenant in ("globex", "initech"):
+        await create_tenant(pool, tenant)
+    control = ControlPlane(pool, clock)
+    await control.create_schedule("acme", {"kind": "rate", "expression": "10s", "target": target})  # v1
+    await grant(pool, target, "globex", clock)  # v2
+    globex = await control.create_schedule("globex", {"kind": "rate", "expression": "10s", "target": target})
+    clock.advance(9)
+    await Materializer(pool, MaterializerConfig(horizon=timedelta(seconds=2)), clock).run_once()
+    materialized = [
+        decode_occurrence(r["message"])
+        for r in await pool.fetch("SELECT message FROM outbox WHERE occurrence_id IS NOT NULL")
+    ]
+    assert {m.tenant_id for m in materialized} == {"acme", "globex"}
+    assert {m.binding_version for m in materialized} == {2}
+
+    await grant(pool, target, "initech", clock)  # v3
+    manual = await RequestedOccurrences(pool, clock).trigger_now("globex", globex["schedule_id"], "tenant:globex")
+    manual_id = uuid.UUID(str(manual["occurrence_id"]))
+    raw = await pool.fetchval("SELECT message FROM outbox WHERE occurrence_id = $1", manual_id)
+    assert decode_occurrence(raw).binding_version == 3
+
+    # A copy rebuilt from the occurrence (its outbox row gone, as after the ahead lane): the version now.
+    await grant(pool, target, "initech", clock)  # idempotent: no change, no new version
+    first = materialized[0]
+    await pool.execute("DELETE FROM outbox WHERE occurrence_id = $1", first.occurrence_id)
+    async with pool.acquire() as conn:
+        occ = await lock_occurrence(conn, first.occurrence_id)
+        assert occ is not None
+        assert (await original_message(conn, occ)).binding_version == 3
