@@ -158,6 +158,7 @@ def start_nodes(
     idempotent: bool,
     log_dir: Path,
     materialize_batch: int = 5000,
+    keep_log: float = 3600.0,
 ) -> list[subprocess.Popen[bytes]]:
     nodes = []
     for k in range(count):
@@ -181,6 +182,8 @@ def start_nodes(
                     f"node-{k}",
                     "--materialize-batch",
                     str(materialize_batch),
+                    "--keep-log",
+                    str(keep_log),
                     *(["--idempotent"] if idempotent else []),
                 ],
                 stdout=log,
@@ -208,6 +211,7 @@ async def run_node(args: argparse.Namespace) -> None:
     """One engine node until SIGTERM: the data-plane roles of ``chronoq engine`` (materializer on its leased
     shards, ahead-lane dispatch, settling) plus the late-lane relay."""
     from engine.cli.log_format import configure_logging
+    from engine.loops.dispatch_settler import SettlerConfig
     from engine.loops.materializer import MaterializerConfig
     from engine.loops.service import DataPlaneConfig, Role, ServiceConfig, run_services
 
@@ -217,10 +221,14 @@ async def run_node(args: argparse.Namespace) -> None:
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
     config = ServiceConfig(
-        roles=frozenset({Role.MATERIALIZER, Role.DISPATCH, Role.RELAY}),
+        # PARTITIONS too: the occurrences land in their day partition, as under `chronoq engine`.
+        roles=frozenset({Role.MATERIALIZER, Role.DISPATCH, Role.RELAY, Role.PARTITIONS}),
         materializer=MaterializerConfig(horizon=timedelta(seconds=args.horizon), batch_size=args.materialize_batch),
         data_plane=DataPlaneConfig(
-            node_id=args.node_id, partitions=args.partitions, idempotent_producer=args.idempotent
+            node_id=args.node_id,
+            partitions=args.partitions,
+            idempotent_producer=args.idempotent,
+            settler=SettlerConfig(keep_log=args.keep_log),
         ),
     )
     await run_services(args.database_url, args.bootstrap, stop, config)
@@ -718,6 +726,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--horizon", type=float, default=120, help=argparse.SUPPRESS)
     parser.add_argument("--materialize-batch", type=int, default=5000)
     parser.add_argument("--node-id", help=argparse.SUPPRESS)
+    parser.add_argument("--keep-log", type=float, default=3600.0, help=argparse.SUPPRESS)
     parser.add_argument("--idempotent", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     return parser.parse_args(argv)

@@ -514,9 +514,11 @@ async def test_hostile_binding_versions_never_crash_the_app_or_hold_the_partitio
     async with Running(app):
         await wait_for(lambda: app.stats.applied == 1 and app.stats.dead_lettered == len(garbled) + 1, 30)
         await wait_for(lambda: app._lanes and all(lane.committed == 7 for lane in app._lanes.values()), 10)
+    ours = {far_ahead, *garbled}  # the dead-letter topic is shared with every other test on this broker
     dead = {
         r.value: dict(r.headers)[HEADER_REASON]
         for r in await read_topic(kafka_bootstrap, DEAD_LETTER_TOPIC, 0, settle=0.3)
+        if r.value in ours
     }
     assert all(b"binding_version" in dead[value] for value in garbled)
     assert b"binding view behind" in dead[far_ahead]
