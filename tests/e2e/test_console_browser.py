@@ -111,7 +111,9 @@ def create_pause_and_read_the_timeline(base: str, token: str) -> dict[str, objec
         driver.find_element(By.ID, "f-time_zone").send_keys("America/New_York")
         # The live preview answers as the fields change: wait for the answer to the zone too (an answer to the
         # expression alone, in UTC, can arrive while the zone is still being typed).
-        wait.until(lambda d: len(items := texts(d, "#preview-list li")) == 10 and all("-0" in line for line in items))
+        wait.until(
+            lambda d: len(items := texts(d, "#preview-list li")) == 10 and all("T02:30:00-0" in line for line in items)
+        )
         seen["preview"] = texts(driver, "#preview-list li")
         # Now the schedule the test pauses: every 2 seconds.
         Select(driver.find_element(By.ID, "f-kind")).select_by_value("rate")
