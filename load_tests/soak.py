@@ -115,7 +115,9 @@ async def run_soak(
         shards = await conn.fetchval("SELECT count(*)::int FROM shard_leases")
         await seed_tenants(conn, TENANTS)
         now = await conn.fetchval("SELECT now()")
-        columns = shape("rate", every, "strict", 0, now + timedelta(seconds=20))
+        # The first fire leaves the nodes time to start and lease the shards; the run is measured from it.
+        first_fire = now + timedelta(seconds=10)
+        columns = shape("rate", every, "strict", 0, first_fire)
         await seed_schedules(conn, 1, schedules, columns, 4, shards, 0.5, TENANTS)
         await conn.execute("ANALYZE schedules")
         # The settled dispatch log is kept keep_log seconds (an hour by default, for inspection): a tenth of
@@ -123,9 +125,9 @@ async def run_soak(
         keep_log = max(60.0, minutes * 6)
         nodes = start_nodes(relays, url, bootstrap, 30.0, partitions, False, log_dir, keep_log=keep_log)
         samples: list[dict[str, Any]] = []
-        began = time.time()
         try:
-            last = began
+            await asyncio.sleep(max(0.0, (first_fire - await conn.fetchval("SELECT now()")).total_seconds()))
+            began = last = time.time()
             while time.time() - began < minutes * 60:
                 await asyncio.sleep(sample_every)
                 if any(node.poll() is not None for node in nodes):
