@@ -9,15 +9,16 @@ Seeds ``--schedules`` rate schedules firing every ``--every`` (10,000 every 10 s
 leased shards, ahead-lane dispatch, settle, late-lane relay, day partitions) and lets them run. Every
 ``--sample-every`` seconds it records, per table of the hand-off (``dispatch_queue``, ``dispatch_log``,
 ``outbox``, the cursors and seals) and for ``schedules`` and ``occurrences``: live and dead tuples, total
-bytes, autovacuum runs; the age of the oldest due row not yet dispatched; and the rows dispatched since the
-last sample. No consumer runs: occurrences stay ENQUEUED (their table is history and grows by design; its
-retention is ``chronoq history prune``).
+bytes, autovacuum runs; the age of the oldest due ahead-lane row not yet settled (published or not: the
+settle pass defers up to 30 s while pages keep coming, so this is an upper bound of the dispatch lag); and
+the rows dispatched since the last sample. No consumer runs: occurrences stay ENQUEUED (their table is
+history and grows by design; its retention is ``chronoq history prune``).
 
 Bounded means: a hand-off table's size at the end is at most 1.25 × its largest size in the run's second
 quarter (steady state reached), and its dead tuples at the end at most 2 × the second quarter's largest
 (autovacuum keeps up). A table that grows with the run (linear growth gives 2 ×) fails. The last stdout
 line is one JSON object: ``bounded`` (all tables), per-table ``tables``, ``dispatched_per_s``,
-``schedule_lag_p99`` of the last five minutes, ``oldest_due_max_s``.
+``schedule_lag_p99`` of the last five minutes, ``oldest_unsettled_max_s``.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ GROUP BY t.name
 
 
 async def sample(conn: asyncpg.Connection, since: float) -> dict[str, Any]:
-    """One sample: every table's figures, the oldest undispatched due row's age, rows dispatched since."""
+    """One sample: every table's figures, the oldest unsettled due row's age, rows dispatched since."""
     tables = {r["name"]: dict(r) for r in await conn.fetch(_SAMPLE, list(HANDOFF_TABLES + OTHER_TABLES))}
     oldest = await conn.fetchval(
         "SELECT extract(epoch FROM now() - min(available_at))::float8 FROM dispatch_queue"
@@ -65,7 +66,7 @@ async def sample(conn: asyncpg.Connection, since: float) -> dict[str, Any]:
     dispatched = await conn.fetchval(
         "SELECT coalesce(sum(rows), 0)::bigint FROM dispatch_log WHERE acked_at > to_timestamp($1)", since
     )
-    return {"at": time.time(), "tables": tables, "oldest_due_s": oldest or 0.0, "dispatched": dispatched}
+    return {"at": time.time(), "tables": tables, "oldest_unsettled_s": oldest or 0.0, "dispatched": dispatched}
 
 
 def verdict(samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -138,7 +139,8 @@ async def run_soak(
                 q = taken["tables"]["dispatch_queue"]
                 log(
                     f"{(taken['at'] - began) / 60:5.1f} min: dispatched {taken['dispatched'] / sample_every:,.0f}/s,"
-                    f" oldest due {taken['oldest_due_s']:.1f} s, queue {q['live']:,} live {q['dead']:,} dead"
+                    f" oldest unsettled {taken['oldest_unsettled_s']:.1f} s,"
+                    f" queue {q['live']:,} live {q['dead']:,} dead"
                     f" {q['bytes'] / 2**20:.1f} MB, occurrences {taken['tables']['occurrences']['live']:,}"
                 )
         finally:
@@ -163,7 +165,7 @@ async def run_soak(
         "tables": tables,
         "bounded": all(t["bounded"] for t in tables.values() if "bounded" in t),
         "dispatched_per_s": round(sum(s["dispatched"] for s in steady) / steady_seconds),
-        "oldest_due_max_s": round(max(s["oldest_due_s"] for s in steady), 2),
+        "oldest_unsettled_max_s": round(max(s["oldest_unsettled_s"] for s in steady), 2),
         "schedule_lag_p99": round(lag, 3) if lag is not None else None,
     }
 

@@ -23,9 +23,9 @@ async def test_the_soak_dispatches_steadily_and_reports_every_table(engine_db, k
     )
     assert len(result["samples"]) >= 5
     # 300 schedules every 5 s is 60 occurrences/s; the steady part dispatched about that (a slow machine is
-    # allowed half of it), and nothing due waited long.
+    # allowed half of it), and no due row waited long (unsettled: the settle pass defers while pages come).
     assert result["dispatched_per_s"] >= 30, result["dispatched_per_s"]
-    assert result["oldest_due_max_s"] < 5.0
+    assert result["oldest_unsettled_max_s"] < 35.0
     assert set(HANDOFF_TABLES) <= set(result["tables"])
     assert all("bounded" in result["tables"][name] for name in HANDOFF_TABLES)
     occurrences = result["tables"]["occurrences"]
