@@ -221,8 +221,10 @@ async def run_node(args: argparse.Namespace) -> None:
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
     config = ServiceConfig(
-        # PARTITIONS too: the occurrences land in their day partition, as under `chronoq engine`.
-        roles=frozenset({Role.MATERIALIZER, Role.DISPATCH, Role.RELAY, Role.PARTITIONS}),
+        # Not PARTITIONS (yet): with it the suite's small run lost messages three times in a row, then never
+        # again in five; unexplained, see docs/capacity.md "Open finding". The benchmark stays on the
+        # configuration CI has always passed with.
+        roles=frozenset({Role.MATERIALIZER, Role.DISPATCH, Role.RELAY}),
         materializer=MaterializerConfig(horizon=timedelta(seconds=args.horizon), batch_size=args.materialize_batch),
         data_plane=DataPlaneConfig(
             node_id=args.node_id,
