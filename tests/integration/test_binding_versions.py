@@ -15,11 +15,10 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, timedelta
 
-import asyncpg
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from consumers import ConsumerApp, ConsumerConfig, Occurrence
+from consumers import ConsumerApp
 from consumers.dead_letters import HEADER_REASON
 from engine.control.requested_occurrences import RequestedOccurrences
 from engine.control.schedules import ControlPlane
@@ -32,6 +31,8 @@ from schemas.identity import occurrence_id
 from schemas.messages import OccurrenceMessage, decode_occurrence
 from schemas.target_bindings import TargetBindingMessage
 from schemas.topics import DEAD_LETTER_TOPIC, TARGET_BINDINGS_TOPIC, create_missing_topics, occurrence_topic
+from tests.support.effect_apps import effect_app as effects_app
+from tests.support.effect_apps import effects_table
 from tests.support.kafka import read_topic
 from tests.support.services import Running, fast_services, services_running
 from tests.support.waiting import wait_for
@@ -41,33 +42,14 @@ AT = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
 
 @pytest.fixture
 async def effects(consumer_db):
-    conn = await asyncpg.connect(consumer_db)
-    await conn.execute("CREATE TABLE effects (occurrence_id uuid, tenant text)")
-    yield conn
-    await conn.close()
+    async with effects_table(consumer_db) as conn:
+        yield conn
 
 
 def effect_app(consumer_db, kafka_bootstrap, target, **config) -> ConsumerApp:
+    """The shared effects app with a shorter binding_wait: these tests wait on the bindings topic often."""
     config.setdefault("binding_wait", 0.5)
-    app = ConsumerApp(
-        ConsumerConfig(
-            f"group-{uuid.uuid4().hex[:8]}",
-            kafka_bootstrap,
-            consumer_db,
-            redelivery_backoff=0.05,
-            session_timeout=2.0,
-            heartbeat_interval=0.4,
-            # Occurrences made up here, unknown to any engine: what is tested is the runtime's own checks.
-            attempt_barrier=False,
-            **config,
-        )
-    )
-
-    @app.handler(target)
-    async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
-        await conn.execute("INSERT INTO effects VALUES ($1, $2)", occurrence.occurrence_id, occurrence.tenant_id)
-
-    return app
+    return effects_app(consumer_db, kafka_bootstrap, target, **config)
 
 
 def occurrence(target: str, tenant: str, binding_version: int | None) -> OccurrenceMessage:

@@ -42,6 +42,7 @@ from schemas.topics import (
     create_missing_topics,
     occurrence_topic,
 )
+from tests.support.effect_apps import effect_app, effects_table
 from tests.support.kafka import read_topic
 from tests.support.services import Running, fast_services, services_running
 from tests.support.waiting import wait_for
@@ -331,38 +332,6 @@ async def test_the_client_reads_only_its_own_tenants_results(engine_db, pool, ka
 # ------------------------------------------------------------------------------------------- consumers
 
 
-@pytest.fixture
-async def effects(consumer_db):
-    conn = await asyncpg.connect(consumer_db)
-    await conn.execute("CREATE TABLE effects (occurrence_id uuid, tenant text)")
-    yield conn
-    await conn.close()
-
-
-def effect_app(consumer_db, kafka_bootstrap, target, **config) -> ConsumerApp:
-    app = ConsumerApp(
-        ConsumerConfig(
-            f"group-{uuid.uuid4().hex[:8]}",
-            kafka_bootstrap,
-            consumer_db,
-            redelivery_backoff=0.05,
-            session_timeout=2.0,
-            heartbeat_interval=0.4,
-            binding_wait=1.0,
-            # Occurrences made up here, unknown to any engine: nobody would grant them (the barrier refuses an
-            # occurrence the engine does not know); what is tested is the runtime's own checks.
-            attempt_barrier=False,
-            **config,
-        )
-    )
-
-    @app.handler(target)
-    async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
-        await conn.execute("INSERT INTO effects VALUES ($1, $2)", occurrence.occurrence_id, occurrence.tenant_id)
-
-    return app
-
-
 def occurrence(target: str, tenant: str = "acme") -> OccurrenceMessage:
     schedule_id = uuid.uuid4()
     return OccurrenceMessage(
@@ -380,6 +349,12 @@ async def produce(bootstrap: str, records: list[tuple[str, bytes, list]]) -> Non
             await producer.send_and_wait(topic, value, key=b"acme", headers=headers)
     finally:
         await producer.stop()
+
+
+@pytest.fixture
+async def effects(consumer_db):
+    async with effects_table(consumer_db) as conn:
+        yield conn
 
 
 async def test_an_extreme_instant_on_the_schedule_state_topic_does_not_stop_consumer_apps(
