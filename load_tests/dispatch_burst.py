@@ -100,10 +100,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from relay.ahead_relay import AheadRelay, AheadRelayConfig
     from relay.librdkafka_publisher import LibrdkafkaConfig, LibrdkafkaPublisher
     from schemas.clock import DatabaseClock
+    from schemas.garbage_collection import tune_for_throughput
     from schemas.queries import QUERIES
     from schemas.shard_ownership import ShardOwnership
     from schemas.topics import create_missing_topics
 
+    tune_for_throughput()  # as an engine node's run_services does
     node = "bench-node"
     report: dict[str, Any] = {"rows": args.rows, "shards": args.shards, "rows_per_shard": args.rows_per_shard}
     async with load_stack("dispatchburst", args.broker) as (url, bootstrap):

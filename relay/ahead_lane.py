@@ -16,21 +16,22 @@ from typing import Any, TypeAlias
 import asyncpg
 
 from schemas.clock import Clock
-from schemas.dispatch_lanes import START_KEY, CursorKey, aware
+from schemas.dispatch_lanes import START_KEY, CursorKey, aware, instant_of_micros
 from schemas.dispatch_lateness import LateDelivery, judge_late
 from schemas.queries import QUERIES
 
-#: An ahead-lane row as read_ahead_page returns it (an asyncpg Record; fields by name): shard, bucket,
-#: wrr_round, occurrence_id, tenant_id, topic, message_key, message, available_at, discarded, late_after,
-#: occurrence_header, tenant_header.
+#: An ahead-lane row as read_ahead_page returns it (an asyncpg Record; fields by name): shard, bucket_us,
+#: wrr_round, occurrence_id, tenant_id, topic, message_key, message, available_us, discarded, late_after_us,
+#: occurrence_header, tenant_header. The ``*_us`` instants are integer microseconds since the Unix epoch
+#: (schemas.dispatch_lanes.micros_of), late_after_us None when the row cannot be late.
 #: Records, not objects: a burst reads hundreds of thousands of them and every per-row allocation shows
-#: in the dispatch rate.
+#: in the dispatch rate (a datetime per instant did: see the query's comment).
 AheadRow: TypeAlias = asyncpg.Record
 
 
 def key_of(row: AheadRow) -> CursorKey:
     """The cursor key of an ahead-lane row."""
-    return CursorKey(row["bucket"], row["wrr_round"], row["occurrence_id"])
+    return CursorKey(instant_of_micros(row["bucket_us"]), row["wrr_round"], row["occurrence_id"])
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,8 @@ class AheadLaneStore:
             found = await conn.fetch(
                 *QUERIES.late_ahead_candidates(
                     shards=[r["shard"] for r in starts], keys=[r["message_key"] for r in starts],
-                    buckets=[r["bucket"] for r in starts], rounds=[r["wrr_round"] for r in starts],
+                    buckets=[instant_of_micros(r["bucket_us"]) for r in starts],
+                    rounds=[r["wrr_round"] for r in starts],
                     ids=[r["occurrence_id"] for r in starts], held_ids=[r["occurrence_id"] for r in rows],
                     lane=lane, now=now,
                 )

@@ -38,7 +38,7 @@ from opentelemetry import metrics, trace
 from relay.ahead_lane import AheadLaneStore, AheadRow, CursorMove, LateJudgement, Quarantined, key_of
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock, pause
-from schemas.dispatch_lanes import LANES, CursorKey, seal_boundary
+from schemas.dispatch_lanes import LANES, CursorKey, micros_of, seal_boundary
 from schemas.messages import HEADER_OCCURRENCE_ID, HEADER_TENANT
 from schemas.shard_ownership import ShardOwnership
 
@@ -121,10 +121,21 @@ class _MissedAtDispatch(Exception):
 MISSED_AT_DISPATCH = _MissedAtDispatch()
 
 
-def _first_late_after(rows: list[AheadRow]) -> datetime | None:
-    """The earliest late_after of a page (None if no row can be late): rows are judged one by one only
-    when the page has a late one."""
-    return min((late for late in (r["late_after"] for r in rows) if late is not None), default=None)
+def _first_late_after(rows: list[AheadRow]) -> int | None:
+    """The earliest late_after of a page in epoch microseconds (None if no row can be late): rows are
+    judged one by one only when the page has a late one."""
+    return min((late for late in (r["late_after_us"] for r in rows) if late is not None), default=None)
+
+
+def _to_release(rows: list[AheadRow], skip: frozenset[object], outcomes: list[BaseException | None]) -> list[int]:
+    """Indexes of the rows to publish, in page order: not discarded, not in ``skip`` (those are marked
+    :data:`MISSED_AT_DISPATCH` in ``outcomes``)."""
+    if not skip:  # hash every row's id only when some row was judged at its read
+        return [i for i, r in enumerate(rows) if not r["discarded"]]
+    for i, r in enumerate(rows):
+        if r["occurrence_id"] in skip:
+            outcomes[i] = MISSED_AT_DISPATCH
+    return [i for i, r in enumerate(rows) if not r["discarded"] and r["occurrence_id"] not in skip]
 
 
 class _ClockEstimate:
@@ -314,9 +325,12 @@ class AheadRelay:
         """Judge the page's rows already past their late_after: (ids not to publish, ids judged)."""
         now = self.clock.now()
         first_late = _first_late_after(rows)
-        if now is None or first_late is None or first_late >= now:
+        if now is None or first_late is None or first_late >= micros_of(now):
             return frozenset(), frozenset()
-        late = [r for r in rows if not r["discarded"] and r["late_after"] is not None and r["late_after"] < now]
+        now_us = micros_of(now)
+        late = [
+            r for r in rows if not r["discarded"] and r["late_after_us"] is not None and r["late_after_us"] < now_us
+        ]
         if not late:
             return frozenset(), frozenset()
         judgement = await self._record_judgement(lane, epochs, late, now)
@@ -341,22 +355,20 @@ class AheadRelay:
         with self.tracer.start_as_current_span(obs.SPAN_PUBLISH) as span:
             span.set_attribute("chronoq.ahead_rows", len(rows))
             obs.inject_trace_headers(trace_headers)
-        for i, r in enumerate(rows):
-            if r["occurrence_id"] in skip:
-                outcomes[i] = MISSED_AT_DISPATCH
-        waiting = [i for i, r in enumerate(rows) if not r["discarded"] and r["occurrence_id"] not in skip]
+        waiting = _to_release(rows, skip, outcomes)
         first_late = _first_late_after(rows)  # the page's earliest: one check per release, not per row
         futures: list[tuple[list[int], asyncio.Future[list[BaseException | None]]]] = []
         while waiting:
             now = self.clock.now()
-            if now is not None and rows[waiting[-1]]["available_at"] <= now:
+            now_us = micros_of(now) if now is not None else None
+            if now_us is not None and rows[waiting[-1]]["available_us"] <= now_us:
                 due, waiting = waiting, []
             else:
-                due = [i for i in waiting if now is not None and rows[i]["available_at"] <= now]
+                due = [i for i in waiting if now_us is not None and rows[i]["available_us"] <= now_us]
                 if due:
                     due_set = set(due)
                     waiting = [i for i in waiting if i not in due_set]
-            if due and now is not None and first_late is not None and first_late < now:
+            if due and now is not None and first_late is not None and first_late < micros_of(now):
                 due = await self._judge(lane, epochs, rows, due, judged, now, outcomes)
             if due:
                 items = [
@@ -413,11 +425,12 @@ class AheadRelay:
     ) -> list[int]:
         """Lateness at dispatch for rows of ``due`` that became late after their read (not judged then);
         returns the rows still to publish."""
+        now_us = micros_of(now)
         late = [
             rows[i]
             for i in due
-            if rows[i]["late_after"] is not None
-            and rows[i]["late_after"] < now
+            if rows[i]["late_after_us"] is not None
+            and rows[i]["late_after_us"] < now_us
             and rows[i]["occurrence_id"] not in judged
         ]
         if not late:

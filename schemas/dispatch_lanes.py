@@ -60,6 +60,17 @@ def goes_ahead(available_at: datetime, sealed_until: datetime) -> bool:
 
 
 NEGATIVE_INFINITY = datetime.min.replace(tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def micros_of(instant: datetime) -> int:
+    """``instant`` as integer microseconds since the Unix epoch (exact; the page read's ``*_us`` columns)."""
+    return (instant - _EPOCH) // _MICROSECOND
+
+
+def instant_of_micros(micros: int) -> datetime:
+    """The UTC instant ``micros`` microseconds after the Unix epoch; inverse of :func:`micros_of`."""
+    return _EPOCH + timedelta(microseconds=micros)
 
 
 def aware(instant: datetime) -> datetime:

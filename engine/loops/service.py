@@ -51,6 +51,7 @@ from relay.librdkafka_publisher import LibrdkafkaConfig, LibrdkafkaPublisher
 from relay.publisher import KafkaPublisher, PublisherConfig
 from schemas.clock import Clock, DatabaseClock, pause
 from schemas.connections import create_pool, create_pool_when_ready
+from schemas.garbage_collection import tune_for_throughput
 from schemas.kafka_security import PLAINTEXT, KafkaSecurity
 from schemas.migrations import apply_migrations
 from schemas.shard_ownership import ShardOwnership
@@ -221,6 +222,7 @@ async def run_services(
     config = config or ServiceConfig()
     config.validate(kafka_bootstrap)
     clock = clock or DatabaseClock()
+    tune_for_throughput()  # the data plane allocates Records by the page (schemas/garbage_collection.py)
     async with AsyncExitStack() as resources:
         # Restarted into a database that refuses connections for now (too many clients, restarting): wait.
         pool = await create_pool_when_ready(database_url, stop, log, min_size=2, max_size=8)
