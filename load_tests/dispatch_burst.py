@@ -23,7 +23,6 @@ import time
 import uuid
 from collections import defaultdict
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -95,6 +94,7 @@ class _Timed:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     from engine.loops.service import DATA_PLANE_SERVER_SETTINGS
+    from load_tests.process_cpu import cpu_seconds, per_row
     from load_tests.stack_for_load import load_stack
     from relay.ahead_lane import AheadLaneStore
     from relay.ahead_relay import AheadRelay, AheadRelayConfig
@@ -135,7 +135,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             wait = (top - await conn.fetchval("SELECT now()")).total_seconds()
             await asyncio.sleep(max(0.0, wait - 0.8))  # the relay reads up to read_ahead (1 s) early
             port = bootstrap.rsplit(":", 1)[-1]
-            cpu_before = cpu_seconds(port, url.rsplit("/", 1)[-1])
+            roles = {"relay": [os.getpid()]}
+            cpu_before = cpu_seconds(roles, port, url.rsplit("/", 1)[-1])
             started = time.perf_counter()
             published = 0
             while published < args.rows:
@@ -144,10 +145,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 if not result.read:
                     await asyncio.sleep(0.01)
             elapsed = time.perf_counter() - started
-            cpu_after = cpu_seconds(port, url.rsplit("/", 1)[-1])
-            report["cpu_us_per_row"] = {
-                k: round((cpu_after[k] - cpu_before[k]) / args.rows * 1e6, 1) for k in cpu_after
-            }
+            cpu_after = cpu_seconds(roles, port, url.rsplit("/", 1)[-1])
+            report["cpu_us_per_row"] = per_row(cpu_before, cpu_after, args.rows)
             first_ack, last_ack = await conn.fetchrow("SELECT min(acked_at), max(acked_at) FROM dispatch_log")
             report["first_ack_after_due_s"] = round((first_ack - top).total_seconds(), 3)
             report["published"] = published
@@ -214,28 +213,6 @@ async def explain(conn: asyncpg.Connection, queries: Any, node: str, args: argpa
         finally:
             await tr.rollback()
     return out
-
-
-def cpu_seconds(broker_port: str, database: str) -> dict[str, float]:
-    """CPU seconds used so far by this process, the broker listening on ``broker_port`` and the database
-    backends serving ``database`` (Linux /proc; backends that exited are not counted)."""
-    totals = {"relay": 0.0, "broker": 0.0, "postgres": 0.0}
-    tick = os.sysconf("SC_CLK_TCK")
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        used = (int(fields[11]) + int(fields[12])) / tick
-        if int(pid) == os.getpid():
-            totals["relay"] += used
-        elif "tansu" in cmd and f":{broker_port}" in cmd:
-            totals["broker"] += used
-        elif cmd.startswith("postgres:") and database in cmd:
-            totals["postgres"] += used
-    return totals
 
 
 def main() -> None:

@@ -44,6 +44,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from load_tests.process_cpu import cpu_seconds, per_row
 from schemas.migrations import apply_migrations
 
 SMALL_PREFIX = "small-"
@@ -469,18 +471,30 @@ async def watch_materialization(
 
 
 async def wait_enqueued(
-    conn: asyncpg.Connection, args: argparse.Namespace, top: datetime, report: dict[str, Any]
+    conn: asyncpg.Connection,
+    args: argparse.Namespace,
+    top: datetime,
+    report: dict[str, Any],
+    cpu_of: Callable[[], dict[str, float]] | None = None,
 ) -> None:
-    """Until every due occurrence has its enqueued_at (the settle pass recorded it), or a deadline."""
+    """Until every due occurrence has its enqueued_at (the settle pass recorded it), or a deadline; with
+    ``cpu_of``, reports each role's CPU per strict row from the top until the dispatch log holds them all."""
     await wait_until(conn, top)
+    before = cpu_of() if cpu_of else {}
     deadline = time.perf_counter() + 180 + args.flexible_window
+    strict = round(args.schedules * (1 - args.flexible_fraction))
     # While the burst is dispatched, poll the dispatch log (one row per shard and page), not the occurrences:
     # a count over S occurrences every half second is a load of its own on the database the burst needs.
     while time.perf_counter() < deadline:
         logged = await conn.fetchval("SELECT coalesce(sum(rows), 0) FROM dispatch_log")
-        if logged >= args.schedules * (1 - args.flexible_fraction):
+        if logged >= strict:
             break
         await asyncio.sleep(0.5)
+    if cpu_of:
+        after = cpu_of()
+        report["burst_cpu_s"] = {role: round(after[role] - before[role], 2) for role in after}
+        report["burst_cpu_us_per_row"] = per_row(before, after, strict)
+        print("burst CPU per row (us)", json.dumps(report["burst_cpu_us_per_row"]), file=sys.stderr, flush=True)
     while time.perf_counter() < deadline:
         enqueued = await conn.fetchval(
             "SELECT count(*) FROM occurrences WHERE scheduled_for = $1 AND enqueued_at IS NOT NULL", top
@@ -534,7 +548,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             )  # fmt: skip
             try:
                 await watch_materialization(conn, args, nodes, top, report, log_dir)
-                await wait_enqueued(conn, args, top, report)
+                roles = {"nodes": [n.pid for n in nodes], "consumer": [consumer.pid] if consumer else []}
+                port, database = bootstrap.rsplit(":", 1)[-1], url.rsplit("/", 1)[-1]
+                await wait_enqueued(conn, args, top, report, lambda: cpu_seconds(roles, port, database))
                 if side is not None:
                     report["consumer_side"] = await settle_consumer_side(side, url, args.schedules, top)
                     print("consumer side", json.dumps(report["consumer_side"]), file=sys.stderr, flush=True)

@@ -26,7 +26,6 @@ import asyncio
 import threading
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from relay.publisher import Outcome, OutgoingRecord
@@ -100,28 +99,61 @@ class LibrdkafkaConfig:
         }
 
 
+def _delivery_error(err: Any) -> DeliveryError:
+    name = err.name()
+    return DeliveryError(name, err.str(), name in PERMANENT_ERRORS or err.fatal())
+
+
 class _Batch:
-    """Outcomes of one publish call, filled by the delivery-report thread."""
+    """Outcomes of one send call, filled by the delivery-report thread.
 
-    __slots__ = ("errors", "left", "future", "loop")
+    One bound method is every record's delivery callback (no per-record closure: a burst hands hundreds
+    of thousands of records over, and each allocation shows). A failed report carries the message, not
+    its index; failures are matched back to the items by (topic, key, value) once the batch completes.
+    Items with the same content all take the failure (a record that did arrive is then sent again, which
+    consumers dedupe; never the other way round).
+    """
 
-    def __init__(self, size: int, loop: asyncio.AbstractEventLoop) -> None:
-        self.errors: list[BaseException | None] = [None] * size
-        self.left = size
+    __slots__ = ("items", "errors", "failed", "left", "future", "loop")
+
+    def __init__(self, items: Sequence[tuple[str, bytes, bytes, Any]], loop: asyncio.AbstractEventLoop) -> None:
+        self.items = items
+        self.errors: list[BaseException | None] = [None] * len(items)
+        self.failed: list[tuple[Any, Any]] = []  # (librdkafka error, message) from the delivery thread
+        self.left = len(items)
         self.loop = loop
         self.future: asyncio.Future[list[BaseException | None]] = loop.create_future()
 
-    def report(self, index: int, err: Any, _message: Any = None) -> None:
+    def report(self, err: Any, message: Any) -> None:
+        """librdkafka's delivery report of one record (its polling thread)."""
         if err is not None:
-            name = err.name()
-            self.errors[index] = DeliveryError(name, err.str(), name in PERMANENT_ERRORS or err.fatal())
+            self.failed.append((err, message))
+        self.left -= 1
+        if self.left == 0:
+            self.loop.call_soon_threadsafe(self._finish)
+
+    def refuse(self, index: int, error: BaseException) -> None:
+        """Item ``index`` was never handed to librdkafka."""
+        self.errors[index] = error
         self.left -= 1
         if self.left == 0:
             self.loop.call_soon_threadsafe(self._finish)
 
     def _finish(self) -> None:
-        if not self.future.done():
-            self.future.set_result(self.errors)
+        if self.future.done():
+            return
+        if self.failed:
+            where: dict[tuple[Any, Any, Any], list[int]] = {}
+            for index, (topic, key, value, _headers) in enumerate(self.items):
+                where.setdefault((topic, key, value), []).append(index)
+            for err, message in self.failed:
+                error = _delivery_error(err)
+                found = where.get((message.topic(), message.key(), message.value()))
+                # A report that matches no item cannot be placed: every item's outcome is then unknown.
+                for index in found if found is not None else range(len(self.items)):
+                    if self.errors[index] is None:
+                        self.errors[index] = error
+        self.future.set_result(self.errors)
 
 
 class LibrdkafkaPublisher:
@@ -179,7 +211,7 @@ class LibrdkafkaPublisher:
         """Hand (topic, key, value, headers) items to librdkafka; the returned future resolves to one
         error-or-None per item, in order, once every item is acknowledged or has failed."""
         loop = asyncio.get_running_loop()
-        batch = _Batch(len(items), loop)
+        batch = _Batch(items, loop)
         if not items:
             batch.future.set_result([])
             return batch.future
@@ -187,12 +219,14 @@ class LibrdkafkaPublisher:
         produce, report, limit = self._producer.produce, batch.report, self.config.max_message_bytes
         for index, (topic, key, value, headers) in enumerate(items):
             if len(value) > limit:
-                report(index, _TooLarge(len(value), limit))
+                batch.refuse(index, DeliveryError("MSG_SIZE_TOO_LARGE", _too_large(len(value), limit), True))
                 continue
             try:
-                produce(topic, value, key, headers=headers, on_delivery=partial(report, index))
+                # Positional (topic, value, key, partition -1 = the partitioner's, callback, its alias,
+                # timestamp 0 = now, headers): keyword arguments cost a dict per record in this C call.
+                produce(topic, value, key, -1, report, None, 0, headers)
             except BufferError:
-                await self._produce_when_room(topic, value, key, headers, partial(report, index))
+                await self._produce_when_room(topic, value, key, headers, report)
         return batch.future
 
     async def _produce_when_room(self, topic: str, value: bytes, key: bytes, headers: Any, callback: Any) -> None:
@@ -200,7 +234,7 @@ class LibrdkafkaPublisher:
         while True:
             await asyncio.sleep(0.005)
             try:
-                self._producer.produce(topic, value, key, headers=headers, on_delivery=callback)
+                self._producer.produce(topic, value, key, -1, callback, None, 0, headers)
                 return
             except BufferError:
                 continue
@@ -219,17 +253,5 @@ class LibrdkafkaPublisher:
         return outcome
 
 
-class _TooLarge:
-    """A librdkafka-like error for a record refused before it was produced."""
-
-    def __init__(self, size: int, limit: int) -> None:
-        self._text = f"record of {size} bytes exceeds max_message_bytes {limit}"
-
-    def name(self) -> str:
-        return "MSG_SIZE_TOO_LARGE"
-
-    def str(self) -> str:
-        return self._text
-
-    def fatal(self) -> bool:
-        return False
+def _too_large(size: int, limit: int) -> str:
+    return f"record of {size} bytes exceeds max_message_bytes {limit}"

@@ -1,0 +1,60 @@
+"""CPU seconds of the stack's processes, by role, from Linux /proc: where a burst's CPU goes.
+
+Used by ``dispatch_burst`` and ``hour_top`` to report CPU per dispatched row of
+each part (engine nodes, broker, PostgreSQL, the no-op consumer, the load test
+itself) over the same window. Two cores are shared by all of them, so this is
+the figure that says which part to make cheaper.
+
+Roles are found by process id where the caller started the process, else by
+command line: the broker is the tansu process listening on ``broker_port`` or
+the Apache Kafka JVM (``kafka.Kafka``; a benchmark runs alone, so there is one);
+PostgreSQL is every process of the postmaster serving ``database`` (its
+backends and its background workers: WAL writer, checkpointer, autovacuum).
+Processes that exited during the window are not counted.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _processes() -> list[tuple[int, int, str, float]]:
+    """(pid, ppid, command line, CPU seconds) of every readable process."""
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        found.append((int(name), int(fields[1]), cmd, (int(fields[11]) + int(fields[12])) / _TICK))
+    return found
+
+
+def cpu_seconds(pids: Mapping[str, Sequence[int]], broker_port: str, database: str) -> dict[str, float]:
+    """CPU seconds used so far by each role: the ``pids`` given per role, ``broker`` and ``postgres``
+    found as the module docstring says, and ``load_test`` (this process)."""
+    processes = _processes()
+    totals = {role: 0.0 for role in pids} | {"broker": 0.0, "postgres": 0.0, "load_test": 0.0}
+    role_of = {pid: role for role, members in pids.items() for pid in members}
+    postmasters = {ppid for _pid, ppid, cmd, _used in processes if cmd.startswith("postgres:") and database in cmd}
+    for pid, ppid, cmd, used in processes:
+        if pid in role_of:
+            totals[role_of[pid]] += used
+        elif pid == os.getpid():
+            totals["load_test"] += used
+        elif ("tansu" in cmd and f":{broker_port}" in cmd) or "kafka.Kafka" in cmd:
+            totals["broker"] += used
+        elif ppid in postmasters or pid in postmasters:
+            totals["postgres"] += used
+    return totals
+
+
+def per_row(before: Mapping[str, float], after: Mapping[str, float], rows: int) -> dict[str, float]:
+    """Microseconds of CPU per row of each role between two :func:`cpu_seconds` readings."""
+    return {role: round((after[role] - before.get(role, 0.0)) / max(rows, 1) * 1e6, 1) for role in after}
