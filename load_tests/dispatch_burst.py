@@ -19,10 +19,15 @@ import argparse
 import asyncio
 import json
 import os
+import signal
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
 from collections import defaultdict
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -30,6 +35,7 @@ import asyncpg
 from schemas.migrations import apply_migrations
 
 BIG_SHARE = 0.8
+CONSUMER_DRAIN = 2.0  # seconds the no-op consumer gets after the burst before CPU is read
 TENANTS = 200
 TOPICS = 4
 
@@ -118,6 +124,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await create_missing_topics(bootstrap, topics, 8)
             await publisher.start()
             await publisher.ensure_topics(topics)
+            # The hour-top run's no-op consumer group, reading beside the burst: its CPU and the broker's
+            # share of serving it are what a burst costs on a machine that also consumes.
+            consumer = None
+            if args.consumer:
+                received = Path(tempfile.mkdtemp(prefix="dispatch-burst-")) / "received.json"
+                command = [sys.executable, "-m", "load_tests.hour_top", "--consume", "--bootstrap", bootstrap]
+                consumer = subprocess.Popen([*command, "--out", str(received)], stdout=subprocess.DEVNULL)
             started = time.perf_counter()
             top = await seed(conn, args.rows, args.shards, node, args.due_in)
             report["seed_s"] = round(time.perf_counter() - started, 1)
@@ -135,7 +148,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             wait = (top - await conn.fetchval("SELECT now()")).total_seconds()
             await asyncio.sleep(max(0.0, wait - 0.8))  # the relay reads up to read_ahead (1 s) early
             port = bootstrap.rsplit(":", 1)[-1]
-            roles = {"relay": [os.getpid()]}
+            roles = {"relay": [os.getpid()], "consumer": [consumer.pid] if consumer else []}
             cpu_before = cpu_seconds(roles, port, url.rsplit("/", 1)[-1])
             started = time.perf_counter()
             published = 0
@@ -145,8 +158,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 if not result.read:
                     await asyncio.sleep(0.01)
             elapsed = time.perf_counter() - started
+            if consumer is not None:
+                await asyncio.sleep(CONSUMER_DRAIN)  # its share of the burst includes catching up
             cpu_after = cpu_seconds(roles, port, url.rsplit("/", 1)[-1])
             report["cpu_us_per_row"] = per_row(cpu_before, cpu_after, args.rows)
+            if consumer is not None:
+                consumer.send_signal(signal.SIGTERM)
+                consumer.wait(90)
+                report["consumer_received"] = len(json.loads(received.read_text()))
             first_ack, last_ack = await conn.fetchrow("SELECT min(acked_at), max(acked_at) FROM dispatch_log")
             report["first_ack_after_due_s"] = round((first_ack - top).total_seconds(), 3)
             report["published"] = published
@@ -224,6 +243,7 @@ def main() -> None:
     parser.add_argument("--due-in", type=float, default=2.0, help="seconds from the end of seeding to the due time")
     parser.add_argument("--broker", choices=("tansu", "apache"), default="tansu")
     parser.add_argument("--explain", action="store_true")
+    parser.add_argument("--consumer", action="store_true", help="a no-op consumer group reads beside the burst")
     parser.add_argument("--linger", type=float, default=0.005, help="librdkafka linger (s)")
     args = parser.parse_args()
     report = asyncio.run(run(args))

@@ -292,9 +292,14 @@ def _occurrence_header(message: Any) -> str | None:
 # --------------------------------------------------------------------------- verification
 
 
-def read_all(bootstrap: str, topics: list[str]) -> list[str]:
-    """Every occurrence id on the topics, from the beginning (duplicates included)."""
-    from confluent_kafka import Consumer, TopicPartition
+def read_all(bootstrap: str, topics: list[str], quiet: float = 3.0) -> list[str]:
+    """Every occurrence id on the topics, from the beginning (duplicates included).
+
+    Reads every partition from its first offset until it reached the high watermark it had at the start
+    and then nothing more arrived for ``quiet`` seconds: tansu's ListOffsets answer was measured below its
+    log end (docs/broker.md), and a reader that stops at the watermark would report the tail as missing.
+    """
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     consumer = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": f"verify-{uuid.uuid4().hex[:6]}", "enable.auto.commit": False}
@@ -305,29 +310,30 @@ def read_all(bootstrap: str, topics: list[str]) -> list[str]:
         if topic not in metadata.topics:
             continue
         for partition in metadata.topics[topic].partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-            if high > low:
-                assignment.append(TopicPartition(topic, partition, low))
-                ends[(topic, partition)] = high
+            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+            assignment.append(TopicPartition(topic, partition, OFFSET_BEGINNING))
+            ends[(topic, partition)] = high
     consumer.assign(assignment)
     seen: list[str] = []
-    done: set[tuple[str, int]] = set()
+    done = {where for where, high in ends.items() if high <= 0}
     deadline = time.monotonic() + 300
-    while len(done) < len(ends) and time.monotonic() < deadline:
-        for message in consumer.consume(10_000, 0.5):
+    last_message = time.monotonic()
+    while time.monotonic() < deadline:
+        messages = consumer.consume(10_000, 0.5)
+        if messages:
+            last_message = time.monotonic()
+        elif len(done) >= len(ends) and time.monotonic() - last_message > quiet:
+            break
+        for message in messages:
             if message.error():
                 continue
             ident = _occurrence_header(message)
             if ident:
                 seen.append(ident)
             where, partition, offset = message.topic(), message.partition(), message.offset()
-            if (
-                where is not None
-                and partition is not None
-                and offset is not None
-                and offset + 1 >= ends[(where, partition)]
-            ):
-                done.add((where, partition))
+            if where is not None and partition is not None and offset is not None:
+                if offset + 1 >= ends.get((where, partition), 0):
+                    done.add((where, partition))
     consumer.close()
     return seen
 
