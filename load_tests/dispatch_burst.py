@@ -1,6 +1,6 @@
 """One ahead-lane relay against a seeded burst: where a node's dispatch time goes, per step.
 
-    python -m load_tests.dispatch_burst [--rows 250000] [--shards 128] [--explain]
+    python -m load_tests.dispatch_burst [--rows 250000] [--shards 128] [--explain] [--consumer --due-in 20]
 
 Seeds ``--rows`` ahead-lane rows (hour-top shaped: one bucket, one big tenant
 owning 80 %, weighted rounds, ~300-byte messages) over ``--shards`` shards
@@ -9,8 +9,11 @@ from the moment they are due and reports the rate and the time spent in each
 store call and in the publisher (wall time inside each awaited call; they
 overlap, pages are pipelined). ``--explain`` prints EXPLAIN (ANALYZE, BUFFERS)
 of the page read, the seal and the cursor move at the start of the burst and
-halfway through it. No materializer, no background schedules, no consumer: the
-relay's own cost, quickly, so that a change can be measured in seconds.
+halfway through it. No materializer, no background schedules: the relay's own
+cost, quickly, so that a change can be measured in seconds. CPU per row is
+reported for the relay (this process), the broker and PostgreSQL, and with
+``--consumer`` for the hour-top run's no-op consumer group reading beside the
+burst (give it ``--due-in`` of 20 s or so to join its group first).
 """
 
 from __future__ import annotations

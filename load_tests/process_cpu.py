@@ -9,8 +9,9 @@ Roles are found by process id where the caller started the process, else by
 command line: the broker is the tansu process listening on ``broker_port`` or
 the Apache Kafka JVM (``kafka.Kafka``; a benchmark runs alone, so there is one);
 PostgreSQL is every process of the postmaster serving ``database`` (its
-backends and its background workers: WAL writer, checkpointer, autovacuum).
-Processes that exited during the window are not counted.
+backends and its background workers: WAL writer, checkpointer, autovacuum),
+with what the postmaster's exited children used (it reaps them). Other
+processes that exit during the window take their CPU with them.
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ def _processes() -> list[tuple[int, int, str, float]]:
         except OSError:
             continue
         fields = stat[stat.rfind(")") + 2 :].split()
-        found.append((int(name), int(fields[1]), cmd, (int(fields[11]) + int(fields[12])) / _TICK))
+        # utime + stime, and cutime + cstime: the CPU of children it has reaped. A postmaster reaps every
+        # backend and worker that exits, so its total never drops when one exits inside the window.
+        used = sum(int(f) for f in fields[11:15]) / _TICK
+        found.append((int(name), int(fields[1]), cmd, used))
     return found
 
 
