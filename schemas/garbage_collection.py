@@ -31,11 +31,14 @@ OLD_THRESHOLD = 20
 def tune_for_throughput() -> tuple[int, int, int]:
     """Set the collector's thresholds for allocation-heavy batch work; returns the previous ones.
 
-    Never lowers a threshold someone set higher (an application that disabled
-    or relaxed the collector further keeps its choice), and leaves a disabled
-    collector disabled.
+    Never lowers a threshold someone set higher (an application that relaxed
+    the collector further keeps its choice), and leaves a disabled collector
+    disabled: ``gc.disable()`` is untouched, and a young threshold of 0 (which
+    also turns automatic collection off) is kept.
     """
     previous = gc.get_threshold()
     young, middle, old = previous
+    if young == 0:
+        return previous
     gc.set_threshold(max(young, YOUNG_THRESHOLD), max(middle, MIDDLE_THRESHOLD), max(old, OLD_THRESHOLD))
     return previous

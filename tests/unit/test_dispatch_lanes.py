@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schemas.dispatch_lanes import BUCKET, START_KEY, CursorKey, bucket_of, goes_ahead, lane_of, seal_boundary
+from schemas.dispatch_lanes import (
+    BUCKET,
+    START_KEY,
+    CursorKey,
+    bucket_of,
+    goes_ahead,
+    instant_of_micros,
+    lane_of,
+    micros_of,
+    seal_boundary,
+)
 
 instants = st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC))
 read_aheads = st.timedeltas(min_value=timedelta(0), max_value=timedelta(seconds=10))
@@ -50,3 +60,16 @@ def test_lanes_and_keys():
         bucket_of(datetime(2027, 1, 1))
     later = CursorKey(datetime(2027, 1, 1, tzinfo=UTC), 0, START_KEY.occurrence_id)
     assert START_KEY < later
+
+
+@given(instants, instants)
+def test_epoch_microseconds_are_exact_and_keep_the_order_of_instants(a, b):
+    """The relay compares rows' release instants as microseconds (the page read's ``*_us`` columns): the
+    conversion must lose nothing and never reorder two instants, or a row could leave before its time."""
+    assert instant_of_micros(micros_of(a)) == a
+    assert (micros_of(a) <= micros_of(b)) == (a <= b)
+
+
+def test_epoch_microseconds_of_a_zone_aware_instant_are_its_utc_ones():
+    paris = datetime(2026, 3, 29, 3, 30, tzinfo=timezone(timedelta(hours=2)))
+    assert micros_of(paris) == micros_of(paris.astimezone(UTC)) == 1_774_747_800_000_000
