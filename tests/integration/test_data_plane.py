@@ -16,13 +16,13 @@ from engine.loops.shard_leases import ShardLeaseConfig, ShardLeases
 from relay.ahead_lane import AheadLaneStore
 from relay.ahead_relay import AheadRelay, AheadRelayConfig, AheadRelayHooks
 from relay.dispatcher import Relay
-from relay.librdkafka_publisher import LibrdkafkaConfig, LibrdkafkaPublisher
+from relay.librdkafka_publisher import LibrdkafkaPublisher
 from relay.outbox import OutboxStore
 from schemas.clock import ManualClock
 from schemas.messages import decode_occurrence
 from schemas.shard_ownership import ShardOwnership
 from schemas.topics import occurrence_topic
-from tests.support.kafka import read_topic
+from tests.support.kafka import librdkafka_publisher, read_topic
 from tests.support.waiting import wait_for
 
 AT = datetime(2026, 11, 29, 10, 0, 10, tzinfo=UTC)  # the fixture clock starts at 10:00:00
@@ -61,10 +61,8 @@ def clock() -> CountingClock:
 
 @pytest.fixture
 async def publisher(kafka_bootstrap):
-    publisher = LibrdkafkaPublisher(LibrdkafkaConfig(kafka_bootstrap, partitions=4, ack_timeout=10))
-    await publisher.start()
-    yield publisher
-    await publisher.stop()
+    async with librdkafka_publisher(kafka_bootstrap) as publisher:
+        yield publisher
 
 
 async def owning(pool: asyncpg.Pool, clock: ManualClock, node: str = "node-a") -> tuple[ShardLeases, ShardOwnership]:
@@ -227,9 +225,8 @@ async def test_a_delivery_due_before_the_seal_goes_to_the_late_lane_and_is_publi
 async def test_a_poison_row_is_quarantined_after_bounded_tries_without_blocking_its_shard(
     pool, clock, kafka_bootstrap, target, acme
 ):
-    small = LibrdkafkaPublisher(LibrdkafkaConfig(kafka_bootstrap, partitions=4, max_message_bytes=2000))
-    await small.start()
-    try:
+    # The publisher's default acknowledgement timeout (the shared helper's is 10 s).
+    async with librdkafka_publisher(kafka_bootstrap, max_message_bytes=2000, ack_timeout=30.0) as small:
         poison = await create_once(pool, clock, target, payload={"blob": "x" * 3000})
         fine = await create_once(pool, clock, target, at=AT + timedelta(seconds=1))
         await pool.execute("UPDATE schedules SET shard = 7")  # one shard: the fine row is behind the poison
@@ -248,8 +245,6 @@ async def test_a_poison_row_is_quarantined_after_bounded_tries_without_blocking_
         published = await read_topic(kafka_bootstrap, occurrence_topic(target), expected=3)
         assert {str(decode_occurrence(r.value).schedule_id) for r in published} == {fine["schedule_id"]}
         assert poison["schedule_id"] != fine["schedule_id"]
-    finally:
-        await small.stop()
 
 
 async def test_weighted_round_robin_serves_small_tenants_before_the_rest_of_a_big_burst(pool, clock, target):

@@ -11,20 +11,17 @@ import asyncio
 import uuid
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient
 
-from relay.librdkafka_publisher import DeliveryError, LibrdkafkaConfig, LibrdkafkaPublisher
-from schemas.topics import ensure_topics
+from relay.librdkafka_publisher import DeliveryError
+from tests.support.kafka import create_topic_with_limit, librdkafka_publisher
 
 TOPIC_LIMIT = 4_000  # the topic's max.message.bytes: the broker refuses a record batch above it
 
 
 @pytest.fixture
 async def publisher(kafka_bootstrap):
-    publisher = LibrdkafkaPublisher(LibrdkafkaConfig(kafka_bootstrap, partitions=2, ack_timeout=10))
-    await publisher.start()
-    yield publisher
-    await publisher.stop()
+    async with librdkafka_publisher(kafka_bootstrap) as publisher:
+        yield publisher
 
 
 def items(topic: str, sizes: list[int]) -> list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]]:
@@ -41,12 +38,8 @@ async def test_every_record_of_a_batch_is_reported_in_order(publisher, target):
 
 
 async def test_a_record_over_the_local_limit_is_refused_and_the_rest_are_delivered(kafka_bootstrap, target):
-    small = LibrdkafkaPublisher(LibrdkafkaConfig(kafka_bootstrap, partitions=2, max_message_bytes=2_000))
-    await small.start()
-    try:
+    async with librdkafka_publisher(kafka_bootstrap, max_message_bytes=2_000) as small:
         errors = await asyncio.wait_for(await small.send(items(f"chronoq.occurrences.{target}", [10, 5_000, 10])), 20)
-    finally:
-        await small.stop()
     assert errors[0] is None and errors[2] is None
     assert isinstance(errors[1], DeliveryError) and errors[1].permanent and errors[1].name == "MSG_SIZE_TOO_LARGE"
 
@@ -57,12 +50,7 @@ async def test_a_record_the_broker_refuses_fails_alone_among_good_ones(broker, p
     if broker.kind == "tansu":
         pytest.skip("tansu enforces no message size (max.message.bytes is accepted and ignored)")
     good, strict_limit = f"chronoq.occurrences.{target}", f"chronoq.occurrences.{target}-small"
-    admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
-    await admin.start()
-    try:
-        await ensure_topics(admin, [strict_limit], 1, configs={"max.message.bytes": str(TOPIC_LIMIT)})
-    finally:
-        await admin.close()
+    await create_topic_with_limit(broker.bootstrap, strict_limit, 1, TOPIC_LIMIT)
     batch = items(good, [50] * 20) + items(strict_limit, [TOPIC_LIMIT * 2]) + items(good, [50] * 20)
     outcome = await asyncio.wait_for(await publisher.send(batch), 30)
     assert [i for i, e in enumerate(outcome) if e is not None] == [20]
@@ -75,12 +63,7 @@ async def test_identical_records_share_a_failure_rather_than_hide_it(broker, pub
     if broker.kind == "tansu":
         pytest.skip("tansu enforces no message size (max.message.bytes is accepted and ignored)")
     topic = f"chronoq.occurrences.{target}"
-    admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
-    await admin.start()
-    try:
-        await ensure_topics(admin, [topic], 1, configs={"max.message.bytes": str(TOPIC_LIMIT)})
-    finally:
-        await admin.close()
+    await create_topic_with_limit(broker.bootstrap, topic, 1, TOPIC_LIMIT)
     big = (topic, b"same", b"y" * (TOPIC_LIMIT * 2), [("chronoq-occurrence-id", uuid.uuid4().hex.encode())])
     outcome = await asyncio.wait_for(await publisher.send([big, big]), 30)
     assert all(isinstance(e, DeliveryError) for e in outcome)

@@ -29,13 +29,12 @@ from engine.loops.shard_leases import ShardLeaseConfig, ShardLeases
 from relay.ahead_lane import AheadLaneStore
 from relay.ahead_relay import AheadRelay, AheadRelayConfig
 from relay.dispatcher import Relay
-from relay.librdkafka_publisher import LibrdkafkaConfig, LibrdkafkaPublisher
 from relay.outbox import OutboxStore
 from schemas.clock import ManualClock
 from schemas.messages import decode_occurrence
 from schemas.shard_ownership import ShardOwnership
 from schemas.topics import occurrence_topic
-from tests.support.kafka import read_topic
+from tests.support.kafka import librdkafka_publisher, read_topic
 
 START = datetime(2026, 11, 29, 10, 0, 0, tzinfo=UTC)  # the fixture clock's first instant
 LEASES = ShardLeaseConfig(interval=1.0, lease_ttl=6.0, max_moves=256)
@@ -48,10 +47,8 @@ def at(minute: int, second: int = 0, hour: int = 10) -> datetime:
 
 @pytest.fixture
 async def publisher(kafka_bootstrap):
-    publisher = LibrdkafkaPublisher(LibrdkafkaConfig(kafka_bootstrap, partitions=4, ack_timeout=10))
-    await publisher.start()
-    yield publisher
-    await publisher.stop()
+    async with librdkafka_publisher(kafka_bootstrap) as publisher:
+        yield publisher
 
 
 class Node:

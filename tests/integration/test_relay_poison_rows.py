@@ -10,7 +10,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient
 
 from engine.control.dead_letters import list_dead_letters
 from relay.dispatcher import Relay, RelayConfig
@@ -18,8 +17,8 @@ from relay.outbox import OutboxStore
 from relay.publisher import KafkaPublisher, PublisherConfig
 from schemas import observability as obs
 from schemas.messages import decode_occurrence
-from schemas.topics import ensure_topics, occurrence_topic
-from tests.support.kafka import read_topic
+from schemas.topics import occurrence_topic
+from tests.support.kafka import create_topic_with_limit, read_topic
 from tests.support.rows import due_occurrence, insert_occurrence, insert_schedule, occurrence_row
 
 SMALL_LIMIT = 4096  # bytes: the topic's max.message.bytes in the broker test
@@ -69,12 +68,7 @@ async def test_a_row_over_the_topics_max_message_size_is_quarantined_and_the_row
             " the relay's own limit is tested below"
         )
     topic = occurrence_topic(target)
-    admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
-    await admin.start()
-    try:
-        await ensure_topics(admin, [topic], 2, configs={"max.message.bytes": str(SMALL_LIMIT)})
-    finally:
-        await admin.close()
+    await create_topic_with_limit(broker.bootstrap, topic, 2, SMALL_LIMIT)
     now = clock.now()
     # The poison row is due first, and every row has the same key ("acme"): one partition, one batch.
     poison = await big_occurrence(pool, target, now - timedelta(seconds=10), 4 * SMALL_LIMIT)

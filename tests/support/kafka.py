@@ -1,21 +1,25 @@
-"""Kafka in tests: occurrence messages, producing them, reading a topic, collecting attempt events."""
+"""Kafka in tests: occurrence messages, producing them, reading a topic, collecting attempt events, the
+librdkafka publisher of the data plane, topics with a small message limit."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import ConsumerRecord
 
+from relay.librdkafka_publisher import LibrdkafkaConfig, LibrdkafkaPublisher
 from schemas.attempt_events import AttemptEvent, decode_attempt_event
 from schemas.errors import MalformedMessage
 from schemas.identity import occurrence_id
 from schemas.messages import OccurrenceMessage
-from schemas.topics import ATTEMPTS_TOPIC, create_missing_topics, topic_partitions
+from schemas.topics import ATTEMPTS_TOPIC, create_missing_topics, ensure_topics, topic_partitions
 from tests.support.waiting import wait_for
 
 SCHEDULED = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
@@ -138,3 +142,26 @@ def decodable(records: list[ConsumerRecord], decode: Callable[[bytes | None], T]
         except MalformedMessage:
             continue
     return found
+
+
+@contextlib.asynccontextmanager
+async def librdkafka_publisher(bootstrap: str, **config: Any) -> AsyncIterator[LibrdkafkaPublisher]:
+    """The data plane's publisher, started (topics it creates get 4 partitions; acknowledgements are
+    awaited 10 s unless ``config`` says otherwise), stopped afterwards."""
+    publisher = LibrdkafkaPublisher(LibrdkafkaConfig(bootstrap, **{"partitions": 4, "ack_timeout": 10, **config}))
+    await publisher.start()
+    try:
+        yield publisher
+    finally:
+        await publisher.stop()
+
+
+async def create_topic_with_limit(bootstrap: str, topic: str, partitions: int, max_message_bytes: int) -> None:
+    """Create ``topic`` whose broker refuses record batches over ``max_message_bytes`` (Apache Kafka; tansu
+    accepts the setting and ignores it)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await ensure_topics(admin, [topic], partitions, configs={"max.message.bytes": str(max_message_bytes)})
+    finally:
+        await admin.close()
