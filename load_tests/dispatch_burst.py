@@ -150,9 +150,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 report["explain_start"] = await explain(conn, QUERIES, node, args, top, halfway=False)
             wait = (top - await conn.fetchval("SELECT now()")).total_seconds()
             await asyncio.sleep(max(0.0, wait - 0.8))  # the relay reads up to read_ahead (1 s) early
-            port = bootstrap.rsplit(":", 1)[-1]
             roles = {"relay": [os.getpid()], "consumer": [consumer.pid] if consumer else []}
-            cpu_before = cpu_seconds(roles, port, url.rsplit("/", 1)[-1])
+            cpu_before = cpu_seconds(roles, bootstrap, url)
             started = time.perf_counter()
             published = 0
             while published < args.rows:
@@ -163,7 +162,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             elapsed = time.perf_counter() - started
             if consumer is not None:
                 await asyncio.sleep(CONSUMER_DRAIN)  # its share of the burst includes catching up
-            cpu_after = cpu_seconds(roles, port, url.rsplit("/", 1)[-1])
+            cpu_after = cpu_seconds(roles, bootstrap, url)
             report["cpu_us_per_row"] = per_row(cpu_before, cpu_after, args.rows)
             if consumer is not None:
                 consumer.send_signal(signal.SIGTERM)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -40,13 +41,20 @@ def _processes() -> list[tuple[int, int, str, float]]:
     return found
 
 
-def cpu_seconds(pids: Mapping[str, Sequence[int]], broker_port: str, database: str) -> dict[str, float]:
-    """CPU seconds used so far by each role: the ``pids`` given per role, ``broker`` and ``postgres``
-    found as the module docstring says, and ``load_test`` (this process)."""
+def cpu_seconds(pids: Mapping[str, Sequence[int]], bootstrap: str, database_url: str) -> dict[str, float]:
+    """CPU seconds used so far by each role: the ``pids`` given per role, ``broker`` (at ``bootstrap``)
+    and ``postgres`` (serving ``database_url``'s database) found as the module docstring says, and
+    ``load_test`` (this process)."""
+    broker_port = bootstrap.rsplit(":", 1)[-1]
+    # The URL's path, not its last '/': an embedded server's URL ends in ?host=/.../postgres.
+    database = urlsplit(database_url).path.lstrip("/")
     processes = _processes()
     totals = {role: 0.0 for role in pids} | {"broker": 0.0, "postgres": 0.0, "load_test": 0.0}
     role_of = {pid: role for role, members in pids.items() for pid in members}
-    postmasters = {ppid for _pid, ppid, cmd, _used in processes if cmd.startswith("postgres:") and database in cmd}
+    # A backend's title is "postgres: <user> <database> <client> <state>".
+    postmasters = {
+        ppid for _pid, ppid, cmd, _used in processes if cmd.startswith("postgres:") and f" {database} " in cmd
+    }
     for pid, ppid, cmd, used in processes:
         if pid in role_of:
             totals[role_of[pid]] += used
