@@ -555,8 +555,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 await watch_materialization(conn, args, nodes, top, report, log_dir)
                 roles = {"nodes": [n.pid for n in nodes], "consumer": [consumer.pid] if consumer else []}
-                port, database = bootstrap.rsplit(":", 1)[-1], url.rsplit("/", 1)[-1]
-                await wait_enqueued(conn, args, top, report, lambda: cpu_seconds(roles, port, database))
+                await wait_enqueued(conn, args, top, report, lambda: cpu_seconds(roles, bootstrap, url))
                 if side is not None:
                     report["consumer_side"] = await settle_consumer_side(side, url, args.schedules, top)
                     print("consumer side", json.dumps(report["consumer_side"]), file=sys.stderr, flush=True)
@@ -588,20 +587,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 await conn.execute(f'DROP DATABASE IF EXISTS "{urlsplit(side.consumer_url).path[1:]}" WITH (FORCE)')
             await conn.close()
         seen = read_all(bootstrap, topics)
-        expected = {str(r["occurrence_id"]) for r in rows}
-        short = expected - set(seen)
         # A read-back that misses occurrences reads once more from the beginning (tansu once served a
-        # librdkafka reader less than a live group had received: docs/capacity.md, "Open finding"); what a
-        # second pass or the no-op group found is in Kafka, and each reader's shortfall is reported.
-        again = set(read_all(bootstrap, topics)) if short else set()
-        report["readback_missing"] = {"first_pass": len(short), "second_pass": len(expected - again) if short else 0}
+        # librdkafka reader less than a live group had received: docs/capacity.md, "Open finding").
+        short = {str(r["occurrence_id"]) for r in rows} - set(seen)
+        again = set(read_all(bootstrap, topics)) if short else None
     received = json.loads(received_path.read_text()) if received_path.exists() else None
-    if short:
-        report["readback_missing"]["examples"] = sorted(short)[:5]
-        report["readback_missing"]["found_by_second_pass"] = len(short & again)
-        if received is not None:
-            report["readback_missing"]["received_by_group"] = len(short & {ident for ident, _ in received})
-    summary = analyze(args, report, rows, seen, received, top, found_again=again)
+    summary = analyze(args, report, rows, seen, received, top, again)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2, default=str))
     return summary
@@ -647,12 +638,33 @@ async def settle_consumer_side(side: Any, url: str, expected: int, top: datetime
         await pool.close()
 
 
+def readback_shortfall(
+    expected: set[str], short: set[str], second_pass: set[str] | None, received: set[str] | None
+) -> dict[str, Any]:
+    """What each reader missed of ``expected``: the read-back's first pass (``short``), its second pass when
+    there was one, and how many of the first pass's shortfall the second pass and the no-op group saw."""
+    found: dict[str, Any] = {"first_pass": len(short)}
+    if second_pass is not None:
+        found |= {
+            "second_pass": len(expected - second_pass),
+            "found_by_second_pass": len(short & second_pass),
+            "examples": sorted(short)[:5],
+        }
+    if received is not None and short:
+        found["received_by_group"] = len(short & received)
+    return found
+
+
 def analyze(
     args: argparse.Namespace, report: dict[str, Any], rows: list[asyncpg.Record], seen: list[str],
-    received: list[tuple[str, float]] | None, top: datetime, found_again: set[str] | None = None,
+    received: list[tuple[str, float]] | None, top: datetime, second_pass: set[str] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The figures: lag percentiles overall, per lane and per tenant size class, Kafka's missing and
-    duplicate counts, the dispatch rate and its fraction of the floor; the PNG if asked for."""
+    duplicate counts, the dispatch rate and its fraction of the floor; the PNG if asked for.
+
+    An occurrence is missing when no reader saw it: not the read-back (``seen``; ``second_pass`` when the
+    first fell short), not the no-op group (``received``). Each reader's shortfall is reported
+    (``readback_missing``), so a short read stays visible."""
     expected = {str(r["occurrence_id"]) for r in rows}
     seen_expected = [s for s in seen if s in expected]
     enqueued = [r for r in rows if r["lag"] is not None]
@@ -686,10 +698,11 @@ def analyze(
     for r in enqueued:
         bins[int(r["lag"] * 10)] = bins.get(int(r["lag"] * 10), 0) + 1
     rate = [(b / 10, bins.get(b, 0)) for b in range(0, max(bins) + 1)] if bins else []
+    short = expected - set(seen_expected)
+    report["readback_missing"] = readback_shortfall(expected, short, second_pass, set(receive) if received else None)
     summary = {
         "count": len(expected),
-        # In Kafka if any reader saw it: the read-back (two passes when the first fell short) or the group.
-        "missing": len(expected - set(seen_expected) - (found_again or set()) - set(receive)),
+        "missing": len(short - (second_pass or set()) - set(receive)),
         "duplicates": len(seen_expected) - len(set(seen_expected)),
         **{key: round(value, 3) for key, value in overall.items()},
         "small_tenants_p99": round(percentiles(small)["p99"], 3),
