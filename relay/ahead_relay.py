@@ -325,9 +325,8 @@ class AheadRelay:
         """Judge the page's rows already past their late_after: (ids not to publish, ids judged)."""
         now = self.clock.now()
         first_late = _first_late_after(rows)
-        if now is None or first_late is None or first_late >= micros_of(now):
+        if now is None or first_late is None or first_late >= (now_us := micros_of(now)):
             return frozenset(), frozenset()
-        now_us = micros_of(now)
         late = [
             r for r in rows if not r["discarded"] and r["late_after_us"] is not None and r["late_after_us"] < now_us
         ]
