@@ -57,6 +57,29 @@ async def sent_ids(pool: asyncpg.Pool) -> set[uuid.UUID]:
     return {r["occurrence_id"] for r in await pool.fetch("SELECT occurrence_id FROM outbox WHERE sent_at IS NOT NULL")}
 
 
+async def consumer_state(app: ConsumerApp, effects: asyncpg.Pool) -> str:
+    """What a stalled app was doing: effects so far, its counters, and per partition its position."""
+    applied = await effects.fetchval("SELECT count(DISTINCT occurrence_id) FROM effects")
+    consumer = app._consumer
+    lanes = []
+    for tp, lane in sorted(app._lanes.items()):
+        position = None
+        if consumer is not None and tp in consumer.assignment():
+            with contextlib.suppress(Exception):
+                position = await consumer.position(tp)
+        highwater = consumer.highwater(tp) if consumer is not None else None
+        lanes.append(
+            f"{tp.partition}: position {position} highwater {highwater} committed {lane.committed}"
+            f" pending {len(lane.pending)} parked {lane.parked} paused {lane.paused} in flight {lane.offsets.in_flight}"
+        )
+    assignment = sorted(tp.partition for tp in consumer.assignment()) if consumer is not None else None
+    counters = {k: v for k, v in vars(app.stats).items() if k != "outcomes"}
+    return (
+        f"{applied} of {OCCURRENCES} effects; {counters}; tasks {len(app._tasks)}; assignment {assignment};"
+        f" lanes: {'; '.join(lanes)}"
+    )
+
+
 async def test_a_broker_sigkilled_mid_burst_loses_no_acknowledged_occurrence_and_no_effect_repeats(
     own_apache_kafka: ApacheKafka, pool, clock, target, consumer_db, effects
 ) -> None:
@@ -128,11 +151,14 @@ async def test_a_broker_sigkilled_mid_burst_loses_no_acknowledged_occurrence_and
             await wait_for(
                 lambda: pool.fetchval("SELECT count(*) = 0 FROM outbox WHERE sent_at IS NULL"), timeout=90, interval=0.2
             )
-            await wait_for(
-                lambda: effects.fetchval("SELECT count(DISTINCT occurrence_id) = $1 FROM effects", OCCURRENCES),
-                timeout=90,
-                interval=0.2,
-            )
+            try:
+                await wait_for(
+                    lambda: effects.fetchval("SELECT count(DISTINCT occurrence_id) = $1 FROM effects", OCCURRENCES),
+                    timeout=90,
+                    interval=0.2,
+                )
+            except AssertionError as err:
+                raise AssertionError(await consumer_state(app, effects)) from err
             recovered_at = time.monotonic()
     finally:
         stop.set()
