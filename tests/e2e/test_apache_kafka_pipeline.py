@@ -162,9 +162,11 @@ async def test_a_broker_sigkilled_mid_burst_loses_no_acknowledged_occurrence_and
             recovered_at = time.monotonic()
     finally:
         stop.set()
-        await relaying
-        await publisher.stop()
-        gc.collect()  # aiokafka's futures failed by the kill: finalized here, not in a later test
+        try:
+            await relaying
+        finally:
+            await publisher.stop()
+            gc.collect()  # aiokafka's futures failed by the kill: finalized here, not in a later test
 
     in_topic = [
         decode_occurrence(r.value).occurrence_id for r in await read_to_end(bootstrap, occurrence_topic(target))
