@@ -10,9 +10,15 @@ Why librdkafka: measured on the development machine (docs/benchmarks.md),
 producing pre-encoded occurrence messages into the embedded broker runs
 several times faster than aiokafka's batch API, and its batching, compression
 and network I/O run in C threads beside the Python event loop instead of
-competing with it for one core. Records are keyed by schedule and placed with
-the murmur2 partitioner, the Java client's, so a schedule's occurrences keep
-their order on one partition whichever client produced them.
+competing with it for one core. Records are keyed by schedule. An occurrence
+record goes to the partition of its shard's range (``schemas.shard_placement``:
+a node owning a contiguous range of shards produces to few partitions, in
+large batches), the same partition :class:`relay.publisher.KafkaPublisher`
+picks, so a schedule's occurrences keep their order on one partition whichever
+client produced them; any other record is placed by librdkafka's murmur2
+partitioner, the Java client's. A topic's partition count is read from the
+broker's metadata when the publisher first uses it and again every
+``partition_refresh`` seconds (partitions added to a topic are used after that).
 
 Delivery reports are served by one polling thread; a batch completes (its
 future resolves in the event loop) when the last of its records is reported.
@@ -23,14 +29,19 @@ Apache Kafka (``PublisherConfig``-like ``idempotent=True``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
+import time
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from relay.publisher import Outcome, OutgoingRecord
 from schemas.kafka_security import PLAINTEXT, KafkaSecurity, start_client
-from schemas.topics import DEFAULT_PARTITIONS, ensure_topics
+from schemas.shard_placement import placement
+from schemas.topics import DEFAULT_PARTITIONS, ensure_topics, placed_by_shard
+
+log = logging.getLogger("chronoq.relay")
 
 #: librdkafka error names that no retry of the same record can fix: the row is a poison row.
 PERMANENT_ERRORS = frozenset(
@@ -70,6 +81,7 @@ class LibrdkafkaConfig:
     max_message_bytes: the largest record accepted (default 1 MiB, the broker default).
     idempotent: the idempotent producer (needs a broker with InitProducerId: Apache Kafka, not tansu).
     security: TLS and SASL (default PLAINTEXT), for librdkafka and for the admin client that creates topics.
+    partition_refresh: seconds between re-reads of the occurrence topics' partition counts (default 60).
     """
 
     bootstrap: str
@@ -80,6 +92,7 @@ class LibrdkafkaConfig:
     max_message_bytes: int = 1024 * 1024
     idempotent: bool = False
     security: KafkaSecurity = PLAINTEXT
+    partition_refresh: float = 60.0
 
     def producer_settings(self) -> dict[str, Any]:
         return {
@@ -165,6 +178,11 @@ class LibrdkafkaPublisher:
         self._poller: threading.Thread | None = None
         self._stopping = threading.Event()
         self._known_topics: set[str] = set()
+        # Partition counts of the occurrence topics (placed by shard range); a topic missing here, or
+        # any other topic, is left to librdkafka's partitioner.
+        self._partition_counts: dict[str, int] = {}
+        self._counts_read_at = 0.0
+        self._refreshing: asyncio.Task[None] | None = None
         self._admin: Any = None
 
     async def start(self) -> None:
@@ -185,6 +203,9 @@ class LibrdkafkaPublisher:
     async def stop(self) -> None:
         if self._producer is None:
             return
+        if self._refreshing is not None:
+            self._refreshing.cancel()
+            await asyncio.gather(self._refreshing, return_exceptions=True)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._producer.flush, 5.0)
         self._stopping.set()
@@ -200,10 +221,32 @@ class LibrdkafkaPublisher:
             await ensure_topics(self._admin, missing, self.config.partitions, self.config.replication_factor)
             # Learn the partition leaders now, not on the first produce: a relay that read a page ahead
             # of its due time must not spend the first half second after it fetching metadata.
-            loop = asyncio.get_running_loop()
-            for topic in missing:
-                await loop.run_in_executor(None, self._producer.list_topics, topic, 10.0)
+            await self._read_partition_counts(missing)
             self._known_topics.update(missing)
+        elif time.monotonic() - self._counts_read_at > self.config.partition_refresh and (
+            self._refreshing is None or self._refreshing.done()
+        ):
+            # In the background: a burst's send never waits for a metadata round trip.
+            self._counts_read_at = time.monotonic()
+            self._refreshing = asyncio.create_task(self._read_partition_counts(sorted(self._known_topics)))
+
+    async def _read_partition_counts(self, topics: Sequence[str]) -> None:
+        """Read ``topics``' metadata (librdkafka keeps it too) and note the occurrence topics' partition
+        counts; a topic whose metadata cannot be read keeps its last count, or none (murmur2)."""
+        loop = asyncio.get_running_loop()
+        for topic in topics:
+            try:
+                metadata = await loop.run_in_executor(None, self._producer.list_topics, topic, 10.0)
+            except Exception as err:  # noqa: BLE001 - KafkaException; the partitioner is the fallback
+                log.warning(
+                    "could not read a topic's partitions; its records are hashed until the next read",
+                    extra={"action": "publisher.metadata_failed", "topic": topic, "error": repr(err)},
+                )
+                continue
+            described = metadata.topics.get(topic)
+            if placed_by_shard(topic) and described is not None and described.error is None and described.partitions:
+                self._partition_counts[topic] = len(described.partitions)
+        self._counts_read_at = time.monotonic()
 
     async def send(
         self, items: Sequence[tuple[str, bytes, bytes, list[tuple[str, bytes]] | None]]
@@ -217,24 +260,31 @@ class LibrdkafkaPublisher:
             return batch.future
         await self.ensure_topics({item[0] for item in items})
         produce, report, limit = self._producer.produce, batch.report, self.config.max_message_bytes
+        counts = self._partition_counts
         for index, (topic, key, value, headers) in enumerate(items):
             if len(value) > limit:
                 batch.refuse(index, DeliveryError("MSG_SIZE_TOO_LARGE", _too_large(len(value), limit), True))
                 continue
+            partitions = counts.get(topic)
+            partition = placement(key, partitions) if partitions else None
+            if partition is None:
+                partition = -1  # librdkafka's partitioner (murmur2 of the key)
             try:
-                # Positional (topic, value, key, partition -1 = the partitioner's, callback, its alias,
-                # timestamp 0 = now, headers): keyword arguments cost a dict per record in this C call.
-                produce(topic, value, key, -1, report, None, 0, headers)
+                # Positional (topic, value, key, partition, callback, its alias, timestamp 0 = now,
+                # headers): keyword arguments cost a dict per record in this C call.
+                produce(topic, value, key, partition, report, None, 0, headers)
             except BufferError:
-                await self._produce_when_room(topic, value, key, headers, report)
+                await self._produce_when_room(topic, value, key, partition, headers, report)
         return batch.future
 
-    async def _produce_when_room(self, topic: str, value: bytes, key: bytes, headers: Any, callback: Any) -> None:
+    async def _produce_when_room(
+        self, topic: str, value: bytes, key: bytes, partition: int, headers: Any, callback: Any
+    ) -> None:
         """The local queue is full: let the broker catch up, then produce."""
         while True:
             await asyncio.sleep(0.005)
             try:
-                self._producer.produce(topic, value, key, -1, callback, None, 0, headers)
+                self._producer.produce(topic, value, key, partition, callback, None, 0, headers)
                 return
             except BufferError:
                 continue

@@ -8,8 +8,11 @@ unknown; retrying it may duplicate the message, which consumers dedupe.
 
 Records are grouped by (topic, partition) into explicit batches (aiokafka's
 batch API: about ten times the rate of one awaited ``send`` per message on the
-embedded broker), the partition chosen by the same murmur2 partitioner as
-Kafka's Java client so a tenant's key always lands on one partition.
+embedded broker). An occurrence record keyed by its schedule goes to the
+partition of its shard's range (``schemas.shard_placement``), as the ahead
+lane's librdkafka publisher places it, so a schedule's occurrences share one
+partition whichever lane published them; any other record's partition is
+chosen by the same murmur2 partitioner as Kafka's Java client.
 
 A failure is confined to the records it is about: a topic that cannot be
 created fails only its own records, and a partition batch the broker refuses
@@ -38,7 +41,8 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from relay.publish_refusals import REFUSED, TOO_LARGE, RecordTooLarge, refusal_reason
 from schemas.kafka_security import PLAINTEXT, KafkaSecurity, start_client
-from schemas.topics import DEFAULT_PARTITIONS, ensure_topics
+from schemas.shard_placement import placement
+from schemas.topics import DEFAULT_PARTITIONS, ensure_topics, placed_by_shard
 
 # Refusals of a batch that may be one member's fault (unlike a topic's: every member shares it).
 _MAYBE_ONE_RECORDS_FAULT = frozenset({TOO_LARGE, REFUSED})
@@ -203,8 +207,8 @@ class KafkaPublisher:
     async def _partition_groups(
         self, records: Sequence[OutgoingRecord], outcome: Outcome
     ) -> dict[tuple[str, int], list[OutgoingRecord]]:
-        """Records by (topic, partition), each partition chosen by Kafka's murmur2 partitioner (a topic
-        whose partitions cannot be learned fails its records)."""
+        """Records by (topic, partition): an occurrence record's by its shard's range, any other's by
+        Kafka's murmur2 partitioner (a topic whose partitions cannot be learned fails its records)."""
         groups: dict[tuple[str, int], list[OutgoingRecord]] = {}
         partitions_of: dict[str, list[int] | BaseException] = {}
         for record in records:
@@ -217,7 +221,11 @@ class KafkaPublisher:
             if isinstance(partitions, BaseException):
                 outcome[record.ref] = partitions
                 continue
-            partition = self._partitioner(record.key, partitions, partitions)
+            index = placement(record.key, len(partitions)) if placed_by_shard(record.topic) else None
+            if index is not None:
+                partition = partitions[index]
+            else:
+                partition = self._partitioner(record.key, partitions, partitions)
             groups.setdefault((record.topic, partition), []).append(record)
         return groups
 

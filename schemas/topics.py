@@ -94,6 +94,13 @@ def command_results_topic(tenant_id: str | None) -> str:
     return f"{COMMAND_RESULTS_TOPIC}.{tenant_id}"
 
 
+def placed_by_shard(topic: str) -> bool:
+    """Whether the publishers place ``topic``'s records by their schedule's shard range
+    (``schemas.shard_placement``): the occurrence topics. Others (schedule states, compacted by key;
+    attempts; commands) keep the key's murmur2 partition."""
+    return topic.startswith(OCCURRENCE_TOPIC_PREFIX)
+
+
 def schedule_key(schedule_id: uuid.UUID | str) -> bytes:
     """The record key of a schedule's occurrences (and of its state messages): its id as text."""
     return str(schedule_id).encode()

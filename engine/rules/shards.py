@@ -6,11 +6,6 @@ Engine nodes lease shards; the count is fixed for the life of a database
 
 from __future__ import annotations
 
-import uuid
+from schemas.shard_placement import SHARD_COUNT, shard_of
 
-SHARD_COUNT = 256
-
-
-def shard_of(schedule_id: uuid.UUID) -> int:
-    """The shard of a schedule: the first four bytes of its id, mod :data:`SHARD_COUNT`."""
-    return int.from_bytes(schedule_id.bytes[:4], "big") % SHARD_COUNT
+__all__ = ["SHARD_COUNT", "shard_of"]

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.rules.shard_rebalance import Lease, plan_rebalance, targets
+from schemas.shard_placement import home_range
 
 node_names = st.lists(st.text("abcdefgh", min_size=1, max_size=3), min_size=1, max_size=6, unique=True)
 
@@ -109,3 +110,36 @@ def test_a_node_joining_takes_shards_released_by_the_others():
 def test_bad_arguments_are_refused(bad):
     with pytest.raises(ValueError):
         plan_rebalance("a", ["a"], {}, **{"shard_count": 4, "max_moves": 1, **bad})
+
+
+@settings(max_examples=200)
+@given(node_names, st.integers(1, 300), st.integers(0, 2**32))
+def test_nodes_starting_together_end_up_owning_exactly_their_home_ranges(live, shards, seed):
+    """From no leases at all (a fresh cluster), whatever order the nodes plan in, each ends with its
+    contiguous home range: the layout that makes each node produce to few partitions."""
+    leases = {s: Lease(None, True) for s in range(shards)}
+    rng = random.Random(seed)
+    for _ in range(shards // 8 + 3):
+        _round(live, leases, shards, 8, rng)
+    ranks = sorted(live)
+    for rank, node in enumerate(ranks):
+        owned = {s for s, lease in leases.items() if lease.owner == node}
+        assert owned == set(home_range(rank, len(ranks), shards))
+
+
+def test_a_node_above_its_target_gives_up_shards_outside_its_home_range_first():
+    # "a" holds everything; "b" joins: a's home is 0..3, so it releases 4..7, never one of its own range.
+    leases = {s: Lease("a", False) for s in range(8)}
+    plan = plan_rebalance("a", ["a", "b"], leases, 8)
+    assert set(plan.release) == {4, 5, 6, 7}
+    # "a" holds a scattered set above its target: the off-range ones go first, highest first.
+    leases = {s: Lease("a" if s in (0, 1, 5, 6, 7) else "b", False) for s in range(8)}
+    assert plan_rebalance("a", ["a", "b"], leases, 8, max_moves=1).release == (7,)
+
+
+def test_a_node_below_its_target_takes_free_shards_of_its_home_range_first():
+    leases = {s: Lease(None, True) for s in range(8)}
+    assert plan_rebalance("b", ["a", "b"], leases, 8, max_moves=2).acquire == (4, 5)
+    # Its home range taken by someone else: it takes other free shards rather than stay below target.
+    leases = {s: Lease("a" if s >= 4 else None, s < 4) for s in range(8)}
+    assert plan_rebalance("b", ["a", "b"], leases, 8, max_moves=2).acquire == (0, 1)
