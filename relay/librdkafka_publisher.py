@@ -247,6 +247,10 @@ class LibrdkafkaPublisher:
             if placed_by_shard(topic) and described is not None and described.error is None and described.partitions:
                 self._partition_counts[topic] = len(described.partitions)
         self._counts_read_at = time.monotonic()
+        if any(placed_by_shard(t) and t not in self._partition_counts for t in topics):
+            # A topic just created may not list its partitions yet: look again in a second, not a minute,
+            # so its schedules do not change partition a minute into its life.
+            self._counts_read_at -= max(self.config.partition_refresh - 1.0, 0.0)
 
     async def send(
         self, items: Sequence[tuple[str, bytes, bytes, list[tuple[str, bytes]] | None]]

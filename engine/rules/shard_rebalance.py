@@ -20,8 +20,9 @@ places a shard's records on the partition covering its shard range
 (``schemas.shard_placement.partition_of_shard``), so a node owning a
 contiguous range produces to about P / L of a topic's P partitions, in
 batches L times larger than if every node produced to all of them. A node
-restarting under the same id (``CHRONOQ_NODE_ID``) among the same nodes has
-the same rank, hence the same home range: it gets its old shards back.
+restarting under the same id (``DataPlaneConfig.node_id``; the default id is
+new at every process start) among the same nodes has the same rank, hence the
+same home range: it gets its old shards back.
 Nodes joining or leaving shift the ranks, and the shards move towards the new
 ranges only as far as the targets require: a node at its target keeps what
 it has, so placement may stay partly off-range, which costs batch size, never
