@@ -189,6 +189,8 @@ class ConsumerApp:
         self._running_per_target: collections.Counter[str] = collections.Counter()
         self._in_flight_records = 0
         self._lag_recorded_at = 0.0
+        self._fetched_at = 0.0  # the last fetch that returned records (or the consumer's start)
+        self._stall_checked_at = 0.0
         self._background: list[asyncio.Task[None]] = []
         # Records found behind the binding view, by (topic, partition, offset); their unparking waits.
         self._behind: dict[tuple[str, int, int], _Behind] = {}
@@ -313,7 +315,13 @@ class ConsumerApp:
         self._batch_runner = BatchRunner(
             cfg, self._pool, reporter, self.view, self.hooks, self.meters, self.stats, self._stopping, self._runner
         )
-        self._consumer = AIOKafkaConsumer(
+        await self._open_consumer()
+
+    async def _open_consumer(self) -> None:
+        """Create the group's Kafka consumer, start it and subscribe (reading resumes at the committed
+        offsets once the group assigns partitions)."""
+        cfg = self.config
+        consumer = AIOKafkaConsumer(
             bootstrap_servers=cfg.kafka_bootstrap,
             group_id=cfg.group,
             enable_auto_commit=False,
@@ -324,12 +332,14 @@ class ConsumerApp:
             heartbeat_interval_ms=int(cfg.heartbeat_interval * 1000),
             **cfg.kafka_security.client_options(),
         )
-        await start_client(self._consumer, cfg.kafka_bootstrap, cfg.kafka_security)
+        await start_client(consumer, cfg.kafka_bootstrap, cfg.kafka_security)
+        self._consumer = consumer
+        self._fetched_at = time.monotonic()
         listener = _Rebalance(self)
         if self.handlers.fallback is not None:
-            self._consumer.subscribe(pattern=re.escape(OCCURRENCE_TOPIC_PREFIX) + ".*", listener=listener)
+            consumer.subscribe(pattern=re.escape(OCCURRENCE_TOPIC_PREFIX) + ".*", listener=listener)
         else:
-            self._consumer.subscribe(self.topics, listener=listener)
+            consumer.subscribe(self.topics, listener=listener)
 
     async def _until_done(self, step: str, attempt: Callable[[], Awaitable[_T]]) -> _T:
         """Run a start-up step until it succeeds, retrying transient failures (a dropped connection, a
@@ -435,13 +445,13 @@ class ConsumerApp:
     # -- the fetch / dispatch / commit loop ---------------------------------------------------------
 
     async def _consume(self, stop: asyncio.Event, max_applied: int | None) -> None:
-        consumer = self._consumer
-        assert consumer is not None
         stopper = asyncio.create_task(stop.wait())
         try:
             while not stop.is_set() and not self._stopping.is_set():
                 if max_applied is not None and self.stats.applied >= max_applied:
                     break
+                consumer = self._consumer
+                assert consumer is not None
                 # Raced against stop: a group join can hold a fetch for seconds. With work in flight the poll
                 # is short, so capacity a finished delivery frees is used at once.
                 fetch = asyncio.create_task(consumer.getmany(timeout_ms=10 if self._tasks else 200))
@@ -451,6 +461,8 @@ class ConsumerApp:
                     await asyncio.gather(fetch, return_exceptions=True)
                     break
                 for tp, records in fetch.result().items():
+                    if records:
+                        self._fetched_at = time.monotonic()
                     lane = self._lanes.get(tp)
                     if lane is None or lane.revoked:
                         continue
@@ -461,10 +473,68 @@ class ConsumerApp:
                 self._commit_soon()
                 self._backpressure()
                 self._record_lag()
+                await self._restart_if_stalled()
         finally:
             stopper.cancel()
             if self._committing is not None:
                 await asyncio.gather(self._committing, return_exceptions=True)
+
+    async def _restart_if_stalled(self) -> None:
+        """Recreate the Kafka consumer when it stalled: for ``stall_timeout`` no fetch returned a record
+        while the app had nothing in flight, nothing queued and no partition paused, and an assigned
+        partition has records past its position (asked of the broker, not taken from the last fetch)."""
+        now = time.monotonic()
+        timeout = self.config.stall_timeout
+        if now - self._fetched_at < timeout or now - self._stall_checked_at < timeout / 4:
+            return
+        self._stall_checked_at = now
+        if self._tasks or self._parked or any(lane.pending or lane.paused for lane in self._lanes.values()):
+            return  # busy, or held back on purpose: not a stall
+        consumer = self._consumer
+        assert consumer is not None
+        assigned = sorted(consumer.assignment())
+        if not assigned:
+            return
+        try:
+            async with asyncio.timeout(self.config.session_timeout):
+                ends = await consumer.end_offsets(assigned)
+                behind = [tp for tp in assigned if ends.get(tp, 0) > await consumer.position(tp)]
+        except (KafkaError, TimeoutError) as err:
+            log.info("stall check inconclusive", extra={"action": "consumer.stall_check", "error": repr(err)})
+            return
+        if behind:
+            await self._restart_consumer(behind, now - self._fetched_at)
+
+    async def _restart_consumer(self, behind: list[TopicPartition], idle: float) -> None:
+        """Leave the group with the stalled consumer (committing what finished) and join with a new one."""
+        log.warning(
+            "the Kafka consumer fetched nothing while partitions have records to read; recreating it",
+            extra={
+                "action": "consumer.restart",
+                "idle_s": round(idle, 1),
+                "behind": [f"{tp.topic}[{tp.partition}]" for tp in behind],
+            },
+        )
+        self.meters.restarts.add(1, {"reason": "stalled"})
+        self.stats.consumer_restarts += 1
+        old = self._consumer
+        assert old is not None
+        if self._committing is not None:
+            await asyncio.wait({self._committing}, timeout=self.config.session_timeout)
+        try:
+            # What finished is committed first (nothing is in flight: the stall's condition), then the
+            # stalled consumer leaves the group.
+            async with asyncio.timeout(self.config.session_timeout):
+                await self._revoke(list(self._lanes))
+                await old.stop()
+        except Exception as err:  # noqa: BLE001 - a wedged consumer may not even stop cleanly; replace it anyway
+            log.warning(
+                "the stalled consumer did not stop cleanly", extra={"action": "consumer.restart", "error": repr(err)}
+            )
+        for lane in self._lanes.values():
+            lane.revoked = True
+        self._lanes.clear()
+        await self._until_done("rejoin the group", self._open_consumer)
 
     def _commit_soon(self) -> None:
         """Commit in the background (one commit at a time): fetching and dispatching never wait for the

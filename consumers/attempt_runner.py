@@ -137,6 +137,7 @@ class ConsumerStats:
     refused: int = 0  # deliveries the engine refused (the barrier): rolled back, the handler not called
     grant_timeouts: int = 0  # waits for the engine's answer to started that ran out (retried in place)
     binding_behind: int = 0  # records parked because the target-binding view was older than their version
+    consumer_restarts: int = 0  # Kafka consumers recreated because they stalled (ConsumerConfig.stall_timeout)
     outcomes: list[tuple[uuid.UUID, int, str]] = field(default_factory=list)  # last 1000 (id, attempt, outcome)
 
     def record(self, occurrence_id: uuid.UUID, attempt: int, outcome: Outcome) -> None:
@@ -152,6 +153,7 @@ class ConsumerMetrics:
         self.poison = meter.create_counter(obs.POISON_MESSAGES, unit="1")
         self.duration = meter.create_histogram(obs.HANDLER_DURATION, unit="s")
         self.canceled = meter.create_counter(obs.CANCELED_DELIVERIES, unit="1")
+        self.restarts = meter.create_counter(obs.CONSUMER_RESTARTS, unit="1")
         self.lag = meter.create_gauge(obs.CONSUMER_LAG, unit="1")
         self.batch_size = meter.create_histogram(
             obs.CONSUMER_BATCH_SIZE, unit="1", description="occurrences per batch handler delivery"

@@ -94,6 +94,13 @@ class ConsumerConfig:
         rejects unsigned events for a target that has a credential
         (docs/security.md). Never shown in ``repr``. ``chronoq consume`` reads
         it from ``CHRONOQ_ATTEMPT_CREDENTIALS`` (``target=cqa_...,...``).
+    stall_timeout: seconds the app may sit idle (nothing in flight, nothing
+        queued, no partition paused) while an assigned partition has records past
+        its position, before it recreates its Kafka consumer (default 60). aiokafka's
+        consumer can wedge after a broker restart, alive but fetching nothing
+        (aio-libs/aiokafka#703, #1154); the new consumer rejoins the group and
+        reads on from the committed offsets, so nothing is lost and nothing
+        already applied runs again (the dedupe rows).
     """
 
     group: str
@@ -125,6 +132,7 @@ class ConsumerConfig:
     binding_behind_timeout: float = 90.0
     kafka_security: KafkaSecurity = PLAINTEXT
     attempt_credentials: Mapping[str, str] = field(default_factory=dict, repr=False)
+    stall_timeout: float = 60.0
 
     def credentials(self) -> dict[str, AttemptCredential]:
         """The parsed credentials by target (ValueError naming the target whose token is malformed)."""
@@ -183,6 +191,7 @@ class ConsumerConfig:
             "concurrency",
             "max_in_flight",
             "report_timeout",
+            "stall_timeout",
         )
         for name in positive:
             if getattr(self, name) <= 0:

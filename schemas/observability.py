@@ -51,6 +51,7 @@ LEASE_TIMEOUTS = "chronoq.lease_timeouts"  # counter: RUNNING attempts the reape
 OVERLAP_SKIPS = "chronoq.overlap_skips"  # counter: occurrences SKIPPED_OVERLAP
 CANCELED_DELIVERIES = "chronoq.canceled_deliveries"  # counter (consumer): skipped, older version or canceled
 CONSUMER_LAG = "chronoq.consumer_lag"  # gauge (consumer), per partition: high water - committable
+CONSUMER_RESTARTS = "chronoq.consumer_restarts"  # counter (consumer), attr reason: Kafka consumer recreated (stalled)
 CONSUMER_BATCH_SIZE = "chronoq.consumer_batch_size"  # histogram (consumer): occurrences per batch handler delivery
 ATTEMPT_EVENT_BATCH = "chronoq.attempt_event_batch"  # histogram: attempt events applied per transaction
 ATTEMPT_EVENTS_LAG = "chronoq.attempt_events_lag"  # gauge, per partition: attempt events not applied yet

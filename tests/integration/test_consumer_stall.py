@@ -1,0 +1,85 @@
+"""A consumer app whose Kafka consumer stops fetching while records wait recreates it and reads on.
+
+aiokafka's consumer can wedge after a broker restart: alive, assigned, fetching nothing
+(aio-libs/aiokafka#703, #1154). The wedge is made here by pausing the app's partitions behind its back
+(its own backpressure never paused them): the app sits idle while the broker holds records past its
+position, and after ``stall_timeout`` it must leave the group, rejoin with a new consumer and apply them,
+each once. A healthy idle app must not restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime
+
+import asyncpg
+
+from consumers import ConsumerApp, ConsumerConfig, Occurrence
+from schemas.messages import OccurrenceMessage
+from schemas.target_bindings import TargetBindingMessage
+from schemas.topics import TARGET_BINDINGS_TOPIC, occurrence_topic, schedule_key
+from tests.support.kafka import produce
+from tests.support.services import Running
+from tests.support.waiting import wait_for
+
+TENANT = "acme"
+
+
+async def publish_occurrences(bootstrap: str, target: str, count: int) -> set[uuid.UUID]:
+    now = datetime.now(UTC)
+    messages = [
+        OccurrenceMessage(uuid.uuid4(), uuid.uuid4(), 1, TENANT, target, now, now, binding_version=1)
+        for _ in range(count)
+    ]
+    for message in messages:
+        await produce(bootstrap, occurrence_topic(target), [message.encode()], key=schedule_key(message.schedule_id))
+    return {m.occurrence_id for m in messages}
+
+
+async def test_a_consumer_that_stops_fetching_with_records_waiting_is_recreated_and_reads_on(
+    kafka_bootstrap, target, consumer_db, effects
+):
+    binding = TargetBindingMessage(target, (TENANT,), 1, datetime.now(UTC))
+    await produce(kafka_bootstrap, TARGET_BINDINGS_TOPIC, [binding.encode()], key=binding.key)
+    app = ConsumerApp(
+        ConsumerConfig(
+            f"stall-{uuid.uuid4().hex[:8]}",
+            kafka_bootstrap,
+            consumer_db,
+            session_timeout=2.0,
+            heartbeat_interval=0.4,
+            report_attempts=False,
+            stall_timeout=1.0,
+        )
+    )
+
+    @app.handler(target)
+    async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
+        await conn.execute("INSERT INTO effects (occurrence_id) VALUES ($1)", occurrence.occurrence_id)
+
+    def applied(expected: set[uuid.UUID]):
+        async def check() -> bool:
+            rows = await effects.fetch("SELECT occurrence_id FROM effects")
+            return {r["occurrence_id"] for r in rows} >= expected
+
+        return check
+
+    async with Running(app):
+        first = await publish_occurrences(kafka_bootstrap, target, 10)
+        await wait_for(applied(first), 30, interval=0.1)
+        # Healthy and idle, with nothing left to read, for well past stall_timeout: no restart.
+        await asyncio.sleep(2.5)
+        assert app.stats.consumer_restarts == 0
+
+        wedged = app._consumer
+        assert wedged is not None and wedged.assignment()
+        wedged.pause(*wedged.assignment())
+        second = await publish_occurrences(kafka_bootstrap, target, 20)
+        await wait_for(applied(first | second), 30, interval=0.1)
+        assert app.stats.consumer_restarts >= 1
+        assert app._consumer is not wedged
+
+    counts = await effects.fetch("SELECT occurrence_id, count(*) AS n FROM effects GROUP BY occurrence_id")
+    assert {r["occurrence_id"] for r in counts} == first | second
+    assert all(r["n"] == 1 for r in counts)
