@@ -519,18 +519,25 @@ class ConsumerApp:
         self.stats.consumer_restarts += 1
         old = self._consumer
         assert old is not None
-        if self._committing is not None:
-            await asyncio.wait({self._committing}, timeout=self.config.session_timeout)
+        limit = self.config.session_timeout
         try:
-            # What finished is committed first (nothing is in flight: the stall's condition), then the
-            # stalled consumer leaves the group.
-            async with asyncio.timeout(self.config.session_timeout):
+            # What finished is committed first (nothing is in flight: the stall's condition).
+            async with asyncio.timeout(limit):
                 await self._revoke(list(self._lanes))
-                await old.stop()
+        except Exception as err:  # noqa: BLE001 - a wedged consumer may not commit; its offsets are re-read
+            log.warning("could not commit before the restart", extra={"action": "consumer.restart", "error": repr(err)})
+        if self._committing is not None and not self._committing.done():
+            # A background commit stuck on the old consumer would hold every later one (one at a time).
+            self._committing.cancel()
+            await asyncio.gather(self._committing, return_exceptions=True)
+        try:
+            async with asyncio.timeout(limit):
+                await old.stop()  # leaves the group
         except Exception as err:  # noqa: BLE001 - a wedged consumer may not even stop cleanly; replace it anyway
             log.warning(
                 "the stalled consumer did not stop cleanly", extra={"action": "consumer.restart", "error": repr(err)}
             )
+        # _revoke dropped the lanes unless it timed out: none of them may outlive the old consumer.
         for lane in self._lanes.values():
             lane.revoked = True
         self._lanes.clear()
