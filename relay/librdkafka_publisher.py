@@ -226,9 +226,10 @@ class LibrdkafkaPublisher:
         elif time.monotonic() - self._counts_read_at > self.config.partition_refresh and (
             self._refreshing is None or self._refreshing.done()
         ):
-            # In the background: a burst's send never waits for a metadata round trip.
-            self._counts_read_at = time.monotonic()
-            self._refreshing = asyncio.create_task(self._read_partition_counts(sorted(self._known_topics)))
+            # In the background: a burst's send never waits for a metadata round trip. Only the placed
+            # topics: librdkafka refreshes the leaders of every topic itself.
+            placed = sorted(t for t in self._known_topics if placed_by_shard(t))
+            self._refreshing = asyncio.create_task(self._read_partition_counts(placed))
 
     async def _read_partition_counts(self, topics: Sequence[str]) -> None:
         """Read ``topics``' metadata (librdkafka keeps it too) and note the occurrence topics' partition
