@@ -18,7 +18,7 @@ import asyncpg
 from consumers import ConsumerApp, ConsumerConfig, Occurrence
 from schemas.messages import OccurrenceMessage
 from schemas.target_bindings import TargetBindingMessage
-from schemas.topics import TARGET_BINDINGS_TOPIC, occurrence_topic, schedule_key
+from schemas.topics import TARGET_BINDINGS_TOPIC, occurrence_topic
 from tests.support.kafka import produce
 from tests.support.services import Running
 from tests.support.waiting import wait_for
@@ -32,8 +32,8 @@ async def publish_occurrences(bootstrap: str, target: str, count: int) -> set[uu
         OccurrenceMessage(uuid.uuid4(), uuid.uuid4(), 1, TENANT, target, now, now, binding_version=1)
         for _ in range(count)
     ]
-    for message in messages:
-        await produce(bootstrap, occurrence_topic(target), [message.encode()], key=schedule_key(message.schedule_id))
+    # One key, one partition: the wedge pauses whatever the app was assigned.
+    await produce(bootstrap, occurrence_topic(target), [m.encode() for m in messages], key=TENANT.encode())
     return {m.occurrence_id for m in messages}
 
 
