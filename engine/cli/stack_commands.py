@@ -29,6 +29,7 @@ from engine.cli.endpoints import (
 from engine.cli.endpoints import home as stack_home
 from engine.control.schedules import ControlPlane
 from engine.control.tenants import create_tenant
+from engine.loops.materializer import MaterializerConfig
 from engine.loops.service import ALL_ROLES, API_ROLES, ENGINE_ROLES, Role, ServiceConfig, migrate, run_services
 from engine.loops.stuck_occurrences import StuckOccurrencesConfig
 from engine.rules.timing import parse_duration
@@ -39,8 +40,30 @@ from schemas.observability import configure_telemetry
 
 log = logging.getLogger("chronoq.cli")
 
+#: How far ahead `chronoq up` and `chronoq engine` materialize (MaterializerConfig.horizon's 30 s is the
+#: library's, which tests drive with their own clocks). The horizon must cover a shard failover (~3 s
+#: measured) plus the time to write the largest bucket ahead: two nodes here write 10,000-12,000
+#: occurrences/s, so a 500,000 hour-top burst needs ~50 s. docs/operations.md "Sizing the horizon".
+DEFAULT_HORIZON = "2m"
+#: Longer horizons make every update and cancel recall more materialized occurrences, and the
+#: reconciler's ahead_slack (1 h) must stay far above it.
+MAX_HORIZON = timedelta(minutes=30)
 
-async def _up(demo: bool, api_host: str, api_port: int, kafka: BrokerKind) -> int:
+
+def materializer_config(horizon: str) -> MaterializerConfig:
+    """The materializer of a deployed engine, from the ``--horizon`` flag (InvalidInput if out of range)."""
+    value = parse_duration(horizon, "horizon")
+    if not timedelta(seconds=1) <= value <= MAX_HORIZON:
+        raise InvalidInput(
+            "horizon",
+            f"{horizon!r} is out of range: give 1s to 30m, long enough to cover a failover plus writing the"
+            " largest burst ahead, short enough that an update recalls few materialized occurrences",
+            DEFAULT_HORIZON,
+        )
+    return MaterializerConfig(horizon=value)
+
+
+async def _up(demo: bool, api_host: str, api_port: int, kafka: BrokerKind, materializer: MaterializerConfig) -> int:
     stop = asyncio.Event()
     stop_on_signals(stop)
     home = stack_home()
@@ -103,6 +126,7 @@ async def _up(demo: bool, api_host: str, api_port: int, kafka: BrokerKind) -> in
                         api_socket=api_socket,
                         idempotent_publisher=endpoints.idempotent_producer,
                         kafka_security=endpoints.kafka_security,
+                        materializer=materializer,
                     ),
                 ),
                 name="services",
@@ -199,7 +223,8 @@ def bind_port(host: str, port: int, flag: str) -> socket.socket:
 
 def cmd_up(args: argparse.Namespace) -> int:
     configure_telemetry("chronoq")
-    return asyncio.run(_up(args.demo, args.api_host, args.api_port, args.kafka))
+    materializer = materializer_config(args.horizon)
+    return asyncio.run(_up(args.demo, args.api_host, args.api_port, args.kafka, materializer))
 
 
 def cmd_api(args: argparse.Namespace) -> int:
@@ -229,6 +254,7 @@ def run_roles(
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
     stuck_occurrences: StuckOccurrencesConfig | None = None,
+    materializer: MaterializerConfig | None = None,
 ) -> int:
     """Run ``roles`` against the configured stack until SIGINT/SIGTERM (and /metrics on ``metrics_port``)."""
     configure_telemetry(service_name)
@@ -251,6 +277,7 @@ def run_roles(
                 idempotent_publisher=endpoints.idempotent_producer,
                 kafka_security=endpoints.kafka_security,
                 stuck_occurrences=stuck_occurrences or StuckOccurrencesConfig(),
+                materializer=materializer or MaterializerConfig(),
             ),
         )
 
@@ -304,6 +331,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         " `chronoq kafka fetch`; keeps its log on disk under CHRONOQ_HOME)",
     )
     _api_flags(up)
+    _horizon_flag(up)
     up.set_defaults(func=cmd_up)
     api = commands.add_parser(
         "api",
@@ -328,9 +356,15 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="an occurrence ENQUEUED this long without attempt events is published again"
         " (default 10m; passes run every half of it, at most every 30 s)",
     )
+    _horizon_flag(engine)
     engine.set_defaults(
         func=lambda args: run_roles(
-            ENGINE_ROLES, "chronoq-engine", args.metrics_port, args.metrics_host, stuck_config(args.stuck_after)
+            ENGINE_ROLES,
+            "chronoq-engine",
+            args.metrics_port,
+            args.metrics_host,
+            stuck_config(args.stuck_after),
+            materializer_config(args.horizon),
         )
     )
     relay = commands.add_parser(
@@ -342,6 +376,16 @@ def register(commands: argparse._SubParsersAction) -> None:
     _metrics_flags(relay)
     relay.set_defaults(
         func=lambda args: run_roles(frozenset({Role.RELAY}), "chronoq-relay", args.metrics_port, args.metrics_host)
+    )
+
+
+def _horizon_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--horizon",
+        default=DEFAULT_HORIZON,
+        metavar="DURATION",
+        help=f"how far ahead the materializer writes occurrences (default {DEFAULT_HORIZON}, 1s to 30m): cover a"
+        " failover plus writing the largest burst; see docs/operations.md",
     )
 
 

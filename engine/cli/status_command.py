@@ -22,6 +22,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from engine.cli import print_json
 from engine.cli.endpoints import kafka_security_setting, redacted_url, resolve_database_url, resolve_kafka
+from engine.cli.stack_commands import DEFAULT_HORIZON
 from engine.control.status import engine_status, status_lines
 from engine.rules.timing import parse_duration
 from schemas.connections import create_pool
@@ -121,8 +122,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     command.add_argument("--json", action="store_true", help="one JSON object")
     command.add_argument(
         "--horizon",
-        default="30s",
+        default=DEFAULT_HORIZON,
         metavar="DURATION",
-        help="count schedules due within this much ahead (the materializer's horizon, default 30s)",
+        help=f"count schedules due within this much ahead (the engine's --horizon, default {DEFAULT_HORIZON})",
     )
     command.set_defaults(func=cmd_status)
