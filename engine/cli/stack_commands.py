@@ -40,11 +40,14 @@ from schemas.observability import configure_telemetry
 
 log = logging.getLogger("chronoq.cli")
 
-#: How far ahead `chronoq up` and `chronoq engine` materialize (MaterializerConfig.horizon's 30 s is the
-#: library's, which tests drive with their own clocks). The horizon must cover a shard failover (~3 s
-#: measured) plus the time to write the largest bucket ahead: two nodes here write 10,000-12,000
-#: occurrences/s, so a 500,000 hour-top burst needs ~50 s. docs/operations.md "Sizing the horizon".
-DEFAULT_HORIZON = "2m"
+#: How far ahead `chronoq up` and `chronoq engine` materialize: the library's 30 s unless --horizon says
+#: otherwise. Not longer by default, because two things a user reads grow with it: a tenant's max_running
+#: counts occurrences materialized ahead (they hold a place from the moment they are written), and the
+#: API's next_run_at is the first fire not yet materialized. A deployment expecting a large burst raises it:
+#: the horizon must cover a shard failover (~3 s measured) plus writing the largest bucket, and two nodes
+#: here write 10,000-12,000 occurrences/s, so a 500,000 hour-top burst wants `--horizon 2m`.
+#: docs/operations.md "Sizing the horizon".
+DEFAULT_HORIZON = "30s"
 #: Longer horizons make every update and cancel recall more materialized occurrences, and the
 #: reconciler's ahead_slack (1 h) must stay far above it.
 MAX_HORIZON = timedelta(minutes=30)

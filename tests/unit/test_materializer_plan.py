@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.cli.stack_commands import DEFAULT_HORIZON, MAX_HORIZON, materializer_config
-from engine.loops.materializer import OccurrenceIds, micros_text
+from engine.loops.materializer import MaterializerConfig, OccurrenceIds, micros_text
 from schemas.errors import InvalidInput
 from schemas.identity import occurrence_id
 
@@ -32,10 +32,10 @@ def test_the_materializers_occurrence_ids_are_the_identity_definition(schedule_i
     assert isinstance(fast, uuid.UUID) and fast.version == 5 and fast.variant == uuid.RFC_4122
 
 
-def test_the_deployed_default_horizon_covers_a_burst_and_stays_in_range():
-    config = materializer_config(DEFAULT_HORIZON)
-    # 500,000 occurrences at the ~10,000/s two nodes write here, plus a failover: the library's 30 s is too short.
-    assert timedelta(seconds=60) <= config.horizon <= MAX_HORIZON
+def test_the_deployed_default_horizon_is_the_librarys_and_a_burst_sized_one_is_accepted():
+    assert materializer_config(DEFAULT_HORIZON).horizon == MaterializerConfig().horizon
+    # what docs/operations.md advises for a 500,000 burst at the ~10,000 rows/s two nodes write here
+    assert materializer_config("2m").horizon == timedelta(minutes=2)
     assert materializer_config("45s").horizon == timedelta(seconds=45)
     assert materializer_config("30m").horizon == MAX_HORIZON
 
