@@ -8,10 +8,6 @@ five minutes away is not.
 
 from __future__ import annotations
 
-import asyncio
-import os
-import signal
-import sys
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -20,6 +16,7 @@ import pytest
 
 from engine.control.schedules import ControlPlane
 from schemas.messages import format_instant
+from tests.support.engine_process import start_engine, stop_engine
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.on_broker("tansu")]  # the materializer's wiring, not the broker's
@@ -39,13 +36,8 @@ async def test_engine_materializes_as_far_ahead_as_its_horizon_flag_says(
     now = await control.now()
     near = await once_at(control, target, 90, now)  # beyond the library's 30 s, within 2 minutes
     far = await once_at(control, target, 300, now)  # beyond 2 minutes for the next 3 minutes
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOQ_")}
-    env.update(CHRONOQ_DATABASE_URL=engine_db, CHRONOQ_KAFKA_BOOTSTRAP=kafka_bootstrap)
     log = tmp_path / "engine.log"
-    with log.open("ab") as out:
-        engine = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "engine.cli", "engine", "--horizon", "2m", env=env, stdout=out, stderr=out
-        )
+    engine = await start_engine(engine_db, kafka_bootstrap, log, "--horizon", "2m")
     try:
         ahead = await wait_for(
             lambda: pool.fetchval(
@@ -61,6 +53,4 @@ async def test_engine_materializes_as_far_ahead_as_its_horizon_flag_says(
         assert await pool.fetchval("SELECT count(*) FROM occurrences WHERE schedule_id = $1::uuid", far) == 0
         assert await pool.fetchval("SELECT state FROM schedules WHERE schedule_id = $1::uuid", far) == "active"
     finally:
-        if engine.returncode is None:
-            engine.send_signal(signal.SIGTERM)
-            await asyncio.wait_for(engine.wait(), 30)
+        await stop_engine(engine)

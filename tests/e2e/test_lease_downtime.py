@@ -10,12 +10,9 @@ progress (``attempt_event_progress``), so the heartbeats sent while the engine w
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
 import uuid
 from datetime import datetime, timedelta
-from pathlib import Path
 
 import asyncpg
 import pytest
@@ -23,6 +20,7 @@ import pytest
 from consumers import ConsumerApp, ConsumerConfig, Occurrence
 from engine.loops.service import Role
 from schemas.topics import DEAD_LETTER_TOPIC
+from tests.support.engine_process import start_engine, stop_engine
 from tests.support.rows import attempt_rows, due_occurrence, occurrence_row
 from tests.support.services import Running, fast_services, services_running
 from tests.support.waiting import wait_for
@@ -32,23 +30,6 @@ pytestmark = pytest.mark.slow
 #: Twice this is longer than the engine's attempt-group session (10 s): on waking, or restarted, the
 #: engine also rejoins its group, a rebalance on top of the downtime.
 LEASE_TTL = 6.0
-
-
-async def start_engine(engine_db: str, kafka_bootstrap: str, log: Path) -> asyncio.subprocess.Process:
-    """`chronoq engine` (every engine role) on the database's clock, its output appended to ``log``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOQ_")}
-    env.update(CHRONOQ_DATABASE_URL=engine_db, CHRONOQ_KAFKA_BOOTSTRAP=kafka_bootstrap)
-    with log.open("ab") as out:  # the child keeps its own descriptor
-        return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "engine.cli", "engine", env=env, stdout=out, stderr=out
-        )
-
-
-async def stop_engine(engine: asyncio.subprocess.Process) -> None:
-    if engine.returncode is None:
-        engine.send_signal(signal.SIGCONT)
-        engine.send_signal(signal.SIGTERM)
-        await asyncio.wait_for(engine.wait(), 30)
 
 
 @pytest.mark.parametrize("downtime", ["sigstop", "restart"])
