@@ -23,7 +23,10 @@ What it does, on the embedded stack (or CHRONOQ_DATABASE_URL / CHRONOQ_KAFKA_BOO
    (``load_tests.consumer_burst.ConsumerSide``), and measures due → handler start for every
    occurrence, the consumers' and the attempt processor's rates, the time until every occurrence
    of the burst is SUCCEEDED (``settle_s``) and the reaper's timeouts of healthy attempts;
-6. writes a JSON report and a PNG (lag CDF per lane, dispatch rate over time, per-tenant p99),
+6. with ``--flexible-fraction``, reports how the flexible occurrences spread over their window
+   (``flexible_spread``: share per tenth of the window, distance from a uniform spread, any published
+   before its available_at);
+7. writes a JSON report and a PNG (lag CDF per lane, dispatch rate over time per lane, per-tenant p99),
    and prints one JSON object as its last stdout line.
 
 ``limit_fraction`` is chronoq's strict dispatch rate divided by the floor's fastest raw
@@ -349,10 +352,39 @@ def percentiles(values: list[float]) -> dict[str, float]:
     return {"p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "max": ordered[-1]}
 
 
+def flexible_spread(lags: list[float], jitters: list[float], window_s: float) -> dict[str, Any]:
+    """How flexible occurrences spread over their window (pure; the issue's "flexible work spreads over
+    its window"). ``lags[i]`` is occurrence i's enqueue instant after its scheduled time, ``jitters[i]`` its
+    available_at after it (its deterministic jitter, in [0, window)).
+
+    ``ks_from_uniform``: the Kolmogorov-Smirnov distance between the enqueue instants, as fractions of the
+    window, and the uniform spread over it (0 = perfectly spread, near 1 = all at one instant, as if the
+    jitter were ignored). ``share_per_tenth``: the share enqueued in each tenth of the window;
+    ``after_window``: enqueued once the window had passed (dispatch behind); ``before_available_at``:
+    published before their own available_at, which the relay must never do."""
+    n = len(lags)
+    report: dict[str, Any] = {"count": n, "window_s": window_s}
+    if not n or window_s <= 0:
+        return report
+    fractions = sorted(max(lag, 0.0) / window_s for lag in lags)
+    ks = max(max((i + 1) / n - min(x, 1.0), min(x, 1.0) - i / n) for i, x in enumerate(fractions))
+    tenths = [0] * 10
+    for x in fractions:
+        if x < 1.0:
+            tenths[int(x * 10)] += 1
+    report["ks_from_uniform"] = round(ks, 4)
+    report["share_per_tenth"] = [round(t / n, 4) for t in tenths]
+    report["after_window"] = sum(1 for x in fractions if x >= 1.0)
+    # 1 µs of slack: both instants are microsecond timestamps subtracted in float8.
+    report["before_available_at"] = sum(1 for lag, jitter in zip(lags, jitters, strict=True) if lag < jitter - 1e-6)
+    report["least_past_available_at_s"] = round(min(lag - jitter for lag, jitter in zip(lags, jitters, strict=True)), 6)
+    return report
+
+
 def plot(
     path: Path,
     lags: dict[str, list[float]],
-    rate: list[tuple[float, int]],
+    rates: dict[str, list[tuple[float, int]]],
     tenant_p99: list[tuple[int, float]],
     title: str,
 ) -> None:
@@ -371,14 +403,18 @@ def plot(
     axes[0].set_title("lag CDF")
     axes[0].legend()
     axes[0].grid(alpha=0.3)
-    if rate:
+    for lane, rate in rates.items():  # one line per lane: flexible work shows spread over its window
+        if not rate:
+            continue
         per_second: dict[int, int] = {}
         for t, n in rate:
             per_second[int(t)] = per_second.get(int(t), 0) + n
-        axes[1].step(sorted(per_second), [per_second[k] for k in sorted(per_second)], where="post")
+        seconds = sorted(per_second)  # closed at the end: a lane done within one second still shows
+        axes[1].step([*seconds, seconds[-1] + 1], [*(per_second[k] for k in seconds), 0], where="post", label=lane)
     axes[1].set_xlabel("seconds after the top")
     axes[1].set_ylabel("dispatches / s")
     axes[1].set_title("dispatch rate")
+    axes[1].legend()
     axes[1].grid(alpha=0.3)
     if tenant_p99:
         axes[2].scatter([n for n, _ in tenant_p99], [p for _, p in tenant_p99], s=8)
@@ -655,6 +691,14 @@ def readback_shortfall(
     return found
 
 
+def _per_100ms(lags: list[float]) -> list[tuple[float, int]]:
+    """Dispatches per 100 ms bin since the top, empty bins included (a gap is a stall, not a line to draw)."""
+    bins: dict[int, int] = {}
+    for lag in lags:
+        bins[int(lag * 10)] = bins.get(int(lag * 10), 0) + 1
+    return [(b / 10, bins.get(b, 0)) for b in range(0, max(bins) + 1)] if bins else []
+
+
 def analyze(
     args: argparse.Namespace, report: dict[str, Any], rows: list[asyncpg.Record], seen: list[str],
     received: list[tuple[str, float]] | None, top: datetime, second_pass: set[str] | None = None,
@@ -693,11 +737,11 @@ def analyze(
                 receive[ident] = at - top.timestamp()
         report["receive_lag_s"] = percentiles(list(receive.values()))
         report["received_distinct"] = len(receive)
-    # Dispatches per 100 ms bin since the top, empty bins included (a gap is a stall, not a line to draw).
-    bins: dict[int, int] = {}
-    for r in enqueued:
-        bins[int(r["lag"] * 10)] = bins.get(int(r["lag"] * 10), 0) + 1
-    rate = [(b / 10, bins.get(b, 0)) for b in range(0, max(bins) + 1)] if bins else []
+    rate = _per_100ms([r["lag"] for r in enqueued])
+    if lags["flexible"]:
+        report["flexible_spread"] = flexible_spread(
+            lags["flexible"], [r["jitter"] for r in enqueued if r["priority"] == "flexible"], args.flexible_window
+        )
     short = expected - set(seen_expected)
     report["readback_missing"] = readback_shortfall(expected, short, second_pass, set(receive) if received else None)
     summary = {
@@ -716,6 +760,11 @@ def analyze(
         "schedules": args.schedules,
         "flexible_fraction": args.flexible_fraction,
     }
+    spread = report.get("flexible_spread")
+    if spread:
+        summary["flexible_p99_past_available_at"] = round(report["lag_s"]["flexible_past_available_at"]["p99"], 3)
+        summary["flexible_ks_from_uniform"] = spread.get("ks_from_uniform")
+        summary["flexible_before_available_at"] = spread.get("before_available_at")
     side = report.get("consumer_side")
     if side is not None:
         summary["consumer"] = args.consumer
@@ -728,7 +777,8 @@ def analyze(
         print("no PNG: matplotlib is missing (pip install -e '.[bench]')", flush=True)
     elif args.png:
         plot(
-            Path(args.png), lags, rate, [(len(v), percentiles(v)["p99"]) for v in by_tenant.values()],
+            Path(args.png), lags, {lane: _per_100ms(values) for lane, values in lags.items()},
+            [(len(v), percentiles(v)["p99"]) for v in by_tenant.values()],
             f"hour top: {args.schedules:,} due, {args.background:,} background, {args.relays} nodes, {args.broker}",
         )  # fmt: skip
     return summary

@@ -26,6 +26,7 @@ pass (engine/loops/dispatch_settler.py).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import time
 from collections import deque
@@ -136,6 +137,34 @@ def _to_release(rows: list[AheadRow], skip: frozenset[object], outcomes: list[Ba
         if r["occurrence_id"] in skip:
             outcomes[i] = MISSED_AT_DISPATCH
     return [i for i, r in enumerate(rows) if not r["discarded"] and r["occurrence_id"] not in skip]
+
+
+class _Releases:
+    """Which rows of a page are due at an instant. A page is ordered by shard, then key: its rows'
+    available_at are not in page order (a shard's rows of a later bucket come before the next shard's rows
+    of an earlier one; a flexible bucket's rows carry their own jitter), so nothing can be inferred from the
+    order. The rows are sorted by available_at once; each call returns, in page order, those that became
+    due since the last call, and never one whose available_at is still ahead of ``now_us``."""
+
+    __slots__ = ("_order", "_instants", "_next")
+
+    def __init__(self, rows: list[AheadRow], indexes: list[int]) -> None:
+        instants = [rows[i]["available_us"] for i in indexes]
+        self._order, self._instants, self._next = indexes, instants, 0
+        if instants and min(instants) != max(instants):  # a burst's page is due at one instant: no sort
+            pairs = sorted(zip(instants, indexes, strict=True))
+            self._instants = [at for at, _ in pairs]
+            self._order = [i for _, i in pairs]
+
+    def due(self, now_us: int | None) -> list[int]:
+        if now_us is None or self._next >= len(self._order):
+            return []
+        end = bisect.bisect_right(self._instants, now_us, self._next)
+        if end == self._next:
+            return []
+        due = self._order[self._next : end]
+        self._next = end
+        return sorted(due)
 
 
 class _ClockEstimate:
@@ -357,14 +386,15 @@ class AheadRelay:
         waiting = _to_release(rows, skip, outcomes)
         first_late = _first_late_after(rows)  # the page's earliest: one check per release, not per row
         futures: list[tuple[list[int], asyncio.Future[list[BaseException | None]]]] = []
+        releases = _Releases(rows, waiting)
         while waiting:
             now = self.clock.now()
             now_us = micros_of(now) if now is not None else None
-            if now_us is not None and rows[waiting[-1]]["available_us"] <= now_us:
-                due, waiting = waiting, []
-            else:
-                due = [i for i in waiting if now_us is not None and rows[i]["available_us"] <= now_us]
-                if due:
+            due = releases.due(now_us)
+            if due:
+                if len(due) == len(waiting):
+                    waiting = []
+                else:
                     due_set = set(due)
                     waiting = [i for i in waiting if i not in due_set]
             if due and now is not None and first_late is not None and first_late < micros_of(now):

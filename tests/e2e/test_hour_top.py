@@ -28,6 +28,9 @@ def test_a_small_hour_top_run_reaches_kafka_complete_and_without_duplicates(tmp_
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["materialized"]["ahead"] + report["materialized"]["late"] == 2000
     assert report["received_distinct"] == 2000
+    # The 400 flexible ones are released at their own available_at over the 5 s window, none before it.
+    spread = report["flexible_spread"]
+    assert spread["count"] == 400 and spread["before_available_at"] == 0, spread
 
 
 def test_a_small_hour_top_run_through_batch_consumer_apps_applies_every_occurrence_once(tmp_path):

@@ -21,7 +21,7 @@ from relay.outbox import OutboxStore
 from schemas.clock import ManualClock
 from schemas.messages import decode_occurrence
 from schemas.shard_ownership import ShardOwnership
-from schemas.topics import occurrence_topic
+from schemas.topics import occurrence_topic, schedule_key
 from tests.support.kafka import librdkafka_publisher, read_topic
 from tests.support.waiting import wait_for
 
@@ -163,6 +163,47 @@ async def test_ahead_rows_are_read_early_and_released_exactly_at_available_at(
     row = await pool.fetchrow("SELECT state, enqueued_at FROM occurrences")
     assert (row["state"], row["enqueued_at"]) == ("ENQUEUED", AT)
     assert await pool.fetchval("SELECT count(*) FROM dispatch_queue") == 0
+
+
+async def _in_page_order(pool, clock, target) -> tuple[dict, dict]:
+    """A schedule due at AT + 1 s whose shard sorts before that of one due at AT: in a page (ordered by
+    shard, then key) the later-due row comes first and the earlier-due one last."""
+    control = ControlPlane(pool, clock)
+    shard_of = "SELECT shard FROM schedules WHERE schedule_id = $1"
+    early = await create_once(pool, clock, target, at=AT)
+    while await pool.fetchval(shard_of, uuid.UUID(early["schedule_id"])) == 0:
+        await control.cancel_schedule("acme", early["schedule_id"])
+        early = await create_once(pool, clock, target, at=AT)
+    early_shard = await pool.fetchval(shard_of, uuid.UUID(early["schedule_id"]))
+    while True:
+        later = await create_once(pool, clock, target, at=AT + timedelta(seconds=1))
+        if await pool.fetchval(shard_of, uuid.UUID(later["schedule_id"])) < early_shard:
+            return early, later
+        await control.cancel_schedule("acme", later["schedule_id"])
+
+
+async def test_a_page_never_releases_a_row_before_its_own_available_at(pool, clock, publisher, target, acme):
+    """Rows of one page are released one by one at their own available_at, whatever their order in the page
+    (by shard, then key): a page whose last row is due must not release the earlier rows not yet due."""
+    early, later = await _in_page_order(pool, clock, target)
+    _, ownership = await owning(pool, clock)
+    report = await Materializer(pool, MaterializerConfig(), clock, ownership=ownership).run_once()
+    assert (report.ahead, report.late) == (2, 0)
+    spy = SpyPublisher(publisher, clock)
+    relay = relay_of(pool, spy, ownership, clock)
+    clock.set(AT)  # sealed up to AT + 2 s: one page holds both rows, the one due at AT last
+    task = asyncio.create_task(relay.run_once())
+    await wait_for(lambda: len(spy.sends) >= 1, 10)
+    reads = clock.reads
+    # the release loop looks at the clock many times for the row still waiting (or, wrongly, is done)
+    await wait_for(lambda: clock.reads > reads + 20 or task.done())
+    assert [len(keys) for _, keys in spy.sends] == [1], "a row was handed to the broker before its available_at"
+    clock.set(AT + timedelta(seconds=1))
+    assert (await asyncio.wait_for(task, 20)).published == 2
+    assert spy.sends == [
+        (AT, [schedule_key(early["schedule_id"])]),
+        (AT + timedelta(seconds=1), [schedule_key(later["schedule_id"])]),
+    ]
 
 
 async def waiting_on_lock(pool: asyncpg.Pool, fragment: str) -> bool:
