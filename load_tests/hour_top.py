@@ -614,6 +614,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 await conn.fetchrow(
                     "SELECT (SELECT count(*) FROM dispatch_queue) AS queue_rows,"
                     " (SELECT count(*) FROM dispatch_log WHERE settled_at IS NULL) AS unsettled_log,"
+                    # every page logged (settled entries are kept for an hour): rows per entry is what the
+                    # settle pass pays per range, ~one for flexible work, thousands for a burst's pages
+                    " (SELECT count(*) FROM dispatch_log) AS log_entries,"
+                    " (SELECT coalesce(sum(rows), 0) FROM dispatch_log) AS logged_rows,"
                     " (SELECT count(*) FROM dispatch_quarantine) AS quarantined"
                 )
             )

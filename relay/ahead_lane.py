@@ -35,14 +35,32 @@ def key_of(row: AheadRow) -> CursorKey:
 
 
 @dataclass(frozen=True)
+class LoggedRange:
+    """A part (from, to] of a shard's move, ``rows`` rows, logged with its own acknowledgement instant
+    (None: the page's)."""
+
+    start: CursorKey
+    end: CursorKey
+    rows: int
+    acked_at: datetime | None = None
+
+
+@dataclass(frozen=True)
 class CursorMove:
-    """One shard's progress in an acknowledged page: (from, to] covering ``rows`` rows."""
+    """One shard's progress in an acknowledged page: (from, to] covering ``rows`` rows, logged as
+    ``ranges`` (consecutive, from ``start`` to ``end``; empty: one range, the whole move, at the page's
+    instant). A page can hold several seconds of a shard's rows, released one second after the other: each
+    second's rows are logged with the instant their own acknowledgements arrived, not the page's last."""
 
     shard: int
     epoch: int
     start: CursorKey
     end: CursorKey
     rows: int
+    ranges: tuple[LoggedRange, ...] = ()
+
+    def logged(self) -> tuple[LoggedRange, ...]:
+        return self.ranges or (LoggedRange(self.start, self.end, self.rows),)
 
 
 @dataclass(frozen=True)
@@ -127,17 +145,24 @@ class AheadLaneStore:
     async def advance(
         self, lane: str, moves: Sequence[CursorMove], acked_at: datetime | None = None
     ) -> tuple[int, datetime]:
-        """Move the cursors of an acknowledged page and log it (one statement) with its acknowledgement
-        instant (``acked_at``, the relay's estimate of the database clock when the broker's last
-        acknowledgement arrived; else the injected clock's or the database's now); returns how many cursors
-        moved (fewer than ``moves`` when a shard's epoch moved on) and the instant logged."""
+        """Move the cursors of an acknowledged page and log each move's ranges (one statement) with their
+        acknowledgement instants (a range's own, else ``acked_at``: the relay's estimate of the database
+        clock when the broker's last acknowledgement of the page arrived; else the injected clock's or the
+        database's now); returns how many cursors moved (fewer than ``moves`` when a shard's epoch moved on:
+        nothing of it is logged) and the page's instant logged."""
+        shards = [m.shard for m in moves for _ in m.logged()]
+        ranges = [r for m in moves for r in m.logged()]
+        starts, ends = [r.start for r in ranges], [r.end for r in ranges]
         row = await self.pool.fetchrow(
             *QUERIES.advance_cursors(
                 shards=[m.shard for m in moves], epochs=[m.epoch for m in moves],
-                from_buckets=[m.start.bucket for m in moves], from_rounds=[m.start.wrr_round for m in moves],
-                from_ids=[m.start.occurrence_id for m in moves], to_buckets=[m.end.bucket for m in moves],
-                to_rounds=[m.end.wrr_round for m in moves], to_ids=[m.end.occurrence_id for m in moves],
-                rows=[m.rows for m in moves], now=self.clock.now(), node=self.node_id, lane=lane, acked_at=acked_at,
+                to_buckets=[m.end.bucket for m in moves], to_rounds=[m.end.wrr_round for m in moves],
+                to_ids=[m.end.occurrence_id for m in moves], log_shards=shards,
+                log_from_buckets=[k.bucket for k in starts], log_from_rounds=[k.wrr_round for k in starts],
+                log_from_ids=[k.occurrence_id for k in starts], log_to_buckets=[k.bucket for k in ends],
+                log_to_rounds=[k.wrr_round for k in ends], log_to_ids=[k.occurrence_id for k in ends],
+                log_rows=[r.rows for r in ranges], log_acked_ats=[r.acked_at for r in ranges],
+                now=self.clock.now(), node=self.node_id, lane=lane, acked_at=acked_at,
             )
         )  # fmt: skip
         return row["moved"], row["acked_at"]

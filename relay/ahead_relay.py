@@ -36,10 +36,11 @@ from datetime import datetime, timedelta
 
 from opentelemetry import metrics, trace
 
+from relay.ack_ranges import AckRanges
 from relay.ahead_lane import AheadLaneStore, AheadRow, CursorMove, LateJudgement, Quarantined, key_of
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock, pause
-from schemas.dispatch_lanes import LANES, CursorKey, micros_of, seal_boundary
+from schemas.dispatch_lanes import LANES, START_KEY, CursorKey, micros_of, seal_boundary
 from schemas.messages import HEADER_OCCURRENCE_ID, HEADER_TENANT
 from schemas.shard_ownership import ShardOwnership
 
@@ -59,6 +60,9 @@ class AheadRelayConfig:
     poison_tries: permanent refusals of one row before it is quarantined (default 3).
     error_backoff: seconds to wait after a failed page (default 0.5).
     ack_timeout: seconds to wait for a page's acknowledgements before treating them as unknown (30).
+    log_resolution: how far apart the acknowledgements of the rows logged as one range may be (default
+        50 ms): a row's enqueued_at is at most this after its own acknowledgement. Smaller: more log rows
+        for work released over seconds (flexible); a burst's page is one range per shard whatever it is.
     """
 
     rows_per_shard: int = 64
@@ -69,6 +73,7 @@ class AheadRelayConfig:
     poison_tries: int = 3
     error_backoff: float = 0.5
     ack_timeout: float = 30.0
+    log_resolution: timedelta = timedelta(milliseconds=50)
 
     def validate(self) -> None:
         if self.rows_per_shard < 1:
@@ -77,6 +82,8 @@ class AheadRelayConfig:
             raise ValueError("pages_in_flight must be at least 1")
         if self.read_ahead < timedelta(0):
             raise ValueError("read_ahead must not be negative")
+        if self.log_resolution < timedelta(0):
+            raise ValueError("log_resolution must not be negative")
 
 
 @dataclass(frozen=True)
@@ -113,6 +120,8 @@ class _Page:
     task: asyncio.Task[list[BaseException | None]]
     #: The (estimated database) instant the page's last acknowledgement arrived, set by its task.
     acked: list[datetime | None]
+    #: Per row, the instant the acknowledgements of the hand-over holding it arrived (None: not handed over).
+    acked_each: list[datetime | None]
 
 
 class _MissedAtDispatch(Exception):
@@ -343,8 +352,9 @@ class AheadRelay:
         # became late between their read and their release (a stalled relay).
         skip, judged = await self._judge_at_read(lane, page_epochs, rows)
         acked: list[datetime | None] = [None]
-        task = asyncio.create_task(self._send_page(rows, lane, page_epochs, skip, judged, acked))
-        page = _Page(lane, page_epochs, starts, rows, task, acked)
+        acked_each: list[datetime | None] = [None] * len(rows)
+        task = asyncio.create_task(self._send_page(rows, lane, page_epochs, skip, judged, acked, acked_each))
+        page = _Page(lane, page_epochs, starts, rows, task, acked, acked_each)
         self._inflight.append(page)
         return page
 
@@ -371,8 +381,10 @@ class AheadRelay:
         epochs: dict[int, int],
         skip: frozenset[object] = frozenset(),
         judged: frozenset[object] = frozenset(),
+        acked_each: list[datetime | None] | None = None,
     ) -> list[BaseException | None]:
-        """Hand each row to the publisher once the clock reaches its available_at; one outcome per row.
+        """Hand each row to the publisher once the clock reaches its available_at; one outcome per row, and
+        in ``acked_each`` the clock's instant when the answers for its hand-over arrived.
 
         A row released after its late_after (the relay or the broker was down) is judged first: its
         schedule's policy decides whether it is still published or recorded MISSED
@@ -413,7 +425,10 @@ class AheadRelay:
                     )
                     for r in (rows[i] for i in due)
                 ]
-                futures.append((due, await self.publisher.send(items)))  # type: ignore[attr-defined]
+                future = await self.publisher.send(items)  # type: ignore[attr-defined]
+                if acked_each is not None:
+                    future.add_done_callback(self._stamper(due, acked_each))
+                futures.append((due, future))
             if waiting:
                 await asyncio.sleep(self.config.release_tick)
         for indexes, future in futures:
@@ -433,14 +448,27 @@ class AheadRelay:
         skip: frozenset[object],
         judged: frozenset[object],
         acked: list[datetime | None],
+        acked_each: list[datetime | None],
     ) -> list[BaseException | None]:
         """:meth:`_release_and_send`, then ``acked[0]`` = the clock's instant once the last acknowledgement
         arrived: the broker's acknowledgement instant on the database's clock (never ahead of it), not the
         later moment the cursor moves — pages are pipelined, and a page's cursor moves only after the next
         page is read, which added a page read and more to every enqueued_at of the page."""
-        outcomes = await self._release_and_send(rows, lane, epochs, skip, judged)
+        outcomes = await self._release_and_send(rows, lane, epochs, skip, judged, acked_each)
         acked[0] = self.clock.now()
         return outcomes
+
+    def _stamper(
+        self, indexes: list[int], acked_each: list[datetime | None]
+    ) -> Callable[[asyncio.Future[list[BaseException | None]]], None]:
+        """A done callback that writes the clock's instant, when a hand-over's answers arrive, for its rows."""
+
+        def stamp(_future: asyncio.Future[list[BaseException | None]]) -> None:
+            at = self.clock.now()
+            for i in indexes:
+                acked_each[i] = at
+
+        return stamp
 
     async def _judge(
         self,
@@ -555,15 +583,19 @@ class AheadRelay:
         poison: list[Quarantined] = []
         failed = 0
         shard, end, passed, blocked = None, None, 0, False
+        ranges = AckRanges(START_KEY, self.config.log_resolution)
 
         def close() -> None:
             if shard is not None and end is not None:
-                moves.append(CursorMove(shard, page.epochs[shard], page.starts[shard], key_of(end), passed))
+                moves.append(
+                    CursorMove(shard, page.epochs[shard], page.starts[shard], key_of(end), passed, ranges.ranges())
+                )
 
-        for row, error in zip(page.rows, outcomes, strict=True):  # rows are ordered by shard then key
+        for index, (row, error) in enumerate(zip(page.rows, outcomes, strict=True)):  # by shard, then key
             if row["shard"] != shard:
                 close()
                 shard, end, passed, blocked = row["shard"], None, 0, False
+                ranges = AckRanges(page.starts[shard], self.config.log_resolution)
             if blocked:
                 continue
             if error is not None and error is not MISSED_AT_DISPATCH and not row["discarded"]:
@@ -585,6 +617,7 @@ class AheadRelay:
                     continue
             elif self._tries:
                 self._tries.pop(row["occurrence_id"], None)
+            ranges.add(row, page.acked_each[index])
             end, passed = row, passed + 1
         close()
         return moves, poison, failed

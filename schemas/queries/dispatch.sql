@@ -59,32 +59,36 @@ CROSS JOIN LATERAL (
 ORDER BY q.shard, q.bucket, q.wrr_round, q.occurrence_id;
 
 -- name: advance_cursors
--- After the broker acknowledged a page: moves :lane of :node's :shards (:epochs) from keys (:from_buckets,
--- :from_rounds, :from_ids) to keys (:to_buckets, :to_rounds, :to_ids) covering :rows rows each, and logs
--- each move with the acknowledgement instant :acked_at (the occurrences' enqueued_at; the relay's estimate
--- of this database's clock when the broker's last acknowledgement of the page arrived, never ahead of it;
--- NULL: now). A shard whose epoch moved on (another owner) is left alone. Returns how many cursors moved
--- and the instant logged.
+-- After the broker acknowledged a page: moves :lane of :node's :shards (:epochs) to keys (:to_buckets,
+-- :to_rounds, :to_ids), and logs the moves as ranges (:log_shards; from keys :log_from_*, to keys :log_to_*,
+-- :log_rows rows each; consecutive per shard, the first from the shard's cursor) with each range's
+-- acknowledgement instant :log_acked_ats (the occurrences' enqueued_at; NULL: :acked_at, the relay's
+-- estimate of this database's clock when the broker's last acknowledgement of the page arrived, never
+-- ahead of it; NULL: now). A shard whose epoch moved on (another owner) is left alone and nothing of it is
+-- logged. Returns how many cursors moved and the page's instant.
 WITH moved AS (
     UPDATE dispatch_cursors c
     SET published_bucket = m.to_bucket, published_round = m.to_round, published_id = m.to_id, epoch = m.epoch,
         updated_at = coalesce(:now::timestamptz, now())
     FROM shard_leases l,
-         unnest(:shards::int[], :epochs::bigint[], :from_buckets::timestamptz[], :from_rounds::int[],
-                :from_ids::uuid[], :to_buckets::timestamptz[], :to_rounds::int[], :to_ids::uuid[], :rows::int[])
-         AS m (shard, epoch, from_bucket, from_round, from_id, to_bucket, to_round, to_id, rows)
+         unnest(:shards::int[], :epochs::bigint[], :to_buckets::timestamptz[], :to_rounds::int[], :to_ids::uuid[])
+         AS m (shard, epoch, to_bucket, to_round, to_id)
     WHERE c.shard = m.shard AND c.lane = :lane AND l.shard = m.shard AND l.epoch = m.epoch AND l.owner = :node
       AND (c.published_bucket, c.published_round, c.published_id) < (m.to_bucket, m.to_round, m.to_id)
-    RETURNING m.*
+    RETURNING m.shard, m.epoch
 ), logged AS (
     INSERT INTO dispatch_log (shard, lane, epoch, from_bucket, from_round, from_id, to_bucket, to_round, to_id,
                               rows, acked_at)
-    SELECT shard, :lane, epoch, from_bucket, from_round, from_id, to_bucket, to_round, to_id, rows,
-           coalesce(:acked_at::timestamptz, :now::timestamptz, now())
-    FROM moved
+    SELECT g.shard, :lane, mv.epoch, g.from_bucket, g.from_round, g.from_id, g.to_bucket, g.to_round, g.to_id,
+           g.rows, coalesce(g.acked_at, :acked_at::timestamptz, :now::timestamptz, now())
+    FROM unnest(:log_shards::int[], :log_from_buckets::timestamptz[], :log_from_rounds::int[], :log_from_ids::uuid[],
+                :log_to_buckets::timestamptz[], :log_to_rounds::int[], :log_to_ids::uuid[], :log_rows::int[],
+                :log_acked_ats::timestamptz[])
+         AS g (shard, from_bucket, from_round, from_id, to_bucket, to_round, to_id, rows, acked_at)
+    JOIN moved mv ON mv.shard = g.shard
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM logged) AS moved,
+SELECT (SELECT count(*) FROM moved) AS moved,
        coalesce(:acked_at::timestamptz, :now::timestamptz, now()) AS acked_at;
 
 -- name: late_ahead_candidates

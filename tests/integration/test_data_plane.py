@@ -45,13 +45,16 @@ class SpyPublisher:
     def __init__(self, inner: LibrdkafkaPublisher, clock: ManualClock) -> None:
         self.inner, self.clock = inner, clock
         self.sends: list[tuple[datetime, list[bytes]]] = []
+        self.answers: list[asyncio.Future] = []  # per hand-over, resolved once the broker answered it
 
     async def ensure_topics(self, topics):
         await self.inner.ensure_topics(topics)
 
     async def send(self, items):
         self.sends.append((self.clock.now(), [item[1] for item in items]))
-        return await self.inner.send(items)
+        answer = await self.inner.send(items)
+        self.answers.append(answer)
+        return answer
 
 
 @pytest.fixture
@@ -198,12 +201,18 @@ async def test_a_page_never_releases_a_row_before_its_own_available_at(pool, clo
     # the release loop looks at the clock many times for the row still waiting (or, wrongly, is done)
     await wait_for(lambda: clock.reads > reads + 20 or task.done())
     assert [len(keys) for _, keys in spy.sends] == [1], "a row was handed to the broker before its available_at"
+    await wait_for(lambda: spy.answers and spy.answers[0].done())  # acknowledged while the clock reads AT
     clock.set(AT + timedelta(seconds=1))
     assert (await asyncio.wait_for(task, 20)).published == 2
     assert spy.sends == [
         (AT, [schedule_key(early["schedule_id"])]),
         (AT + timedelta(seconds=1), [schedule_key(later["schedule_id"])]),
     ]
+    # Each second of the page is logged with its own acknowledgement instant: enqueued_at is the row's, not
+    # the page's last (which would put the first row's a second late).
+    await DispatchSettler(pool, clock=clock).run_once()
+    enqueued = dict(await pool.fetch("SELECT schedule_id::text, enqueued_at FROM occurrences"))
+    assert enqueued == {early["schedule_id"]: AT, later["schedule_id"]: AT + timedelta(seconds=1)}
 
 
 async def waiting_on_lock(pool: asyncpg.Pool, fragment: str) -> bool:
