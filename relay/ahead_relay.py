@@ -248,7 +248,7 @@ class AheadRelay:
         """Relay until ``stop`` is set; a failure backs off and re-reads from the cursor, never skips a row."""
         while not stop.is_set():
             try:
-                report = await self.run_once()
+                report = await self.run_once(stop)
             except Exception as err:  # noqa: BLE001 - any failure: keep what was acknowledged, retry the rest
                 log.error(
                     "ahead-lane pass failed; retrying from the cursor",
@@ -263,28 +263,36 @@ class AheadRelay:
             elif not report.read:
                 await pause(stop, self.config.idle_interval)
 
-    async def run_once(self) -> AheadReport:
-        """Publish everything due that is sealed now, page by page (strict first), until nothing is left."""
+    async def run_once(self, stop: asyncio.Event | None = None) -> AheadReport:
+        """Publish everything due that is sealed now, page by page (strict first), reading each newly sealed
+        second while the pages before it are released, until nothing is left in flight (or ``stop`` is set:
+        then what is in flight is finished)."""
         report = AheadReport()
         epochs = self.ownership.snapshot()
         if not epochs:
             return report
         await self._sync_positions(epochs)
+        empty_at: dict[str, datetime | None] = {lane: None for lane in LANES}
         while True:
-            await self._seal_if_due(epochs)
-            page = None
-            for lane in LANES:  # strict first, re-checked before every page
-                page = await self._read(lane, epochs)
-                if page:
-                    break
-            if not page:
+            page = await self._next_page(epochs, empty_at)
+            if page:
+                # Busy from the first page on, not only once the pass returns: a burst is one pass, and the
+                # settle pass (which runs only while this relay is quiet) must not compete with it meanwhile.
+                self.quiet = False
+                report.read += len(page.rows)
+                if len(self._inflight) >= self.config.pages_in_flight:
+                    await self._complete_oldest(report)
+            elif not self._inflight:
                 break
-            # Busy from the first page on, not only once the pass returns: a burst is one pass, and the
-            # settle pass (which runs only while this relay is quiet) must not compete with it meanwhile.
-            self.quiet = False
-            report.read += len(page.rows)
-            if len(self._inflight) >= self.config.pages_in_flight:
-                await self._complete_oldest(report)
+            else:
+                # Nothing more is readable, pages are still in flight (rows waiting for their available_at):
+                # seal and read the next second as soon as the seal boundary moves, while these are released
+                # — not once they are drained, which read steady work only as its first row fell due.
+                self.quiet = True  # waiting, not reading: the settle pass may run meanwhile
+                if await self._oldest_done_or_boundary_moved(stop):
+                    await self._complete_oldest(report)
+                if stop is not None and stop.is_set():
+                    break
             if report.failed:
                 break
             if self.ownership.version and self.ownership.snapshot() != epochs:
@@ -297,6 +305,35 @@ class AheadRelay:
         return report
 
     # ------------------------------------------------------------------ steps
+
+    async def _next_page(self, epochs: dict[int, int], empty_at: dict[str, datetime | None]) -> _Page | None:
+        """Seal if the boundary moved, then read the next page, strict lane first; a lane read empty under
+        the current seal (``empty_at``) is not read again until the seal moves: nothing new can be readable
+        before it does."""
+        await self._seal_if_due(epochs)
+        for lane in LANES:
+            if empty_at[lane] == self._sealed_for[lane]:
+                continue
+            page = await self._read(lane, epochs)
+            if page:
+                return page
+            empty_at[lane] = self._sealed_for[lane]
+        return None
+
+    async def _oldest_done_or_boundary_moved(self, stop: asyncio.Event | None) -> bool:
+        """Wait until the oldest page in flight is done (True) or the seal boundary moved on the injected
+        clock or ``stop`` is set (False), checking every ``idle_interval`` (no database round trip)."""
+        oldest = self._inflight[0].task
+        while stop is None or not stop.is_set():
+            now = self.clock.now()
+            if now is not None and any(
+                seal_boundary(now, self.config.read_ahead) != self._sealed_for[lane] for lane in LANES
+            ):
+                return False
+            done, _ = await asyncio.wait({oldest}, timeout=self.config.idle_interval)
+            if done:
+                return True
+        return False
 
     async def _sync_positions(self, epochs: dict[int, int]) -> None:
         """Load cursors of newly owned shards; forget lost ones."""

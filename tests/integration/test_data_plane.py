@@ -320,3 +320,35 @@ async def test_weighted_round_robin_serves_small_tenants_before_the_rest_of_a_bi
     tenants = [r["tenant_id"] for r in order]
     assert len(tenants) == 33
     assert max(i for i, t in enumerate(tenants) if t == "small") < 6  # all three in the first three rounds
+
+
+async def test_the_next_second_is_read_while_this_one_is_still_being_released(pool, clock, publisher, target, acme):
+    """Steady traffic: a row of the next second is read ahead as soon as its bucket is sealed, while the
+    rows of the page before it still wait for their available_at — not once that page is drained (then
+    every page of steady work was read just as its first row fell due, and late by the read)."""
+    await create_once(pool, clock, target, at=AT + timedelta(seconds=0.9))
+    await create_once(pool, clock, target, at=AT + timedelta(seconds=1.5))
+    _, ownership = await owning(pool, clock)
+    report = await Materializer(pool, MaterializerConfig(), clock, ownership=ownership).run_once()
+    assert (report.ahead, report.late) == (2, 0)
+    spy = SpyPublisher(publisher, clock)
+    reads: list[datetime] = []
+
+    async def page_read() -> None:
+        reads.append(clock.now())
+
+    relay = relay_of(pool, spy, ownership, clock, hooks=AheadRelayHooks(after_read=page_read))
+    clock.set(AT - timedelta(seconds=0.9))  # sealed up to AT + 1 s: the AT bucket is read, the next is not
+    task = asyncio.create_task(relay.run_once())
+    await wait_for(lambda: len(reads) == 1, 10)
+    looked = clock.reads
+    await wait_for(lambda: clock.reads > looked + 20)  # the page is handed over: its release loop is waiting
+    clock.set(AT + timedelta(seconds=0.1))  # sealed up to AT + 2 s: the next bucket is readable
+    await wait_for(lambda: len(reads) == 2 or task.done(), 10)
+    assert reads == [AT - timedelta(seconds=0.9), AT + timedelta(seconds=0.1)], "the next second was not read ahead"
+    assert spy.sends == [] and not task.done()
+    clock.set(AT + timedelta(seconds=0.9))
+    await wait_for(lambda: len(spy.sends) == 1, 10)
+    clock.set(AT + timedelta(seconds=1.5))
+    assert (await asyncio.wait_for(task, 20)).published == 2
+    assert [at for at, _ in spy.sends] == [AT + timedelta(seconds=0.9), AT + timedelta(seconds=1.5)]
