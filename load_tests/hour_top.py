@@ -43,6 +43,7 @@ import logging
 import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -378,6 +379,13 @@ def flexible_spread(lags: list[float], jitters: list[float], window_s: float) ->
     # 1 µs of slack: both instants are microsecond timestamps subtracted in float8.
     report["before_available_at"] = sum(1 for lag, jitter in zip(lags, jitters, strict=True) if lag < jitter - 1e-6)
     report["least_past_available_at_s"] = round(min(lag - jitter for lag, jitter in zip(lags, jitters, strict=True)), 6)
+    # when in the window flexible work is late: per second of available_at, the median time past it
+    by_second: dict[int, list[float]] = {}
+    for lag, jitter in zip(lags, jitters, strict=True):
+        by_second.setdefault(int(jitter), []).append(lag - jitter)
+    report["past_available_at_p50_by_second"] = [
+        round(statistics.median(by_second[s]), 3) if s in by_second else None for s in range(int(window_s))
+    ]
     return report
 
 

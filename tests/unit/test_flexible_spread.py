@@ -50,3 +50,11 @@ def test_the_figures_stay_in_range_and_account_for_every_occurrence(pairs):
     in_window = round(sum(spread["share_per_tenth"]) * len(pairs))
     assert in_window + spread["after_window"] == len(pairs)
     assert spread["before_available_at"] == 0
+
+
+def test_lateness_is_reported_per_second_of_the_window():
+    # available_at in the first second is 2 s late (queued behind a burst); later ones 10 ms; none in second 2
+    jitters = [0.2, 0.7, 1.5, 3.5]
+    lags = [2.2, 2.7, 1.51, 3.51]
+    by_second = flexible_spread(lags, jitters, 4.0)["past_available_at_p50_by_second"]
+    assert by_second == [2.0, 0.01, None, 0.01]
