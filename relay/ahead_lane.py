@@ -47,20 +47,18 @@ class LoggedRange:
 
 @dataclass(frozen=True)
 class CursorMove:
-    """One shard's progress in an acknowledged page: (from, to] covering ``rows`` rows, logged as
-    ``ranges`` (consecutive, from ``start`` to ``end``; empty: one range, the whole move, at the page's
-    instant). A page can hold several seconds of a shard's rows, released one second after the other: each
-    second's rows are logged with the instant their own acknowledgements arrived, not the page's last."""
+    """One shard's progress in an acknowledged page, logged as ``ranges``: consecutive, the first from the
+    shard's cursor, the last ending where the cursor moves (never empty). A page can hold several seconds of
+    a shard's rows, released one second after the other: each second's rows are logged with the instant
+    their own acknowledgements arrived, not the page's last."""
 
     shard: int
     epoch: int
-    start: CursorKey
-    end: CursorKey
-    rows: int
-    ranges: tuple[LoggedRange, ...] = ()
+    ranges: tuple[LoggedRange, ...]
 
-    def logged(self) -> tuple[LoggedRange, ...]:
-        return self.ranges or (LoggedRange(self.start, self.end, self.rows),)
+    @property
+    def end(self) -> CursorKey:
+        return self.ranges[-1].end
 
 
 @dataclass(frozen=True)
@@ -150,8 +148,8 @@ class AheadLaneStore:
         clock when the broker's last acknowledgement of the page arrived; else the injected clock's or the
         database's now); returns how many cursors moved (fewer than ``moves`` when a shard's epoch moved on:
         nothing of it is logged) and the page's instant logged."""
-        shards = [m.shard for m in moves for _ in m.logged()]
-        ranges = [r for m in moves for r in m.logged()]
+        shards = [m.shard for m in moves for _ in m.ranges]
+        ranges = [r for m in moves for r in m.ranges]
         starts, ends = [r.start for r in ranges], [r.end for r in ranges]
         row = await self.pool.fetchrow(
             *QUERIES.advance_cursors(

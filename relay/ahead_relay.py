@@ -277,9 +277,8 @@ class AheadRelay:
         if not epochs:
             return report
         await self._sync_positions(epochs)
-        empty_at: dict[str, datetime | None] = {lane: None for lane in LANES}
         while True:
-            page = await self._next_page(epochs, empty_at)
+            page = await self._next_page(epochs)
             if page:
                 # Busy from the first page on, not only once the pass returns: a burst is one pass, and the
                 # settle pass (which runs only while this relay is quiet) must not compete with it meanwhile.
@@ -311,18 +310,13 @@ class AheadRelay:
 
     # ------------------------------------------------------------------ steps
 
-    async def _next_page(self, epochs: dict[int, int], empty_at: dict[str, datetime | None]) -> _Page | None:
-        """Seal if the boundary moved, then read the next page, strict lane first; a lane read empty under
-        the current seal (``empty_at``) is not read again until the seal moves: nothing new can be readable
-        before it does."""
+    async def _next_page(self, epochs: dict[int, int]) -> _Page | None:
+        """Seal if the boundary moved, then read the next page, strict lane first."""
         await self._seal_if_due(epochs)
         for lane in LANES:
-            if empty_at[lane] == self._sealed_for[lane]:
-                continue
             page = await self._read(lane, epochs)
             if page:
                 return page
-            empty_at[lane] = self._sealed_for[lane]
         return None
 
     async def _oldest_done_or_boundary_moved(self, stop: asyncio.Event | None) -> bool:
@@ -331,10 +325,10 @@ class AheadRelay:
         oldest = self._inflight[0].task
         while stop is None or not stop.is_set():
             now = self.clock.now()
-            if now is not None and any(
-                seal_boundary(now, self.config.read_ahead) != self._sealed_for[lane] for lane in LANES
-            ):
-                return False
+            if now is not None:
+                boundary = seal_boundary(now, self.config.read_ahead)
+                if any(boundary != self._sealed_for[lane] for lane in LANES):
+                    return False
             done, _ = await asyncio.wait({oldest}, timeout=self.config.idle_interval)
             if done:
                 return True
@@ -376,8 +370,9 @@ class AheadRelay:
         positions = {s: self._tentative[(s, lane)] for s in epochs if (s, lane) in self._tentative}
         rows = await self.store.read_page(lane, positions, self._seals[lane], self.config.rows_per_shard)
         if not rows:
-            if not self._inflight:
-                self._drained_at[lane] = self._sealed_for[lane]
+            # Nothing new can become readable before the seal moves (every rewind of the positions resets
+            # this), also while pages are in flight: the pass waiting for the next second reads nothing.
+            self._drained_at[lane] = self._sealed_for[lane]
             return None
         if self.hooks.after_read:
             await self.hooks.after_read()
@@ -624,19 +619,18 @@ class AheadRelay:
         moves: list[CursorMove] = []
         poison: list[Quarantined] = []
         failed = 0
-        shard, end, passed, blocked = None, None, 0, False
+        shard, blocked = None, False
         ranges = AckRanges(START_KEY, self.config.log_resolution)
 
         def close() -> None:
-            if shard is not None and end is not None:
-                moves.append(
-                    CursorMove(shard, page.epochs[shard], page.starts[shard], key_of(end), passed, ranges.ranges())
-                )
+            logged = ranges.ranges()
+            if shard is not None and logged:
+                moves.append(CursorMove(shard, page.epochs[shard], logged))
 
         for index, (row, error) in enumerate(zip(page.rows, outcomes, strict=True)):  # by shard, then key
             if row["shard"] != shard:
                 close()
-                shard, end, passed, blocked = row["shard"], None, 0, False
+                shard, blocked = row["shard"], False
                 ranges = AckRanges(page.starts[shard], self.config.log_resolution)
             if blocked:
                 continue
@@ -660,7 +654,6 @@ class AheadRelay:
             elif self._tries:
                 self._tries.pop(row["occurrence_id"], None)
             ranges.add(row, page.acked_each[index])
-            end, passed = row, passed + 1
         close()
         return moves, poison, failed
 
