@@ -25,15 +25,15 @@ from collections.abc import Mapping, Sequence
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
-from aiokafka.partitioner import DefaultPartitioner
 
 from consumers.errors import InfrastructureError
 from schemas.attempt_credentials import AttemptCredential
 from schemas.attempt_events import AttemptEvent
+from schemas.key_partitioning import key_partition
 from schemas.topics import ATTEMPTS_TOPIC
 
 #: Occurrences whose partition is remembered (the started, heartbeat and outcome events of one delivery
-#: share it; murmur2 in pure Python costs more than encoding the event).
+#: share it; murmur2 in Python costs about as much as encoding the event).
 _PARTITION_MEMORY = 100_000
 
 
@@ -50,7 +50,6 @@ class AttemptReporter:
         self.enabled = enabled
         self.credentials = dict(credentials or {})
         self.sent = 0
-        self._partitioner = DefaultPartitioner()
         self._partitions: list[int] = []
         self._partition_of: dict[uuid.UUID, int] = {}
 
@@ -117,6 +116,6 @@ class AttemptReporter:
         if partition is None:
             if len(self._partition_of) >= _PARTITION_MEMORY:
                 self._partition_of.clear()
-            partition = self._partitioner(event.key, self._partitions, self._partitions)
+            partition = key_partition(event.key, self._partitions)
             self._partition_of[event.occurrence_id] = partition
         return partition

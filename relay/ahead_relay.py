@@ -609,8 +609,7 @@ class AheadRelay:
             self._failures.add(failed)
             # Later pages in flight hold rows past the failure: wait for them, move nothing of theirs for the
             # shards that failed, and re-read those shards from their cursors.
-            await self._abandon_inflight()
-            self._tentative = dict(self._positions)
+            await self._abandon_inflight()  # which also rewinds the tentative positions to the cursors
 
     def _acknowledged_prefix(
         self, page: _Page, outcomes: list[BaseException | None]

@@ -37,10 +37,10 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import InvalidTopicError, KafkaError
-from aiokafka.partitioner import DefaultPartitioner
 
 from relay.publish_refusals import REFUSED, TOO_LARGE, RecordTooLarge, refusal_reason
 from schemas.kafka_security import PLAINTEXT, KafkaSecurity, start_client
+from schemas.key_partitioning import key_partition
 from schemas.shard_placement import placement
 from schemas.topics import DEFAULT_PARTITIONS, ensure_topics, placed_by_shard
 
@@ -100,7 +100,6 @@ class KafkaPublisher:
             **config.security.client_options(),
         )
         self.admin = AIOKafkaAdminClient(bootstrap_servers=config.bootstrap, **config.security.client_options())
-        self._partitioner = DefaultPartitioner()
         self._known_topics: set[str] = set()
 
     async def start(self) -> None:
@@ -208,7 +207,8 @@ class KafkaPublisher:
         self, records: Sequence[OutgoingRecord], outcome: Outcome
     ) -> dict[tuple[str, int], list[OutgoingRecord]]:
         """Records by (topic, partition): an occurrence record's by its shard's range, any other's by
-        Kafka's murmur2 partitioner (a topic whose partitions cannot be learned fails its records)."""
+        Kafka's murmur2 partitioner (``schemas.key_partitioning``); a topic whose partitions cannot be
+        learned fails its records."""
         groups: dict[tuple[str, int], list[OutgoingRecord]] = {}
         partitions_of: dict[str, list[int] | BaseException] = {}
         for record in records:
@@ -225,7 +225,7 @@ class KafkaPublisher:
             if index is not None:
                 partition = partitions[index]
             else:
-                partition = self._partitioner(record.key, partitions, partitions)
+                partition = key_partition(record.key, partitions)
             groups.setdefault((record.topic, partition), []).append(record)
         return groups
 

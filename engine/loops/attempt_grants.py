@@ -65,23 +65,34 @@ class GrantPublisher:
             await producer.stop()
 
     async def send(self, grants: Sequence[AttemptGrant]) -> None:
-        """Produce every answer and wait for the acknowledgements; a failure is logged, not raised."""
+        """Produce every answer and wait for the acknowledgements; a failure is logged, not raised.
+
+        The answers of one consumer group share a partition, so they go as Kafka batches (one message per
+        answer, as always) rather than one keyed ``send`` each, which costs aiokafka a future and an
+        accumulator round per message."""
         if not grants or self._producer is None:
             return
         producer = self._producer
         try:
             async with asyncio.timeout(self.timeout):
                 partitions = len(await producer.partitions_for(ATTEMPT_GRANTS_TOPIC))
-                acknowledgements = [
-                    await producer.send(
-                        ATTEMPT_GRANTS_TOPIC,
-                        grant.encode(),
-                        key=grant.key,
-                        headers=grant.headers(),
-                        partition=grant_partition(grant.consumer_group, partitions),
-                    )
-                    for grant in grants
-                ]
+                by_partition: dict[int, list[AttemptGrant]] = {}
+                for grant in grants:
+                    by_partition.setdefault(grant_partition(grant.consumer_group, partitions), []).append(grant)
+                acknowledgements = []
+                for partition, group in by_partition.items():
+                    batch = producer.create_batch()
+                    for grant in group:
+                        key, value, headers = grant.key, grant.encode(), grant.headers()
+                        if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
+                            # Full: send it and start the next with this answer (an answer, a few hundred
+                            # bytes, always fits an empty batch).
+                            acknowledgements.append(
+                                await producer.send_batch(batch, ATTEMPT_GRANTS_TOPIC, partition=partition)
+                            )
+                            batch = producer.create_batch()
+                            batch.append(key=key, value=value, timestamp=None, headers=headers)
+                    acknowledgements.append(await producer.send_batch(batch, ATTEMPT_GRANTS_TOPIC, partition=partition))
                 await asyncio.gather(*acknowledgements)
         except (TimeoutError, KafkaError) as err:
             # The runtimes waiting for these retry in place after their bound (a new, later claim).
