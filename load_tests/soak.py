@@ -2,6 +2,7 @@
 shows dead tuples and table size bounded")?
 
     python -m load_tests.soak [--minutes 30] [--schedules 10000] [--every 10s] [--relays 2]
+                              [--flexible-fraction 0] [--flexible-window 10]
                               [--broker tansu|apache] [--sample-every 30] [--json PATH] [--png PATH]
 
 Seeds ``--schedules`` rate schedules firing every ``--every`` (10,000 every 10 s: 1,000 occurrences/s,
@@ -18,7 +19,12 @@ Bounded means: a hand-off table's size at the end is at most 1.25 × its largest
 quarter (steady state reached), and its dead tuples at the end at most 2 × the second quarter's largest
 (autovacuum keeps up). A table that grows with the run (linear growth gives 2 ×) fails. The last stdout
 line is one JSON object: ``bounded`` (all tables), per-table ``tables``, ``dispatched_per_s``,
-``schedule_lag_p99`` of the last five minutes, ``oldest_unsettled_max_s``.
+``schedule_lag_p99`` of the last five minutes (strict schedules), ``oldest_unsettled_max_s``, and
+``log_rows_per_entry``: occurrences per ``dispatch_log`` entry over the run's second half. A relay logs a
+range per shard and second, and within a second per group of rows acknowledged within 50 ms, so strict
+rows (all due at the same instant) share entries while flexible ones, spread over their window, cost
+about one each; the settled log's size is then about ``keep_log`` × the dispatch rate / this figure.
+``--flexible-fraction`` makes that share of the schedules flexible over ``--flexible-window`` seconds.
 """
 
 from __future__ import annotations
@@ -107,6 +113,8 @@ async def run_soak(
     sample_every: float,
     log_dir: Path,
     partitions: int = 8,
+    flexible_fraction: float = 0.0,
+    flexible_window: int = 10,
     log: Any = print,
 ) -> dict[str, Any]:
     """Seed, run the nodes for ``minutes``, sample every ``sample_every`` seconds; the figures (module doc)."""
@@ -118,8 +126,13 @@ async def run_soak(
         now = await conn.fetchval("SELECT now()")
         # The first fire leaves the nodes time to start and lease the shards; the run is measured from it.
         first_fire = now + timedelta(seconds=10)
-        columns = shape("rate", every, "strict", 0, first_fire)
-        await seed_schedules(conn, 1, schedules, columns, 4, shards, 0.5, TENANTS)
+        flexible = round(schedules * flexible_fraction)
+        if schedules - flexible:
+            columns = shape("rate", every, "strict", 0, first_fire)
+            await seed_schedules(conn, 1, schedules - flexible, columns, 4, shards, 0.5, TENANTS)
+        if flexible:
+            columns = shape("rate", every, "flexible", flexible_window, first_fire)
+            await seed_schedules(conn, schedules - flexible + 1, flexible, columns, 4, shards, 0.5, TENANTS)
         await conn.execute("ANALYZE schedules")
         # The settled dispatch log is kept keep_log seconds (an hour by default, for inspection): a tenth of
         # the run here, so the run reaches its steady state and shows whether the pruning keeps up.
@@ -146,8 +159,15 @@ async def run_soak(
         finally:
             stop_nodes(nodes)
         lag = await conn.fetchval(
-            "SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM enqueued_at - scheduled_for))"
-            " FROM occurrences WHERE scheduled_for > now() - interval '5 minutes' AND enqueued_at IS NOT NULL"
+            "SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM o.enqueued_at - o.scheduled_for))"
+            " FROM occurrences o JOIN schedules s USING (schedule_id) WHERE s.priority = 'strict'"
+            " AND o.scheduled_for > now() - interval '5 minutes' AND o.enqueued_at IS NOT NULL"
+        )
+        half = samples[len(samples) // 2]["at"] if samples else time.time()
+        logged = await conn.fetchrow(
+            "SELECT count(*)::bigint AS entries, coalesce(sum(rows), 0)::bigint AS rows FROM dispatch_log"
+            " WHERE acked_at > to_timestamp($1)",
+            half,
         )
     finally:
         await conn.close()
@@ -167,6 +187,10 @@ async def run_soak(
         "dispatched_per_s": round(sum(s["dispatched"] for s in steady) / steady_seconds),
         "oldest_unsettled_max_s": round(max(s["oldest_unsettled_s"] for s in steady), 2),
         "schedule_lag_p99": round(lag, 3) if lag is not None else None,
+        "flexible_fraction": flexible_fraction,
+        "flexible_window": flexible_window,
+        "keep_log_s": keep_log,
+        "log_rows_per_entry": round(logged["rows"] / logged["entries"], 2) if logged["entries"] else None,
     }
 
 
@@ -207,6 +231,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             relays=args.relays,
             sample_every=args.sample_every,
             log_dir=log_dir,
+            flexible_fraction=args.flexible_fraction,
+            flexible_window=args.flexible_window,
             log=lambda line: print(line, file=sys.stderr, flush=True),
         )
     result["broker"] = args.broker
@@ -223,6 +249,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--schedules", type=int, default=10_000)
     parser.add_argument("--every", default="10s", help="the rate schedules' interval")
     parser.add_argument("--relays", type=int, default=2, help="engine node processes")
+    parser.add_argument("--flexible-fraction", type=float, default=0.0, help="share of flexible schedules")
+    parser.add_argument("--flexible-window", type=int, default=10, help="their flexible window (seconds)")
     parser.add_argument("--broker", choices=("tansu", "apache"), default="tansu")
     parser.add_argument("--sample-every", type=float, default=30.0)
     parser.add_argument("--json", type=Path)
