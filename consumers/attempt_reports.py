@@ -30,6 +30,7 @@ from consumers.errors import InfrastructureError
 from schemas.attempt_credentials import AttemptCredential
 from schemas.attempt_events import AttemptEvent
 from schemas.key_partitioning import key_partition
+from schemas.produce_batches import send_in_batches
 from schemas.topics import ATTEMPTS_TOPIC
 
 #: Occurrences whose partition is remembered (the started, heartbeat and outcome events of one delivery
@@ -91,14 +92,8 @@ class AttemptReporter:
             groups.setdefault(self._partition(event), []).append(event)
         acknowledgements = []
         for partition, group in groups.items():
-            batch = self.producer.create_batch()
-            for event in group:
-                key, value, headers = self._record(event, credential)
-                if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
-                    acknowledgements.append(await self.producer.send_batch(batch, ATTEMPTS_TOPIC, partition=partition))
-                    batch = self.producer.create_batch()
-                    batch.append(key=key, value=value, timestamp=None, headers=headers)
-            acknowledgements.append(await self.producer.send_batch(batch, ATTEMPTS_TOPIC, partition=partition))
+            records = (self._record(event, credential) for event in group)
+            acknowledgements += await send_in_batches(self.producer, ATTEMPTS_TOPIC, partition, records)
         await asyncio.gather(*acknowledgements)
 
     @staticmethod

@@ -22,6 +22,7 @@ from opentelemetry import metrics
 from schemas import observability as obs
 from schemas.attempt_grants import AttemptGrant, grant_partition
 from schemas.kafka_security import PLAINTEXT, KafkaSecurity, start_client
+from schemas.produce_batches import send_in_batches
 from schemas.topics import ATTEMPT_GRANTS_TOPIC
 
 log = logging.getLogger("chronoq.attempts")
@@ -68,8 +69,7 @@ class GrantPublisher:
         """Produce every answer and wait for the acknowledgements; a failure is logged, not raised.
 
         The answers of one consumer group share a partition, so they go as Kafka batches (one message per
-        answer, as always) rather than one keyed ``send`` each, which costs aiokafka a future and an
-        accumulator round per message."""
+        answer, as always: ``schemas.produce_batches``) rather than one keyed ``send`` each."""
         if not grants or self._producer is None:
             return
         producer = self._producer
@@ -81,18 +81,8 @@ class GrantPublisher:
                     by_partition.setdefault(grant_partition(grant.consumer_group, partitions), []).append(grant)
                 acknowledgements = []
                 for partition, group in by_partition.items():
-                    batch = producer.create_batch()
-                    for grant in group:
-                        key, value, headers = grant.key, grant.encode(), grant.headers()
-                        if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
-                            # Full: send it and start the next with this answer (an answer, a few hundred
-                            # bytes, always fits an empty batch).
-                            acknowledgements.append(
-                                await producer.send_batch(batch, ATTEMPT_GRANTS_TOPIC, partition=partition)
-                            )
-                            batch = producer.create_batch()
-                            batch.append(key=key, value=value, timestamp=None, headers=headers)
-                    acknowledgements.append(await producer.send_batch(batch, ATTEMPT_GRANTS_TOPIC, partition=partition))
+                    records = ((grant.key, grant.encode(), grant.headers()) for grant in group)
+                    acknowledgements += await send_in_batches(producer, ATTEMPT_GRANTS_TOPIC, partition, records)
                 await asyncio.gather(*acknowledgements)
         except (TimeoutError, KafkaError) as err:
             # The runtimes waiting for these retry in place after their bound (a new, later claim).
