@@ -54,7 +54,11 @@ CONSUMER_LAG = "chronoq.consumer_lag"  # gauge (consumer), per partition: high w
 CONSUMER_RESTARTS = "chronoq.consumer_restarts"  # counter (consumer), attr reason: Kafka consumer recreated (stalled)
 CONSUMER_BATCH_SIZE = "chronoq.consumer_batch_size"  # histogram (consumer): occurrences per batch handler delivery
 ATTEMPT_EVENT_BATCH = "chronoq.attempt_event_batch"  # histogram: attempt events applied per transaction
-ATTEMPT_EVENTS_LAG = "chronoq.attempt_events_lag"  # gauge, per partition: attempt events not applied yet
+# gauge: attempt events not applied yet; attr partition (the attempt processor, its partitions), attr group
+# (the stuck-occurrence watcher: a consumer group's total on chronoq.attempts)
+ATTEMPT_EVENTS_LAG = "chronoq.attempt_events_lag"
+# One description for both recorders: registrations of one name that differ in it export as two metrics.
+ATTEMPT_EVENTS_LAG_DESCRIPTION = "attempt events on chronoq.attempts not applied yet"
 REAPER_DEFERRED = "chronoq.reaper_deferred"  # gauge, s: how far the reaper trails now (attempt events not applied yet)
 # Operator features.
 BACKFILLED_OCCURRENCES = (
@@ -77,6 +81,7 @@ QUARANTINED_DELIVERIES = "chronoq.quarantined_deliveries"  # counter: poison row
 SHARDS_OWNED = "chronoq.shards_owned"  # gauge, attr node_id: shard leases this node holds
 SHARD_MOVES = "chronoq.shard_moves"  # counter, attr direction: acquired|released
 SETTLED_DELIVERIES = "chronoq.settled_deliveries"  # counter: ahead-lane rows the settle pass recorded ENQUEUED
+DISPATCH_LOG_PRUNED = "chronoq.dispatch_log_pruned"  # counter: settled dispatch-log entries forgotten after keep_log
 # counter, attr reason: unsigned|malformed|unknown_credential|expired_credential|wrong_target|bad_signature
 ATTEMPT_EVENTS_REJECTED = "chronoq.attempt_events_rejected"
 # The cancel barrier (docs/state-machine.md, "Cancel as a barrier").
@@ -99,7 +104,6 @@ RECONCILE_COUNTS = "chronoq.reconcile.counts"  # gauge, attr count: expected|mis
 RECONCILE_DURATION = "chronoq.reconcile.duration"  # histogram, s: one reconcile run
 STUCK_REDELIVERIES = "chronoq.stuck_redeliveries"  # counter: ENQUEUED without attempt events, published again
 STUCK_OCCURRENCES = "chronoq.stuck_occurrences"  # gauge, attr status: watched|flagged
-ATTEMPT_EVENTS_LAG = "chronoq.attempt_events_lag"  # gauge: events on chronoq.attempts the engine has not applied
 # History retention (issue 17).
 HISTORY_ARCHIVED = (
     "chronoq.history_archived"  # counter, attrs table (occurrences|attempts), tenant_id: rows moved to the archive

@@ -124,9 +124,7 @@ class AttemptProcessor:
         self.stats = AttemptStats()
         meter = meter or obs.get_meter("engine")
         self.meters = AttemptMetrics(meter)
-        self._lag = meter.create_gauge(
-            obs.ATTEMPT_EVENTS_LAG, unit="1", description="attempt events fetched or waiting, not applied yet"
-        )
+        self._lag = meter.create_gauge(obs.ATTEMPT_EVENTS_LAG, unit="1", description=obs.ATTEMPT_EVENTS_LAG_DESCRIPTION)
         self.tracer = tracer or obs.get_tracer("engine")
         self.verifier: EventVerifier = verifier or CredentialVerifier()
         self.security = security

@@ -39,7 +39,14 @@ class SettlerConfig:
     """entries_per_pass: log entries settled per statement (default 400; an entry is one shard's share
         of a page, up to the relay's rows_per_shard rows).
     interval: seconds between passes when there is nothing to settle or the relay is busy (default 0.2).
-    keep_log: seconds settled log entries are kept for inspection (default 3600).
+    keep_log: seconds settled log entries are kept for inspection (default 600). Once settled an entry
+        serves nothing else (the occurrences hold ENQUEUED and enqueued_at, the cursors the progress), and
+        with flexible traffic the log takes about one entry per three occurrences: at 1,000 occurrences/s
+        an hour's keep was 1.1 million entries.
+    prune_every: seconds between prunes of settled entries (default 5): the log holds about
+        (keep_log + prune_every) x its entry rate.
+    prune_batch: entries one prune statement deletes at most (default 5000; a prune runs at most
+        ``prune_statements`` of them, 20 by default, before the settle pass goes on).
     busy_window: the settle pass waits while any node's relay logged a page within this many seconds
         (default 1.0; 0 disables the check).
     max_defer: ... but not once the oldest unsettled entry is this old (default 30): a steady stream of
@@ -48,7 +55,10 @@ class SettlerConfig:
 
     entries_per_pass: int = 400
     interval: float = 0.2
-    keep_log: float = 3600.0
+    keep_log: float = 600.0
+    prune_every: float = 5.0
+    prune_batch: int = 5000
+    prune_statements: int = 20
     busy_window: float = 1.0
     max_defer: float = 30.0
 
@@ -76,6 +86,7 @@ class DispatchSettler:
         meter = meter or obs.get_meter("engine")
         self._lag = meter.create_histogram(obs.SCHEDULE_LAG, unit="s", description="enqueued_at - scheduled_for")
         self._settled = meter.create_counter(obs.SETTLED_DELIVERIES, unit="1")
+        self._pruned = meter.create_counter(obs.DISPATCH_LOG_PRUNED, unit="1")
 
     async def run_once(self) -> SettleReport:
         """Settle up to ``entries_per_pass`` log entries in one statement."""
@@ -102,9 +113,30 @@ class DispatchSettler:
             )
         )
 
+    async def prune(self) -> int:
+        """Forget log entries settled more than ``keep_log`` ago, oldest first, in statements of at most
+        ``prune_batch`` (at most ``prune_statements`` of them); never an unsettled entry. Returns how many."""
+        pruned = 0
+        for _ in range(self.config.prune_statements):
+            gone = await self.pool.fetchval(
+                *QUERIES.prune_settled_log(
+                    keep_s=self.config.keep_log, limit=self.config.prune_batch, now=self.clock.now()
+                )
+            )
+            pruned += gone
+            if gone < self.config.prune_batch:
+                break
+        if pruned:
+            self._pruned.add(pruned)
+        return pruned
+
     async def run(self, stop: asyncio.Event) -> None:
-        """Settle whenever the relay is quiet, until ``stop``; errors are logged and retried."""
-        passes = 0
+        """Settle whenever the relay is quiet, and prune every ``prune_every`` seconds, until ``stop``; errors
+        are logged and retried."""
+        # The prune's cadence is housekeeping, on the event loop's monotonic time; its cutoff is the injected
+        # clock's (a settled entry's age is business time, like settled_at itself).
+        loop = asyncio.get_running_loop()
+        next_prune = loop.time() + self.config.prune_every
         while not stop.is_set():
             if not self.quiet():
                 await pause(stop, self.config.interval)
@@ -114,11 +146,9 @@ class DispatchSettler:
                     await pause(stop, self.config.interval)
                     continue
                 report = await self.run_once()
-                passes += 1
-                if passes % 1000 == 0:
-                    await self.pool.execute(
-                        *QUERIES.prune_settled_log(keep_s=self.config.keep_log, now=self.clock.now())
-                    )
+                if loop.time() >= next_prune:
+                    await self.prune()
+                    next_prune = loop.time() + self.config.prune_every
             except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
                 log.error("settle pass failed; retrying", extra={"action": "settler.error", "error": repr(err)})
                 await pause(stop, 1.0)

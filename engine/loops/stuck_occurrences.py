@@ -106,9 +106,7 @@ class StuckOccurrences:
         self._stuck = meter.create_gauge(
             obs.STUCK_OCCURRENCES, unit="1", description="stuck occurrences watched (status=watched) or flagged"
         )
-        self._lag = meter.create_gauge(
-            obs.ATTEMPT_EVENTS_LAG, unit="1", description="attempt events on chronoq.attempts not yet applied"
-        )
+        self._lag = meter.create_gauge(obs.ATTEMPT_EVENTS_LAG, unit="1", description=obs.ATTEMPT_EVENTS_LAG_DESCRIPTION)
         self._passes = 0
 
     async def run_once(self) -> StuckReport:

@@ -209,8 +209,21 @@ SELECT coalesce(
     false) AS defer;
 
 -- name: prune_settled_log
--- Forgets settled log entries older than :keep_s seconds.
-DELETE FROM dispatch_log WHERE settled_at < coalesce(:now::timestamptz, now()) - make_interval(secs => :keep_s);
+-- Forgets up to :limit log entries settled more than :keep_s seconds ago, oldest first (through
+-- dispatch_log_settled: it reads only what it deletes; SKIP LOCKED: two nodes' prunes never wait for each
+-- other). Unsettled entries are never touched. Returns how many went.
+WITH gone AS (
+    DELETE FROM dispatch_log
+    WHERE id IN (
+        SELECT id FROM dispatch_log
+        WHERE settled_at < coalesce(:now::timestamptz, now()) - make_interval(secs => :keep_s)
+        ORDER BY settled_at
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING 1
+)
+SELECT count(*) AS pruned FROM gone;
 
 -- name: ahead_enqueued_at
 -- For SCHEDULED occurrences :occurrence_ids still in the ahead lane: the acknowledgement instant of the

@@ -363,7 +363,8 @@ CREATE TABLE public.dispatch_log (
     rows integer NOT NULL,
     acked_at timestamp with time zone NOT NULL,
     settled_at timestamp with time zone
-);
+)
+WITH (autovacuum_vacuum_scale_factor='0.05');
 ALTER TABLE public.dispatch_log ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME public.dispatch_log_id_seq
     START WITH 1
@@ -798,6 +799,7 @@ CREATE INDEX attempts_default_occurrence_id_attempt_number_idx ON public.attempt
 CREATE UNIQUE INDEX calendars_tenant_name ON public.calendars USING btree (tenant_id, name) WHERE (deleted_at IS NULL);
 CREATE INDEX console_sessions_expiry ON public.console_sessions USING btree (expires_at);
 CREATE INDEX dispatch_log_range ON public.dispatch_log USING btree (shard, lane, to_bucket);
+CREATE INDEX dispatch_log_settled ON public.dispatch_log USING btree (settled_at) WHERE (settled_at IS NOT NULL);
 CREATE INDEX dispatch_log_unsettled ON public.dispatch_log USING btree (id) WHERE (settled_at IS NULL);
 CREATE INDEX occurrences_dead ON ONLY public.occurrences USING btree (tenant_id, finished_at, occurrence_id) WHERE (state = 'DEAD'::text);
 CREATE INDEX occurrences_lease_expiry ON ONLY public.occurrences USING btree (lease_expires_at) WHERE (state = 'RUNNING'::text);
