@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import logging
 import signal
 import sys
@@ -47,45 +48,49 @@ def stop_on_signals(stop: asyncio.Event) -> None:
         loop.add_signal_handler(sig, stop.set)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from engine.cli import (
-        calendar_commands,
-        consume_command,
-        dlq_commands,
-        history_commands,
-        kafka_command,
-        operator_commands,
-        reconcile_command,
-        schedule_commands,
-        stack_commands,
-        status_command,
-        target_commands,
-        tenant_commands,
-    )
+#: Each command and the module that registers it. ``main`` imports only the module of the command on the
+#: command line: an area's imports (the engine's loops, the console, aiokafka) cost a second of start-up,
+#: which a ``chronoq schedule create`` should not pay for ``chronoq up``'s sake. ``--help`` without a
+#: command, or an unknown one, imports them all (tests/unit/test_cli_commands.py checks this table against
+#: what the modules register).
+COMMAND_MODULES: dict[str, str] = {
+    "up": "stack_commands",
+    "api": "stack_commands",
+    "migrate": "stack_commands",
+    "engine": "stack_commands",
+    "relay": "stack_commands",
+    "tenant": "tenant_commands",
+    "target": "target_commands",
+    "operator": "operator_commands",
+    "schedule": "schedule_commands",
+    "calendar": "calendar_commands",
+    "consume": "consume_command",
+    "dlq": "dlq_commands",
+    "history": "history_commands",
+    "kafka": "kafka_command",
+    "status": "status_command",
+    "reconcile": "reconcile_command",
+}
 
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for ``argv``: with only its command's module registered when ``argv`` names a known
+    command, with every command otherwise (``None``, ``--help``, a typo: the full list and argparse's
+    suggestions)."""
+    command = next((arg for arg in argv or () if not arg.startswith("-")), None)
+    every_module = list(dict.fromkeys(COMMAND_MODULES.values()))
+    modules = [COMMAND_MODULES[command]] if command in COMMAND_MODULES else every_module
     parser = argparse.ArgumentParser(prog="chronoq", description="Multi-tenant distributed job scheduler.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for area in (
-        stack_commands,
-        tenant_commands,
-        target_commands,
-        operator_commands,
-        schedule_commands,
-        calendar_commands,
-        consume_command,
-        dlq_commands,
-        history_commands,
-        kafka_command,
-        status_command,
-        reconcile_command,
-    ):
-        area.register(commands)
+    for module in modules:
+        importlib.import_module(f"engine.cli.{module}").register(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     level = logging.DEBUG if args.verbose else logging.INFO if args.command == "up" else logging.WARNING
     configure_logging(level)
     try:

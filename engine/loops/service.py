@@ -20,16 +20,12 @@ from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from engine.api.app import Api
-from engine.api.console.app import Console
 from engine.api.metrics_endpoint import MetricsEndpoint
-from engine.api.operator_routes import OperatorRoutes
 from engine.api.server import serve as serve_api
-from engine.api.site import Site
 from engine.control.command_processor import CommandConfig, CommandProcessor
 from engine.control.schedules import ControlPlane
 from engine.loops.attempt_processor import AttemptProcessor, AttemptProcessorConfig
@@ -55,6 +51,9 @@ from schemas.garbage_collection import tune_for_throughput
 from schemas.kafka_security import PLAINTEXT, KafkaSecurity
 from schemas.migrations import apply_migrations
 from schemas.shard_ownership import ShardOwnership
+
+if TYPE_CHECKING:
+    from engine.api.site import Site
 
 log = logging.getLogger("chronoq.service")
 
@@ -320,6 +319,14 @@ def pool_loops(
 
 def api_site(pool: asyncpg.Pool, clock: Clock) -> Site:
     """What the API role serves on its port: the JSON API with the operator routes, the console, /metrics."""
+    # Imported here, not at the top: the API and the console (their OpenAPI schema, pages and request
+    # models) are a third of an engine process's import time, and only a process with the api role serves
+    # them; a relay or a restarted engine node is back at work that much sooner.
+    from engine.api.app import Api
+    from engine.api.console.app import Console
+    from engine.api.operator_routes import OperatorRoutes
+    from engine.api.site import Site
+
     control = ControlPlane(pool, clock)
     api = Api(pool, control, extra_routes=OperatorRoutes(control).routes())
     return Site(api, Console(pool, control), MetricsEndpoint())

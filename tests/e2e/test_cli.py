@@ -36,6 +36,17 @@ def cli_env(engine_db: str | None = None, kafka: str | None = None, **extra: str
     return env
 
 
+#: The bootstrap of the control commands' tests (schedule, calendar, target, tenant: they write the engine's
+#: database and never the broker): an address where no broker listens, so each such test runs once rather
+#: than once per broker, and shows that operators can manage schedules while the broker is down.
+NO_BROKER = "127.0.0.1:9"
+
+
+def control_env(engine_db: str) -> dict[str, str]:
+    """The environment of a control command on ``engine_db``, with no broker (``NO_BROKER``)."""
+    return cli_env(engine_db, NO_BROKER)
+
+
 def run(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(CHRONOQ + args, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
@@ -53,12 +64,12 @@ def run(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess
     ],
 )
 async def test_bad_input_exits_non_zero_with_one_line_naming_the_field_and_writes_nothing(
-    engine_db, pool, kafka_bootstrap, args, field, acme
+    engine_db, pool, args, field, acme
 ):
     result = await asyncio.to_thread(
         run,
         ["schedule", "create", "--tenant", "acme", "--target", "billing.invoice", *args],
-        cli_env(engine_db, kafka_bootstrap),
+        control_env(engine_db),
     )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
@@ -74,9 +85,9 @@ def test_engine_help_says_what_runs_and_what_runs_elsewhere():
     assert "chronoq relay" in result.stdout and "chronoq api" in result.stdout
 
 
-async def test_missing_target_is_named(engine_db, kafka_bootstrap, acme):
+async def test_missing_target_is_named(engine_db, acme):
     result = await asyncio.to_thread(
-        run, ["schedule", "create", "--tenant", "acme", "--cron", "0 9 * * *"], cli_env(engine_db, kafka_bootstrap)
+        run, ["schedule", "create", "--tenant", "acme", "--cron", "0 9 * * *"], control_env(engine_db)
     )
     assert result.returncode == 2 and "target: " in result.stderr
 
@@ -271,11 +282,11 @@ def test_preview_names_the_rule_and_excludes_an_ics_files_dates_offline():
     assert "excluded dates in this window:" in result.stdout and "2026-12-24/2027-01-01" in result.stdout
 
 
-async def test_calendars_from_the_cli_with_tenant_isolation(engine_db, kafka_bootstrap, acme, pool):
+async def test_calendars_from_the_cli_with_tenant_isolation(engine_db, acme, pool):
     from engine.control.tenants import create_tenant
 
     await create_tenant(pool, "globex")
-    env = cli_env(engine_db, kafka_bootstrap)
+    env = control_env(engine_db)
     ics = ROOT / "tests" / "unit" / "calendars" / "holidays_berlin_2026.ics"
 
     async def chronoq(*args: str) -> subprocess.CompletedProcess[str]:
@@ -354,8 +365,8 @@ def test_preview_rejects_an_expression_that_never_fires():
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "expression: " in result.stderr
 
 
-async def test_operators_manage_the_lifecycle_from_the_cli(engine_db, kafka_bootstrap, acme):
-    env = cli_env(engine_db, kafka_bootstrap)
+async def test_operators_manage_the_lifecycle_from_the_cli(engine_db, acme):
+    env = control_env(engine_db)
 
     async def chronoq(*args: str) -> dict:
         result = await asyncio.to_thread(run, [*args, "--json"], env)
@@ -377,11 +388,11 @@ async def test_operators_manage_the_lifecycle_from_the_cli(engine_db, kafka_boot
     assert other.returncode == 1 and "not found" in other.stderr
 
 
-async def test_operators_register_grant_and_revoke_targets_from_the_cli(engine_db, kafka_bootstrap, pool, acme):
+async def test_operators_register_grant_and_revoke_targets_from_the_cli(engine_db, pool, acme):
     from engine.control.tenants import create_tenant
 
     await create_tenant(pool, "globex")
-    env = cli_env(engine_db, kafka_bootstrap)
+    env = control_env(engine_db)
 
     async def chronoq(*args: str) -> subprocess.CompletedProcess[str]:
         return await asyncio.to_thread(run, [*args, "--json"], env)
@@ -410,14 +421,12 @@ async def test_operators_register_grant_and_revoke_targets_from_the_cli(engine_d
     assert [t["target"] for t in listed["items"]] == ["billing.invoice"]
 
 
-async def test_an_operator_registers_the_group_that_reports_a_targets_attempts_from_the_cli(
-    engine_db, kafka_bootstrap, pool
-):
+async def test_an_operator_registers_the_group_that_reports_a_targets_attempts_from_the_cli(engine_db, pool):
     """`chronoq target owner TARGET GROUP` (issue 11): the owner is stored, a change replaces it, a bad
     group name is refused naming the field."""
     from engine.control.attempt_owners import attempt_owner
 
-    env = cli_env(engine_db, kafka_bootstrap)
+    env = control_env(engine_db)
     owner = await asyncio.to_thread(run, ["target", "owner", "billing.invoice", "billing", "--json"], env)
     assert owner.returncode == 0, owner.stderr
     shown = orjson.loads(owner.stdout)

@@ -14,7 +14,7 @@ import orjson
 import requests
 
 from engine.control.schedules import ControlPlane
-from tests.e2e.test_cli import CHRONOQ, ROOT, cli_env, run
+from tests.e2e.test_cli import CHRONOQ, ROOT, cli_env, control_env, run
 
 
 def _metric(text: str, name: str, labels: str = "") -> float | None:
@@ -87,10 +87,8 @@ def test_up_demo_serves_the_console_and_metrics_with_values_from_the_running_sys
     assert "console:" in output and "/ui" in output
 
 
-async def test_the_cli_backfills_an_hour_twice_and_imports_idempotently(
-    engine_db, kafka_bootstrap, pool, acme, tmp_path
-):
-    env = cli_env(engine_db, kafka_bootstrap)
+async def test_the_cli_backfills_an_hour_twice_and_imports_idempotently(engine_db, pool, acme, tmp_path):
+    env = control_env(engine_db)
     control = ControlPlane(pool)
     schedule = await control.create_schedule(
         "acme", {"kind": "cron", "expression": "* * * * *", "target": "cli.backfill"}

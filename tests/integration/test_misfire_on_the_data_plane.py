@@ -263,6 +263,9 @@ async def test_an_on_time_occurrence_due_during_a_large_catch_up_is_published_on
 # ---------------------------------------------------------------------------------------------- relay outage
 
 
+# Six cases of the relay's policy judgement, not of the broker's (which only carries the result): one broker
+# (the suite's time budget).
+@pytest.mark.on_broker("tansu")
 @pytest.mark.parametrize("lane", ["ahead", "late"])
 @pytest.mark.parametrize(
     ("policy", "late_every_10s", "late_every_minute"),

@@ -1,0 +1,55 @@
+"""What a process loads at start: the CLI only its command's module (its table of commands is what the modules
+register), an engine or relay process the API only when it serves it."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from engine.cli import COMMAND_MODULES, build_parser
+
+
+def registered(parser: argparse.ArgumentParser) -> set[str]:
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return set(commands.choices)
+
+
+def test_the_table_names_every_registered_command_and_nothing_else():
+    assert registered(build_parser()) == set(COMMAND_MODULES)
+    assert registered(build_parser(["--help"])) == set(COMMAND_MODULES)
+
+
+@pytest.mark.parametrize("command", sorted(COMMAND_MODULES))
+def test_a_named_command_registers_its_module_alone_and_parses_as_with_all(command):
+    alone = build_parser(["-v", command])
+    assert command in registered(alone)
+    assert registered(alone) == {c for c, m in COMMAND_MODULES.items() if m == COMMAND_MODULES[command]}
+
+
+def test_an_unknown_command_is_refused_with_the_full_list():
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser(["shedule"]).parse_args(["shedule"])
+    assert exit_info.value.code == 2
+
+
+def test_a_control_command_does_not_load_the_engines_loops_the_console_or_the_broker_client():
+    probe = (
+        "import sys; from engine.cli import main;"
+        " code = main(['schedule', 'preview', '--cron', '0 9 * * *', '-n', '1', '--json']);"
+        " print(sorted(m for m in ('engine.loops.service', 'engine.api.console.app', 'uvicorn') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.splitlines()[-1] == "[]", result.stdout
+
+
+def test_an_engine_or_relay_process_loads_the_api_and_console_only_to_serve_them():
+    probe = (
+        "import sys; import engine.loops.service;"
+        " api = ('engine.api.app', 'engine.api.console.app', 'engine.api.openapi');"
+        " print(sorted(m for m in api if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.splitlines()[-1] == "[]", result.stdout
