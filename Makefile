@@ -16,7 +16,7 @@ typecheck:       ## mypy over engine, relay, consumers, schemas, tests, load_tes
 	$(BIN)/mypy
 
 test:            ## every tier: unit, integration, e2e (starts its own PostgreSQL and broker), two workers
-	$(BIN)/pytest -n 2
+	$(BIN)/pytest -n 3
 
 test-unit:       ## no I/O, a few seconds
 	$(BIN)/pytest tests/unit

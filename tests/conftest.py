@@ -11,8 +11,9 @@ CHRONOQ_DATABASE_URL and CHRONOQ_KAFKA_BOOTSTRAP set, the tests use those
 servers instead, and the Kafka tests run once, as ``[external]`` (the
 database role needs CREATEDB).
 
-The README's command runs two pytest-xdist workers (``-n 2``); each is a session of its own, with its own
-PostgreSQL and brokers on their own free ports, so nothing is shared between them.
+The README's command runs three pytest-xdist workers (``-n 3``) on two cores (CONTRIBUTING.md, "The
+suite's time", says why); each is a session of its own, with its own PostgreSQL and brokers on their own
+free ports, so nothing is shared between them.
 
 Each test that touches the engine gets its own database cloned from a migrated
 template (fast and isolated); Kafka isolation comes from unique target names
@@ -138,10 +139,12 @@ def own_apache_kafka() -> Iterator[ApacheKafka]:
         gc.collect()  # see ``broker``
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def secure_kafka() -> Iterator[SecureKafka]:
-    """One Apache Kafka per session with SASL_SSL (SCRAM), mutual-TLS and the ACL authorizer
-    (tests/support/secure_kafka.py), beside ``broker``'s; started in the main thread like it."""
+    """An Apache Kafka with SASL_SSL (SCRAM), mutual-TLS and the ACL authorizer (tests/support/secure_kafka.py),
+    beside ``broker``'s, for the module that uses it; started in the main thread like it. Module scope, not
+    session: its tests come early in the order, and an idle broker costs about 4 % of a core (measured), which
+    a session-long one spent for the rest of every worker's run."""
     require_apache_kafka()
     base = Path(tempfile.mkdtemp(prefix="chronoq-test-secure-kafka-"))
     running = prepare_secure_kafka(base)
