@@ -91,7 +91,7 @@ class QuerySet(Mapping[str, Query]):
 #: closing quote is a group so an unterminated one can be reported), a line or block comment, a
 #: dollar-quoted string, a ``::`` cast and, last, a ``:name`` parameter. One compiled scan, because every
 #: process parses every query at import: the character-by-character loop it replaced cost 0.1-0.3 s of
-#: each CLI command's and each engine, relay and consumer process's start (tests/unit/test_contracts.py
+#: each CLI command's and each engine, relay and consumer process's start (tests/unit/test_query_binding.py
 #: keeps that loop as the oracle of a property test).
 _TOKEN = re.compile(
     r"""(?P<quoted>(?P<quote>['"])(?:(?!(?P=quote)).|(?P=quote){2})*(?P<closed>(?P=quote))?)"""

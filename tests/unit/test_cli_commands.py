@@ -35,7 +35,7 @@ def test_an_unknown_command_is_refused_with_the_full_list():
     assert exit_info.value.code == 2
 
 
-def test_a_control_command_does_not_load_the_engines_loops_the_console_or_the_broker_client():
+def test_a_control_command_loads_neither_the_engines_loops_nor_the_console_nor_its_server():
     probe = (
         "import sys; from engine.cli import main;"
         " code = main(['schedule', 'preview', '--cron', '0 9 * * *', '-n', '1', '--json']);"
