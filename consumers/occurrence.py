@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from consumers.errors import OccurrenceCanceled
+from schemas.frozen_records import quick_init
 from schemas.messages import OccurrenceMessage
 
 
@@ -53,6 +54,7 @@ class Cancellation:
             raise OccurrenceCanceled(f"the occurrence's schedule was canceled ({self.reason})")
 
 
+@quick_init
 @dataclass(frozen=True)
 class Occurrence:
     """One scheduled time of one schedule, delivered to a handler.

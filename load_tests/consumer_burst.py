@@ -44,6 +44,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from load_tests.process_cpu import cpu_seconds, per_row
+
 ROOT = Path(__file__).resolve().parents[1]
 TOP = datetime(2027, 1, 4, 9, 0, tzinfo=UTC)
 FIGURE_KEYS = (
@@ -357,6 +359,15 @@ class ConsumerSide:
     def _workers(self) -> list[Worker]:
         return self.consumers + ([self.engine] if self.engine else [])
 
+    def stack_cpu(self) -> dict[str, float]:
+        """CPU seconds so far of every part of the stack: the consumer apps, the engine process, PostgreSQL
+        (both databases: one server), the broker and this process (``load_tests.process_cpu``)."""
+        pids = {
+            "consumer": [w.process.pid for w in self.consumers],
+            "engine": [self.engine.process.pid] if self.engine else [],
+        }
+        return cpu_seconds(pids, self.bootstrap, self.engine_url)
+
     def applied(self) -> int:
         return sum(int(w.value("APPLIED") or 0) for w in self.consumers)
 
@@ -367,14 +378,18 @@ class ConsumerSide:
         engine_pool: asyncpg.Pool,
         timeout: float = 1800.0,
         scheduled_for: datetime | None = None,
+        cpu_before: dict[str, float] | None = None,
     ) -> dict:
         """Wait until ``expected`` occurrences are applied and SUCCEEDED in the engine; return the figures.
 
         due: the burst instant (``time.time()`` when everything became due). scheduled_for: count only the
         occurrences of this instant as open (the database holds others), instead of every occurrence.
+        cpu_before: a :meth:`stack_cpu` reading at ``due``: the figures then split the whole stack's CPU
+        until everything settled per occurrence and part (``burst_cpu_us_per_occurrence``).
         """
         deadline = time.monotonic() + timeout
         settled_at = applied_at = None
+        cpu_after: dict[str, float] | None = None
         while settled_at is None:
             for worker in self._workers():
                 worker.check_alive()
@@ -390,6 +405,7 @@ class ConsumerSide:
                 )
                 if open_rows == 0:
                     settled_at = time.time()
+                    cpu_after = self.stack_cpu() if cpu_before is not None else None
                     break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.applied()} of {expected} applied after {timeout} s")
@@ -401,7 +417,7 @@ class ConsumerSide:
             starts.frombytes((self.work_dir / f"starts-{n}.bin").read_bytes())
         lags = sorted(t - due for t in starts)
         timed_out = await engine_pool.fetchval("SELECT count(*) FROM attempts WHERE result = 'timed_out'")
-        figures = dict(
+        figures: dict[str, Any] = dict(
             zip(("handler_start_p50", "handler_start_p95", "handler_start_p99"), _percentiles(lags), strict=True)
         )
         first = min(starts) if starts else due
@@ -425,6 +441,12 @@ class ConsumerSide:
                 "attempt_verdicts": engine_report.get("verdicts"),
             }
         )
+        if cpu_before is not None and cpu_after is not None:
+            # Every part shares the two cores: the split says which part to make cheaper.
+            split = per_row(cpu_before, cpu_after, expected)
+            figures["burst_cpu_us_per_occurrence"] = split | {"total": round(sum(split.values()), 1)}
+            used = sum(cpu_after.values()) - sum(cpu_before.values())
+            figures["cores_busy"] = round(used / max(settled_at - due, 1e-9), 2)
         return figures
 
     async def stop(self) -> None:
@@ -549,6 +571,7 @@ async def main(args: argparse.Namespace) -> dict:
             work_dir=home / "workers",
         )
         await side.start()
+        cpu_before = side.stack_cpu()
         due = time.time()
         for start in range(0, len(records), args.publish_chunk):
             failed = [e for e in (await publisher.publish(records[start : start + args.publish_chunk])).values() if e]
@@ -556,7 +579,7 @@ async def main(args: argparse.Namespace) -> dict:
                 raise RuntimeError(f"{len(failed)} records not acknowledged: {failed[0]!r}")
         published_s = time.time() - due
         await publisher.stop()
-        figures = await side.settle(args.occurrences, due, pool)
+        figures = await side.settle(args.occurrences, due, pool, cpu_before=cpu_before)
         await pool.close()
     finally:
         if side:

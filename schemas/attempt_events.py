@@ -45,6 +45,7 @@ import orjson
 
 from schemas import record_fields as fields
 from schemas.errors import MalformedMessage
+from schemas.frozen_records import quick_init
 from schemas.messages import HEADER_FORMAT, HEADER_OCCURRENCE_ID, decode_json_object, format_instant
 from schemas.record_fields import MAX_NAME
 
@@ -68,6 +69,7 @@ MAX_ERROR_MESSAGE = 2000
 MAX_ERROR_CLASS = 200
 
 
+@quick_init
 @dataclass(frozen=True)
 class AttemptEvent:
     event: str

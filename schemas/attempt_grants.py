@@ -31,6 +31,7 @@ import orjson
 
 from schemas import record_fields as fields
 from schemas.errors import MalformedMessage
+from schemas.frozen_records import quick_init
 from schemas.messages import HEADER_FORMAT, HEADER_OCCURRENCE_ID, decode_json_object
 
 FORMAT_VERSION = 1
@@ -52,6 +53,7 @@ REFUSAL_REASONS = (CANCELED, FENCED, FINISHED, UNKNOWN, FOREIGN_GROUP, NOT_AUTHE
 MAX_CONSUMER_GROUP = 255
 
 
+@quick_init
 @dataclass(frozen=True)
 class AttemptGrant:
     """The engine's answer to one ``started``: ``granted``, or ``refused`` with a reason."""

@@ -50,6 +50,7 @@ import orjson
 
 from schemas import record_fields as fields
 from schemas.errors import MalformedMessage
+from schemas.frozen_records import quick_init
 
 FORMAT_VERSION = 1
 SUPPORTED_FORMATS = frozenset({1})
@@ -59,6 +60,7 @@ HEADER_OCCURRENCE_ID = "chronoq-occurrence-id"
 HEADER_TENANT = "chronoq-tenant"
 
 
+@quick_init
 @dataclass(frozen=True)
 class OccurrenceMessage:
     occurrence_id: uuid.UUID

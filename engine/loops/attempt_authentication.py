@@ -27,6 +27,7 @@ import asyncpg
 
 from schemas.attempt_credentials import SignedBy, verify
 from schemas.attempt_events import AttemptEvent
+from schemas.frozen_records import quick_init
 from schemas.queries import QUERIES
 
 
@@ -39,6 +40,7 @@ class Rejection(str, Enum):
     BAD_SIGNATURE = "bad_signature"  # the signature does not match the record
 
 
+@quick_init
 @dataclass(frozen=True)
 class ReceivedEvent:
     """An attempt event as it arrived: what its record claims about who sent it (None: unsigned), the exact

@@ -81,6 +81,10 @@ class AttemptEvent(Protocol):
     def claim_order(self) -> int | None: ...
 
 
+#: States by their database text (an enum call costs a microsecond per row; unknown text still raises).
+_STATES = {state.value: state for state in State}
+
+
 class Verdict(str, Enum):
     ACCEPTED = "accepted"  # the event changed state
     DUPLICATE = "duplicate"  # the same outcome was already recorded (Kafka redelivered the event)
@@ -118,7 +122,7 @@ class OccurrenceState:
     def from_row(cls, row: Mapping[str, Any]) -> OccurrenceState:
         return cls(
             row,
-            State(row["state"]),
+            _STATES.get(row["state"]) or State(row["state"]),
             row["attempt_count"],
             row["lease_token"],
             row["lease_expires_at"],
@@ -286,15 +290,7 @@ class _Fold:
         known = self.d.attempts.get(event.lease_token) if event.lease_token is not None else None
         if known is not None and known.occurrence_id != self.occ.occurrence_id:
             return Verdict.FENCED  # a token of another occurrence: never ours
-        handler = {
-            STARTED: self.started,
-            HEARTBEAT: self.heartbeat,
-            SUCCEEDED: self.succeeded,
-            FAILED: self.failed,
-            CANCELED: self.canceled,
-            ALREADY_APPLIED: self.already_applied,
-        }[event.event]
-        return handler(event, known)
+        return _HANDLERS[event.event](self, event, known)
 
     def current(self, event: AttemptEvent) -> bool:
         return self.occ.state is State.RUNNING and self.occ.lease_token == event.lease_token
@@ -459,6 +455,17 @@ class _Fold:
         self.touch()
         self.d.finished.append(occ)
         self.d.transitions.append(Transition(occ, f"occurrence.{occ.state.value.lower()}", {"event": event.value}))
+
+
+#: The rule of each event kind (a table built once: a dict of bound methods per event cost ~1 µs of ~20).
+_HANDLERS = {
+    STARTED: _Fold.started,
+    HEARTBEAT: _Fold.heartbeat,
+    SUCCEEDED: _Fold.succeeded,
+    FAILED: _Fold.failed,
+    CANCELED: _Fold.canceled,
+    ALREADY_APPLIED: _Fold.already_applied,
+}
 
 
 def _repeat_or_fenced(known: AttemptState | None, result: str) -> Verdict:

@@ -13,6 +13,7 @@ in SQL, matching the table.
 from __future__ import annotations
 
 from enum import Enum
+from typing import cast
 
 from schemas.errors import ChronoqError
 
@@ -94,15 +95,24 @@ UNCLAIMED = frozenset({S.SCHEDULED, S.ENQUEUED, S.RETRY_WAIT})
 
 def transition(state: State | str, event: Event | str) -> State:
     """The state after ``event``; IllegalTransition if the event cannot happen in ``state``."""
-    state, event = State(state), Event(event)
-    following = TRANSITIONS.get((state, event))
+    # The hot path passes members, which the table answers at once; a miss converts and asks again (a
+    # member hashes by its name, its text by its value: an event's text misses), and what is no state or
+    # event raises.
+    following = _ANY_KEY.get((state, event))
     if following is None:
-        raise IllegalTransition(state, event)
+        state, event = State(state), Event(event)
+        following = TRANSITIONS.get((state, event))
+        if following is None:
+            raise IllegalTransition(state, event)
     return following
 
 
 def allowed(state: State | str, event: Event | str) -> bool:
-    return (State(state), Event(event)) in TRANSITIONS
+    return (state, event) in _ANY_KEY or (State(state), Event(event)) in TRANSITIONS
+
+
+#: The table as the fast paths above ask it: with whatever they were given, members or text.
+_ANY_KEY = cast("dict[tuple[object, object], State]", TRANSITIONS)
 
 
 def events_from(state: State | str) -> frozenset[Event]:

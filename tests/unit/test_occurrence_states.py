@@ -67,6 +67,31 @@ def test_illegal_moves_raise(state, event):
     assert not allowed(state, event)
 
 
+@given(st.sampled_from(list(State)), st.sampled_from(list(Event)), st.booleans(), st.booleans())
+def test_members_and_their_text_answer_alike(state, event, state_as_text, event_as_text):
+    # The table is looked up with members first (the fold's fast path) and with converted text on a miss:
+    # the answer must not depend on which of the two the caller passed.
+    given_state = state.value if state_as_text else state
+    given_event = event.value if event_as_text else event
+    expected = TRANSITIONS.get((state, event))
+    assert allowed(given_state, given_event) is (expected is not None)
+    if expected is None:
+        with pytest.raises(IllegalTransition) as caught:
+            transition(given_state, given_event)
+        assert caught.value.state is state and caught.value.event is event
+    else:
+        assert transition(given_state, given_event) is expected
+
+
+@pytest.mark.parametrize("state, event", [("RUNNING", "STARTED"), ("running", "started"), ("NOPE", "started")])
+def test_text_that_is_no_state_or_event_is_an_error_not_a_no(state, event):
+    # "STARTED" is the member's name, not its value; a lookup by hash must not mistake one for the other.
+    with pytest.raises(ValueError):
+        allowed(state, event)
+    with pytest.raises(ValueError):
+        transition(state, event)
+
+
 def test_final_states_have_no_way_out_but_an_operators_backfill():
     for state in TERMINAL:
         assert events_from(state) <= OPERATOR_EVENTS
