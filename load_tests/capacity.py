@@ -286,6 +286,10 @@ async def hot_queries(pool: asyncpg.Pool, now: datetime, repeat: int = 3) -> dic
             "attempt_lock_occurrences_of_days": QUERIES.lock_occurrences_of_days(
                 occurrence_ids=[recent["occurrence_id"]], days=[recent["scheduled_for"]]
             ),
+            # The processor's read of the leases its answers to `started` report: that day's partition only.
+            "attempt_answer_leases_of_days": QUERIES.occurrence_leases_of_days(
+                occurrence_ids=[recent["occurrence_id"]], days=[recent["scheduled_for"]]
+            ),
             "listing_schedule_occurrences": QUERIES.list_schedule_occurrences(
                 schedule_id=recent["schedule_id"], tenant_id=recent["tenant_id"], after_at=None, after_id=None, limit=51
             ),

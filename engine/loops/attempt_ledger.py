@@ -111,6 +111,28 @@ async def lock_event_occurrences(conn: asyncpg.Connection, events: Sequence[Atte
     return rows
 
 
+async def read_event_leases(
+    conn: asyncpg.Connection, events: Sequence[AttemptEvent]
+) -> dict[uuid.UUID, asyncpg.Record]:
+    """The state and lease token of each occurrence the events name, by id (absent: no such occurrence).
+    Pruned to the events' days like :func:`lock_event_occurrences`; an id not found there is read by id
+    alone, so a wrong or missing instant costs a wider read, never an answer."""
+    days = {event.occurrence_id: event.scheduled_for for event in events if event.scheduled_for is not None}
+    ids = {event.occurrence_id for event in events}
+    rows = (
+        await conn.fetch(*QUERIES.occurrence_leases_of_days(occurrence_ids=list(days), days=sorted(set(days.values()))))
+        if days
+        else []
+    )
+    found = {row["occurrence_id"]: row for row in rows}
+    missing = [occurrence_id for occurrence_id in ids if occurrence_id not in found]
+    if missing:
+        found.update(
+            (row["occurrence_id"], row) for row in await conn.fetch(*QUERIES.occurrence_leases(occurrence_ids=missing))
+        )
+    return found
+
+
 class AttemptLedger:
     """Applies attempt events and failure conclusions inside a caller's transaction.
 

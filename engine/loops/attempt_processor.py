@@ -36,8 +36,9 @@ import asyncio
 import logging
 import random
 import time
+import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -48,7 +49,7 @@ from opentelemetry import metrics, trace
 
 from engine.loops.attempt_authentication import CredentialVerifier, EventVerifier, ReceivedEvent, Rejection
 from engine.loops.attempt_grants import GrantPublisher, GrantSink
-from engine.loops.attempt_ledger import AttemptLedger, Verdict
+from engine.loops.attempt_ledger import AttemptLedger, Verdict, read_event_leases
 from engine.loops.attempt_outcomes import AttemptMetrics, AttemptStats
 from engine.loops.kafka_processor import KafkaLoopSettings, KafkaProcessorLoop, database_scoped_group
 from engine.loops.reporting import SUMMARY_EVERY
@@ -178,15 +179,8 @@ class AttemptProcessor:
                         extra={"action": "attempt.batch_fallback", "events": len(accepted), "error": repr(err)},
                     )
                     applied = [await self._apply_alone(conn, event, now) for event in accepted]
-                asked = list({r.event.occurrence_id for r in received if _asks_for_grant(r.event)})
-                leases = (
-                    {
-                        row["occurrence_id"]: row
-                        for row in await conn.fetch(*QUERIES.occurrence_leases(occurrence_ids=asked))
-                    }
-                    if asked
-                    else {}
-                )
+                asked = [r.event for r in received if _asks_for_grant(r.event)]
+                leases = await read_event_leases(conn, asked) if asked else {}
         verdicts, results = [], iter(applied)
         for item, why in zip(received, rejections, strict=True):
             verdicts.append(next(results) if why is None else self._rejected(item, why))
@@ -382,7 +376,7 @@ def _asks_for_grant(event: AttemptEvent) -> bool:
 
 
 def answers(
-    received: Sequence[ReceivedEvent], verdicts: Sequence[Verdict], leases: dict[object, asyncpg.Record]
+    received: Sequence[ReceivedEvent], verdicts: Sequence[Verdict], leases: Mapping[uuid.UUID, asyncpg.Record]
 ) -> list[AttemptGrant]:
     """The answer to every `started` of a batch, from the state the committed batch left
     (:func:`engine.rules.attempt_grants.grant_for`)."""

@@ -179,4 +179,12 @@ RETURNING target, consumer_group, registered_by, registered_at;
 -- name: occurrence_leases
 -- The state and current lease token of the occurrences :occurrence_ids, read in the attempt processor's
 -- transaction after a batch was applied (rows locked by it): what the answers to the batch's `started` say.
+-- By id alone this probes the key of every day partition (30 days of history: 30-odd probes per id); the
+-- processor asks occurrence_leases_of_days first and this only for ids not found there.
 SELECT occurrence_id, state, lease_token FROM occurrences WHERE occurrence_id = ANY (:occurrence_ids::uuid[]);
+
+-- name: occurrence_leases_of_days
+-- occurrence_leases for answers whose `started` named its occurrence's scheduled_for: :days, the distinct
+-- instants, prune the read to those days' partitions.
+SELECT occurrence_id, state, lease_token FROM occurrences
+WHERE occurrence_id = ANY (:occurrence_ids::uuid[]) AND scheduled_for = ANY (:days::timestamptz[]);

@@ -133,6 +133,37 @@ async def test_a_duplicate_started_read_again_after_a_crash_before_the_reply_is_
     assert (await occurrence_row(pool, sent.occurrence_id))["lease_token"] == token
 
 
+class _Answers:
+    """A GrantSink that keeps what the processor would send."""
+
+    def __init__(self) -> None:
+        self.sent: list[AttemptGrant] = []
+
+    async def send(self, grants) -> None:
+        self.sent.extend(grants)
+
+
+async def test_every_started_is_answered_whether_its_scheduled_for_is_right_wrong_or_absent(pool, clock, target):
+    """The answers read the leases in the days the events name (one partition, not every day's) and fall
+    back to the id alone: an event from an older runtime (no scheduled_for) or with a wrong one is answered
+    as surely as one with the right instant, and an occurrence that does not exist is refused `unknown`."""
+    sent = [await due_occurrence(pool, "acme", target, clock.now() - timedelta(days=d)) for d in (0, 1, 2)]
+    group, tokens = f"barrier-{uuid.uuid4().hex[:8]}", [uuid.uuid4() for _ in range(4)]
+    nowhere = uuid.uuid4()
+    instants = [sent[0].scheduled_for, sent[1].scheduled_for + timedelta(days=5), None]
+    events = [
+        AttemptEvent.started(message.occurrence_id, 1, token, 30.0, group, "w", scheduled_for=at)
+        for message, token, at in zip(sent, tokens, instants, strict=False)
+    ] + [AttemptEvent.started(nowhere, 1, tokens[3], 30.0, group, "w", scheduled_for=clock.now())]
+    answers = _Answers()
+    processor = AttemptProcessor(pool, clock=clock, rng=random.Random(3), grants=answers)
+    assert [v.value for v in await processor.apply_events(events)] == ["accepted"] * 3 + ["unknown"]
+    assert answers.sent == [
+        *(AttemptGrant(m.occurrence_id, t, group, "granted") for m, t in zip(sent, tokens, strict=False)),
+        AttemptGrant(nowhere, tokens[3], group, "refused", "unknown"),
+    ]
+
+
 async def test_a_batch_handler_gets_only_the_occurrences_the_engine_granted(
     engine_db, pool, clock, kafka_bootstrap, consumer_db, effects, target, acme
 ):

@@ -140,8 +140,8 @@ def test_the_processor_answers_every_started_that_names_its_group() -> None:
     received = [ReceivedEvent(e, None, e.key, e.encode()) for e in (started, anonymous, heartbeat)]
     leases = {OCC: {"state": "RUNNING", "lease_token": TOKEN}}
     verdicts = [Verdict.ACCEPTED, Verdict.ACCEPTED, Verdict.ACCEPTED]
-    assert answers(received, verdicts, leases) == [AttemptGrant(OCC, TOKEN, "billing", "granted")]  # type: ignore[arg-type]
-    assert answers(received[:1], [Verdict.REJECTED], leases) == [  # type: ignore[arg-type]
+    assert answers(received, verdicts, leases) == [AttemptGrant(OCC, TOKEN, "billing", "granted")]
+    assert answers(received[:1], [Verdict.REJECTED], leases) == [
         AttemptGrant(OCC, TOKEN, "billing", "refused", "not_authenticated")
     ]
     assert answers(received[:1], [Verdict.UNKNOWN], {}) == [AttemptGrant(OCC, TOKEN, "billing", "refused", "unknown")]
