@@ -44,6 +44,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from load_tests import pg_statements
 from load_tests.process_cpu import cpu_seconds, per_row
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -534,6 +535,8 @@ async def main(args: argparse.Namespace) -> dict:
     if not (admin_url and bootstrap):
         postgres, kafka = EmbeddedPostgres(home / "postgres"), EmbeddedKafka(home / "kafka.log")
         postgres.start()
+        if args.pg_statements:
+            await pg_statements.preload(postgres)
         bootstrap = kafka.start()
         admin_url = postgres.url("postgres")
     suffix = uuid.uuid4().hex[:8]
@@ -571,6 +574,8 @@ async def main(args: argparse.Namespace) -> dict:
             work_dir=home / "workers",
         )
         await side.start()
+        if args.pg_statements:
+            await pg_statements.reset(admin)
         cpu_before = side.stack_cpu()
         due = time.time()
         for start in range(0, len(records), args.publish_chunk):
@@ -580,6 +585,8 @@ async def main(args: argparse.Namespace) -> dict:
         published_s = time.time() - due
         await publisher.stop()
         figures = await side.settle(args.occurrences, due, pool, cpu_before=cpu_before)
+        if args.pg_statements:
+            figures["pg_statements"] = await pg_statements.top(admin, args.pg_statements, list(names.values()))
         await pool.close()
     finally:
         if side:
@@ -624,6 +631,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="start the attempt processor once the consumers are done: each side measured alone",
     )
     parser.add_argument("--publish-chunk", type=int, default=20_000)
+    parser.add_argument(
+        "--pg-statements",
+        type=int,
+        default=0,
+        metavar="N",
+        help="report the N statements that took PostgreSQL the most time during the burst (pg_stat_statements;"
+        " preloaded on the embedded server, an external one must preload it)",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     # Worker processes (started by the benchmark itself).
     parser.add_argument("--role", choices=("main", "consumer", "engine"), default="main", help=argparse.SUPPRESS)
