@@ -4,7 +4,7 @@ A frozen dataclass's generated ``__init__`` sets every field through ``object.__
 class's own ``__setattr__`` refuses), about 0.35 µs per field here: 5 µs for the 14 fields of an
 attempt event against 0.9 µs for a plain dataclass. The hot path builds several such records per
 occurrence — the decoded message, the handler's ``Occurrence``, the ``started`` and ``succeeded``
-events, the engine's answer — so a consumer app paid ~25 µs per occurrence for the guarantee alone
+events, the engine's answer — so a consumer app paid ~15 µs per occurrence for the guarantee alone
 (docs/benchmarks.md, "Where the handler path's CPU goes").
 
 :func:`quick_init` gives such a class an ``__init__`` with the same signature, defaults and
