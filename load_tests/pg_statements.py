@@ -9,11 +9,12 @@ locks and the CPU count alike); commits and WAL flushes are outside them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from engine.cli.embedded import EmbeddedPostgres
+if TYPE_CHECKING:  # the benchmark's worker processes import this module too, and need no server code
+    from engine.cli.embedded import EmbeddedPostgres
 
 
 async def preload(postgres: EmbeddedPostgres) -> None:
