@@ -290,6 +290,32 @@ async def hot_queries(pool: asyncpg.Pool, now: datetime, repeat: int = 3) -> dic
             "attempt_answer_leases_of_days": QUERIES.occurrence_leases_of_days(
                 occurrence_ids=[recent["occurrence_id"]], days=[recent["scheduled_for"]]
             ),
+            # A failure's and a reaper's writes of the locked occurrence and its attempt: its partition only.
+            "outcome_wait_for_retry": QUERIES.wait_for_retry(
+                occurrence_id=recent["occurrence_id"],
+                scheduled_for=recent["scheduled_for"],
+                error_class="E",
+                error_message="",
+                now=now,
+            ),
+            "outcome_finish_occurrence": QUERIES.finish_occurrence(
+                occurrence_id=recent["occurrence_id"],
+                scheduled_for=recent["scheduled_for"],
+                state="DEAD",
+                error_class=None,
+                error_message=None,
+                dead_reason="max_attempts",
+                now=now,
+            ),
+            "outcome_finish_attempt": QUERIES.finish_attempt(
+                lease_token=uuid.uuid4(),
+                scheduled_for=recent["scheduled_for"],
+                result="timed_out",
+                error_class=None,
+                error_message=None,
+                permanent=None,
+                now=now,
+            ),
             "listing_schedule_occurrences": QUERIES.list_schedule_occurrences(
                 schedule_id=recent["schedule_id"], tenant_id=recent["tenant_id"], after_at=None, after_id=None, limit=51
             ),

@@ -153,6 +153,7 @@ class AttemptOutcomes:
         await conn.execute(
             *QUERIES.wait_for_retry(
                 occurrence_id=occ.occurrence_id,
+                scheduled_for=occ.scheduled_for,
                 error_class=failure.error_class,
                 error_message=failure.error_message,
                 now=now,
@@ -226,6 +227,7 @@ class AttemptOutcomes:
         await conn.execute(
             *QUERIES.finish_occurrence(
                 occurrence_id=occ.occurrence_id,
+                scheduled_for=occ.scheduled_for,
                 state=final.value,
                 error_class=failure.error_class if failure else None,
                 error_message=failure.error_message if failure else None,
@@ -246,16 +248,19 @@ class AttemptOutcomes:
     async def finish_attempt(
         self,
         conn: asyncpg.Connection,
+        occ: LockedOccurrence,
         token: uuid.UUID | None,
         result: str,
         now: datetime,
         failure: Failure | None = None,
     ) -> None:
+        """Close attempt ``token`` of the locked occurrence ``occ`` (in its day partition) with ``result``."""
         if token is None:
             return
         closed = await conn.fetchrow(
             *QUERIES.finish_attempt(
                 lease_token=token,
+                scheduled_for=occ.scheduled_for,
                 result=result,
                 error_class=failure.error_class if failure else None,
                 error_message=failure.error_message if failure else None,

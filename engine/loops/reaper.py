@@ -99,7 +99,7 @@ class Reaper:
                     assert occ is not None  # expired_leases locked it
                     expired_at = occ.lease_expires_at.isoformat() if occ.lease_expires_at else "?"
                     failure = Failure(LEASE_EXPIRED, f"no heartbeat since the lease expired at {expired_at}")
-                    await self.outcomes.finish_attempt(conn, occ.lease_token, "timed_out", now, failure)
+                    await self.outcomes.finish_attempt(conn, occ, occ.lease_token, "timed_out", now, failure)
                     outcome = await self.outcomes.conclude_failure(conn, occ, failure, now)
                     log.warning(
                         "attempt lease expired",

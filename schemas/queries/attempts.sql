@@ -100,28 +100,32 @@ WHERE o.occurrence_id = u.occurrence_id AND o.occurrence_id = ANY (:occurrence_i
   AND o.scheduled_for = ANY (:days::timestamptz[]);
 
 -- name: finish_attempt
--- Closes an open attempt with its result (succeeded, failed, timed_out, fenced, canceled).
+-- Closes an open attempt with its result (succeeded, failed, timed_out, fenced, canceled). :scheduled_for is
+-- its occurrence's (an attempt lives in its occurrence's day partition): one partition's key is probed, not
+-- every day's (30 days of history: 30-odd probes).
 UPDATE attempts
 SET finished_at = coalesce(:now::timestamptz, now()), result = :result, error_class = :error_class,
     error_message = :error_message, permanent = :permanent
-WHERE lease_token = :lease_token AND finished_at IS NULL
+WHERE lease_token = :lease_token AND scheduled_for = :scheduled_for AND finished_at IS NULL
 RETURNING attempt_number, started_at;
 
 -- name: finish_occurrence
--- Moves an occurrence to a final state (SUCCEEDED, DEAD, CANCELED) and drops its lease.
+-- Moves an occurrence to a final state (SUCCEEDED, DEAD, CANCELED) and drops its lease. The caller holds
+-- the row locked (lock_occurrence), so its :scheduled_for is exact and prunes the update to its partition.
 UPDATE occurrences
 SET state = :state, finished_at = coalesce(:now::timestamptz, now()), lease_token = NULL, lease_expires_at = NULL,
     last_error_class = coalesce(:error_class, last_error_class),
     last_error_message = coalesce(:error_message, last_error_message),
     dead_reason = :dead_reason, updated_at = coalesce(:now::timestamptz, now())
-WHERE occurrence_id = :occurrence_id;
+WHERE occurrence_id = :occurrence_id AND scheduled_for = :scheduled_for;
 
 -- name: wait_for_retry
--- A failed attempt will be retried: RETRY_WAIT until the relay publishes the next delivery.
+-- A failed attempt will be retried: RETRY_WAIT until the relay publishes the next delivery. The row is
+-- locked by the caller, so its :scheduled_for is exact (one partition, as finish_occurrence).
 UPDATE occurrences
 SET state = 'RETRY_WAIT', lease_token = NULL, lease_expires_at = NULL, last_error_class = :error_class,
     last_error_message = :error_message, updated_at = coalesce(:now::timestamptz, now())
-WHERE occurrence_id = :occurrence_id;
+WHERE occurrence_id = :occurrence_id AND scheduled_for = :scheduled_for;
 
 -- name: expired_leases
 -- Locks up to :limit RUNNING occurrences whose lease expired (the worker stopped heartbeating) before the

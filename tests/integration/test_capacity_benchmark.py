@@ -55,9 +55,16 @@ async def test_the_capacity_benchmark_measures_fills_and_prunes(engine_db):
             assert not scans, (name, measured[name]["plan"])
         # With the events' scheduled_for the attempt lock reads one day's partition (migration 0016), whatever
         # the days behind it; by id alone it probes each day's key.
-        for name in ("attempt_lock_occurrences_of_days", "attempt_answer_leases_of_days"):
+        for name in (
+            "attempt_lock_occurrences_of_days",
+            "attempt_answer_leases_of_days",
+            "outcome_wait_for_retry",
+            "outcome_finish_occurrence",
+        ):
             days_read = {n.split()[-1] for n in measured[name]["plan"] if "occurrences_" in n}
             assert len(days_read) == 1, (name, measured[name]["plan"])
+        attempt_days = {n.split()[-1] for n in measured["outcome_finish_attempt"]["plan"] if "attempts_" in n}
+        assert len(attempt_days) == 1, measured["outcome_finish_attempt"]["plan"]
     # The oldest day left whole, as a partition (no per-row moves): the days are partitions from the start.
     assert [d["day"] for d in retention["days_moved_whole"]] != []
     assert sum(d["occurrences"] for d in retention["days_moved_whole"]) == retention["archived_occurrences"]
