@@ -83,14 +83,32 @@ class CredentialVerifier:
 async def authenticate(
     conn: asyncpg.Connection, batch: Sequence[ReceivedEvent], now: datetime
 ) -> list[Rejection | None]:
-    """Why each event must not be applied, or None if it may be (one query for the batch, in the caller's
-    transaction)."""
-    rows = await conn.fetch(
-        *QUERIES.attempt_authorities(
-            occurrence_ids=[r.event.occurrence_id for r in batch], credential_ids=[r.credential_id for r in batch]
+    """Why each event must not be applied, or None if it may be (in the caller's transaction).
+
+    One query for the batch in the days its events name; the events whose occurrence it did not find (no
+    instant, or a wrong one) are looked up again by id alone. Only an occurrence that does not exist at all
+    leaves an event unchecked (the ledger then answers "unknown" and changes nothing): a wrong instant must
+    never make an event look like that."""
+    days = sorted({r.event.scheduled_for for r in batch if r.event.scheduled_for is not None})
+    by_position: dict[int, asyncpg.Record] = {}
+    if days:
+        rows = await conn.fetch(
+            *QUERIES.attempt_authorities_of_days(
+                occurrence_ids=[r.event.occurrence_id for r in batch],
+                credential_ids=[r.credential_id for r in batch],
+                days=days,
+            )
         )
-    )
-    by_position = {row["ordinal"]: row for row in rows}
+        by_position = {row["ordinal"]: row for row in rows}
+    missing = [i for i in range(1, len(batch) + 1) if i not in by_position]
+    if missing:
+        rows = await conn.fetch(
+            *QUERIES.attempt_authorities(
+                occurrence_ids=[batch[i - 1].event.occurrence_id for i in missing],
+                credential_ids=[batch[i - 1].credential_id for i in missing],
+            )
+        )
+        by_position.update((missing[row["ordinal"] - 1], row) for row in rows)  # its ordinals count `missing`
     return [_judge(by_position.get(i), received, now) for i, received in enumerate(batch, start=1)]
 
 

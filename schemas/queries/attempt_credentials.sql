@@ -39,3 +39,14 @@ SELECT e.ordinal, o.target,
 FROM unnest(:occurrence_ids::uuid[], :credential_ids::uuid[]) WITH ORDINALITY AS e (occurrence_id, credential_id, ordinal)
 JOIN occurrences o ON o.occurrence_id = e.occurrence_id
 LEFT JOIN attempt_credentials c ON c.credential_id = e.credential_id;
+
+-- name: attempt_authorities_of_days
+-- attempt_authorities in the days :days the events name (their occurrences' scheduled_for): one partition's
+-- key per event instead of every day's. An event whose occurrence is not found here (a wrong or absent
+-- instant) must be looked up again with attempt_authorities: "not found" would let it pass unchecked.
+SELECT e.ordinal, o.target,
+       EXISTS (SELECT 1 FROM attempt_credentials a WHERE a.target = o.target) AS enforced,
+       c.target AS credential_target, c.secret, c.revoked_at
+FROM unnest(:occurrence_ids::uuid[], :credential_ids::uuid[]) WITH ORDINALITY AS e (occurrence_id, credential_id, ordinal)
+JOIN occurrences o ON o.occurrence_id = e.occurrence_id AND o.scheduled_for = ANY (:days::timestamptz[])
+LEFT JOIN attempt_credentials c ON c.credential_id = e.credential_id;

@@ -149,6 +149,27 @@ async def test_a_revoked_credential_is_rejected_at_once_and_unsigned_events_stay
         await credentials.revoke(pool, uuid.uuid4(), clock)
 
 
+async def test_a_forged_instant_does_not_slip_an_event_past_the_check(pool, clock, processor, telemetry):
+    """The check reads each event's occurrence in the day its scheduled_for names. An unsigned event for an
+    enforced target that names the wrong day (or none) must still be found, and rejected: were it "not
+    found", it would count as about no occurrence, pass unchecked, and the ledger (which falls back to the
+    id alone) would apply it. A correctly signed event with a wrong day is still accepted."""
+    target = await owned_target(pool, clock, "acme")
+    credential = (await credentials.issue(pool, target, clock)).credential
+    messages = [await due_occurrence(pool, "acme", target, clock.now() - timedelta(days=d)) for d in (0, 1, 2)]
+    wrong_day = messages[0].scheduled_for + timedelta(days=3)
+    forged = [
+        Ev.already_applied(messages[0].occurrence_id, 1, None, scheduled_for=wrong_day),
+        Ev.already_applied(messages[1].occurrence_id, 1, None),  # no instant: an older runtime's format
+    ]
+    honest = Ev.already_applied(messages[2].occurrence_id, 1, None, scheduled_for=wrong_day)
+    verdicts = await processor.apply_events([ReceivedEvent(e) for e in forged] + [signed(credential, honest)])
+    assert verdicts == [Verdict.REJECTED, Verdict.REJECTED, Verdict.ACCEPTED]
+    assert rejections(telemetry) == {"unsigned": 2}
+    states = [(await occurrence_row(pool, m.occurrence_id))["state"] for m in messages]
+    assert states == ["SCHEDULED", "SCHEDULED", "SUCCEEDED"]
+
+
 async def test_a_target_without_credentials_accepts_unsigned_events_but_no_other_targets_signature(
     pool, clock, processor, telemetry
 ):
