@@ -30,7 +30,7 @@ What it does, on the embedded stack (or CHRONOQ_DATABASE_URL / CHRONOQ_KAFKA_BOO
    and prints one JSON object as its last stdout line.
 
 ``limit_fraction`` is chronoq's strict dispatch rate divided by the floor's fastest raw
-pipeline (read + produce + one cursor update per batch) measured in the same run.
+pipeline (read + produce + one cursor update per batch, compressed or not) measured in the same run.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from load_tests.process_cpu import cpu_seconds, per_row
+from load_tests.raw_floor import fastest_pipeline
 from schemas.migrations import apply_migrations
 
 SMALL_PREFIX = "small-"
@@ -741,7 +742,7 @@ def analyze(
     }
     dispatch_rate = len(lags["strict"]) / max(lags["strict"]) if lags["strict"] and max(lags["strict"]) > 0 else None
     report["dispatch_rows_per_s"] = round(dispatch_rate) if dispatch_rate else None
-    fastest = report.get("floor", {}).get("pipeline_rows_per_s")
+    fastest = fastest_pipeline(report.get("floor", {}))
     receive: dict[str, float] = {}
     if received is not None:
         for ident, at in received:

@@ -82,6 +82,12 @@ class LibrdkafkaConfig:
     idempotent: the idempotent producer (needs a broker with InitProducerId: Apache Kafka, not tansu).
     security: TLS and SASL (default PLAINTEXT), for librdkafka and for the admin client that creates topics.
     partition_refresh: seconds between re-reads of the occurrence topics' partition counts (default 60).
+    compression: librdkafka's compression.type for every batch (default "lz4"; "none" turns it off). An occurrence
+        message is JSON with repeated field names and instants: lz4 shrinks a burst's batches about fourfold, and
+        the broker stores and serves them as they are. Measured on tansu (docs/benchmarks.md, "Compressed
+        batches"): the broker's CPU per record fell from ~2.6 to ~1.5 µs when produced and from ~2.6 to ~0.8 µs
+        when read by a consumer, the producer's and the consumer's own CPU unchanged. Every Kafka client decodes
+        lz4 (aiokafka with cramjam, a dependency of chronoq).
     """
 
     bootstrap: str
@@ -93,6 +99,7 @@ class LibrdkafkaConfig:
     idempotent: bool = False
     security: KafkaSecurity = PLAINTEXT
     partition_refresh: float = 60.0
+    compression: str = "lz4"
 
     def producer_settings(self) -> dict[str, Any]:
         return {
@@ -101,6 +108,7 @@ class LibrdkafkaConfig:
             "acks": "all",
             "enable.idempotence": self.idempotent,
             "linger.ms": self.linger * 1000,
+            "compression.type": self.compression,
             "batch.num.messages": 10_000,
             "batch.size": 1024 * 1024,
             "message.max.bytes": self.max_message_bytes + 64 * 1024,

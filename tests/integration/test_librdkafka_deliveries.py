@@ -8,6 +8,7 @@ on it, in a batch of otherwise good ones.
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 
 import pytest
@@ -25,8 +26,10 @@ async def publisher(kafka_bootstrap):
 
 
 def items(topic: str, sizes: list[int]) -> list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]]:
+    """Records of about the given sizes even compressed (the publisher compresses batches, and a broker's size
+    limit applies to the compressed batch): random bytes, not a repeated character."""
     return [
-        (topic, f"key-{i}".encode(), f"{i:08d}".encode() + b"x" * size, [("chronoq-occurrence-id", str(i).encode())])
+        (topic, f"key-{i}".encode(), f"{i:08d}".encode() + os.urandom(size), [("chronoq-occurrence-id", str(i).encode())])
         for i, size in enumerate(sizes)
     ]
 
@@ -64,6 +67,6 @@ async def test_identical_records_share_a_failure_rather_than_hide_it(broker, pub
         pytest.skip("tansu enforces no message size (max.message.bytes is accepted and ignored)")
     topic = f"chronoq.occurrences.{target}"
     await create_topic_with_limit(broker.bootstrap, topic, 1, TOPIC_LIMIT)
-    big = (topic, b"same", b"y" * (TOPIC_LIMIT * 2), [("chronoq-occurrence-id", uuid.uuid4().hex.encode())])
+    big = (topic, b"same", os.urandom(TOPIC_LIMIT * 2), [("chronoq-occurrence-id", uuid.uuid4().hex.encode())])
     outcome = await asyncio.wait_for(await publisher.send([big, big]), 30)
     assert all(isinstance(e, DeliveryError) for e in outcome)

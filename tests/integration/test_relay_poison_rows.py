@@ -7,6 +7,7 @@ failed every row of the pass.
 
 from __future__ import annotations
 
+import secrets
 from datetime import timedelta
 
 import pytest
@@ -40,8 +41,10 @@ def make_relay(pool, publisher, clock, telemetry, **config):
 
 
 async def big_occurrence(pool, target, at, size: int):
+    """An occurrence whose message is over ``size`` bytes even compressed (the publishers compress batches, and
+    a broker's size limit applies to the compressed batch): random text, not a repeated character."""
     schedule_id = await insert_schedule(pool, "acme", target, at, max_attempts=1)
-    return await insert_occurrence(pool, schedule_id, "acme", target, at, payload={"blob": "x" * size})
+    return await insert_occurrence(pool, schedule_id, "acme", target, at, payload={"blob": secrets.token_urlsafe(size)})
 
 
 async def assert_quarantined(pool, occurrence_id, error_class: str) -> None:
