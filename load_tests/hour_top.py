@@ -56,6 +56,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from load_tests import pg_statements
 from load_tests.process_cpu import cpu_seconds, per_row
 from load_tests.raw_floor import fastest_pipeline
 from schemas.migrations import apply_migrations
@@ -556,6 +557,21 @@ async def wait_enqueued(
     report["settled_after_s"] = round((await conn.fetchval("SELECT now()") - top).total_seconds(), 1)
 
 
+async def statements_of_window(
+    conn: asyncpg.Connection, args: argparse.Namespace, report: dict[str, Any], window: str
+) -> None:
+    """With ``--pg-statements N``: PostgreSQL's N heaviest statements since the last reset (``materialize``:
+    from the seeding's end until every due occurrence exists; ``burst``: from then until the dispatch log holds
+    them all and every enqueued_at is settled), into the report; then reset for the next window."""
+    if not args.pg_statements:
+        return
+    database = await conn.fetchval("SELECT current_database()")
+    report[f"pg_statements_{window}"] = found = await pg_statements.top(conn, args.pg_statements, [database])
+    for row in found:
+        print(f"pg {window}", json.dumps(row), file=sys.stderr, flush=True)
+    await pg_statements.reset(conn)
+
+
 def start_consumer(bootstrap: str, out: Path, log_dir: Path) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "load_tests.hour_top", "--consume", "--bootstrap", bootstrap, "--out", str(out)]
     with open(log_dir / "consumer.log", "ab") as log:
@@ -578,7 +594,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     report["log_dir"] = str(log_dir)
     topics = [f"chronoq.occurrences.load.target-{i}" for i in range(args.targets)]
     received_path = log_dir / "received.json"
-    async with load_stack("hourtop", args.broker) as (url, bootstrap):
+    async with load_stack("hourtop", args.broker, pg_statements=bool(args.pg_statements)) as (url, bootstrap):
         conn = await asyncpg.connect(url)
         side = None
         try:
@@ -591,6 +607,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             # Consumer apps join before the seeding starts the lead time: no join inside the burst.
             side = await start_consumer_side(args, url, bootstrap, log_dir) if args.consumer else None
             top = await seed(conn, args, shards, report)
+            if args.pg_statements:
+                await pg_statements.reset(conn)
             horizon = (top - await conn.fetchval("SELECT now()")).total_seconds() + 60
             consumer = None if args.no_consumer else start_consumer(bootstrap, received_path, log_dir)
             nodes = start_nodes(
@@ -599,8 +617,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             )  # fmt: skip
             try:
                 await watch_materialization(conn, args, nodes, top, report, log_dir)
+                await statements_of_window(conn, args, report, "materialize")
                 roles = {"nodes": [n.pid for n in nodes], "consumer": [consumer.pid] if consumer else []}
                 await wait_enqueued(conn, args, top, report, lambda: cpu_seconds(roles, bootstrap, url))
+                await statements_of_window(conn, args, report, "burst")
                 if side is not None:
                     report["consumer_side"] = await settle_consumer_side(side, url, args.schedules, top)
                     print("consumer side", json.dumps(report["consumer_side"]), file=sys.stderr, flush=True)
@@ -829,6 +849,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--consumer-processes", type=int, default=1, help="consumer app processes in the group")
     parser.add_argument("--consumer-batch", type=int, default=500, help="occurrences per batch handler call")
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--pg-statements",
+        type=int,
+        default=0,
+        metavar="N",
+        help="report PostgreSQL's N heaviest statements while materializing and during the burst (pg_stat_statements,"
+        " preloaded on the embedded server; an external one must preload it)",
+    )
     parser.add_argument("--png", type=Path)
     parser.add_argument("--log-dir")
     # Internal: the node and consumer processes this tool starts.

@@ -55,8 +55,9 @@ class _Broker:
 
 
 @contextlib.asynccontextmanager
-async def load_stack(name: str, broker: str = "tansu") -> AsyncIterator[tuple[str, str]]:
-    """Yield (database URL of a fresh database, Kafka bootstrap); stop what was started afterwards."""
+async def load_stack(name: str, broker: str = "tansu", pg_statements: bool = False) -> AsyncIterator[tuple[str, str]]:
+    """Yield (database URL of a fresh database, Kafka bootstrap); stop what was started afterwards.
+    ``pg_statements``: preload pg_stat_statements on the embedded server (``load_tests.pg_statements``)."""
     from engine.cli.embedded.postgres import EmbeddedPostgres
 
     home = Path(tempfile.mkdtemp(prefix=f"chronoq-{name}-"))
@@ -70,6 +71,10 @@ async def load_stack(name: str, broker: str = "tansu") -> AsyncIterator[tuple[st
             kafka = _Broker(broker, home)
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, postgres.start)
+            if pg_statements:
+                from load_tests.pg_statements import preload
+
+                await preload(postgres)
             # Started from the main thread: the broker's parent-death signal is tied to the starting thread.
             bootstrap = kafka.start()
             admin_url = postgres.url("postgres")

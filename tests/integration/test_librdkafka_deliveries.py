@@ -29,7 +29,12 @@ def items(topic: str, sizes: list[int]) -> list[tuple[str, bytes, bytes, list[tu
     """Records of about the given sizes even compressed (the publisher compresses batches, and a broker's size
     limit applies to the compressed batch): random bytes, not a repeated character."""
     return [
-        (topic, f"key-{i}".encode(), f"{i:08d}".encode() + os.urandom(size), [("chronoq-occurrence-id", str(i).encode())])
+        (
+            topic,
+            f"key-{i}".encode(),
+            f"{i:08d}".encode() + os.urandom(size),
+            [("chronoq-occurrence-id", str(i).encode())],
+        )
         for i, size in enumerate(sizes)
     ]
 
