@@ -53,7 +53,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
@@ -151,6 +151,19 @@ class _Rebalance(ConsumerRebalanceListener):
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         self.app._assign(list(assigned))
+
+
+class _Stoppable(Protocol):
+    async def stop(self) -> None: ...
+
+
+async def _or_stop(view: _Stoppable, starting: Awaitable[None]) -> None:
+    """Await a view's start; if it fails, stop the view (closing what it opened) before the error goes on."""
+    try:
+        await starting
+    except BaseException:
+        await view.stop()
+        raise
 
 
 class ConsumerApp:
@@ -289,26 +302,28 @@ class ConsumerApp:
                 cfg.kafka_security,
             ),
         )
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=cfg.kafka_bootstrap,
-            acks="all",
-            enable_idempotence=False,
-            request_timeout_ms=int(cfg.report_timeout * 1000),
-            # Attempt reports and dead letters in lz4 batches, as the relay's occurrences: a burst's reports cost
-            # the broker a fraction of uncompressed ones (docs/benchmarks.md, "Compressed batches").
-            compression_type="lz4",
-            **cfg.kafka_security.client_options(),
+        self._producer = await self._until_done("start the producer", self._start_producer)
+        # A view whose start failed part-way is stopped before it is started again (no consumer left open).
+        await self._until_done(
+            "read the schedule states",
+            lambda: _or_stop(
+                self.view, self.view.start(cfg.kafka_bootstrap, cfg.state_catch_up_timeout, cfg.kafka_security)
+            ),
         )
-        await start_client(self._producer, cfg.kafka_bootstrap, cfg.kafka_security)
-        await self.view.start(cfg.kafka_bootstrap, cfg.state_catch_up_timeout, cfg.kafka_security)
         self._background.append(asyncio.create_task(self.view.follow(self._stopping), name="schedule-states"))
-        await self.bindings.start(cfg.kafka_bootstrap, cfg.state_catch_up_timeout, cfg.kafka_security)
+        await self._until_done(
+            "read the target bindings",
+            lambda: _or_stop(
+                self.bindings, self.bindings.start(cfg.kafka_bootstrap, cfg.state_catch_up_timeout, cfg.kafka_security)
+            ),
+        )
         self._background.append(asyncio.create_task(self.bindings.follow(self._stopping), name="target-bindings"))
         if self.grants is not None:
             # At the partition's end before the first `started` is sent: no answer is missed, none older read.
             grants = self.grants
             await self._until_done(
-                "read the attempt-grants topic", lambda: grants.start(cfg.kafka_bootstrap, cfg.kafka_security)
+                "read the attempt-grants topic",
+                lambda: _or_stop(grants, grants.start(cfg.kafka_bootstrap, cfg.kafka_security)),
             )
             self._background.append(asyncio.create_task(grants.follow(), name="attempt-grants"))
         reporter = AttemptReporter(self._producer, cfg.report_timeout, cfg.report_attempts, cfg.credentials())
@@ -318,7 +333,23 @@ class ConsumerApp:
         self._batch_runner = BatchRunner(
             cfg, self._pool, reporter, self.view, self.hooks, self.meters, self.stats, self._stopping, self._runner
         )
-        await self._open_consumer()
+        await self._until_done("join the consumer group", self._open_consumer)
+
+    async def _start_producer(self) -> AIOKafkaProducer:
+        """A started producer for attempt reports and dead letters (a failed start closes it)."""
+        cfg = self.config
+        producer = AIOKafkaProducer(
+            bootstrap_servers=cfg.kafka_bootstrap,
+            acks="all",
+            enable_idempotence=False,
+            request_timeout_ms=int(cfg.report_timeout * 1000),
+            # Attempt reports and dead letters in lz4 batches, as the relay's occurrences: a burst's reports cost
+            # the broker a fraction of uncompressed ones (docs/benchmarks.md, "Compressed batches").
+            compression_type="lz4",
+            **cfg.kafka_security.client_options(),
+        )
+        await start_client(producer, cfg.kafka_bootstrap, cfg.kafka_security)
+        return producer
 
     async def _open_consumer(self) -> None:
         """Create the group's Kafka consumer, start it and subscribe (reading resumes at the committed

@@ -1,9 +1,11 @@
-"""A consumer app started while its database is unreachable waits for it instead of exiting.
+"""A consumer app started while its database or its broker is unreachable waits for it instead of exiting.
 
 Found by the chaos run: a consumer app restarted while the database dropped its
 connections died in ``apply_migrations``. A TCP gate in front of the real
 PostgreSQL refuses every connection at first (each is cut at once, as a
-restarting server does), then lets them through.
+restarting server does), then lets them through. The same for the broker:
+found by the broker-kill test, whose app died when Apache Kafka was killed
+while the app was starting its producer (after creating its topics).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class Gate:
         # The gated URL: the same database and user over TCP to the gate.
         self.parts = parts._replace(query=urlencode(query))
         self.open, self.refused = False, 0
+        self.accepted, self.cut = 0, set[int]()  # connections by number (from 1) cut even while open
         self.server: asyncio.base_events.Server | None = None
         self.tasks: set[asyncio.Task[None]] = set()
 
@@ -55,7 +58,8 @@ class Gate:
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if not self.open:
+        self.accepted += 1
+        if not self.open or self.accepted in self.cut:
             self.refused += 1
             writer.close()
             return
@@ -130,3 +134,46 @@ async def test_a_misconfigured_database_url_is_not_retried(consumer_db, kafka_bo
     with pytest.raises(asyncpg.InvalidCatalogNameError):
         await asyncio.wait_for(app.start(), 10)
     await app.stop()
+
+
+async def test_an_app_whose_broker_cuts_its_connections_after_the_topics_exist_waits_and_then_runs(
+    consumer_db, kafka_bootstrap, target, caplog
+):
+    """Every broker step of the start is retried, not only the first: here the topics are created through the
+    gate (its first connection), then the next connections (the producer's bootstrap, the views' ...) are cut
+    as a restarting broker cuts them. The app keeps trying and then consumes."""
+    host, port = kafka_bootstrap.rsplit(":", 1)
+    gate = Gate(f"postgresql://x@{host}:{port}/x")  # a TCP gate: only its upstream address is used
+    gate.open, gate.cut = True, {2, 3, 4}
+    gated = await gate.start()
+    bootstrap = urlsplit(gated).netloc.split("@")[-1]
+    app = ConsumerApp(
+        ConsumerConfig(
+            f"group-{uuid.uuid4().hex[:8]}",
+            bootstrap,
+            consumer_db,
+            attempt_barrier=False,  # no attempt processor runs here: nobody answers started
+            redelivery_backoff=0.05,
+            redelivery_backoff_max=0.2,
+            session_timeout=2.0,
+            heartbeat_interval=0.4,
+        )
+    )
+
+    @app.handler(target)
+    async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:  # pragma: no cover - not reached
+        pass
+
+    caplog.set_level(logging.WARNING, logger="chronoq.consumer")
+    starting = asyncio.create_task(app.start())
+    try:
+        await asyncio.wait_for(starting, 60)
+        assert gate.refused == 3
+        assert any(getattr(r, "action", None) == "consumer.start_retry" for r in caplog.records)
+        assert app._consumer is not None  # it joined its group
+    finally:
+        if not starting.done():
+            starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        await app.stop()
+        await gate.stop()
