@@ -167,6 +167,7 @@ def start_nodes(
     log_dir: Path,
     materialize_batch: int = 5000,
     keep_log: float = 3600.0,
+    node_options: tuple[str, ...] = (),
 ) -> list[subprocess.Popen[bytes]]:
     nodes = []
     for k in range(count):
@@ -192,6 +193,7 @@ def start_nodes(
                     str(materialize_batch),
                     "--keep-log",
                     str(keep_log),
+                    *node_options,
                     *(["--idempotent"] if idempotent else []),
                 ],
                 stdout=log,
@@ -213,6 +215,20 @@ def stop_nodes(nodes: list[subprocess.Popen[bytes]]) -> None:
         except subprocess.TimeoutExpired:
             node.kill()
             node.wait()
+
+
+def dispatch_config(args: argparse.Namespace) -> Any:  # relay.ahead_relay.AheadRelayConfig
+    """The nodes' ahead relay configuration: the engine's defaults, with what the command line set."""
+    from relay.ahead_relay import AheadRelayConfig
+
+    given: dict[str, Any] = {}
+    if args.read_ahead is not None:
+        given["read_ahead"] = timedelta(seconds=args.read_ahead)
+    if args.pages_in_flight is not None:
+        given["pages_in_flight"] = args.pages_in_flight
+    if args.read_ahead_rows is not None:
+        given["read_ahead_rows"] = args.read_ahead_rows
+    return AheadRelayConfig(**given)
 
 
 async def run_node(args: argparse.Namespace) -> None:
@@ -239,6 +255,8 @@ async def run_node(args: argparse.Namespace) -> None:
             partitions=args.partitions,
             idempotent_producer=args.idempotent,
             settler=SettlerConfig(keep_log=args.keep_log),
+            dispatch=dispatch_config(args),
+            **({"compression": args.compression} if args.compression else {}),
         ),
     )
     await run_services(args.database_url, args.bootstrap, stop, config)
@@ -611,9 +629,18 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 await pg_statements.reset(conn)
             horizon = (top - await conn.fetchval("SELECT now()")).total_seconds() + 60
             consumer = None if args.no_consumer else start_consumer(bootstrap, received_path, log_dir)
+            node_options = tuple(
+                item
+                for flag, value in (
+                    ("--compression", args.compression), ("--read-ahead", args.read_ahead),
+                    ("--pages-in-flight", args.pages_in_flight), ("--read-ahead-rows", args.read_ahead_rows),
+                )
+                if value is not None
+                for item in (flag, str(value))
+            )  # fmt: skip
             nodes = start_nodes(
                 args.relays, url, bootstrap, horizon, args.partitions, args.broker == "apache", log_dir,
-                args.materialize_batch,
+                args.materialize_batch, node_options=node_options,
             )  # fmt: skip
             try:
                 await watch_materialization(conn, args, nodes, top, report, log_dir)
@@ -866,6 +893,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
     parser.add_argument("--horizon", type=float, default=120, help=argparse.SUPPRESS)
     parser.add_argument("--materialize-batch", type=int, default=5000)
+    # The nodes' data-plane settings, for comparisons (default: the engine's own defaults).
+    parser.add_argument("--compression", help="the ahead-lane publisher's batches: lz4 (default), none, zstd...")
+    parser.add_argument("--read-ahead", type=float, help="AheadRelayConfig.read_ahead, seconds")
+    parser.add_argument("--pages-in-flight", type=int, help="AheadRelayConfig.pages_in_flight")
+    parser.add_argument("--read-ahead-rows", type=int, help="AheadRelayConfig.read_ahead_rows")
     parser.add_argument("--node-id", help=argparse.SUPPRESS)
     parser.add_argument("--keep-log", type=float, default=3600.0, help=argparse.SUPPRESS)
     parser.add_argument("--idempotent", action="store_true", help=argparse.SUPPRESS)

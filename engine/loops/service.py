@@ -90,6 +90,7 @@ class DataPlaneConfig:
     metrics_interval: seconds between backlog gauge readings (default 5).
     hooks: awaited at the ahead relay's handoffs (tests kill the process there).
     materializer_hooks: awaited at the shard-owning materializer's handoffs.
+    compression: of the ahead-lane publisher's batches (default "lz4"; "none": uncompressed).
     """
 
     node_id: str | None = None
@@ -102,6 +103,7 @@ class DataPlaneConfig:
     metrics_interval: float = 5.0
     hooks: AheadRelayHooks | None = None
     materializer_hooks: MaterializerHooks | None = None
+    compression: str = "lz4"
 
 
 class Role(Enum):
@@ -383,7 +385,11 @@ async def open_data_plane(
     if pool is None:
         return {}
     resources.push_async_callback(pool.close)
-    settings: dict[str, Any] = {"idempotent": config.idempotent_producer, "security": security}
+    settings: dict[str, Any] = {
+        "idempotent": config.idempotent_producer,
+        "security": security,
+        "compression": config.compression,
+    }
     if config.partitions:
         settings["partitions"] = config.partitions
     publisher = LibrdkafkaPublisher(LibrdkafkaConfig(kafka_bootstrap, **settings))

@@ -352,3 +352,112 @@ async def test_the_next_second_is_read_while_this_one_is_still_being_released(po
     clock.set(AT + timedelta(seconds=1.5))
     assert (await asyncio.wait_for(task, 20)).published == 2
     assert [at for at, _ in spy.sends] == [AT + timedelta(seconds=0.9), AT + timedelta(seconds=1.5)]
+
+
+class SpyStore(AheadLaneStore):
+    """The real store, recording the clock's instant and the row count of every page read."""
+
+    def __init__(self, pool: asyncpg.Pool, clock: ManualClock, node_id: str) -> None:
+        super().__init__(pool, clock, node_id)
+        self.manual = clock
+        self.reads: list[tuple[datetime, int]] = []
+
+    async def read_page(self, lane, positions, seals, rows_per_shard):
+        rows = await super().read_page(lane, positions, seals, rows_per_shard)
+        self.reads.append((self.manual.now(), len(rows)))
+        return rows
+
+
+class FailingFirstSend(SpyPublisher):
+    """The first hand-over is answered with an unknown outcome for every row (nothing reaches the broker)."""
+
+    async def send(self, items):
+        if self.sends:
+            return await super().send(items)
+        self.sends.append((self.clock.now(), [item[1] for item in items]))
+        failed: asyncio.Future = asyncio.get_running_loop().create_future()
+        failed.set_result([TimeoutError("no answer: outcome unknown")] * len(items))
+        return failed
+
+
+async def _twelve_in_one_shard(pool, clock, target) -> tuple[ShardOwnership, list[bytes]]:
+    """Twelve ahead-lane rows due at AT in one shard; their message keys in key (weighted round) order."""
+    for _ in range(12):
+        await create_once(pool, clock, target)
+    await pool.execute("UPDATE schedules SET shard = 3")
+    _, ownership = await owning(pool, clock)
+    report = await Materializer(pool, MaterializerConfig(), clock, ownership=ownership).run_once()
+    assert (report.ahead, report.late) == (12, 0)
+    order = await pool.fetch("SELECT message_key FROM dispatch_queue ORDER BY shard, bucket, wrr_round, occurrence_id")
+    return ownership, [r["message_key"] for r in order]
+
+
+async def test_a_burst_sealed_before_its_instant_is_read_before_it_and_handed_over_in_order(
+    pool, clock, publisher, target, acme
+):
+    """Pages beyond pages_in_flight are read while the first waits for its instant (read_ahead_rows), so at
+    the instant nothing is left to read; they are still handed over one page in flight at a time, in order."""
+    ownership, keys = await _twelve_in_one_shard(pool, clock, target)
+    spy = SpyPublisher(publisher, clock)
+    store = SpyStore(pool, clock, ownership.node_id)
+    relay = AheadRelay(
+        store, spy, ownership, AheadRelayConfig(read_ahead=timedelta(seconds=2), rows_per_shard=2, pages_in_flight=1),
+        clock,
+    )  # fmt: skip
+    clock.set(AT - timedelta(seconds=0.9))  # sealed up to AT + 1 s: six pages of two rows are readable
+    task = asyncio.create_task(relay.run_once())
+    await wait_for(lambda: sum(n for _, n in store.reads) == 12 or task.done(), 10)
+    assert sum(n for _, n in store.reads) == 12, f"read before the instant: {store.reads}"
+    assert spy.sends == [] and not task.done()
+    clock.set(AT)
+    assert (await asyncio.wait_for(task, 20)).published == 12
+    assert all(n == 0 for at, n in store.reads if at >= AT), "rows were read at the instant, not before it"
+    assert [len(sent) for _, sent in spy.sends] == [2] * 6
+    assert [key for _, sent in spy.sends for key in sent] == keys
+
+
+async def test_pages_read_ahead_are_read_again_after_a_failed_pass_none_skipped_none_sent_twice_unasked(
+    pool, clock, publisher, target, kafka_bootstrap, acme
+):
+    """The first page's hand-over fails (outcome unknown) while five more pages wait, read ahead: the pass
+    stops, the pages that had not handed anything over are dropped, and everything is read again from the
+    cursor. Every row reaches the broker; twice only the rows of the one page whose turn came meanwhile (a
+    page in flight is republished after a failure before it, as always), never those read ahead."""
+    ownership, keys = await _twelve_in_one_shard(pool, clock, target)
+    spy = FailingFirstSend(publisher, clock)
+    store = SpyStore(pool, clock, ownership.node_id)
+    config = AheadRelayConfig(read_ahead=timedelta(seconds=2), rows_per_shard=2, pages_in_flight=1)
+    relay = AheadRelay(store, spy, ownership, config, clock)
+    clock.set(AT - timedelta(seconds=0.9))
+    task = asyncio.create_task(relay.run_once())
+    await wait_for(lambda: sum(n for _, n in store.reads) == 12 or task.done(), 10)
+    clock.set(AT)
+    first = await asyncio.wait_for(task, 20)
+    assert (first.failed, first.published) == (1, 0)  # one shard blocked at its first row
+    assert (await relay.run_once()).published == 12
+    records = await read_topic(kafka_bootstrap, occurrence_topic(target), expected=12)
+    assert sorted(set(r.key for r in records)) == sorted(keys)
+    assert len(records) - len(keys) <= 2, "pages read ahead were published twice"
+
+
+async def test_a_relay_stopped_while_pages_wait_for_their_instant_stops_at_once_and_loses_nothing(
+    pool, clock, publisher, target, kafka_bootstrap, acme
+):
+    """Pages read ahead wait for their instant; the relay is asked to stop: it does not wait for the instant
+    to hand them over, and nothing is lost — the next pass (or the shard's next owner) reads them again."""
+    ownership, keys = await _twelve_in_one_shard(pool, clock, target)
+    spy = SpyPublisher(publisher, clock)
+    store = SpyStore(pool, clock, ownership.node_id)
+    config = AheadRelayConfig(read_ahead=timedelta(seconds=2), rows_per_shard=2, pages_in_flight=1)
+    relay = AheadRelay(store, spy, ownership, config, clock)
+    clock.set(AT - timedelta(seconds=0.9))
+    stop = asyncio.Event()
+    task = asyncio.create_task(relay.run_once(stop))
+    await wait_for(lambda: sum(n for _, n in store.reads) == 12 or task.done(), 10)
+    stop.set()
+    stopped = await asyncio.wait_for(task, 5)  # the clock never reaches AT: nothing may wait for it
+    assert stopped.published == 0 and spy.sends == []
+    clock.set(AT)
+    assert (await relay.run_once()).published == 12
+    records = await read_topic(kafka_bootstrap, occurrence_topic(target), expected=12)
+    assert sorted(r.key for r in records) == sorted(keys)
