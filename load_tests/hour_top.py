@@ -217,6 +217,16 @@ def stop_nodes(nodes: list[subprocess.Popen[bytes]]) -> None:
             node.wait()
 
 
+def apache_jvm_options(jit: str) -> tuple[str, ...] | None:
+    """The Apache Kafka broker's JVM options for ``--apache-jit``: None keeps the launcher's (C1 only, to
+    start in seconds); ``full`` lets C2 compile the hot produce path too (a long run, not a quick start)."""
+    from engine.cli.embedded.apache_kafka import JVM_OPTIONS
+
+    if jit == "c1":
+        return None
+    return tuple(option for option in JVM_OPTIONS if not option.startswith("-XX:TieredStopAtLevel"))
+
+
 def dispatch_config(args: argparse.Namespace) -> Any:  # relay.ahead_relay.AheadRelayConfig
     """The nodes' ahead relay configuration: the engine's defaults, with what the command line set."""
     from relay.ahead_relay import AheadRelayConfig
@@ -281,7 +291,9 @@ def consume(args: argparse.Namespace) -> None:
     consumer.subscribe(["^chronoq\\.occurrences\\..*"])
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
-    received: list[tuple[str, float]] = []
+    # Raw header values, decoded after the run: this group shares the two cores with what it measures, so
+    # it does as little per record as it can (one receive instant per fetched batch, when it returned).
+    received: list[tuple[bytes, float]] = []
     idle_since, stopped_at = None, None
     # After SIGTERM keep reading until something arrived and then nothing for 3 s (the group may still be
     # joining or catching up), at most 60 s.
@@ -294,22 +306,19 @@ def consume(args: argparse.Namespace) -> None:
         ):
             break
         batch = consumer.consume(10_000, 0.1)
+        at = time.time()
         idle_since = (idle_since or time.monotonic()) if not batch else None
         for message in batch:
-            if message.error():
-                continue
-            at = time.time()
-            ident = _occurrence_header(message)
-            if ident:
+            if message.error() is None and (ident := _occurrence_header(message)) is not None:
                 received.append((ident, at))
     consumer.close()
-    Path(args.out).write_text(json.dumps(received))
+    Path(args.out).write_text(json.dumps([(ident.decode(errors="replace"), at) for ident, at in received]))
 
 
-def _occurrence_header(message: Any) -> str | None:
-    for name, value in message.headers() or []:
+def _occurrence_header(message: Any) -> bytes | None:
+    for name, value in message.headers() or ():
         if name == "chronoq-occurrence-id" and value is not None:
-            return value.decode() if isinstance(value, bytes) else str(value)
+            return value if isinstance(value, bytes) else str(value).encode()
     return None
 
 
@@ -352,8 +361,8 @@ def read_all(bootstrap: str, topics: list[str], quiet: float = 3.0) -> list[str]
             if message.error():
                 continue
             ident = _occurrence_header(message)
-            if ident:
-                seen.append(ident)
+            if ident is not None:
+                seen.append(ident.decode(errors="replace"))
             where, partition, offset = message.topic(), message.partition(), message.offset()
             if where is not None and partition is not None and offset is not None:
                 if offset + 1 >= ends.get((where, partition), 0):
@@ -604,7 +613,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {
         key: getattr(args, key)
         for key in ("schedules", "background", "tenants", "big_share", "flexible_fraction", "flexible_window",
-                    "broker", "relays")
+                    "broker", "apache_jit", "relays")
     }  # fmt: skip
     report["started_at"] = datetime.now(UTC).isoformat()
     log_dir = Path(args.log_dir or (Path(os.environ.get("TMPDIR", "/tmp")) / f"hour-top-{uuid.uuid4().hex[:6]}"))
@@ -612,7 +621,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     report["log_dir"] = str(log_dir)
     topics = [f"chronoq.occurrences.load.target-{i}" for i in range(args.targets)]
     received_path = log_dir / "received.json"
-    async with load_stack("hourtop", args.broker, pg_statements=bool(args.pg_statements)) as (url, bootstrap):
+    jvm = apache_jvm_options(args.apache_jit)
+    async with load_stack("hourtop", args.broker, bool(args.pg_statements), jvm) as (url, bootstrap):
         conn = await asyncpg.connect(url)
         side = None
         try:
@@ -854,6 +864,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--flexible-fraction", type=float, default=0.0, help="share of due schedules that are flexible")
     parser.add_argument("--flexible-window", type=int, default=60, help="flexible window (s)")
     parser.add_argument("--broker", choices=("tansu", "apache"), default="tansu")
+    parser.add_argument(
+        "--apache-jit",
+        choices=("c1", "full"),
+        default="c1",
+        help="Apache Kafka's JIT: the launcher's C1-only quick start (default) or C1 and C2 (docs/broker.md)",
+    )
     parser.add_argument(
         "--kind",
         choices=("cron", "once"),

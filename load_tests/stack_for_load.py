@@ -15,7 +15,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -27,12 +27,13 @@ BROKERS = ("tansu", "apache")
 class _Broker:
     """A started broker: its bootstrap address and how to stop it."""
 
-    def __init__(self, kind: str, home: Path) -> None:
+    def __init__(self, kind: str, home: Path, jvm_options: Sequence[str] | None = None) -> None:
         if kind not in BROKERS:
             raise ValueError(f"--broker must be one of {', '.join(BROKERS)}, got {kind!r}")
         self.kind = kind
         self.home = home
         self._server: object | None = None
+        self.jvm_options = jvm_options
 
     def start(self) -> str:
         if self.kind == "tansu":
@@ -42,9 +43,9 @@ class _Broker:
             self._server = tansu
             return tansu.start()
         # Apache Kafka 4.4 from its Maven jars (fetched once: python -m engine.cli.embedded.apache_kafka fetch).
-        from engine.cli.embedded.apache_kafka import ApacheKafka
+        from engine.cli.embedded.apache_kafka import JVM_OPTIONS, ApacheKafka
 
-        apache = ApacheKafka(self.home / "apache-kafka")
+        apache = ApacheKafka(self.home / "apache-kafka", jvm_options=self.jvm_options or JVM_OPTIONS)
         self._server = apache
         return apache.start()
 
@@ -55,9 +56,12 @@ class _Broker:
 
 
 @contextlib.asynccontextmanager
-async def load_stack(name: str, broker: str = "tansu", pg_statements: bool = False) -> AsyncIterator[tuple[str, str]]:
+async def load_stack(
+    name: str, broker: str = "tansu", pg_statements: bool = False, jvm_options: Sequence[str] | None = None
+) -> AsyncIterator[tuple[str, str]]:
     """Yield (database URL of a fresh database, Kafka bootstrap); stop what was started afterwards.
-    ``pg_statements``: preload pg_stat_statements on the embedded server (``load_tests.pg_statements``)."""
+    ``pg_statements``: preload pg_stat_statements on the embedded server (``load_tests.pg_statements``);
+    ``jvm_options``: the Apache Kafka broker's JVM options (default: the launcher's quick-start set)."""
     from engine.cli.embedded.postgres import EmbeddedPostgres
 
     home = Path(tempfile.mkdtemp(prefix=f"chronoq-{name}-"))
@@ -68,7 +72,7 @@ async def load_stack(name: str, broker: str = "tansu", pg_statements: bool = Fal
     try:
         if not (admin_url and bootstrap):
             postgres = EmbeddedPostgres(home / "postgres")
-            kafka = _Broker(broker, home)
+            kafka = _Broker(broker, home, jvm_options)
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, postgres.start)
             if pg_statements:
