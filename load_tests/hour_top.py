@@ -517,11 +517,26 @@ async def seed(conn: asyncpg.Connection, args: argparse.Namespace, shards: int, 
     return top
 
 
+def next_poll(count: int, expected: int, elapsed: float) -> float:
+    """Seconds until the next count of the materialized rows: a quarter of the time the remaining rows take
+    at the rate seen so far, between 0.25 and 2 s (0.25 before a rate is known)."""
+    if count <= 0 or elapsed <= 0:
+        return 0.25
+    remaining = (expected - count) / (count / elapsed)
+    return min(2.0, max(0.25, remaining / 4))
+
+
 async def watch_materialization(
     conn: asyncpg.Connection, args: argparse.Namespace, nodes: list[subprocess.Popen[bytes]], top: datetime,
     report: dict[str, Any], log_dir: Path,
 ) -> None:  # fmt: skip
-    """Rows/s from the first occurrence seen to the last (polled every 0.25 s), and which lane they went to."""
+    """Rows/s from the first occurrence seen to the last (polled every 0.25 s near the end), and which lane
+    they went to.
+
+    Each poll counts every occurrence so far, on the cores it measures (at 0.25 s throughout, ~2.5 % of
+    PostgreSQL's statement time while materializing 500,000): far from the end it polls less often, a
+    quarter of the time the remaining rows should take at the rate seen (at most 2 s), so the end is still
+    seen within 0.25 s."""
     first_seen = done_at = None
     count = 0
     while True:
@@ -535,7 +550,7 @@ async def watch_materialization(
             raise RuntimeError(f"a node exited early; see {log_dir}")
         if await conn.fetchval("SELECT now() > $1::timestamptz", top):
             break
-        await asyncio.sleep(0.25)
+        await asyncio.sleep(next_poll(count, args.schedules, polled - first_seen if first_seen else 0.0))
     lanes = await conn.fetchrow(
         "SELECT (SELECT count(*) FROM dispatch_queue) AS ahead,"
         " (SELECT count(*) FROM outbox WHERE occurrence_id IS NOT NULL) AS late"

@@ -26,9 +26,7 @@ pass (engine/loops/dispatch_settler.py).
 from __future__ import annotations
 
 import asyncio
-import bisect
 import logging
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -38,7 +36,9 @@ from opentelemetry import metrics, trace
 
 from relay.ack_ranges import AckRanges
 from relay.ahead_lane import AheadLaneStore, AheadRow, CursorMove, LateJudgement, Quarantined, key_of
+from relay.clock_estimate import ClockEstimate
 from relay.handover_gate import HandoverGate
+from relay.page_release import MISSED_AT_DISPATCH, NOT_HANDED_OVER, Releases, first_late_after, to_release
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock, pause
 from schemas.dispatch_lanes import LANES, START_KEY, STRICT, CursorKey, micros_of, seal_boundary
@@ -141,91 +141,6 @@ class _Page:
     handing: list[bool]
 
 
-class _MissedAtDispatch(Exception):
-    """The outcome of a row judged too late at dispatch: not published, recorded MISSED; the cursor passes it."""
-
-
-MISSED_AT_DISPATCH = _MissedAtDispatch()
-
-#: The outcome of every row of a page whose turn came after an earlier page's hand-over failed: nothing of
-#: it went to the broker; the pass abandons it and its rows are read again from the cursor.
-NOT_HANDED_OVER = TimeoutError("not handed over: an earlier page's hand-over failed in this pass")
-
-
-def _first_late_after(rows: list[AheadRow]) -> int | None:
-    """The earliest late_after of a page in epoch microseconds (None if no row can be late): rows are
-    judged one by one only when the page has a late one."""
-    return min((late for late in (r["late_after_us"] for r in rows) if late is not None), default=None)
-
-
-def _to_release(rows: list[AheadRow], skip: frozenset[object], outcomes: list[BaseException | None]) -> list[int]:
-    """Indexes of the rows to publish, in page order: not discarded, not in ``skip`` (those are marked
-    :data:`MISSED_AT_DISPATCH` in ``outcomes``)."""
-    if not skip:  # hash every row's id only when some row was judged at its read
-        return [i for i, r in enumerate(rows) if not r["discarded"]]
-    for i, r in enumerate(rows):
-        if r["occurrence_id"] in skip:
-            outcomes[i] = MISSED_AT_DISPATCH
-    return [i for i, r in enumerate(rows) if not r["discarded"] and r["occurrence_id"] not in skip]
-
-
-class _Releases:
-    """Which rows of a page are due at an instant. A page is ordered by shard, then key: its rows'
-    available_at are not in page order (a shard's rows of a later bucket come before the next shard's rows
-    of an earlier one; a flexible bucket's rows carry their own jitter), so nothing can be inferred from the
-    order. The rows are sorted by available_at once; each call returns, in page order, those that became
-    due since the last call, and never one whose available_at is still ahead of ``now_us``."""
-
-    __slots__ = ("_order", "_instants", "_next")
-
-    def __init__(self, rows: list[AheadRow], indexes: list[int]) -> None:
-        instants = [rows[i]["available_us"] for i in indexes]
-        self._order, self._instants, self._next = indexes, instants, 0
-        if instants and min(instants) != max(instants):  # a burst's page is due at one instant: no sort
-            pairs = sorted(zip(instants, indexes, strict=True))
-            self._instants = [at for at, _ in pairs]
-            self._order = [i for _, i in pairs]
-
-    def due(self, now_us: int | None) -> list[int]:
-        if now_us is None or self._next >= len(self._order):
-            return []
-        end = bisect.bisect_right(self._instants, now_us, self._next)
-        if end == self._next:
-            return []
-        due = self._order[self._next : end]
-        self._next = end
-        return sorted(due)
-
-
-class _ClockEstimate:
-    """The injected clock if it gives an instant, else the database's, estimated from the last seal.
-
-    The estimate is the database instant a statement returned plus the local monotonic time elapsed
-    since its reply arrived: never ahead of the real database clock, so rows are never released early.
-    Each statement's instant is a lower bound lagging by its own latency, so a slow seal would move the
-    estimate back: the later of the two is kept, and the estimate never goes back (a row released at its
-    available_at and acknowledged after a slow seal was stamped up to 0.14 s before it).
-    """
-
-    def __init__(self, clock: Clock) -> None:
-        self.clock = clock
-        self._db: datetime | None = None
-        self._at = 0.0
-
-    def observe(self, db_now: datetime) -> None:
-        at = time.monotonic()
-        if self._db is None or db_now > self._db + timedelta(seconds=at - self._at):
-            self._db, self._at = db_now, at
-
-    def now(self) -> datetime | None:
-        injected = self.clock.now()
-        if injected is not None:
-            return injected
-        if self._db is None:
-            return None
-        return self._db + timedelta(seconds=time.monotonic() - self._at)
-
-
 class AheadRelay:
     def __init__(
         self,
@@ -243,7 +158,7 @@ class AheadRelay:
         self.ownership = ownership
         self.config = config or AheadRelayConfig()
         self.config.validate()
-        self.clock = _ClockEstimate(clock or DatabaseClock())
+        self.clock = ClockEstimate(clock or DatabaseClock())
         self.hooks = hooks or AheadRelayHooks()
         meter = meter or obs.get_meter("relay")
         self.tracer = tracer or obs.get_tracer("relay")
@@ -449,7 +364,7 @@ class AheadRelay:
     ) -> tuple[frozenset[object], frozenset[object]]:
         """Judge the page's rows already past their late_after: (ids not to publish, ids judged)."""
         now = self.clock.now()
-        first_late = _first_late_after(rows)
+        first_late = first_late_after(rows)
         if now is None or first_late is None or first_late >= (now_us := micros_of(now)):
             return frozenset(), frozenset()
         late = [
@@ -483,10 +398,10 @@ class AheadRelay:
         with self.tracer.start_as_current_span(obs.SPAN_PUBLISH) as span:
             span.set_attribute("chronoq.ahead_rows", len(rows))
             obs.inject_trace_headers(trace_headers)
-        waiting = _to_release(rows, skip, outcomes)
-        first_late = _first_late_after(rows)  # the page's earliest: one check per release, not per row
+        waiting = to_release(rows, skip, outcomes)
+        first_late = first_late_after(rows)  # the page's earliest: one check per release, not per row
         futures: list[tuple[list[int], asyncio.Future[list[BaseException | None]]]] = []
-        releases = _Releases(rows, waiting)
+        releases = Releases(rows, waiting)
         while waiting:
             now = self.clock.now()
             now_us = micros_of(now) if now is not None else None

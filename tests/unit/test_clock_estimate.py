@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
-from relay.ahead_relay import _ClockEstimate
+from relay.clock_estimate import ClockEstimate
 from schemas.clock import ManualClock
 
 T0 = datetime(2026, 12, 2, 12, tzinfo=UTC)
@@ -23,7 +23,7 @@ class NoClock(ManualClock):
 
 
 def test_a_slow_statements_instant_does_not_move_the_estimate_back():
-    estimate = _ClockEstimate(NoClock(T0))
+    estimate = ClockEstimate(NoClock(T0))
     estimate.observe(T0)
     first = estimate.now()
     assert first is not None and first >= T0
@@ -33,7 +33,7 @@ def test_a_slow_statements_instant_does_not_move_the_estimate_back():
 
 @given(st.lists(st.integers(-500, 500), min_size=1, max_size=30))
 def test_the_estimate_is_monotone_and_never_behind_the_latest_instant_observed(offsets_ms):
-    estimate = _ClockEstimate(NoClock(T0))
+    estimate = ClockEstimate(NoClock(T0))
     seen: datetime | None = None
     for ms in offsets_ms:
         instant = T0 + timedelta(milliseconds=ms)
