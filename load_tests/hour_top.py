@@ -564,6 +564,23 @@ async def watch_materialization(
     print("materialized", json.dumps(report["materialized"]), report["materialize_rows_per_s"], file=sys.stderr)
 
 
+async def postgres_background(conn: asyncpg.Connection) -> dict[str, int]:
+    """Counters of PostgreSQL's own background work: checkpoints begun, autovacuum and autoanalyze runs
+    finished on this database's tables, autovacuum workers running now. Around the burst they tell a run
+    that shared its cores with a vacuum of the freshly materialized tables (PostgreSQL's CPU per row rose
+    from under 1 to 6-12 µs in such runs, and the p99 with it) from one that did not."""
+    if await conn.fetchval("SELECT to_regclass('pg_stat_checkpointer') IS NULL"):
+        return {"checkpoints": 0, "autovacuum_runs": 0, "autovacuum_workers": 0}  # before PostgreSQL 17
+    row = await conn.fetchrow(
+        """SELECT (SELECT num_timed + num_requested FROM pg_stat_checkpointer)::int AS checkpoints,
+                  (SELECT coalesce(sum(autovacuum_count + autoanalyze_count), 0) FROM pg_stat_all_tables)::int
+                      AS autovacuum_runs,
+                  (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker')::int
+                      AS autovacuum_workers"""
+    )
+    return dict(row)
+
+
 async def wait_enqueued(
     conn: asyncpg.Connection,
     args: argparse.Namespace,
@@ -575,6 +592,7 @@ async def wait_enqueued(
     ``cpu_of``, reports each role's CPU per strict row from the top until the dispatch log holds them all."""
     await wait_until(conn, top)
     before = cpu_of() if cpu_of else {}
+    background_before = await postgres_background(conn)
     deadline = time.perf_counter() + 180 + args.flexible_window
     strict = round(args.schedules * (1 - args.flexible_fraction))
     # While the burst is dispatched, poll the dispatch log (one row per shard and page), not the occurrences:
@@ -589,6 +607,13 @@ async def wait_enqueued(
         report["burst_cpu_s"] = {role: round(after[role] - before[role], 2) for role in after}
         report["burst_cpu_us_per_row"] = per_row(before, after, strict)
         print("burst CPU per row (us)", json.dumps(report["burst_cpu_us_per_row"]), file=sys.stderr, flush=True)
+    background_after = await postgres_background(conn)
+    report["postgres_background_in_burst"] = {
+        "checkpoints": background_after["checkpoints"] - background_before["checkpoints"],
+        "autovacuum_runs": background_after["autovacuum_runs"] - background_before["autovacuum_runs"],
+        "autovacuum_workers_at_end": background_after["autovacuum_workers"],
+    }
+    print("PostgreSQL background in the burst", json.dumps(report["postgres_background_in_burst"]), file=sys.stderr)
     while time.perf_counter() < deadline:
         enqueued = await conn.fetchval(
             "SELECT count(*) FROM occurrences WHERE scheduled_for = $1 AND enqueued_at IS NOT NULL", top

@@ -48,7 +48,8 @@ class SettlerConfig:
     prune_batch: entries one prune statement deletes at most (default 5000; a prune runs at most
         ``prune_statements`` of them, 20 by default, before the settle pass goes on).
     busy_window: the settle pass waits while any node's relay logged a page within this many seconds
-        (default 1.0; 0 disables the check).
+        (default 1.0; 0 disables the check). Logged, not acknowledged: a relay handing a burst over writes its
+        pages' log a second or more after their acknowledgements (migration 0018).
     max_defer: ... but not once the oldest unsettled entry is this old (default 30): a steady stream of
         pages never keeps the log unsettled for longer.
     """

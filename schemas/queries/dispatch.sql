@@ -78,9 +78,10 @@ WITH moved AS (
     RETURNING m.shard, m.epoch
 ), logged AS (
     INSERT INTO dispatch_log (shard, lane, epoch, from_bucket, from_round, from_id, to_bucket, to_round, to_id,
-                              rows, acked_at)
+                              rows, acked_at, logged_at)
     SELECT g.shard, :lane, mv.epoch, g.from_bucket, g.from_round, g.from_id, g.to_bucket, g.to_round, g.to_id,
-           g.rows, coalesce(g.acked_at, :acked_at::timestamptz, :now::timestamptz, now())
+           g.rows, coalesce(g.acked_at, :acked_at::timestamptz, :now::timestamptz, now()),
+           coalesce(:now::timestamptz, now())
     FROM unnest(:log_shards::int[], :log_from_buckets::timestamptz[], :log_from_rounds::int[], :log_from_ids::uuid[],
                 :log_to_buckets::timestamptz[], :log_to_rounds::int[], :log_to_ids::uuid[], :log_rows::int[],
                 :log_acked_ats::timestamptz[])
@@ -199,10 +200,12 @@ SELECT (SELECT count(*) FROM settled) AS entries, (SELECT count(*) FROM publishe
 
 -- name: settle_deferred
 -- Whether the settle pass should wait: some relay (any node) logged a page within the last :busy_s
--- seconds, so a burst is still being dispatched, and the oldest unsettled entry is younger than
--- :max_defer_s (past that it settles anyway: steady dispatch never starves it). Two index probes.
+-- seconds (logged_at: when it wrote the entry, not when the broker acknowledged the page, which a relay busy
+-- with a burst records a second or more later), so a burst is still being dispatched, and the oldest
+-- unsettled entry is younger than :max_defer_s (past that it settles anyway: steady dispatch never starves
+-- it). Two index probes.
 SELECT coalesce(
-    (SELECT acked_at FROM dispatch_log ORDER BY id DESC LIMIT 1)
+    (SELECT logged_at FROM dispatch_log ORDER BY id DESC LIMIT 1)
         > coalesce(:now::timestamptz, now()) - make_interval(secs => :busy_s)
     AND (SELECT acked_at FROM dispatch_log WHERE settled_at IS NULL ORDER BY id LIMIT 1)
         > coalesce(:now::timestamptz, now()) - make_interval(secs => :max_defer_s),

@@ -362,7 +362,8 @@ CREATE TABLE public.dispatch_log (
     to_id uuid NOT NULL,
     rows integer NOT NULL,
     acked_at timestamp with time zone NOT NULL,
-    settled_at timestamp with time zone
+    settled_at timestamp with time zone,
+    logged_at timestamp with time zone DEFAULT now() NOT NULL
 )
 WITH (autovacuum_vacuum_scale_factor='0.05');
 ALTER TABLE public.dispatch_log ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (

@@ -160,6 +160,8 @@ async def test_ahead_rows_are_read_early_and_released_exactly_at_available_at(
     view = await control.get_occurrence("acme", occurrence.occurrence_id)
     assert (view["state"], view["enqueued_at"]) == ("ENQUEUED", "2026-11-29T10:00:10Z")
     assert await pool.fetchval("SELECT state FROM occurrences") == "SCHEDULED"
+    # The page was logged at the relay's clock (the settle pass defers by it while a burst goes on).
+    assert await pool.fetchval("SELECT logged_at FROM dispatch_log") == AT
     # ... and the settle pass records it and removes the queue row.
     settled = await DispatchSettler(pool, clock=clock).run_once()
     assert (settled.entries, settled.rows, settled.occurrences) == (1, 1, 1)
@@ -506,9 +508,13 @@ async def test_strict_rows_readable_behind_a_flexible_backlog_go_before_the_rest
     # A relay that reads on while the answers are held reads the strict row now; one that waits reads nothing.
     await happens_within(lambda: sum(n for _, n in store.reads) == 9, within=1.0)
     clock.set(AT + timedelta(seconds=10))
-    while not task.done():
-        await spy.let_through()
-        await asyncio.sleep(0.05)
+
+    async def answered_until_done() -> None:
+        while not task.done():
+            await spy.let_through()
+            await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(answered_until_done(), 20)
     assert (await task).published == 9
     lanes = ["strict" if keys[0] in strict else "flexible" for _, keys in spy.sends]
     assert lanes == ["flexible", "strict", "flexible", "flexible", "flexible"], lanes

@@ -1,0 +1,11 @@
+-- chronoq engine, migration 0018 (after the dispatch-log pruning, 0017): when a log entry was written, beside
+-- when its rows were acknowledged.
+--
+-- The settle pass waits while some relay is still dispatching a burst, judged by the newest entry
+-- (schemas/queries/dispatch.sql, settle_deferred). It judged by acked_at, the broker's acknowledgement: a relay
+-- busy handing a burst over records its pages a second or more after their acknowledgements (measured: the
+-- 300,000 hour-top's settle passes started 2 s after the top while pages were still being logged until 3 s),
+-- so the settle's occurrence UPDATEs ran in the burst and took PostgreSQL's CPU from it. logged_at is the
+-- writing relay's clock at the insert (the database's own in production). Existing entries get the instant of
+-- this migration.
+ALTER TABLE dispatch_log ADD COLUMN logged_at timestamptz NOT NULL DEFAULT now();
