@@ -41,7 +41,7 @@ from relay.handover_gate import HandoverGate
 from relay.page_release import MISSED_AT_DISPATCH, NOT_HANDED_OVER, Releases, first_late_after, to_release
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock, pause
-from schemas.dispatch_lanes import LANES, START_KEY, STRICT, CursorKey, micros_of, seal_boundary
+from schemas.dispatch_lanes import LANES, START_KEY, CursorKey, micros_of, seal_boundary
 from schemas.messages import HEADER_OCCURRENCE_ID, HEADER_TENANT
 from schemas.shard_ownership import ShardOwnership
 
@@ -62,9 +62,7 @@ class AheadRelayConfig:
         order pages were read and holds it until every row it handed over is answered (relay/handover_gate.py).
     read_ahead_rows: rows read and waiting in pages in flight before the oldest page must be completed
         (default 262,144, about 256 MB at most, held only while that many rows are due within read_ahead; 0:
-        only pages_in_flight pages, as before stop 31). Strict pages only: once a flexible page is in flight,
-        at most pages_in_flight pages are (strict rows must not queue behind a flexible backlog read ahead).
-        A burst sealed before its instant is read before it,
+        only pages_in_flight pages, as before stop 31). A burst sealed before its instant is read before it,
         each page waiting in its task for its turn, so at the instant the relay only hands rows over: in the
         500,000 hour-top the p99 fell from 4.7 to 3.3 s (docs/dispatch.md, "Reading ahead of the hand-over").
     release_tick: seconds between clock checks while rows wait for their available_at (default 0.002).
@@ -181,7 +179,6 @@ class AheadRelay:
         self._tries: dict[object, int] = {}
         self._inflight: deque[_Page] = deque()
         self._rows_in_flight = 0
-        self._flexible_in_flight = 0  # pages in flight not of the strict lane (see _full)
         #: Set when a row of a page's hand-over was refused or unanswered: pages whose turn comes later hand
         #: nothing over (the pass abandons them, as it abandons every page after a failure); cleared once they
         #: are abandoned and at each pass. A row refused for the last time is quarantined, not a failure of the
@@ -256,17 +253,15 @@ class AheadRelay:
 
     def _full(self) -> bool:
         """No more pages are read before the oldest completes: at least pages_in_flight pages are in flight and
-        they hold read_ahead_rows rows or more, or one of them is not strict.
+        they hold read_ahead_rows rows or more.
 
-        Only strict pages are read ahead past pages_in_flight. Pages take their turns at the hand-over gate in
-        read order, so a flexible backlog read ahead would line up in front of strict rows that become
-        readable after it (the next second's seal), up to read_ahead_rows of it: strict would no longer be
-        served first. A flexible page in flight stops the reading until the oldest page completes, as every
-        page did before reading ahead, so strict rows wait behind at most pages_in_flight pages; the strict
-        lane is read first each time, so strict pages never wait for flexible ones to be read."""
-        if len(self._inflight) < self.config.pages_in_flight:
-            return False
-        return self._rows_in_flight >= self.config.read_ahead_rows or self._flexible_in_flight > 0
+        Strict and flexible pages alike (docs/dispatch.md, "Reading ahead of the hand-over"): stopping the
+        reading at a flexible page in flight made the relay wait for that page's later rows (seconds ahead)
+        before it read the next second's strict rows, which the soak's strict lag showed; a flexible backlog
+        read ahead can in turn stand in line before strict rows readable after it (open, same section)."""
+        return (
+            len(self._inflight) >= self.config.pages_in_flight and self._rows_in_flight >= self.config.read_ahead_rows
+        )
 
     async def _next_page(self, epochs: dict[int, int]) -> _Page | None:
         """Seal if the boundary moved, then read the next page, strict lane first."""
@@ -356,7 +351,6 @@ class AheadRelay:
         page = _Page(lane, page_epochs, starts, rows, task, acked, acked_each, handing)
         self._inflight.append(page)
         self._rows_in_flight += len(rows)
-        self._flexible_in_flight += lane != STRICT
         return page
 
     async def _judge_at_read(
@@ -541,7 +535,6 @@ class AheadRelay:
     async def _complete_oldest(self, report: AheadReport) -> None:
         page = self._inflight.popleft()
         self._rows_in_flight -= len(page.rows)
-        self._flexible_in_flight -= page.lane != STRICT
         outcomes = await page.task
         if self.hooks.after_publish:
             await self.hooks.after_publish()
@@ -671,7 +664,6 @@ class AheadRelay:
             # Failed or cancelled, the rows are re-read anyway; gather takes the outcome, not our cancellation.
             await asyncio.gather(self._inflight.popleft().task, return_exceptions=True)
         self._rows_in_flight = 0
-        self._flexible_in_flight = 0
         self._halted = False
         self._tentative = dict(self._positions)
         self._drained_at = {lane: None for lane in LANES}

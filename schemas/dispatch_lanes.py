@@ -21,9 +21,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-#: In the order the relay reads them: strict first, so it is served first when both are backlogged.
 LANES = ("strict", "flexible")
-STRICT = LANES[0]
 BUCKET = timedelta(seconds=1)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 NIL = uuid.UUID(int=0)

@@ -33,6 +33,10 @@ from schemas.queries import QUERIES
 
 log = logging.getLogger("chronoq.settler")
 
+#: The newest log entries the burst test sums (an entry holds up to a page's rows of one shard, 64 by
+#: default): enough for busy_rows, a bounded read of the primary key's end.
+_BUSY_ENTRIES = 2_000
+
 
 @dataclass(frozen=True)
 class SettlerConfig:
@@ -47,9 +51,12 @@ class SettlerConfig:
         (keep_log + prune_every) x its entry rate.
     prune_batch: entries one prune statement deletes at most (default 5000; a prune runs at most
         ``prune_statements`` of them, 20 by default, before the settle pass goes on).
-    busy_window: the settle pass waits while any node's relay logged a page within this many seconds
-        (default 1.0; 0 disables the check). Logged, not acknowledged: a relay handing a burst over writes its
-        pages' log a second or more after their acknowledgements (migration 0018).
+    busy_window: the settle pass waits while any node's relay had a page acknowledged within this many
+        seconds, or relays logged busy_rows rows or more within them (default 1.0; 0 disables the check). The
+        second test catches a burst: a relay handing one over logs its pages a second or more after their
+        acknowledgements (migration 0018), and judged by those alone the settle ran inside it.
+    busy_rows: rows logged within busy_window that mark a burst (default 10,000; steady traffic of 1,000
+        occurrences/s logs a tenth of it and settles as it goes).
     max_defer: ... but not once the oldest unsettled entry is this old (default 30): a steady stream of
         pages never keeps the log unsettled for longer.
     """
@@ -61,6 +68,7 @@ class SettlerConfig:
     prune_batch: int = 5000
     prune_statements: int = 20
     busy_window: float = 1.0
+    busy_rows: int = 10_000
     max_defer: float = 30.0
 
 
@@ -109,7 +117,11 @@ class DispatchSettler:
         return bool(
             await self.pool.fetchval(
                 *QUERIES.settle_deferred(
-                    busy_s=self.config.busy_window, max_defer_s=self.config.max_defer, now=self.clock.now()
+                    busy_s=self.config.busy_window,
+                    busy_rows=self.config.busy_rows,
+                    busy_entries=_BUSY_ENTRIES,
+                    max_defer_s=self.config.max_defer,
+                    now=self.clock.now(),
                 )
             )
         )

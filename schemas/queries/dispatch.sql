@@ -199,14 +199,19 @@ SELECT (SELECT count(*) FROM settled) AS entries, (SELECT count(*) FROM publishe
        coalesce((SELECT array_agg(lag) FROM enqueued), '{}') AS lags;
 
 -- name: settle_deferred
--- Whether the settle pass should wait: some relay (any node) logged a page within the last :busy_s
--- seconds (logged_at: when it wrote the entry, not when the broker acknowledged the page, which a relay busy
--- with a burst records a second or more later), so a burst is still being dispatched, and the oldest
--- unsettled entry is younger than :max_defer_s (past that it settles anyway: steady dispatch never starves
--- it). Two index probes.
+-- Whether the settle pass should wait because a burst is still being dispatched, and for at most
+-- :max_defer_s after the oldest unsettled entry's acknowledgement (steady dispatch never starves it). A burst
+-- is being dispatched when some relay (any node) had a page acknowledged within the last :busy_s seconds, or
+-- relays logged :busy_rows rows or more within them (logged_at, among the newest :busy_entries entries): a
+-- relay handing a burst over logs its pages a second or more after their acknowledgements, so by acked_at
+-- alone a burst looked over while it was not, and steady traffic logs far fewer rows a second. Index probes
+-- and a bounded scan of the newest entries.
 SELECT coalesce(
-    (SELECT logged_at FROM dispatch_log ORDER BY id DESC LIMIT 1)
-        > coalesce(:now::timestamptz, now()) - make_interval(secs => :busy_s)
+    ((SELECT acked_at FROM dispatch_log ORDER BY id DESC LIMIT 1)
+         > coalesce(:now::timestamptz, now()) - make_interval(secs => :busy_s)
+     OR (SELECT coalesce(sum(r.rows), 0)
+         FROM (SELECT rows, logged_at FROM dispatch_log ORDER BY id DESC LIMIT :busy_entries) r
+         WHERE r.logged_at > coalesce(:now::timestamptz, now()) - make_interval(secs => :busy_s)) >= :busy_rows)
     AND (SELECT acked_at FROM dispatch_log WHERE settled_at IS NULL ORDER BY id LIMIT 1)
         > coalesce(:now::timestamptz, now()) - make_interval(secs => :max_defer_s),
     false) AS defer;

@@ -23,7 +23,7 @@ from schemas.messages import decode_occurrence
 from schemas.shard_ownership import ShardOwnership
 from schemas.topics import occurrence_topic, schedule_key
 from tests.support.kafka import librdkafka_publisher, read_topic
-from tests.support.waiting import happens_within, wait_for
+from tests.support.waiting import wait_for
 
 AT = datetime(2026, 11, 29, 10, 0, 10, tzinfo=UTC)  # the fixture clock starts at 10:00:00
 LEASES = ShardLeaseConfig(interval=1.0, lease_ttl=6.0, max_moves=256)
@@ -463,58 +463,3 @@ async def test_a_relay_stopped_while_pages_wait_for_their_instant_stops_at_once_
     assert (await relay.run_once()).published == 12
     records = await read_topic(kafka_bootstrap, occurrence_topic(target), expected=12)
     assert sorted(r.key for r in records) == sorted(keys)
-
-
-class HeldAnswers(SpyPublisher):
-    """The real publisher; each hand-over's answers reach the relay only when the test lets them through."""
-
-    def __init__(self, inner: LibrdkafkaPublisher, clock: ManualClock) -> None:
-        super().__init__(inner, clock)
-        self.held: list[tuple[asyncio.Future, asyncio.Future]] = []  # (the broker's answers, the relay's view)
-
-    async def send(self, items):
-        answered = await super().send(items)
-        shown: asyncio.Future = asyncio.get_running_loop().create_future()
-        self.held.append((answered, shown))
-        return shown
-
-    async def let_through(self) -> None:
-        for answered, shown in self.held:
-            if not shown.done():
-                shown.set_result(await answered)
-
-
-async def test_strict_rows_readable_behind_a_flexible_backlog_go_before_the_rest_of_it(
-    pool, clock, publisher, target, acme
-):
-    """Both lanes backlogged: a flexible backlog is being handed over when strict rows become readable. They
-    go next, ahead of the flexible pages not handed over yet (strict is served first): reading ahead must not
-    line the whole flexible backlog up in front of them."""
-    for _ in range(8):
-        await create_once(pool, clock, target, priority="flexible", flexible_window="5s")
-    strict = {schedule_key((await create_once(pool, clock, target, at=AT + timedelta(seconds=10)))["schedule_id"])}
-    await pool.execute("UPDATE schedules SET shard = 3")
-    _, ownership = await owning(pool, clock)
-    report = await Materializer(pool, MaterializerConfig(), clock, ownership=ownership).run_once()
-    assert (report.ahead, report.late) == (9, 0)
-    spy = HeldAnswers(publisher, clock)
-    store = SpyStore(pool, clock, ownership.node_id)
-    config = AheadRelayConfig(read_ahead=timedelta(seconds=2), rows_per_shard=2, pages_in_flight=1)
-    relay = AheadRelay(store, spy, ownership, config, clock)
-    clock.set(AT + timedelta(seconds=6))  # every flexible row is due, the strict one is not sealed yet
-    task = asyncio.create_task(relay.run_once())
-    await wait_for(lambda: len(spy.sends) == 1, 10)  # the first flexible page, its answers held
-    clock.set(AT + timedelta(seconds=9))  # sealed past AT + 10 s: the strict row is readable
-    # A relay that reads on while the answers are held reads the strict row now; one that waits reads nothing.
-    await happens_within(lambda: sum(n for _, n in store.reads) == 9, within=1.0)
-    clock.set(AT + timedelta(seconds=10))
-
-    async def answered_until_done() -> None:
-        while not task.done():
-            await spy.let_through()
-            await asyncio.sleep(0.05)
-
-    await asyncio.wait_for(answered_until_done(), 20)
-    assert (await task).published == 9
-    lanes = ["strict" if keys[0] in strict else "flexible" for _, keys in spy.sends]
-    assert lanes == ["flexible", "strict", "flexible", "flexible", "flexible"], lanes

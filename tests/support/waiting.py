@@ -19,14 +19,3 @@ async def wait_for(predicate: Callable[[], Any | Awaitable[Any]], timeout: float
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"condition not met within {timeout} s")
         await asyncio.sleep(interval)
-
-
-async def happens_within(predicate: Callable[[], Any], within: float, interval: float = 0.02) -> bool:
-    """Whether ``predicate()`` turns truthy within ``within`` seconds: for a test that must give a fault the
-    chance to happen (a relay reading what it should not yet) when nothing observable marks its absence."""
-    deadline = asyncio.get_running_loop().time() + within
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            return False
-        await asyncio.sleep(interval)
-    return True
