@@ -35,13 +35,12 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
-from engine.cli.embedded.apache_kafka import JVM_OPTIONS, ApacheKafka
+from engine.cli.embedded.apache_kafka import FULL_JIT_JVM_OPTIONS, JVM_OPTIONS, ApacheKafka
 from engine.cli.embedded.brokers import BROKER_KINDS
 from engine.cli.embedded.tansu import EmbeddedKafka
 from relay.publisher import KafkaPublisher, OutgoingRecord, PublisherConfig
 
 NO_FLUSH = {"log.flush.interval.messages": str(2**63 - 1)}
-FULL_JIT = tuple(option for option in JVM_OPTIONS if not option.startswith("-XX:TieredStopAtLevel"))
 
 
 async def relay_batches(bootstrap: str, messages: int, batch: int) -> float:
@@ -100,7 +99,7 @@ async def run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         else [
             ("apache kafka, flush per append (configured)", {}, JVM_OPTIONS),
             ("apache kafka, flush left to the OS", NO_FLUSH, JVM_OPTIONS),
-            ("apache kafka, flush per append, C2 compiler too", {}, FULL_JIT),
+            ("apache kafka, flush per append, C2 compiler too", {}, FULL_JIT_JVM_OPTIONS),
         ]
     )
     for name, overrides, jvm in variants:

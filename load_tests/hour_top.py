@@ -220,11 +220,9 @@ def stop_nodes(nodes: list[subprocess.Popen[bytes]]) -> None:
 def apache_jvm_options(jit: str) -> tuple[str, ...] | None:
     """The Apache Kafka broker's JVM options for ``--apache-jit``: None keeps the launcher's (C1 only, to
     start in seconds); ``full`` lets C2 compile the hot produce path too (a long run, not a quick start)."""
-    from engine.cli.embedded.apache_kafka import JVM_OPTIONS
+    from engine.cli.embedded.apache_kafka import FULL_JIT_JVM_OPTIONS
 
-    if jit == "c1":
-        return None
-    return tuple(option for option in JVM_OPTIONS if not option.startswith("-XX:TieredStopAtLevel"))
+    return None if jit == "c1" else FULL_JIT_JVM_OPTIONS
 
 
 def dispatch_config(args: argparse.Namespace) -> Any:  # relay.ahead_relay.AheadRelayConfig

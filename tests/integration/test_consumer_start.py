@@ -78,17 +78,15 @@ class Gate:
             task.add_done_callback(self.tasks.discard)
 
 
-async def test_an_app_started_before_its_database_accepts_connections_waits_and_then_runs(
-    consumer_db, kafka_bootstrap, target, caplog
-):
-    gate = Gate(consumer_db)
-    gated_url = await gate.start()
+def quick_app(bootstrap: str, database_url: str, target: str) -> ConsumerApp:
+    """An app with one no-op handler for ``target``, short group timers and no attempt barrier (no attempt
+    processor runs in these tests: nobody answers started)."""
     app = ConsumerApp(
         ConsumerConfig(
             f"group-{uuid.uuid4().hex[:8]}",
-            kafka_bootstrap,
-            gated_url,
-            attempt_barrier=False,  # no attempt processor runs here: nobody answers started
+            bootstrap,
+            database_url,
+            attempt_barrier=False,
             redelivery_backoff=0.05,
             redelivery_backoff_max=0.2,
             session_timeout=2.0,
@@ -99,6 +97,25 @@ async def test_an_app_started_before_its_database_accepts_connections_waits_and_
     @app.handler(target)
     async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:  # pragma: no cover - not reached
         pass
+
+    return app
+
+
+async def stop_all(starting: asyncio.Task, app: ConsumerApp, gate: Gate) -> None:
+    """Cancel a start still under way, then stop the app and the gate."""
+    if not starting.done():
+        starting.cancel()
+    await asyncio.gather(starting, return_exceptions=True)
+    await app.stop()
+    await gate.stop()
+
+
+async def test_an_app_started_before_its_database_accepts_connections_waits_and_then_runs(
+    consumer_db, kafka_bootstrap, target, caplog
+):
+    gate = Gate(consumer_db)
+    gated_url = await gate.start()
+    app = quick_app(kafka_bootstrap, gated_url, target)
 
     caplog.set_level(logging.WARNING, logger="chronoq.consumer")
     starting = asyncio.create_task(app.start())
@@ -115,11 +132,7 @@ async def test_an_app_started_before_its_database_accepts_connections_waits_and_
         finally:
             await conn.close()
     finally:
-        if not starting.done():
-            starting.cancel()
-        await asyncio.gather(starting, return_exceptions=True)
-        await app.stop()
-        await gate.stop()
+        await stop_all(starting, app, gate)
 
 
 async def test_a_misconfigured_database_url_is_not_retried(consumer_db, kafka_bootstrap, target):
@@ -147,22 +160,7 @@ async def test_an_app_whose_broker_cuts_its_connections_after_the_topics_exist_w
     gate.open, gate.cut = True, {2, 3, 4}
     gated = await gate.start()
     bootstrap = urlsplit(gated).netloc.split("@")[-1]
-    app = ConsumerApp(
-        ConsumerConfig(
-            f"group-{uuid.uuid4().hex[:8]}",
-            bootstrap,
-            consumer_db,
-            attempt_barrier=False,  # no attempt processor runs here: nobody answers started
-            redelivery_backoff=0.05,
-            redelivery_backoff_max=0.2,
-            session_timeout=2.0,
-            heartbeat_interval=0.4,
-        )
-    )
-
-    @app.handler(target)
-    async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:  # pragma: no cover - not reached
-        pass
+    app = quick_app(bootstrap, consumer_db, target)
 
     caplog.set_level(logging.WARNING, logger="chronoq.consumer")
     starting = asyncio.create_task(app.start())
@@ -172,8 +170,4 @@ async def test_an_app_whose_broker_cuts_its_connections_after_the_topics_exist_w
         assert any(getattr(r, "action", None) == "consumer.start_retry" for r in caplog.records)
         assert app._consumer is not None  # it joined its group
     finally:
-        if not starting.done():
-            starting.cancel()
-        await asyncio.gather(starting, return_exceptions=True)
-        await app.stop()
-        await gate.stop()
+        await stop_all(starting, app, gate)

@@ -394,6 +394,21 @@ async def _twelve_in_one_shard(pool, clock, target) -> tuple[ShardOwnership, lis
     return ownership, [r["message_key"] for r in order]
 
 
+async def _reading_ahead(
+    pool, clock, spy: SpyPublisher, ownership: ShardOwnership, stop: asyncio.Event | None = None
+) -> tuple[AheadRelay, SpyStore, asyncio.Task]:
+    """A relay with one page in flight of two rows per shard, its pass started 0.9 s before AT (sealed up to
+    AT + 1 s: six pages of two rows are readable); returned once it read all twelve rows ahead, or its pass
+    ended."""
+    store = SpyStore(pool, clock, ownership.node_id)
+    config = AheadRelayConfig(read_ahead=timedelta(seconds=2), rows_per_shard=2, pages_in_flight=1)
+    relay = AheadRelay(store, spy, ownership, config, clock)
+    clock.set(AT - timedelta(seconds=0.9))
+    task = asyncio.create_task(relay.run_once(stop))
+    await wait_for(lambda: sum(n for _, n in store.reads) == 12 or task.done(), 10)
+    return relay, store, task
+
+
 async def test_a_burst_sealed_before_its_instant_is_read_before_it_and_handed_over_in_order(
     pool, clock, publisher, target, acme
 ):
@@ -401,14 +416,7 @@ async def test_a_burst_sealed_before_its_instant_is_read_before_it_and_handed_ov
     the instant nothing is left to read; they are still handed over one page in flight at a time, in order."""
     ownership, keys = await _twelve_in_one_shard(pool, clock, target)
     spy = SpyPublisher(publisher, clock)
-    store = SpyStore(pool, clock, ownership.node_id)
-    relay = AheadRelay(
-        store, spy, ownership, AheadRelayConfig(read_ahead=timedelta(seconds=2), rows_per_shard=2, pages_in_flight=1),
-        clock,
-    )  # fmt: skip
-    clock.set(AT - timedelta(seconds=0.9))  # sealed up to AT + 1 s: six pages of two rows are readable
-    task = asyncio.create_task(relay.run_once())
-    await wait_for(lambda: sum(n for _, n in store.reads) == 12 or task.done(), 10)
+    _, store, task = await _reading_ahead(pool, clock, spy, ownership)
     assert sum(n for _, n in store.reads) == 12, f"read before the instant: {store.reads}"
     assert spy.sends == [] and not task.done()
     clock.set(AT)
@@ -427,12 +435,7 @@ async def test_pages_read_ahead_are_read_again_after_a_failed_pass_none_skipped_
     page in flight is republished after a failure before it, as always), never those read ahead."""
     ownership, keys = await _twelve_in_one_shard(pool, clock, target)
     spy = FailingFirstSend(publisher, clock)
-    store = SpyStore(pool, clock, ownership.node_id)
-    config = AheadRelayConfig(read_ahead=timedelta(seconds=2), rows_per_shard=2, pages_in_flight=1)
-    relay = AheadRelay(store, spy, ownership, config, clock)
-    clock.set(AT - timedelta(seconds=0.9))
-    task = asyncio.create_task(relay.run_once())
-    await wait_for(lambda: sum(n for _, n in store.reads) == 12 or task.done(), 10)
+    relay, _, task = await _reading_ahead(pool, clock, spy, ownership)
     clock.set(AT)
     first = await asyncio.wait_for(task, 20)
     assert (first.failed, first.published) == (1, 0)  # one shard blocked at its first row
@@ -449,13 +452,8 @@ async def test_a_relay_stopped_while_pages_wait_for_their_instant_stops_at_once_
     to hand them over, and nothing is lost — the next pass (or the shard's next owner) reads them again."""
     ownership, keys = await _twelve_in_one_shard(pool, clock, target)
     spy = SpyPublisher(publisher, clock)
-    store = SpyStore(pool, clock, ownership.node_id)
-    config = AheadRelayConfig(read_ahead=timedelta(seconds=2), rows_per_shard=2, pages_in_flight=1)
-    relay = AheadRelay(store, spy, ownership, config, clock)
-    clock.set(AT - timedelta(seconds=0.9))
     stop = asyncio.Event()
-    task = asyncio.create_task(relay.run_once(stop))
-    await wait_for(lambda: sum(n for _, n in store.reads) == 12 or task.done(), 10)
+    relay, _, task = await _reading_ahead(pool, clock, spy, ownership, stop)
     stop.set()
     stopped = await asyncio.wait_for(task, 5)  # the clock never reaches AT: nothing may wait for it
     assert stopped.published == 0 and spy.sends == []

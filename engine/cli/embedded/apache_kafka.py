@@ -69,6 +69,9 @@ JVM_OPTIONS: tuple[str, ...] = (
     "-XX:+ExitOnOutOfMemoryError",
     "-Djava.awt.headless=true",
 )
+#: The same with C2 as well as C1 (what the launcher stops at to start faster): for benchmarks that compare
+#: the two (load_tests/broker_produce.py, hour_top --apache-jit full); C2 lost on two cores both times.
+FULL_JIT_JVM_OPTIONS: tuple[str, ...] = tuple(o for o in JVM_OPTIONS if not o.startswith("-XX:TieredStopAtLevel"))
 _FORMAT_JVM_OPTIONS: tuple[str, ...] = (
     "-Xmx256m",
     "-XX:+UseSerialGC",
