@@ -58,8 +58,9 @@ class AheadRelayConfig:
         was still being read at the top, at 5 s it is read before it. The price: a delivery materialized
         less than read_ahead before its instant takes the late lane (per-row claims), and a cancel in the
         last read_ahead before an instant finds the row read (the consumer runtime skips it, as always).
-    pages_in_flight: pages handing rows over to the broker at once (default 3): a page takes its turn in the
-        order pages were read and holds it until every row it handed over is answered (relay/handover_gate.py).
+    pages_in_flight: hand-overs unanswered by the broker at once (default 3): a hand-over takes a slot once its
+        rows are due, strict before flexible, and holds it until answered; a lane's pages hand over in the order
+        they were read (relay/handover_gate.py).
     read_ahead_rows: rows read and waiting in pages in flight before the oldest page must be completed
         (default 262,144, about 256 MB at most, held only while that many rows are due within read_ahead; 0:
         only pages_in_flight pages, as before stop 31). A burst sealed before its instant is read before it,
@@ -179,12 +180,14 @@ class AheadRelay:
         self._tries: dict[object, int] = {}
         self._inflight: deque[_Page] = deque()
         self._rows_in_flight = 0
-        #: Set when a row of a page's hand-over was refused or unanswered: pages whose turn comes later hand
+        #: Set when a row of a hand-over was refused or unanswered: hand-overs whose slot comes later hand
         #: nothing over (the pass abandons them, as it abandons every page after a failure); cleared once they
         #: are abandoned and at each pass. A row refused for the last time is quarantined, not a failure of the
         #: pass: the pages stopped after it then fail the pass and are read again after error_backoff.
         self._halted = False
-        self._gate = HandoverGate(self.config.pages_in_flight)
+        self._gate = HandoverGate(self.config.pages_in_flight, len(LANES))  # strict (rank 0) first
+        #: Per lane, done once the lane's last page read has handed its last row over (or ended).
+        self._lane_tail: dict[str, asyncio.Future[None] | None] = {lane: None for lane in LANES}
         #: True while the last pass found nothing to publish: the settle pass runs only then.
         self.quiet = True
 
@@ -257,8 +260,8 @@ class AheadRelay:
 
         Strict and flexible pages alike (docs/dispatch.md, "Reading ahead of the hand-over"): stopping the
         reading at a flexible page in flight made the relay wait for that page's later rows (seconds ahead)
-        before it read the next second's strict rows, which the soak's strict lag showed; a flexible backlog
-        read ahead can in turn stand in line before strict rows readable after it (open, same section)."""
+        before it read the next second's strict rows, which the soak's strict lag showed. Priority is kept at
+        the hand-over instead: strict hand-overs get the gate's free slots first."""
         return (
             len(self._inflight) >= self.config.pages_in_flight and self._rows_in_flight >= self.config.read_ahead_rows
         )
@@ -344,9 +347,11 @@ class AheadRelay:
         acked: list[datetime | None] = [None]
         acked_each: list[datetime | None] = [None] * len(rows)
         handing = [False]
-        turn = self._gate.reserve()  # now, in read order: pages take their turns in the order they were read
+        # Read order within the lane: this page hands rows over once the lane's previous page handed its last.
+        prior, released = self._lane_tail[lane], asyncio.get_running_loop().create_future()
+        self._lane_tail[lane] = released
         task = asyncio.create_task(
-            self._send_page(rows, lane, page_epochs, skip, judged, acked, acked_each, handing, turn)
+            self._send_page(rows, lane, page_epochs, skip, judged, acked, acked_each, handing, (prior, released))
         )
         page = _Page(lane, page_epochs, starts, rows, task, acked, acked_each, handing)
         self._inflight.append(page)
@@ -378,11 +383,16 @@ class AheadRelay:
         judged: frozenset[object] = frozenset(),
         acked_each: list[datetime | None] | None = None,
         handing: list[bool] | None = None,
+        released: asyncio.Future[None] | None = None,
     ) -> list[BaseException | None]:
         """Hand each row to the publisher once the clock reaches its available_at; one outcome per row, and
         in ``acked_each`` the clock's instant when the answers for its hand-over arrived; ``handing[0]`` is set
-        before the first rows are handed over.
+        before the first rows are handed over, ``released`` once the last row was (the lane's next page may
+        start handing over).
 
+        Each hand-over takes a slot of the hand-over gate once its rows are due (strict before flexible) and
+        holds it until the broker answered; after a failed hand-over, this page's or another's, nothing more is
+        handed over (the rows left are :data:`NOT_HANDED_OVER`: the pass abandons them and reads them again).
         A row released after its late_after (the relay or the broker was down) is judged first: its
         schedule's policy decides whether it is still published or recorded MISSED
         (:data:`MISSED_AT_DISPATCH`: the cursor passes it).
@@ -392,52 +402,64 @@ class AheadRelay:
         with self.tracer.start_as_current_span(obs.SPAN_PUBLISH) as span:
             span.set_attribute("chronoq.ahead_rows", len(rows))
             obs.inject_trace_headers(trace_headers)
-        waiting = to_release(rows, skip, outcomes)
         first_late = first_late_after(rows)  # the page's earliest: one check per release, not per row
-        futures: list[tuple[list[int], asyncio.Future[list[BaseException | None]]]] = []
-        releases = Releases(rows, waiting)
-        while waiting:
+        releases = Releases(rows, to_release(rows, skip, outcomes))
+        rank = LANES.index(lane)
+        while not releases.done:
             now = self.clock.now()
-            now_us = micros_of(now) if now is not None else None
-            due = releases.due(now_us)
-            if due:
-                if len(due) == len(waiting):
-                    waiting = []
-                else:
-                    due_set = set(due)
-                    waiting = [i for i in waiting if i not in due_set]
+            due = releases.due(micros_of(now) if now is not None else None)
             if due and now is not None and first_late is not None and first_late < micros_of(now):
                 due = await self._judge(lane, epochs, rows, due, judged, now, outcomes)
             if due:
-                if handing is not None:
-                    handing[0] = True
-                items = [
-                    (
-                        r["topic"],
-                        r["message_key"],
-                        r["message"],
-                        [
-                            (HEADER_OCCURRENCE_ID, r["occurrence_header"]),
-                            (HEADER_TENANT, r["tenant_header"]),
-                            *trace_headers,
-                        ],
-                    )
-                    for r in (rows[i] for i in due)
-                ]
-                future = await self.publisher.send(items)  # type: ignore[attr-defined]
-                if acked_each is not None:
-                    future.add_done_callback(self._stamper(due, acked_each))
-                futures.append((due, future))
-            if waiting:
+                await self._gate.acquire(rank)
+                try:
+                    if self._halted:
+                        for i in (*due, *releases.left()):
+                            outcomes[i] = NOT_HANDED_OVER
+                        return outcomes
+                    if handing is not None:
+                        handing[0] = True
+                    future = await self.publisher.send(self._items(rows, due, trace_headers))  # type: ignore[attr-defined]
+                    if acked_each is not None:
+                        future.add_done_callback(self._stamper(due, acked_each))
+                    if releases.done and released is not None and not released.done():
+                        released.set_result(None)
+                    errors = await self._answers(future, len(due))
+                    for i, error in zip(due, errors, strict=True):
+                        outcomes[i] = error
+                    if any(error is not None for error in errors):
+                        # Before the slot goes to another hand-over: the pass will abandon every later page, so
+                        # none hands rows over meanwhile (they would reach the broker and be read and sent again).
+                        self._halted = True
+                finally:
+                    self._gate.release()
+            if not releases.done:
                 await asyncio.sleep(self.config.release_tick)
-        for indexes, future in futures:
-            try:
-                errors = await asyncio.wait_for(future, self.config.ack_timeout)
-            except TimeoutError:
-                errors = [TimeoutError("no acknowledgement within ack_timeout: outcome unknown")] * len(indexes)
-            for i, error in zip(indexes, errors, strict=True):
-                outcomes[i] = error
         return outcomes
+
+    @staticmethod
+    def _items(
+        rows: list[AheadRow], indexes: list[int], trace_headers: list[tuple[str, bytes]]
+    ) -> list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]]:
+        """The publisher's (topic, key, value, headers) of ``rows[indexes]``."""
+        return [
+            (
+                r["topic"],
+                r["message_key"],
+                r["message"],
+                [(HEADER_OCCURRENCE_ID, r["occurrence_header"]), (HEADER_TENANT, r["tenant_header"]), *trace_headers],
+            )
+            for r in (rows[i] for i in indexes)
+        ]
+
+    async def _answers(
+        self, future: asyncio.Future[list[BaseException | None]], count: int
+    ) -> list[BaseException | None]:
+        """The broker's answers to one hand-over of ``count`` rows; unknown (an error) after ack_timeout."""
+        try:
+            return await asyncio.wait_for(future, self.config.ack_timeout)
+        except TimeoutError:
+            return [TimeoutError("no acknowledgement within ack_timeout: outcome unknown")] * count
 
     async def _send_page(
         self,
@@ -449,25 +471,24 @@ class AheadRelay:
         acked: list[datetime | None],
         acked_each: list[datetime | None],
         handing: list[bool],
-        turn: asyncio.Future[None],
+        turn: tuple[asyncio.Future[None] | None, asyncio.Future[None]],
     ) -> list[BaseException | None]:
-        """:meth:`_release_and_send` in the page's ``turn`` at the hand-over gate (held until every row it handed
-        over is answered, or the task ends; ``handing[0]`` is set before its first rows go), then ``acked[0]`` =
-        the clock's instant once the last acknowledgement arrived: the broker's acknowledgement instant on the
-        database's clock (never ahead of it), not the later moment the cursor moves — pages are pipelined, and a
-        page's cursor moves only after the next page is read, which added a page read and more to every
-        enqueued_at of the page."""
+        """:meth:`_release_and_send` once the page read before it in its lane handed its last row over
+        (``turn``: that page's future, and this page's, set once its own last row is handed over or it ends),
+        then ``acked[0]`` = the clock's instant once the last acknowledgement arrived: the broker's
+        acknowledgement instant on the database's clock (never ahead of it), not the later moment the cursor
+        moves — pages are pipelined, and a page's cursor moves only after the next page is read, which added a
+        page read and more to every enqueued_at of the page."""
+        prior, released = turn
         try:
-            await turn
+            if prior is not None:
+                await asyncio.shield(prior)  # cancelled while waiting, this page must not cancel its prior's
             if self._halted:
                 return [NOT_HANDED_OVER] * len(rows)
-            outcomes = await self._release_and_send(rows, lane, epochs, skip, judged, acked_each, handing)
-            if any(o is not None and o is not MISSED_AT_DISPATCH for o in outcomes):
-                # Before the next page's turn: the pass will abandon every later page, so none hands rows over
-                # meanwhile (they would reach the broker and be read and sent again).
-                self._halted = True
+            outcomes = await self._release_and_send(rows, lane, epochs, skip, judged, acked_each, handing, released)
         finally:
-            self._gate.give_back(turn)
+            if not released.done():
+                released.set_result(None)
         acked[0] = self.clock.now()
         return outcomes
 
@@ -665,6 +686,7 @@ class AheadRelay:
             await asyncio.gather(self._inflight.popleft().task, return_exceptions=True)
         self._rows_in_flight = 0
         self._halted = False
+        self._lane_tail = {lane: None for lane in LANES}
         self._tentative = dict(self._positions)
         self._drained_at = {lane: None for lane in LANES}
 

@@ -58,6 +58,15 @@ class Releases:
             self._instants = [at for at, _ in pairs]
             self._order = [i for _, i in pairs]
 
+    @property
+    def done(self) -> bool:
+        """Every row was handed out."""
+        return self._next >= len(self._order)
+
+    def left(self) -> list[int]:
+        """The rows not handed out yet, in page order."""
+        return sorted(self._order[self._next :])
+
     def due(self, now_us: int | None) -> list[int]:
         if now_us is None or self._next >= len(self._order):
             return []

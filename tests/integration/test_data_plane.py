@@ -461,3 +461,94 @@ async def test_a_relay_stopped_while_pages_wait_for_their_instant_stops_at_once_
     assert (await relay.run_once()).published == 12
     records = await read_topic(kafka_bootstrap, occurrence_topic(target), expected=12)
     assert sorted(r.key for r in records) == sorted(keys)
+
+
+class HeldAnswers(SpyPublisher):
+    """A broker slow to acknowledge: every hand-over reaches it at once, its answer is held until ``answering``
+    is set."""
+
+    def __init__(self, inner: LibrdkafkaPublisher, clock: ManualClock) -> None:
+        super().__init__(inner, clock)
+        self.answering = asyncio.Event()
+        self._holders: list[asyncio.Task] = []
+
+    async def send(self, items):
+        answer = await super().send(items)
+        held: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        async def hold() -> None:
+            await self.answering.wait()
+            held.set_result(await answer)
+
+        self._holders.append(asyncio.create_task(hold()))
+        return held
+
+
+async def test_strict_rows_readable_after_a_flexible_backlog_go_to_the_broker_before_the_rest_of_it(
+    pool, clock, publisher, target, kafka_bootstrap, acme
+):
+    """A flexible backlog is read ahead and waits for a slow broker's answers (one page in flight); strict rows
+    that become readable a second later take the next free slot, before the flexible pages read before them
+    (strict is served first when both are backlogged), and every row is published once."""
+    for _ in range(12):
+        await create_once(pool, clock, target, priority="flexible", flexible_window="1s")
+    for _ in range(2):
+        await create_once(pool, clock, target, at=AT + timedelta(seconds=3))
+    await pool.execute("UPDATE schedules SET shard = 3")
+    _, ownership = await owning(pool, clock)
+    assert (await Materializer(pool, MaterializerConfig(), clock, ownership=ownership).run_once()).ahead == 14
+    strict = {
+        r["message_key"] for r in await pool.fetch("SELECT message_key FROM dispatch_queue WHERE lane = 'strict'")
+    }
+    spy = HeldAnswers(publisher, clock)
+    store = SpyStore(pool, clock, ownership.node_id)
+    config = AheadRelayConfig(read_ahead=timedelta(seconds=2), rows_per_shard=2, pages_in_flight=1)
+    relay = AheadRelay(store, spy, ownership, config, clock)
+    clock.set(AT + timedelta(seconds=1))  # every flexible row is due; sealed up to AT + 3 s: no strict row yet
+    task = asyncio.create_task(relay.run_once())
+    await wait_for(lambda: sum(n for _, n in store.reads) == 12 and len(spy.sends) == 1, 10)
+    clock.set(AT + timedelta(seconds=2.5))  # sealed up to AT + 4 s: the strict rows are read
+    await wait_for(lambda: sum(n for _, n in store.reads) == 14, 10)
+    clock.set(AT + timedelta(seconds=3))
+    looked = clock.reads
+    await wait_for(lambda: clock.reads > looked + 50)  # the strict page has seen its rows due
+    spy.answering.set()
+    assert (await asyncio.wait_for(task, 20)).published == 14
+    lanes = ["strict" if set(keys) <= strict else "flexible" for _, keys in spy.sends]
+    assert lanes[:2] == ["flexible", "strict"], f"strict rows waited behind the flexible backlog: {lanes}"
+    assert sorted(strict) == sorted(k for _, keys in spy.sends[1:2] for k in keys)
+    records = await read_topic(kafka_bootstrap, occurrence_topic(target), expected=14)
+    assert len(records) == len({r.key for r in records}) == 14
+
+
+async def test_due_flexible_rows_are_not_held_up_behind_strict_pages_read_ahead_of_their_instant(
+    pool, clock, publisher, target, kafka_bootstrap, acme
+):
+    """Strict pages read ahead wait for their instant (a burst read before the top) and hold nothing while they
+    wait: a flexible page read after them, whose rows are due, goes to the broker at once, not after the strict
+    burst's instant (one page in flight)."""
+    for _ in range(4):
+        await create_once(pool, clock, target, at=AT + timedelta(seconds=3))
+    for _ in range(2):
+        await create_once(pool, clock, target, priority="flexible", flexible_window="1s")
+    await pool.execute("UPDATE schedules SET shard = 3")
+    _, ownership = await owning(pool, clock)
+    assert (await Materializer(pool, MaterializerConfig(), clock, ownership=ownership).run_once()).ahead == 6
+    strict = {
+        r["message_key"] for r in await pool.fetch("SELECT message_key FROM dispatch_queue WHERE lane = 'strict'")
+    }
+    spy = SpyPublisher(publisher, clock)
+    store = SpyStore(pool, clock, ownership.node_id)
+    config = AheadRelayConfig(read_ahead=timedelta(seconds=3), rows_per_shard=2, pages_in_flight=1)
+    relay = AheadRelay(store, spy, ownership, config, clock)
+    clock.set(AT + timedelta(seconds=1.2))  # sealed up to AT + 4 s: two strict pages, then the flexible one
+    task = asyncio.create_task(relay.run_once())
+    await wait_for(lambda: len(spy.sends) == 1 or task.done(), 10)
+    assert [n for _, n in store.reads if n] == [2, 2, 2], "two strict pages and the flexible one, in that order"
+    at, keys = spy.sends[0]
+    assert at == AT + timedelta(seconds=1.2) and not set(keys) & strict, "due flexible rows waited for the strict"
+    clock.set(AT + timedelta(seconds=3))
+    assert (await asyncio.wait_for(task, 20)).published == 6
+    assert [set(keys) <= strict for _, keys in spy.sends] == [False, True, True]
+    records = await read_topic(kafka_bootstrap, occurrence_topic(target), expected=6)
+    assert len(records) == len({r.key for r in records}) == 6

@@ -29,8 +29,10 @@ def test_rows_are_released_once_in_page_order_never_before_their_instant(instant
         assert all(instants[i] <= now for i in due), "a row was released before its available_at"
         assert not set(due) & set(released), "a row was released twice"
         released.extend(due)
+        assert releases.left() == sorted(set(range(len(rows))) - set(released)), "what is left, in page order"
+        assert releases.done == (len(released) == len(rows))
     assert sorted(released) == list(range(len(rows)))
-    assert releases.due(60) == []
+    assert releases.due(60) == [] and releases.done and releases.left() == []
 
 
 def test_a_clock_that_gives_no_instant_releases_nothing() -> None:
