@@ -145,7 +145,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             _Timed(publisher, ["send"], totals)
             config = AheadRelayConfig(rows_per_shard=args.rows_per_shard, pages_in_flight=args.pages_in_flight)
             relay = AheadRelay(store, publisher, ownership, config)
-            _Timed(relay, ["_complete_oldest", "_read", "_seal_if_due"], totals)
+            _Timed(relay, ["_complete", "_read", "_seal_if_due"], totals)
             if args.explain:
                 report["explain_start"] = await explain(conn, QUERIES, node, args, top, halfway=False)
             wait = (top - await conn.fetchval("SELECT now()")).total_seconds()

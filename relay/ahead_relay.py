@@ -229,8 +229,8 @@ class AheadRelay:
                 # settle pass (which runs only while this relay is quiet) must not compete with it meanwhile.
                 self.quiet = False
                 report.read += len(page.rows)
-                if self._full():
-                    await self._complete_oldest(report)
+                if self._full() and (head := await self._lane_head_done(None)) is not None:
+                    await self._complete(head, report)
             elif not self._inflight:
                 break
             else:
@@ -238,8 +238,9 @@ class AheadRelay:
                 # seal and read the next second as soon as the seal boundary moves, while these are released
                 # — not once they are drained, which read steady work only as its first row fell due.
                 self.quiet = True  # waiting, not reading: the settle pass may run meanwhile
-                if await self._oldest_done_or_boundary_moved(stop):
-                    await self._complete_oldest(report)
+                done = await self._lane_head_done(stop, until_boundary_moves=True)
+                if done is not None:
+                    await self._complete(done, report)
                 if stop is not None and stop.is_set():
                     break
             if report.failed:
@@ -275,20 +276,30 @@ class AheadRelay:
                 return page
         return None
 
-    async def _oldest_done_or_boundary_moved(self, stop: asyncio.Event | None) -> bool:
-        """Wait until the oldest page in flight is done (True) or the seal boundary moved on the injected
-        clock or ``stop`` is set (False), checking every ``idle_interval`` (no database round trip)."""
-        oldest = self._inflight[0].task
+    async def _lane_head_done(
+        self, stop: asyncio.Event | None, until_boundary_moves: bool = False
+    ) -> _Page | None:  # fmt: skip
+        """Wait until the first page in flight of some lane is done and return it (the earliest read of those
+        done), checking every ``idle_interval`` (no database round trip); None once ``stop`` is set or, with
+        ``until_boundary_moves``, once the seal boundary moved on the injected clock.
+
+        Each lane's cursor moves over its own pages in read order, so a lane's page is completed as soon as it
+        and the lane's pages before it are: a flexible page handed over is recorded while strict pages read
+        before it still wait for their instant (seconds, with read_ahead), not after them."""
+        heads: dict[asyncio.Task[list[BaseException | None]], _Page] = {}
+        for page in self._inflight:
+            if all(p.lane != page.lane for p in heads.values()):
+                heads[page.task] = page
         while stop is None or not stop.is_set():
             now = self.clock.now()
-            if now is not None:
+            if until_boundary_moves and now is not None:
                 boundary = seal_boundary(now, self.config.read_ahead)
                 if any(boundary != self._sealed_for[lane] for lane in LANES):
-                    return False
-            done, _ = await asyncio.wait({oldest}, timeout=self.config.idle_interval)
+                    return None
+            done, _ = await asyncio.wait(heads, timeout=self.config.idle_interval, return_when=asyncio.FIRST_COMPLETED)
             if done:
-                return True
-        return False
+                return next(page for task, page in heads.items() if task in done)  # heads are in read order
+        return None
 
     async def _sync_positions(self, epochs: dict[int, int]) -> None:
         """Load cursors of newly owned shards; forget lost ones."""
@@ -553,8 +564,9 @@ class AheadRelay:
             self._late_published.add(judgement.published_late, {"lane": lane})
         return judgement
 
-    async def _complete_oldest(self, report: AheadReport) -> None:
-        page = self._inflight.popleft()
+    async def _complete(self, page: _Page, report: AheadReport) -> None:
+        """Wait for ``page`` (in flight) and move its cursors past what the broker acknowledged."""
+        self._inflight.remove(page)
         self._rows_in_flight -= len(page.rows)
         outcomes = await page.task
         if self.hooks.after_publish:
@@ -656,10 +668,23 @@ class AheadRelay:
 
     async def _finish_handed_over(self, report: AheadReport) -> None:
         """Complete the pages in flight that handed rows over (their cursors move past what the broker
-        acknowledged), oldest first; drop those read ahead that handed nothing over yet, to be read again from
-        the cursor — a stopping relay or one whose shards changed does not wait for their instant."""
-        while self._inflight and self._inflight[0].handing[0] and not report.failed:
-            await self._complete_oldest(report)
+        acknowledged), in read order; drop those read ahead that handed nothing over yet, to be read again from
+        the cursor — a stopping relay or one whose shards changed does not wait for their instant.
+
+        Per lane: a lane's pages hand over in read order, so those that did are the first of their lane, and
+        only those are completed (a cursor moves over a contiguous prefix). A flexible page handed over while
+        strict pages read before it wait for their instant is completed too, not published again."""
+        blocked: set[str] = set()
+        finishing: list[_Page] = []
+        for page in self._inflight:
+            if page.lane not in blocked and (page.handing[0] or page.task.done()):
+                finishing.append(page)
+            else:
+                blocked.add(page.lane)
+        for page in finishing:
+            if report.failed:  # the failure abandoned every page still in flight
+                break
+            await self._complete(page, report)
         if self._inflight:
             await self._abandon_inflight()
 

@@ -363,11 +363,16 @@ class SpyStore(AheadLaneStore):
         super().__init__(pool, clock, node_id)
         self.manual = clock
         self.reads: list[tuple[datetime, int]] = []
+        self.advances: list[tuple[datetime, str]] = []  # (clock, lane) of every cursor move
 
     async def read_page(self, lane, positions, seals, rows_per_shard):
         rows = await super().read_page(lane, positions, seals, rows_per_shard)
         self.reads.append((self.manual.now(), len(rows)))
         return rows
+
+    async def advance(self, lane, moves, acked_at):
+        self.advances.append((self.manual.now(), lane))
+        return await super().advance(lane, moves, acked_at)
 
 
 class FailingFirstSend(SpyPublisher):
@@ -521,12 +526,10 @@ async def test_strict_rows_readable_after_a_flexible_backlog_go_to_the_broker_be
     assert len(records) == len({r.key for r in records}) == 14
 
 
-async def test_due_flexible_rows_are_not_held_up_behind_strict_pages_read_ahead_of_their_instant(
-    pool, clock, publisher, target, kafka_bootstrap, acme
-):
-    """Strict pages read ahead wait for their instant (a burst read before the top) and hold nothing while they
-    wait: a flexible page read after them, whose rows are due, goes to the broker at once, not after the strict
-    burst's instant (one page in flight)."""
+async def _strict_ahead_and_flexible_due(pool, clock, publisher, target, stop: asyncio.Event | None = None):
+    """Four strict rows due at AT + 3 s and two flexible rows due by AT + 1 s, in one shard; a relay of one page
+    in flight of two rows per shard, its pass started at AT + 1.2 s (sealed up to AT + 4 s: two strict pages
+    are read, then the flexible one), returned once its first hand-over went out (or its pass ended)."""
     for _ in range(4):
         await create_once(pool, clock, target, at=AT + timedelta(seconds=3))
     for _ in range(2):
@@ -541,14 +544,44 @@ async def test_due_flexible_rows_are_not_held_up_behind_strict_pages_read_ahead_
     store = SpyStore(pool, clock, ownership.node_id)
     config = AheadRelayConfig(read_ahead=timedelta(seconds=3), rows_per_shard=2, pages_in_flight=1)
     relay = AheadRelay(store, spy, ownership, config, clock)
-    clock.set(AT + timedelta(seconds=1.2))  # sealed up to AT + 4 s: two strict pages, then the flexible one
-    task = asyncio.create_task(relay.run_once())
+    clock.set(AT + timedelta(seconds=1.2))
+    task = asyncio.create_task(relay.run_once(stop))
     await wait_for(lambda: len(spy.sends) == 1 or task.done(), 10)
+    return relay, store, spy, strict, task
+
+
+async def test_due_flexible_rows_are_not_held_up_behind_strict_pages_read_ahead_of_their_instant(
+    pool, clock, publisher, target, kafka_bootstrap, acme
+):
+    """Strict pages read ahead wait for their instant (a burst read before the top) and hold nothing while they
+    wait: a flexible page read after them, whose rows are due, goes to the broker at once, not after the strict
+    burst's instant (one page in flight), and its lane's cursor moves then, not after the strict pages."""
+    _, store, spy, strict, task = await _strict_ahead_and_flexible_due(pool, clock, publisher, target)
     assert [n for _, n in store.reads if n] == [2, 2, 2], "two strict pages and the flexible one, in that order"
     at, keys = spy.sends[0]
     assert at == AT + timedelta(seconds=1.2) and not set(keys) & strict, "due flexible rows waited for the strict"
+    # Each lane's cursor moves over its own pages: the flexible page is recorded while the strict ones wait.
+    await wait_for(lambda: store.advances, 10)
+    assert store.advances == [(AT + timedelta(seconds=1.2), "flexible")]
     clock.set(AT + timedelta(seconds=3))
     assert (await asyncio.wait_for(task, 20)).published == 6
     assert [set(keys) <= strict for _, keys in spy.sends] == [False, True, True]
     records = await read_topic(kafka_bootstrap, occurrence_topic(target), expected=6)
     assert len(records) == len({r.key for r in records}) == 6
+
+
+async def test_a_relay_stopped_records_a_later_lanes_hand_over_even_while_an_earlier_page_waits(
+    pool, clock, publisher, target, kafka_bootstrap, acme
+):
+    """A flexible page hands its rows over while the strict pages read before it wait for their instant; the
+    relay is asked to stop: the flexible page's acknowledged rows move their lane's cursor (they are not read
+    and published again), the strict pages are dropped and read again by the next pass."""
+    stop = asyncio.Event()
+    relay, _, spy, strict, task = await _strict_ahead_and_flexible_due(pool, clock, publisher, target, stop)
+    stop.set()
+    stopped = await asyncio.wait_for(task, 5)
+    assert stopped.published == 2 and len(spy.sends) == 1
+    clock.set(AT + timedelta(seconds=3))
+    assert (await relay.run_once()).published == 4
+    records = await read_topic(kafka_bootstrap, occurrence_topic(target), expected=6)
+    assert len(records) == len({r.key for r in records}) == 6, "a row acknowledged before the stop went twice"
