@@ -256,8 +256,8 @@ class AheadRelay:
     # ------------------------------------------------------------------ steps
 
     def _full(self) -> bool:
-        """No more pages are read before the oldest completes: at least pages_in_flight pages are in flight and
-        they hold read_ahead_rows rows or more.
+        """No more pages are read before a page completes (the first of its lane): at least pages_in_flight pages
+        are in flight and they hold read_ahead_rows rows or more.
 
         Strict and flexible pages alike (docs/dispatch.md, "Reading ahead of the hand-over"): stopping the
         reading at a flexible page in flight made the relay wait for that page's later rows (seconds ahead)
