@@ -660,7 +660,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     topics = [f"chronoq.occurrences.load.target-{i}" for i in range(args.targets)]
     received_path = log_dir / "received.json"
     jvm = apache_jvm_options(args.apache_jit)
-    async with load_stack("hourtop", args.broker, bool(args.pg_statements), jvm) as (url, bootstrap):
+    pg_settings = dict(setting.split("=", 1) for setting in args.pg_setting)
+    report["pg_settings"] = pg_settings
+    async with load_stack("hourtop", args.broker, bool(args.pg_statements), jvm, pg_settings) as (url, bootstrap):
         conn = await asyncpg.connect(url)
         side = None
         try:
@@ -937,6 +939,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="N",
         help="report PostgreSQL's N heaviest statements while materializing and during the burst (pg_stat_statements,"
         " preloaded on the embedded server; an external one must preload it)",
+    )
+    parser.add_argument(
+        "--pg-setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a server parameter for the embedded PostgreSQL (repeatable), e.g. max_wal_size=4GB",
     )
     parser.add_argument("--png", type=Path)
     parser.add_argument("--log-dir")

@@ -15,7 +15,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -57,11 +57,16 @@ class _Broker:
 
 @contextlib.asynccontextmanager
 async def load_stack(
-    name: str, broker: str = "tansu", pg_statements: bool = False, jvm_options: Sequence[str] | None = None
+    name: str,
+    broker: str = "tansu",
+    pg_statements: bool = False,
+    jvm_options: Sequence[str] | None = None,
+    pg_settings: Mapping[str, str] | None = None,
 ) -> AsyncIterator[tuple[str, str]]:
     """Yield (database URL of a fresh database, Kafka bootstrap); stop what was started afterwards.
     ``pg_statements``: preload pg_stat_statements on the embedded server (``load_tests.pg_statements``);
-    ``jvm_options``: the Apache Kafka broker's JVM options (default: the launcher's quick-start set)."""
+    ``jvm_options``: the Apache Kafka broker's JVM options (default: the launcher's quick-start set);
+    ``pg_settings``: server parameters set on the embedded server before the run (an experiment's knob)."""
     from engine.cli.embedded.postgres import EmbeddedPostgres
 
     home = Path(tempfile.mkdtemp(prefix=f"chronoq-{name}-"))
@@ -79,6 +84,8 @@ async def load_stack(
                 from load_tests.pg_statements import preload
 
                 await preload(postgres)
+            if pg_settings:
+                await postgres.configure(dict(pg_settings))
             # Started from the main thread: the broker's parent-death signal is tied to the starting thread.
             bootstrap = kafka.start()
             admin_url = postgres.url("postgres")

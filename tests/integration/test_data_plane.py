@@ -370,7 +370,7 @@ class SpyStore(AheadLaneStore):
         self.reads.append((self.manual.now(), len(rows)))
         return rows
 
-    async def advance(self, lane, moves, acked_at):
+    async def advance(self, lane, moves, acked_at=None):
         self.advances.append((self.manual.now(), lane))
         return await super().advance(lane, moves, acked_at)
 
