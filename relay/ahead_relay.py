@@ -34,14 +34,14 @@ from datetime import datetime, timedelta
 
 from opentelemetry import metrics, trace
 
-from relay.ack_ranges import AckRanges
-from relay.ahead_lane import AheadLaneStore, AheadRow, CursorMove, LateJudgement, Quarantined, key_of
+from relay.ahead_lane import AheadLaneStore, AheadRow, LateJudgement, key_of
 from relay.clock_estimate import ClockEstimate
 from relay.handover_gate import HandoverGate
+from relay.page_outcomes import PoisonTries, acknowledged_prefix
 from relay.page_release import MISSED_AT_DISPATCH, NOT_HANDED_OVER, Releases, first_late_after, to_release
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock, pause
-from schemas.dispatch_lanes import LANES, START_KEY, CursorKey, micros_of, seal_boundary
+from schemas.dispatch_lanes import LANES, CursorKey, micros_of, seal_boundary
 from schemas.messages import HEADER_OCCURRENCE_ID, HEADER_TENANT
 from schemas.shard_ownership import ShardOwnership
 
@@ -177,7 +177,7 @@ class AheadRelay:
         # The seal at which a lane was last read empty: nothing can appear before a committed seal, so
         # the lane need not be read again until its seal moves (an idle relay reads once per bucket).
         self._drained_at: dict[str, datetime | None] = {lane: None for lane in LANES}
-        self._tries: dict[object, int] = {}
+        self._tries = PoisonTries(self.config.poison_tries)
         self._inflight: deque[_Page] = deque()
         self._rows_in_flight = 0
         #: Set when a row of a hand-over was refused or unanswered: hand-overs whose slot comes later hand
@@ -571,7 +571,11 @@ class AheadRelay:
         outcomes = await page.task
         if self.hooks.after_publish:
             await self.hooks.after_publish()
-        moves, poison, failed = self._acknowledged_prefix(page, outcomes)
+        outcome = acknowledged_prefix(
+            page.rows, outcomes, page.acked_each, page.starts, page.epochs, page.lane, self._tries,
+            self.config.log_resolution,
+        )  # fmt: skip
+        moves, poison, failed = outcome.moves, outcome.poison, outcome.failed
         if poison:
             await self.store.quarantine(poison)
             report.quarantined += len(poison)
@@ -620,51 +624,6 @@ class AheadRelay:
             # Later pages in flight hold rows past the failure: wait for them, move nothing of theirs for the
             # shards that failed, and re-read those shards from their cursors.
             await self._abandon_inflight()  # which also rewinds the tentative positions to the cursors
-
-    def _acknowledged_prefix(
-        self, page: _Page, outcomes: list[BaseException | None]
-    ) -> tuple[list[CursorMove], list[Quarantined], int]:
-        """Per shard, the rows up to the first that is neither acknowledged, discarded nor poison."""
-        moves: list[CursorMove] = []
-        poison: list[Quarantined] = []
-        failed = 0
-        shard, blocked = None, False
-        ranges = AckRanges(START_KEY, self.config.log_resolution)
-
-        def close() -> None:
-            logged = ranges.ranges()
-            if shard is not None and logged:
-                moves.append(CursorMove(shard, page.epochs[shard], logged))
-
-        for index, (row, error) in enumerate(zip(page.rows, outcomes, strict=True)):  # by shard, then key
-            if row["shard"] != shard:
-                close()
-                shard, blocked = row["shard"], False
-                ranges = AckRanges(page.starts[shard], self.config.log_resolution)
-            if blocked:
-                continue
-            if error is not None and error is not MISSED_AT_DISPATCH and not row["discarded"]:
-                if getattr(error, "permanent", False):
-                    tries = self._tries.get(row["occurrence_id"], 0) + 1
-                    self._tries[row["occurrence_id"]] = tries
-                    if tries < self.config.poison_tries:
-                        failed, blocked = failed + 1, True
-                        continue
-                    self._tries.pop(row["occurrence_id"], None)
-                    assert shard is not None
-                    poison.append(
-                        Quarantined(
-                            row["occurrence_id"], shard, page.lane, row["tenant_id"], row["topic"], repr(error), tries
-                        )
-                    )
-                else:
-                    failed, blocked = failed + 1, True
-                    continue
-            elif self._tries:
-                self._tries.pop(row["occurrence_id"], None)
-            ranges.add(row, page.acked_each[index])
-        close()
-        return moves, poison, failed
 
     async def _finish_handed_over(self, report: AheadReport) -> None:
         """Complete the pages in flight that handed rows over (their cursors move past what the broker
