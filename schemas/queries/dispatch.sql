@@ -167,7 +167,8 @@ GROUP BY c.lane;
 
 -- name: settle_logged_pages
 -- Off the hot path: takes up to :limit unsettled log entries (oldest first), records ENQUEUED and
--- enqueued_at (the acknowledgement instant) on their SCHEDULED occurrences, deletes their queue rows and
+-- enqueued_at (the acknowledgement instant) on their occurrences (SCHEDULED, or already started by a
+-- consumer: then only enqueued_at), deletes their queue rows and
 -- marks the entries settled. SKIP LOCKED: several settlers never wait for each other. Returns the entries
 -- and rows settled and each enqueued occurrence's schedule_lag (enqueued_at - scheduled_for, seconds).
 WITH entries AS (
@@ -179,16 +180,29 @@ WITH entries AS (
       AND (q.bucket, q.wrr_round, q.occurrence_id) > (e.from_bucket, e.from_round, e.from_id)
       AND (q.bucket, q.wrr_round, q.occurrence_id) <= (e.to_bucket, e.to_round, e.to_id)
     RETURNING q.occurrence_id, q.scheduled_for, q.discarded_at, e.acked_at
-), enqueued AS (
-    UPDATE occurrences o
-    SET state = CASE WHEN o.state = 'SCHEDULED' THEN 'ENQUEUED' ELSE o.state END,
-        enqueued_at = coalesce(o.enqueued_at, p.acked_at),
-        updated_at = coalesce(:now::timestamptz, now())
-    FROM published p
+), locked AS (
+    -- In occurrence_id order, the attempt processor's lock order (lock_occurrences): a settle pass and a
+    -- batch of attempt events on the same occurrences wait for each other, never deadlock (they did in the
+    -- 500,000 hour-top with consumers: the pass failed and was retried twice).
     -- The queue row's scheduled_for is its occurrence's (the ahead lane holds first deliveries only): each
     -- probe reads one day partition's key (migration 0016), not every day's.
-    WHERE o.occurrence_id = p.occurrence_id AND o.scheduled_for = p.scheduled_for AND p.discarded_at IS NULL
-      AND (o.state = 'SCHEDULED' OR o.enqueued_at IS NULL)
+    SELECT o.occurrence_id, o.scheduled_for, p.acked_at
+    FROM occurrences o
+    JOIN published p ON o.occurrence_id = p.occurrence_id AND o.scheduled_for = p.scheduled_for
+    WHERE p.discarded_at IS NULL
+    ORDER BY o.occurrence_id
+    FOR UPDATE OF o
+), enqueued AS (
+    -- The log's instant is the broker's acknowledgement and wins over one the attempt processor wrote when a
+    -- consumer's `started` came before this pass (that is when it applied the event: up to the whole burst's
+    -- deferral late).
+    UPDATE occurrences o
+    SET state = CASE WHEN o.state = 'SCHEDULED' THEN 'ENQUEUED' ELSE o.state END,
+        enqueued_at = l.acked_at,
+        updated_at = coalesce(:now::timestamptz, now())
+    FROM locked l
+    WHERE o.occurrence_id = l.occurrence_id AND o.scheduled_for = l.scheduled_for
+      AND (o.state = 'SCHEDULED' OR o.enqueued_at IS DISTINCT FROM l.acked_at)
     RETURNING extract(epoch FROM o.enqueued_at - o.scheduled_for)::float8 AS lag
 ), settled AS (
     UPDATE dispatch_log l SET settled_at = coalesce(:now::timestamptz, now())

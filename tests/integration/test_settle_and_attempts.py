@@ -1,0 +1,62 @@
+"""The settle pass and the attempt processor meet on the same occurrences after a burst: a consumer may report
+``started`` before the settle pass recorded ENQUEUED (it waits while a burst is dispatched). The occurrence's
+enqueued_at is then still the broker's acknowledgement (the dispatch log's instant), not the moment the
+attempt processor applied the event."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from engine.control.schedules import ControlPlane
+from engine.loops.attempt_processor import AttemptProcessor
+from engine.loops.dispatch_settler import DispatchSettler
+from engine.loops.materializer import Materializer, MaterializerConfig
+from engine.loops.shard_leases import ShardLeaseConfig, ShardLeases
+from relay.ahead_lane import AheadLaneStore
+from relay.ahead_relay import AheadRelay, AheadRelayConfig
+from schemas.attempt_events import AttemptEvent
+from schemas.messages import decode_occurrence
+from schemas.shard_ownership import ShardOwnership
+from schemas.topics import occurrence_topic
+from tests.support.kafka import librdkafka_publisher, read_topic
+
+AT = datetime(2026, 11, 29, 10, 0, 10, tzinfo=UTC)  # the fixture clock starts at 10:00:00
+
+
+@pytest.fixture
+async def publisher(kafka_bootstrap):
+    async with librdkafka_publisher(kafka_bootstrap) as publisher:
+        yield publisher
+
+
+async def test_a_start_applied_before_the_settle_pass_keeps_the_acknowledgement_as_enqueued_at(
+    pool, clock, publisher, target, kafka_bootstrap, telemetry, acme
+):
+    await ControlPlane(pool, clock).create_schedule(
+        "acme", {"kind": "once", "target": target, "expression": AT.isoformat()}
+    )
+    ownership = ShardOwnership("node-a")
+    await ShardLeases(pool, ownership, ShardLeaseConfig(interval=1.0, lease_ttl=6.0, max_moves=256), clock).run_once()
+    assert (await Materializer(pool, MaterializerConfig(), clock, ownership=ownership).run_once()).ahead == 1
+    relay = AheadRelay(
+        AheadLaneStore(pool, clock, ownership.node_id), publisher, ownership,
+        AheadRelayConfig(read_ahead=timedelta(seconds=2)), clock,
+    )  # fmt: skip
+    clock.set(AT)
+    assert (await relay.run_once()).published == 1
+    (record,) = await read_topic(kafka_bootstrap, occurrence_topic(target), expected=1)
+    occurrence_id = decode_occurrence(record.value).occurrence_id
+    # The consumer's start is applied 20 s later, before the settle pass (deferred by a burst) ran.
+    clock.set(AT + timedelta(seconds=20))
+    processor = AttemptProcessor(pool, clock=clock, rng=random.Random(7), **telemetry.instruments("engine"))
+    await processor.apply_events([AttemptEvent.started(occurrence_id, 1, uuid.uuid4(), 30.0, "billing", "host:1")])
+    assert await pool.fetchval("SELECT state FROM occurrences") == "RUNNING"
+    await DispatchSettler(pool, clock=clock).run_once()
+    row = await pool.fetchrow("SELECT state, enqueued_at FROM occurrences")
+    assert (row["state"], row["enqueued_at"]) == ("RUNNING", AT), "enqueued_at is the broker's acknowledgement"
+    view = await ControlPlane(pool, clock).get_occurrence("acme", occurrence_id)
+    assert view["enqueued_at"] == "2026-11-29T10:00:10Z"
