@@ -61,8 +61,8 @@ class AheadRelayConfig:
     pages_in_flight: hand-overs unanswered by the broker at once (default 3): a hand-over takes a slot once its
         rows are due, strict before flexible, and holds it until answered; a lane's pages hand over in the order
         they were read (relay/handover_gate.py).
-    read_ahead_rows: rows read and waiting in pages in flight before the oldest page must be completed
-        (default 262,144, about 256 MB at most, held only while that many rows are due within read_ahead; 0:
+    read_ahead_rows: rows read and waiting in pages in flight before a page (the first of its lane) must be
+        completed (default 262,144, about 256 MB at most, held only while that many rows are due within read_ahead; 0:
         only pages_in_flight pages, as before stop 31). A burst sealed before its instant is read before it,
         each page waiting in its task for its turn, so at the instant the relay only hands rows over: in the
         500,000 hour-top the p99 fell from 4.7 to 3.3 s (docs/dispatch.md, "Reading ahead of the hand-over").
