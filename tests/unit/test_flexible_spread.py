@@ -1,4 +1,4 @@
-"""The hour-top tool's flexible-spread figure (load_tests.hour_top.flexible_spread) tells spread work from
+"""The hour-top tool's flexible-spread figure (load_tests.hour_top_figures.flexible_spread) tells spread work from
 work published at one instant, and counts any occurrence published before its available_at."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from load_tests.hour_top import flexible_spread
+from load_tests.hour_top_figures import flexible_spread
 
 WINDOW = 60.0
 
