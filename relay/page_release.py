@@ -68,7 +68,7 @@ class Releases:
         return sorted(self._order[self._next :])
 
     def due(self, now_us: int | None) -> list[int]:
-        if now_us is None or self._next >= len(self._order):
+        if now_us is None or self.done:
             return []
         end = bisect.bisect_right(self._instants, now_us, self._next)
         if end == self._next:

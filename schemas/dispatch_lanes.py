@@ -21,6 +21,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+#: In priority order: the relay reads strict first, and its hand-over gate ranks a lane by its index here.
 LANES = ("strict", "flexible")
 BUCKET = timedelta(seconds=1)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

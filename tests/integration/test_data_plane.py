@@ -387,14 +387,26 @@ class FailingFirstSend(SpyPublisher):
         return failed
 
 
-async def _twelve_in_one_shard(pool, clock, target) -> tuple[ShardOwnership, list[bytes]]:
-    """Twelve ahead-lane rows due at AT in one shard; their message keys in key (weighted round) order."""
-    for _ in range(12):
-        await create_once(pool, clock, target)
+async def _in_one_shard(
+    pool, clock, target, strict: int, strict_at: datetime = AT, flexible: int = 0
+) -> tuple[ShardOwnership, set[bytes]]:
+    """``strict`` schedules due at ``strict_at`` and ``flexible`` ones due by AT + 1 s (a 1 s window), all in
+    shard 3, materialized into the ahead lane by a node owning every shard; the strict rows' message keys."""
+    for _ in range(strict):
+        await create_once(pool, clock, target, at=strict_at)
+    for _ in range(flexible):
+        await create_once(pool, clock, target, priority="flexible", flexible_window="1s")
     await pool.execute("UPDATE schedules SET shard = 3")
     _, ownership = await owning(pool, clock)
     report = await Materializer(pool, MaterializerConfig(), clock, ownership=ownership).run_once()
-    assert (report.ahead, report.late) == (12, 0)
+    assert (report.ahead, report.late) == (strict + flexible, 0)
+    rows = await pool.fetch("SELECT message_key FROM dispatch_queue WHERE lane = 'strict'")
+    return ownership, {r["message_key"] for r in rows}
+
+
+async def _twelve_in_one_shard(pool, clock, target) -> tuple[ShardOwnership, list[bytes]]:
+    """Twelve ahead-lane rows due at AT in one shard; their message keys in key (weighted round) order."""
+    ownership, _ = await _in_one_shard(pool, clock, target, strict=12)
     order = await pool.fetch("SELECT message_key FROM dispatch_queue ORDER BY shard, bucket, wrr_round, occurrence_id")
     return ownership, [r["message_key"] for r in order]
 
@@ -495,16 +507,7 @@ async def test_strict_rows_readable_after_a_flexible_backlog_go_to_the_broker_be
     """A flexible backlog is read ahead and waits for a slow broker's answers (one page in flight); strict rows
     that become readable a second later take the next free slot, before the flexible pages read before them
     (strict is served first when both are backlogged), and every row is published once."""
-    for _ in range(12):
-        await create_once(pool, clock, target, priority="flexible", flexible_window="1s")
-    for _ in range(2):
-        await create_once(pool, clock, target, at=AT + timedelta(seconds=3))
-    await pool.execute("UPDATE schedules SET shard = 3")
-    _, ownership = await owning(pool, clock)
-    assert (await Materializer(pool, MaterializerConfig(), clock, ownership=ownership).run_once()).ahead == 14
-    strict = {
-        r["message_key"] for r in await pool.fetch("SELECT message_key FROM dispatch_queue WHERE lane = 'strict'")
-    }
+    ownership, strict = await _in_one_shard(pool, clock, target, 2, AT + timedelta(seconds=3), flexible=12)
     spy = HeldAnswers(publisher, clock)
     store = SpyStore(pool, clock, ownership.node_id)
     config = AheadRelayConfig(read_ahead=timedelta(seconds=2), rows_per_shard=2, pages_in_flight=1)
@@ -530,16 +533,7 @@ async def _strict_ahead_and_flexible_due(pool, clock, publisher, target, stop: a
     """Four strict rows due at AT + 3 s and two flexible rows due by AT + 1 s, in one shard; a relay of one page
     in flight of two rows per shard, its pass started at AT + 1.2 s (sealed up to AT + 4 s: two strict pages
     are read, then the flexible one), returned once its first hand-over went out (or its pass ended)."""
-    for _ in range(4):
-        await create_once(pool, clock, target, at=AT + timedelta(seconds=3))
-    for _ in range(2):
-        await create_once(pool, clock, target, priority="flexible", flexible_window="1s")
-    await pool.execute("UPDATE schedules SET shard = 3")
-    _, ownership = await owning(pool, clock)
-    assert (await Materializer(pool, MaterializerConfig(), clock, ownership=ownership).run_once()).ahead == 6
-    strict = {
-        r["message_key"] for r in await pool.fetch("SELECT message_key FROM dispatch_queue WHERE lane = 'strict'")
-    }
+    ownership, strict = await _in_one_shard(pool, clock, target, 4, AT + timedelta(seconds=3), flexible=2)
     spy = SpyPublisher(publisher, clock)
     store = SpyStore(pool, clock, ownership.node_id)
     config = AheadRelayConfig(read_ahead=timedelta(seconds=3), rows_per_shard=2, pages_in_flight=1)
