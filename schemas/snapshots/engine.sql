@@ -862,8 +862,6 @@ ALTER TABLE ONLY public.dispatch_seals
     ADD CONSTRAINT dispatch_seals_shard_fkey FOREIGN KEY (shard) REFERENCES public.shard_leases(shard);
 ALTER TABLE ONLY public.missed_ranges
     ADD CONSTRAINT missed_ranges_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.schedules(schedule_id);
-ALTER TABLE public.occurrences
-    ADD CONSTRAINT occurrences_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.schedules(schedule_id);
 ALTER TABLE ONLY public.schedule_versions
     ADD CONSTRAINT schedule_versions_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.schedules(schedule_id);
 ALTER TABLE ONLY public.schedules

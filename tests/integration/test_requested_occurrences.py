@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -106,6 +107,28 @@ async def test_backfill_is_bounded_and_refuses_the_future_and_other_tenants(pool
     with pytest.raises(Conflict):
         await requested.backfill("acme", schedule["schedule_id"], T0, T0 + timedelta(minutes=1), "tenant:acme")
     assert await pool.fetchval("SELECT count(*) FROM occurrences") == 0
+
+
+async def test_no_occurrence_is_written_for_a_schedule_that_does_not_exist(pool, acme, clock):
+    # occurrences has no foreign key to schedules (migration 0019): the writers keep the link. A trigger or a
+    # backfill naming an id no schedule has is refused before anything is written, and every occurrence the
+    # materializer wrote belongs to a schedule.
+    control = ControlPlane(pool, clock)
+    await control.create_schedule("acme", MINUTELY)
+    clock.advance(timedelta(minutes=5))
+    requested = RequestedOccurrences(pool, clock)
+    ghost = uuid.uuid4()
+    with pytest.raises(NotFound):
+        await requested.trigger_now("acme", ghost, "operator:alice")
+    with pytest.raises(NotFound):
+        await requested.backfill("acme", ghost, T0, T0 + timedelta(minutes=2), "operator:alice")
+    await Materializer(pool, MaterializerConfig(horizon=timedelta(0)), clock).run_once()
+    assert await pool.fetchval("SELECT count(*) FROM occurrences") == 5  # 10:01 .. 10:05
+    orphans = (
+        "SELECT count(*) FROM occurrences o"
+        " WHERE NOT EXISTS (SELECT FROM schedules s WHERE s.schedule_id = o.schedule_id)"
+    )
+    assert await pool.fetchval(orphans) == 0
 
 
 async def test_trigger_now_is_a_manual_occurrence_with_its_own_id_and_who_asked(pool, acme, clock):
