@@ -23,6 +23,7 @@ from schemas.messages import decode_occurrence
 from schemas.shard_ownership import ShardOwnership
 from schemas.topics import occurrence_topic, schedule_key
 from tests.support.kafka import librdkafka_publisher, read_topic
+from tests.support.telemetry import Telemetry
 from tests.support.waiting import wait_for
 
 AT = datetime(2026, 11, 29, 10, 0, 10, tzinfo=UTC)  # the fixture clock starts at 10:00:00
@@ -579,3 +580,43 @@ async def test_a_relay_stopped_records_a_later_lanes_hand_over_even_while_an_ear
     assert (await relay.run_once()).published == 4
     records = await read_topic(kafka_bootstrap, occurrence_topic(target), expected=6)
     assert len(records) == len({r.key for r in records}) == 6, "a row acknowledged before the stop went twice"
+
+
+class CountingBacklogStore(AheadLaneStore):
+    """The real store, counting how often the backlog was counted in the database."""
+
+    counted = 0
+
+    async def backlog(self):
+        self.counted += 1
+        return await super().backlog()
+
+
+async def test_one_node_counts_the_backlog_of_every_shard_and_the_others_report_zero(
+    pool, clock, publisher, target, acme, telemetry
+):
+    # Twelve due rows in shard 3, which neither node owns: the count still covers them (an unowned shard's
+    # rows are the outage the gauge is for). The owner of shard 0 counts; the other node records 0 without
+    # a query, so the gauge summed (or maxed) over nodes is the backlog, never twice it.
+    await _twelve_in_one_shard(pool, clock, target)
+    clock.set(AT + timedelta(seconds=1))
+    relays = {}
+    for node, shards in (("node-a", {0: 1}), ("node-b", {1: 1})):
+        ownership = ShardOwnership(node)
+        ownership.replace(shards)
+        store = CountingBacklogStore(pool, clock, node)
+        instruments = Telemetry().instruments("relay") if node == "node-b" else telemetry.instruments("relay")
+        relays[node] = (AheadRelay(store, publisher, ownership, AheadRelayConfig(), clock, **instruments), store)
+    assert await relays["node-a"][0].record_backlog() == {"strict": 12, "flexible": 0}
+    assert await relays["node-b"][0].record_backlog() == {"strict": 0, "flexible": 0}
+    assert (relays["node-a"][1].counted, relays["node-b"][1].counted) == (1, 0)
+    points = {p.attributes["lane"]: p.value for p in telemetry.points("chronoq.ahead_backlog")}
+    assert points == {"strict": 12, "flexible": 0}
+    # Shard 0 moves to node-b: it counts now, and node-a reports 0 instead of its last count.
+    relays["node-a"][0].ownership.replace({1: 2})
+    relays["node-b"][0].ownership.replace({0: 2})
+    assert await relays["node-b"][0].record_backlog() == {"strict": 12, "flexible": 0}
+    assert await relays["node-a"][0].record_backlog() == {"strict": 0, "flexible": 0}
+    assert (relays["node-a"][1].counted, relays["node-b"][1].counted) == (1, 1)
+    points = {p.attributes["lane"]: p.value for p in telemetry.points("chronoq.ahead_backlog")}
+    assert points == {"strict": 0, "flexible": 0}
