@@ -216,19 +216,27 @@ class ControlPlane:
         }
 
     async def _as_published(self, occurrences: list[Occurrence]) -> list[Occurrence]:
-        """The occurrences as a reader should see them: a SCHEDULED one that the ahead-lane relay already
-        published (its page is in the dispatch log) is ENQUEUED since that page's acknowledgement, even
-        before the settle pass has written it down (that pass runs off the hot path, after a burst)."""
-        waiting = [o.occurrence_id for o in occurrences if o.state == State.SCHEDULED.value]
-        if not waiting:
+        """The occurrences as a reader should see them, before the settle pass has written their publication
+        down (it runs off the hot path, after a burst): a SCHEDULED one that the ahead-lane relay already
+        published (its page is in the dispatch log) is ENQUEUED since that page's acknowledgement; one a
+        consumer started meanwhile shows that acknowledgement as ``enqueued_at``, not the instant the attempt
+        processor applied its start (the value the settle pass replaces)."""
+        if not occurrences:
             return occurrences
+        # Any state: the settle pass records the acknowledgement on whatever state its row reached.
         acked = {
             r["occurrence_id"]: r["acked_at"]
-            for r in await self.pool.fetch(*QUERIES.ahead_enqueued_at(occurrence_ids=waiting))
+            for r in await self.pool.fetch(
+                *QUERIES.ahead_enqueued_at(occurrence_ids=[o.occurrence_id for o in occurrences])
+            )
         }
         published = transition(State.SCHEDULED, Event.PUBLISHED).value
         return [
-            dataclasses.replace(o, state=published, enqueued_at=acked[o.occurrence_id])
+            dataclasses.replace(
+                o,
+                state=published if o.state == State.SCHEDULED.value else o.state,
+                enqueued_at=acked[o.occurrence_id],
+            )
             if o.occurrence_id in acked
             else o
             for o in occurrences

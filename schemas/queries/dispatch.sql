@@ -248,13 +248,14 @@ WITH gone AS (
 SELECT count(*) AS pruned FROM gone;
 
 -- name: ahead_enqueued_at
--- For SCHEDULED occurrences :occurrence_ids still in the ahead lane: the acknowledgement instant of the
--- page that published them, if one did (the settle pass has not recorded ENQUEUED yet).
+-- For occurrences :occurrence_ids still in the ahead lane: the acknowledgement instant of the page that
+-- published them, if one did (the settle pass has not recorded it yet; it skips discarded rows, so does this).
 SELECT q.occurrence_id, l.acked_at
 FROM occurrences o
 JOIN schedules s ON s.schedule_id = o.schedule_id
 JOIN dispatch_queue q ON q.shard = s.shard AND q.lane IN ('strict', 'flexible')
                      AND q.bucket = date_trunc('second', o.available_at, 'UTC') AND q.occurrence_id = o.occurrence_id
+                     AND q.discarded_at IS NULL
 JOIN LATERAL (
     SELECT acked_at
     FROM dispatch_log l

@@ -36,7 +36,7 @@ async def publisher(kafka_bootstrap):
 async def test_a_start_applied_before_the_settle_pass_keeps_the_acknowledgement_as_enqueued_at(
     pool, clock, publisher, target, kafka_bootstrap, telemetry, acme
 ):
-    await ControlPlane(pool, clock).create_schedule(
+    schedule = await ControlPlane(pool, clock).create_schedule(
         "acme", {"kind": "once", "target": target, "expression": AT.isoformat()}
     )
     ownership = ShardOwnership("node-a")
@@ -55,6 +55,13 @@ async def test_a_start_applied_before_the_settle_pass_keeps_the_acknowledgement_
     processor = AttemptProcessor(pool, clock=clock, rng=random.Random(7), **telemetry.instruments("engine"))
     await processor.apply_events([AttemptEvent.started(occurrence_id, 1, uuid.uuid4(), 30.0, "billing", "host:1")])
     assert await pool.fetchval("SELECT state FROM occurrences") == "RUNNING"
+    # Read before the settle pass ran: the API shows the acknowledgement from the log, not the instant the
+    # processor applied the start (the row's own value until the pass runs).
+    control = ControlPlane(pool, clock)
+    before = await control.get_occurrence("acme", occurrence_id)
+    (listed,) = (await control.list_occurrences("acme", schedule["schedule_id"])).items
+    assert (before["state"], before["enqueued_at"]) == ("RUNNING", "2026-11-29T10:00:10Z")
+    assert listed["enqueued_at"] == "2026-11-29T10:00:10Z"
     await DispatchSettler(pool, clock=clock).run_once()
     row = await pool.fetchrow("SELECT state, enqueued_at FROM occurrences")
     assert (row["state"], row["enqueued_at"]) == ("RUNNING", AT), "enqueued_at is the broker's acknowledgement"
