@@ -227,7 +227,11 @@ class ControlPlane:
         acked = {
             r["occurrence_id"]: r["acked_at"]
             for r in await self.pool.fetch(
-                *QUERIES.ahead_enqueued_at(occurrence_ids=[o.occurrence_id for o in occurrences])
+                *QUERIES.ahead_enqueued_at(
+                    occurrence_ids=[o.occurrence_id for o in occurrences],
+                    schedule_ids=[o.schedule_id for o in occurrences],
+                    available_ats=[o.available_at for o in occurrences],
+                )
             )
         }
         published = transition(State.SCHEDULED, Event.PUBLISHED).value

@@ -248,10 +248,13 @@ WITH gone AS (
 SELECT count(*) AS pruned FROM gone;
 
 -- name: ahead_enqueued_at
--- For occurrences :occurrence_ids still in the ahead lane: the acknowledgement instant of the page that
--- published them, if one did (the settle pass has not recorded it yet; it skips discarded rows, so does this).
+-- For the occurrences :occurrence_ids (of schedules :schedule_ids, available at :available_ats, pairwise)
+-- still in the ahead lane: the acknowledgement instant of the page that published them, if one did (the
+-- settle pass has not recorded it yet; it skips discarded rows, so does this). The caller has read the
+-- occurrences: nothing here probes them (by id alone that is every day partition's key).
 SELECT q.occurrence_id, l.acked_at
-FROM occurrences o
+FROM unnest(:occurrence_ids::uuid[], :schedule_ids::uuid[], :available_ats::timestamptz[])
+     AS o (occurrence_id, schedule_id, available_at)
 JOIN schedules s ON s.schedule_id = o.schedule_id
 JOIN dispatch_queue q ON q.shard = s.shard AND q.lane IN ('strict', 'flexible')
                      AND q.bucket = date_trunc('second', o.available_at, 'UTC') AND q.occurrence_id = o.occurrence_id
@@ -264,5 +267,4 @@ JOIN LATERAL (
       AND (q.bucket, q.wrr_round, q.occurrence_id) <= (l.to_bucket, l.to_round, l.to_id)
     ORDER BY l.id
     LIMIT 1
-) l ON true
-WHERE o.occurrence_id = ANY (:occurrence_ids::uuid[]);
+) l ON true;
