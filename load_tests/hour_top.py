@@ -53,6 +53,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from engine.loops.materializer import MaterializerConfig
 from load_tests import pg_statements
 from load_tests.hour_top_figures import analyze
 from load_tests.process_cpu import cpu_seconds, per_row
@@ -161,7 +162,7 @@ def start_nodes(
     partitions: int,
     idempotent: bool,
     log_dir: Path,
-    materialize_batch: int = 5000,
+    materialize_batch: int = MaterializerConfig.batch_size,
     keep_log: float = 3600.0,
     node_options: tuple[str, ...] = (),
 ) -> list[subprocess.Popen[bytes]]:
@@ -240,7 +241,6 @@ async def run_node(args: argparse.Namespace) -> None:
     shards, ahead-lane dispatch, settling) plus the late-lane relay."""
     from engine.cli.log_format import configure_logging
     from engine.loops.dispatch_settler import SettlerConfig
-    from engine.loops.materializer import MaterializerConfig
     from engine.loops.service import DataPlaneConfig, Role, ServiceConfig, run_services
 
     configure_logging(logging.WARNING)  # a node's warnings and errors go to its log file in the run's directory
@@ -747,7 +747,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--database-url", help=argparse.SUPPRESS)
     parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
     parser.add_argument("--horizon", type=float, default=120, help=argparse.SUPPRESS)
-    parser.add_argument("--materialize-batch", type=int, default=5000)
+    parser.add_argument("--materialize-batch", type=int, default=MaterializerConfig.batch_size)
     # The nodes' data-plane settings, for comparisons (default: the engine's own defaults).
     parser.add_argument("--compression", help="the ahead-lane publisher's batches: lz4 (default), none, zstd...")
     parser.add_argument("--read-ahead", type=float, help="AheadRelayConfig.read_ahead, seconds")

@@ -314,9 +314,10 @@ async def test_weighted_round_robin_serves_small_tenants_before_the_rest_of_a_bi
         )
     await pool.execute("UPDATE schedules SET shard = 3")
     _, ownership = await owning(pool, clock)
-    materializer = Materializer(pool, MaterializerConfig(), clock, ownership=ownership)
+    # A shard's share of a batch of 5,120 is 20 (of 256 shards): the 33 rows take two passes, in one order.
+    materializer = Materializer(pool, MaterializerConfig(batch_size=5120), clock, ownership=ownership)
     passes = 0
-    while (await materializer.run_once()).schedules:  # a shard's share of a batch is 20: two passes, one order
+    while (await materializer.run_once()).schedules:
         passes += 1
     assert passes == 2
     order = await pool.fetch("SELECT tenant_id FROM dispatch_queue ORDER BY shard, bucket, wrr_round, occurrence_id")
