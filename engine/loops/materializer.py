@@ -106,14 +106,10 @@ class MaterializerConfig:
     horizon: how far ahead of now fires are materialized (default 30 s). It
         must cover a failover plus the time to write a burst, so the relay finds
         hour-top occurrences already in the ahead lane.
-    batch_size: schedules per transaction (default 20,000). Larger passes cost less per occurrence
-        (200,000 hour-top, paired: 19,153-22,269 rows/s at 20,000 against 14,203-14,295 at 5,000 and
-        17,463-18,744 at 10,000; PostgreSQL's time per row fell ~18 %, docs/benchmarks.md, stop 33), so a
-        500,000 burst fits the default horizon here. The price: a pass holds its shards' seals (FOR
-        SHARE) for its whole transaction (~1-1.5 s at 20,000 on two cores), and a relay's seal advance
-        waits for it. That only shortens how far ahead the relay has read (read_ahead, 5 s) and stays
-        well inside the data plane's lock_timeout (5 s); passes are this large only while a backlog is
-        being written (steady state materializes what is due, far fewer rows).
+    batch_size: schedules per transaction (default 5,000). Larger passes cost less per occurrence
+        (200,000 hour-top, paired: 19,153-22,269 rows/s at 20,000 against 14,203-14,295 at 5,000), but
+        hold their shards' seals longer, and the one Apache Kafka 500,000 run at 20,000 lost both nodes'
+        leases at the top (docs/benchmarks.md, stop 33): not the default until that is understood.
     idle_interval: seconds to wait when nothing was due (default 0.25).
     missed_record_limit: MISSED occurrences written per schedule per pass;
         further missed instants are counted and recorded as one missed_ranges row, never enumerated.
@@ -126,7 +122,7 @@ class MaterializerConfig:
     """
 
     horizon: timedelta = timedelta(seconds=30)
-    batch_size: int = 20_000
+    batch_size: int = 5000
     idle_interval: float = 0.25
     missed_record_limit: int = 1000
     on_time_limit: timedelta | None = timedelta(minutes=5)
