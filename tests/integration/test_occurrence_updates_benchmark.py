@@ -15,7 +15,10 @@ async def test_the_update_experiment_measures_both_layouts(engine_db, consumer_d
         for step in ("started", "succeeded"):
             assert figures[step]["us_per_row"] > 0 and figures[step]["wal_bytes_per_row"] > 0
     assert indexed["hot_share"] == 0.0, "state is in partial-index predicates: no update can be HOT"
-    assert hot["hot_share"] > 0.5, hot
+    # At fillfactor 50 the first update of a row finds room on its page; the second needs the first's dead
+    # version pruned, which a snapshot held elsewhere in the cluster (a parallel test) can defer: at least
+    # the first update is HOT (0.95 of both alone, 0.5 seen with the suite running beside it).
+    assert hot["hot_share"] >= 0.4, hot
     conn = await asyncpg.connect(consumer_db)
     try:
         states = await conn.fetch("SELECT state, count(*) AS n FROM occurrences GROUP BY state")
