@@ -65,5 +65,5 @@ async def test_a_start_applied_before_the_settle_pass_keeps_the_acknowledgement_
     await DispatchSettler(pool, clock=clock).run_once()
     row = await pool.fetchrow("SELECT state, enqueued_at FROM occurrences")
     assert (row["state"], row["enqueued_at"]) == ("RUNNING", AT), "enqueued_at is the broker's acknowledgement"
-    view = await ControlPlane(pool, clock).get_occurrence("acme", occurrence_id)
+    view = await control.get_occurrence("acme", occurrence_id)
     assert view["enqueued_at"] == "2026-11-29T10:00:10Z"
