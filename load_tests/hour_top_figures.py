@@ -31,6 +31,29 @@ def percentiles(values: list[float]) -> dict[str, float]:
     return {"p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "max": ordered[-1]}
 
 
+def lease_health(log_lines: list[str]) -> dict[str, Any]:
+    """What the nodes' logs say about their shard leases: rounds that found shards taken by another node
+    (``losses``: each one means the new owner republishes what was handed over but not logged), renewals
+    later than half the ttl, and the longest such gap with where it went (the engine's
+    ``shard.renewal_late`` warning: connection wait, statements, the rest the node's event loop)."""
+    late = [line for line in log_lines if "action=shard.renewal_late" in line]
+
+    def field(line: str, name: str) -> float:
+        for word in line.split():
+            if word.startswith(f"{name}="):
+                return float(word.split("=", 1)[1])
+        return math.nan
+
+    worst = max(late, key=lambda line: field(line, "gap_s"), default=None)
+    return {
+        "losses": sum("action=shard.lost" in line for line in log_lines),
+        "late_renewals": len(late),
+        "worst_gap": None
+        if worst is None
+        else {name: field(worst, name) for name in ("gap_s", "connection_wait_s", "statements_s")},
+    }
+
+
 def flexible_spread(lags: list[float], jitters: list[float], window_s: float) -> dict[str, Any]:
     """How flexible occurrences spread over their window (pure; the issue's "flexible work spreads over
     its window"). ``lags[i]`` is occurrence i's enqueue instant after its scheduled time, ``jitters[i]`` its
@@ -195,6 +218,8 @@ def analyze(
         "materialize_rows_per_s": report.get("materialize_rows_per_s"),
         "dispatch_rows_per_s": report["dispatch_rows_per_s"],
         "not_enqueued": len(expected) - len(enqueued),
+        "lease_losses": report.get("leases", {}).get("losses"),
+        "late_renewals": report.get("leases", {}).get("late_renewals"),
         "broker": args.broker,
         "relays": args.relays,
         "schedules": args.schedules,

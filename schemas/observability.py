@@ -80,6 +80,9 @@ AHEAD_BACKLOG = "chronoq.ahead_backlog"  # gauge, attr lane: due ahead-lane rows
 QUARANTINED_DELIVERIES = "chronoq.quarantined_deliveries"  # counter: poison rows set aside after bounded tries
 SHARDS_OWNED = "chronoq.shards_owned"  # gauge, attr node_id: shard leases this node holds
 SHARD_MOVES = "chronoq.shard_moves"  # counter, attr direction: acquired|released
+# histogram, s, attr node_id: time between a node's successive lease renewals (interval when healthy; a lease
+# lapses when it reaches lease_ttl)
+SHARD_RENEWAL_GAP = "chronoq.shard_renewal_gap"
 SETTLED_DELIVERIES = "chronoq.settled_deliveries"  # counter: ahead-lane rows the settle pass recorded ENQUEUED
 DISPATCH_LOG_PRUNED = "chronoq.dispatch_log_pruned"  # counter: settled dispatch-log entries forgotten after keep_log
 # counter, attr reason: unsigned|malformed|unknown_credential|expired_credential|wrong_target|bad_signature

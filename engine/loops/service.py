@@ -374,17 +374,23 @@ async def open_data_plane(
     shard leases, the ahead-lane relay, the settle pass, backlog gauges, and — given a config — the
     shard-owning materializer. Nothing (an empty mapping) when ``stop`` came while waiting for the database."""
     ownership = ShardOwnership(config.node_id or default_node_id())
-    pool = await create_pool_when_ready(
-        database_url,
-        stop,
-        log,
-        min_size=2,
-        max_size=config.pool_size,
-        server_settings={**DATA_PLANE_SERVER_SETTINGS, "application_name": f"chronoq-node {ownership.node_id}"[:63]},
-    )
+
+    async def data_plane_pool(size: int, name: str) -> asyncpg.Pool | None:
+        opened = await create_pool_when_ready(
+            database_url,
+            stop,
+            log,
+            min_size=min(size, 2),
+            max_size=size,
+            server_settings={**DATA_PLANE_SERVER_SETTINGS, "application_name": f"{name} {ownership.node_id}"[:63]},
+        )
+        if opened is not None:
+            resources.push_async_callback(opened.close)
+        return opened
+
+    pool = await data_plane_pool(config.pool_size, "chronoq-node")
     if pool is None:
         return {}
-    resources.push_async_callback(pool.close)
     settings: dict[str, Any] = {
         "idempotent": config.idempotent_producer,
         "security": security,
@@ -395,7 +401,13 @@ async def open_data_plane(
     publisher = LibrdkafkaPublisher(LibrdkafkaConfig(kafka_bootstrap, **settings))
     await publisher.start()
     resources.push_async_callback(publisher.stop)
-    leases = ShardLeases(pool, ownership, config.leases, clock)
+    # The leases renew on a connection of their own: a burst can keep every connection of the node's pool busy
+    # (pages in flight, settling, a materializer pass), and a renewal queued behind them for lease_ttl loses the
+    # node its shards (the new owners then republish whatever was handed over but not yet logged).
+    lease_pool = await data_plane_pool(1, "chronoq-leases")
+    if lease_pool is None:
+        return {}
+    leases = ShardLeases(lease_pool, ownership, config.leases, clock)
     relay = AheadRelay(
         AheadLaneStore(pool, clock, ownership.node_id), publisher, ownership, config.dispatch, clock, hooks=config.hooks
     )

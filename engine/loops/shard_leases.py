@@ -90,6 +90,7 @@ class ShardLeases:
         meter = meter or obs.get_meter("engine")
         self._owned_gauge = meter.create_gauge(obs.SHARDS_OWNED, unit="1")
         self._moves = meter.create_counter(obs.SHARD_MOVES, unit="1")
+        self._renewal_gap = meter.create_histogram(obs.SHARD_RENEWAL_GAP, unit="s")
         self._renewed_at = time.monotonic()
 
     async def run_once(self) -> LeaseRound:
@@ -97,7 +98,9 @@ class ShardLeases:
         cfg, now = self.config, self.clock.now()
         result = LeaseRound()
         held = self.ownership.snapshot()
+        began = time.monotonic()
         async with self.pool.acquire() as conn:
+            connected = time.monotonic()
             await conn.execute(*QUERIES.heartbeat_node(node=self.node_id, ttl_s=cfg.lease_ttl, now=now))
             if held:
                 shards = sorted(held)
@@ -118,7 +121,7 @@ class ShardLeases:
                     )
                 held = renewed
                 self.ownership.replace(held)
-            self._renewed_at = time.monotonic()
+            self._record_renewal(began, connected)
             live = [r["node_id"] for r in await conn.fetch(*QUERIES.live_nodes(now=now))]
             picture = {
                 r["shard"]: Lease(r["owner"], r["expired"]) for r in await conn.fetch(*QUERIES.lease_picture(now=now))
@@ -169,6 +172,26 @@ class ShardLeases:
                 },
             )
         return result
+
+    def _record_renewal(self, began: float, connected: float) -> None:
+        """Record the time since the previous renewal; a gap past half the ttl is logged with where it went
+        (the wait before the round began: this process's event loop; the wait for a connection; the
+        statements: the database), because a gap of ``lease_ttl`` costs the node its shards."""
+        renewed = time.monotonic()
+        gap, self._renewed_at = renewed - self._renewed_at, renewed
+        self._renewal_gap.record(gap, {"node_id": self.node_id})
+        if gap > self.config.lease_ttl / 2:
+            log.warning(
+                "shard lease renewal late",
+                extra={
+                    "action": "shard.renewal_late",
+                    "node_id": self.node_id,
+                    "gap_s": round(gap, 3),
+                    "lease_ttl_s": self.config.lease_ttl,
+                    "connection_wait_s": round(connected - began, 3),
+                    "statements_s": round(renewed - connected, 3),
+                },
+            )
 
     async def run(self, stop: asyncio.Event) -> None:
         """Hold leases until ``stop``; then release them all and leave the live list."""

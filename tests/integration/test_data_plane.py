@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
+from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -11,14 +13,16 @@ import pytest
 
 from engine.control.schedules import ControlPlane
 from engine.loops.dispatch_settler import DispatchSettler
-from engine.loops.materializer import Materializer, MaterializerConfig
+from engine.loops.materializer import Materializer, MaterializerConfig, MaterializerHooks
+from engine.loops.service import DataPlaneConfig, open_data_plane
 from engine.loops.shard_leases import ShardLeaseConfig, ShardLeases
 from relay.ahead_lane import AheadLaneStore
 from relay.ahead_relay import AheadRelay, AheadRelayConfig, AheadRelayHooks
 from relay.dispatcher import Relay
 from relay.librdkafka_publisher import LibrdkafkaPublisher
 from relay.outbox import OutboxStore
-from schemas.clock import ManualClock
+from schemas.clock import DatabaseClock, ManualClock
+from schemas.connections import create_pool
 from schemas.messages import decode_occurrence
 from schemas.shard_ownership import ShardOwnership
 from schemas.topics import occurrence_topic, schedule_key
@@ -621,3 +625,69 @@ async def test_one_node_counts_the_backlog_of_every_shard_and_the_others_report_
     assert (relays["node-a"][1].counted, relays["node-b"][1].counted) == (1, 1)
     points = {p.attributes["lane"]: p.value for p in telemetry.points("chronoq.ahead_backlog")}
     assert points == {"strict": 0, "flexible": 0}
+
+
+async def test_a_late_renewal_is_logged_with_where_its_time_went_and_every_gap_is_a_metric(pool, engine_db, caplog):
+    """A renewal past half the ttl is the warning an operator needs before the lease is lost: it says how long
+    the node waited for a connection and how long the statements took."""
+    telemetry = Telemetry()
+    config = ShardLeaseConfig(interval=0.1, lease_ttl=0.6, max_moves=256)
+    one = await create_pool(engine_db, min_size=1, max_size=1)
+    try:
+        meter = telemetry.instruments("engine")["meter"]
+        leases = ShardLeases(one, ShardOwnership("node-late"), config, DatabaseClock(), meter=meter)
+        await leases.run_once()
+        caplog.set_level(logging.WARNING, logger="chronoq.shard_leases")
+        async with one.acquire():  # every connection of its pool busy for longer than half the ttl
+            late = asyncio.create_task(leases.run_once())
+            await asyncio.sleep(0.5)
+            assert not late.done()
+        assert len((await late).lost) == 0
+    finally:
+        await one.close()
+    [warning] = [r for r in caplog.records if getattr(r, "action", None) == "shard.renewal_late"]
+    assert warning.connection_wait_s >= 0.45 and warning.gap_s >= warning.connection_wait_s
+    [gaps] = telemetry.points("chronoq.shard_renewal_gap")
+    assert gaps.count == 2 and gaps.max >= 0.5
+
+
+async def test_the_leases_renew_while_every_connection_of_the_node_pool_is_held(
+    pool, engine_db, kafka_bootstrap, target, acme
+):
+    """The node's pool can be all busy at a burst's top (pages in flight, settling, a materializer pass held up
+    by a checkpoint): the leases renew on a connection of their own, or the node would lose its shards."""
+    clock = DatabaseClock()
+    due = (datetime.now(UTC) + timedelta(seconds=20)).isoformat()
+    await ControlPlane(pool, clock).create_schedule("acme", {"kind": "once", "target": target, "expression": due})
+    holding, release, stop = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def hold_the_only_connection() -> None:  # the materializer's transaction holds the pool's one connection
+        holding.set()
+        await release.wait()
+
+    config = DataPlaneConfig(
+        node_id="node-busy",
+        leases=ShardLeaseConfig(interval=0.2, lease_ttl=1.0, max_moves=256),
+        pool_size=1,
+        materializer_hooks=MaterializerHooks(after_lock=hold_the_only_connection),
+    )
+    async with AsyncExitStack() as resources:
+        runs = await open_data_plane(
+            resources, engine_db, kafka_bootstrap, stop, config, MaterializerConfig(idle_interval=0.05), clock
+        )
+        tasks = [asyncio.create_task(runs[name]()) for name in ("shard-leases", "materializer")]
+        try:
+            await asyncio.wait_for(holding.wait(), 15)
+            expiry = "SELECT min(expires_at) FROM shard_leases WHERE owner = 'node-busy'"
+            before = await pool.fetchval(expiry)
+
+            async def renewed() -> bool:
+                after = await pool.fetchval(expiry)
+                return after is not None and after > before
+
+            await wait_for(renewed, timeout=3.0)
+            assert await pool.fetchval("SELECT count(*) FROM shard_leases WHERE owner = 'node-busy'") == 256
+        finally:
+            release.set()
+            stop.set()
+            await asyncio.gather(*tasks)

@@ -1,0 +1,30 @@
+"""hour_top reads the nodes' lease warnings from their logs, in the format the engine writes them."""
+
+from __future__ import annotations
+
+import logging
+
+from engine.cli.log_format import KeyValueFormatter
+from load_tests.hour_top_figures import lease_health
+
+
+def line(message: str, **extra: object) -> str:
+    record = logging.LogRecord("chronoq.shard_leases", logging.WARNING, __file__, 1, message, (), None)
+    record.__dict__.update(extra)
+    return KeyValueFormatter("%(asctime)s %(levelname)s %(name)s %(message)s").format(record)
+
+
+def test_losses_late_renewals_and_the_worst_gap_are_read_from_the_engine_log_format():
+    late = {"action": "shard.renewal_late", "node_id": "node-0", "lease_ttl_s": 6.0}
+    lines = [
+        line("shard lease renewal late", **late, gap_s=3.2, connection_wait_s=0.1, statements_s=2.9),
+        line("shard lease renewal late", **late, gap_s=7.5, connection_wait_s=6.8, statements_s=0.2),
+        line("shards lost to another node", action="shard.lost", node_id="node-1", shards=[1, 2]),
+        line("ahead page failed; retrying", action="dispatch.page_error", node_id="node-1"),
+    ]
+    assert lease_health(lines) == {
+        "losses": 1,
+        "late_renewals": 2,
+        "worst_gap": {"gap_s": 7.5, "connection_wait_s": 6.8, "statements_s": 0.2},
+    }
+    assert lease_health([]) == {"losses": 0, "late_renewals": 0, "worst_gap": None}
