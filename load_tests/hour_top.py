@@ -464,6 +464,23 @@ async def watch_materialization(
     print("materialized", json.dumps(report["materialized"]), report["materialize_rows_per_s"], file=sys.stderr)
 
 
+async def checkpoint_at(url: str, top: datetime, report: dict[str, Any]) -> None:
+    """The fault ``--checkpoint-at-top`` injects: an immediate CHECKPOINT issued at the top, so the burst runs
+    while PostgreSQL writes every dirty buffer of the materialization (a timed checkpoint can land there in
+    production). Records when it began and how long it took."""
+    conn = await asyncpg.connect(url)
+    try:
+        wait = (top - await conn.fetchval("SELECT now()")).total_seconds()
+        await asyncio.sleep(max(0.0, wait))
+        began = time.perf_counter()
+        await conn.execute("CHECKPOINT")
+        report["checkpoint_at_top"] = {"began_after_top_s": round(-wait if wait < 0 else 0.0, 3),
+                                       "took_s": round(time.perf_counter() - began, 3)}  # fmt: skip
+        print("checkpoint at the top", json.dumps(report["checkpoint_at_top"]), file=sys.stderr, flush=True)
+    finally:
+        await conn.close()
+
+
 async def postgres_background(conn: asyncpg.Connection) -> dict[str, int]:
     """Counters of PostgreSQL's own background work: checkpoints begun, autovacuum and autoanalyze runs
     finished on this database's tables, autovacuum workers running now. Around the burst they tell a run
@@ -598,7 +615,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 await watch_materialization(conn, args, nodes, top, report, log_dir)
                 await statements_of_window(conn, args, report, "materialize")
                 roles = {"nodes": [n.pid for n in nodes], "consumer": [consumer.pid] if consumer else []}
+                checkpoint = asyncio.create_task(checkpoint_at(url, top, report)) if args.checkpoint_at_top else None
                 await wait_enqueued(conn, args, top, report, lambda: cpu_seconds(roles, bootstrap, url))
+                if checkpoint is not None:
+                    await checkpoint
                 await statements_of_window(conn, args, report, "burst")
                 if side is not None:
                     report["consumer_side"] = await settle_consumer_side(side, url, args.schedules, top)
@@ -744,6 +764,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--png", type=Path)
     parser.add_argument("--log-dir")
+    parser.add_argument(
+        "--checkpoint-at-top", action="store_true", help="issue an immediate CHECKPOINT at the top (a fault)"
+    )
     # Internal: the node and consumer processes this tool starts.
     parser.add_argument("--node", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--consume", action="store_true", help=argparse.SUPPRESS)
