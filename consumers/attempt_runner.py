@@ -64,6 +64,7 @@ from schemas import observability as obs
 from schemas.attempt_events import AttemptEvent
 from schemas.attempt_grants import FOREIGN_GROUP, NOT_AUTHENTICATED, AttemptGrant
 from schemas.clock import pause
+from schemas.error_classification import DATABASE_ERRORS
 from schemas.messages import OccurrenceMessage
 from schemas.queries import CONSUMER_QUERIES
 
@@ -254,14 +255,14 @@ class AttemptRunner:
             return await self._skip(message, obsolete, None)
         try:
             conn = await self.pool.acquire()
-        except (TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
+        except DATABASE_ERRORS as err:
             raise InfrastructureError(f"app database unreachable: {err!r}") from err
         try:
             return await self._in_transaction(conn, message, registration)
         finally:
             try:
                 await self.pool.release(conn)
-            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+            except DATABASE_ERRORS:
                 pass  # a dead connection; the pool replaces it
 
     async def _in_transaction(
@@ -295,7 +296,7 @@ class AttemptRunner:
             raise InfrastructureError(
                 "another attempt of this occurrence holds its uncommitted dedupe row; trying again later"
             ) from err
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
+        except DATABASE_ERRORS as err:
             await rollback(transaction)
             raise InfrastructureError(f"app database error before the handler: {err!r}") from err
         if claimed is None:
@@ -548,7 +549,7 @@ class AttemptRunner:
             row = await conn.fetchrow(
                 *CONSUMER_QUERIES.dedupe_row(consumer_group=self.config.group, occurrence_id=message.occurrence_id)
             )
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
+        except DATABASE_ERRORS as err:
             raise InfrastructureError(f"app database error reading the dedupe row: {err!r}") from err
         self.stats.duplicates += 1
         self.meters.duplicates.add(1, {"target": message.target})
@@ -622,7 +623,7 @@ async def rollback(transaction: asyncpg.transaction.Transaction) -> None:
     """Roll back if still possible; a dead connection has rolled back already."""
     try:
         await transaction.rollback()
-    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+    except DATABASE_ERRORS:
         pass
 
 

@@ -73,6 +73,7 @@ from schemas.attempt_events import AttemptEvent
 from schemas.attempt_grants import FOREIGN_GROUP
 from schemas.clock import pause
 from schemas.connections import json_rows
+from schemas.error_classification import DATABASE_ERRORS
 from schemas.messages import OccurrenceMessage
 from schemas.queries import CONSUMER_QUERIES
 
@@ -195,14 +196,14 @@ class BatchRunner:
             return []
         try:
             conn = await self.pool.acquire()
-        except (TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
+        except DATABASE_ERRORS as err:
             raise InfrastructureError(f"app database unreachable: {err!r}") from err
         try:
             return await self._in_transaction(conn, live, registration, outcomes)
         finally:
             try:
                 await self.pool.release(conn)
-            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+            except DATABASE_ERRORS:
                 pass  # a dead connection; the pool replaces it
 
     async def _in_transaction(
@@ -246,7 +247,7 @@ class BatchRunner:
             raise InfrastructureError(
                 "another attempt of an occurrence of this batch holds its uncommitted dedupe row; trying again later"
             ) from err
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
+        except DATABASE_ERRORS as err:
             await rollback(transaction)
             raise InfrastructureError(f"app database error before the handler: {err!r}") from err
         fresh = [i for i in items if i.message.occurrence_id in applied_at]
@@ -388,7 +389,7 @@ class BatchRunner:
                     lease_tokens=[i.token for i in dropped],
                 )
             )
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
+        except DATABASE_ERRORS as err:
             await rollback(transaction)
             raise InfrastructureError(f"app database error before the handler: {err!r}") from err
         gone = {id(i) for i in dropped}

@@ -49,6 +49,16 @@ TRANSIENT_SQLSTATE_CLASSES = frozenset({"08", "40", "53", "57"})
 #: Single SQLSTATEs outside those classes that are transient.
 TRANSIENT_SQLSTATES = frozenset({"55P03", "25P03"})
 
+#: Everything a database call can raise when the server or the connection fails under it, for the handlers that
+#: catch database failures by type: a terminated backend surfaces as any of them, asyncpg's InternalClientError
+#: ("cannot switch to state ...; another operation is in progress") included — one uncaught ended an engine.
+DATABASE_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    OSError,  # TimeoutError (a pool acquire's) is one
+)
+
 _PERMANENT_INTERFACE_ERRORS: tuple[type[BaseException], ...] = (
     ValueError,  # asyncpg's DataError (bad arguments) and ClientConfigurationError are ValueErrors
     asyncpg.exceptions.UnsupportedClientFeatureError,

@@ -26,6 +26,7 @@ from engine.cli.stack_commands import DEFAULT_HORIZON
 from engine.control.status import engine_status, status_lines
 from engine.rules.timing import parse_duration
 from schemas.connections import create_pool
+from schemas.error_classification import DATABASE_ERRORS
 from schemas.errors import ChronoqError, StackError
 from schemas.kafka_security import KafkaSecurity, start_client
 
@@ -37,7 +38,7 @@ async def check_database(url: str) -> str | None:
     """None when the database answers ``SELECT 1``, else why not (without the URL: it may hold a password)."""
     try:
         conn = await asyncpg.connect(url, timeout=CHECK_TIMEOUT)
-    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as err:
+    except DATABASE_ERRORS as err:
         return f"{type(err).__name__}: {err}"
     try:
         await conn.fetchval("SELECT 1")

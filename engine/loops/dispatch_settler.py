@@ -29,6 +29,7 @@ from opentelemetry import metrics
 
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock, pause
+from schemas.error_classification import DATABASE_ERRORS
 from schemas.queries import QUERIES
 
 log = logging.getLogger("chronoq.settler")
@@ -162,7 +163,7 @@ class DispatchSettler:
                 if loop.time() >= next_prune:
                     await self.prune()
                     next_prune = loop.time() + self.config.prune_every
-            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
+            except DATABASE_ERRORS as err:
                 log.error("settle pass failed; retrying", extra={"action": "settler.error", "error": repr(err)})
                 await pause(stop, 1.0)
                 continue

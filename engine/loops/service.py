@@ -21,6 +21,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
 
@@ -376,19 +377,22 @@ async def open_data_plane(
     ownership = ShardOwnership(config.node_id or default_node_id())
 
     async def data_plane_pool(size: int, name: str) -> asyncpg.Pool | None:
+        # An application_name the URL sets is the operator's label for this process (and what the chaos harness
+        # terminates backends by): it wins over the node's own name.
+        named = {} if "application_name" in parse_qs(urlsplit(database_url).query) else {"application_name": name}
         opened = await create_pool_when_ready(
             database_url,
             stop,
             log,
             min_size=min(size, 2),
             max_size=size,
-            server_settings={**DATA_PLANE_SERVER_SETTINGS, "application_name": f"{name} {ownership.node_id}"[:63]},
+            server_settings={**DATA_PLANE_SERVER_SETTINGS, **named},
         )
         if opened is not None:
             resources.push_async_callback(opened.close)
         return opened
 
-    pool = await data_plane_pool(config.pool_size, "chronoq-node")
+    pool = await data_plane_pool(config.pool_size, f"chronoq-node {ownership.node_id}"[:63])
     if pool is None:
         return {}
     settings: dict[str, Any] = {
@@ -404,7 +408,7 @@ async def open_data_plane(
     # The leases renew on a connection of their own: a burst can keep every connection of the node's pool busy
     # (pages in flight, settling, a materializer pass), and a renewal queued behind them for lease_ttl loses the
     # node its shards (the new owners then republish whatever was handed over but not yet logged).
-    lease_pool = await data_plane_pool(1, "chronoq-leases")
+    lease_pool = await data_plane_pool(1, f"chronoq-leases {ownership.node_id}"[:63])
     if lease_pool is None:
         return {}
     leases = ShardLeases(lease_pool, ownership, config.leases, clock)

@@ -33,6 +33,7 @@ from opentelemetry import metrics
 from engine.rules.shard_rebalance import Lease, plan_rebalance
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock, pause
+from schemas.error_classification import DATABASE_ERRORS
 from schemas.queries import QUERIES
 from schemas.shard_ownership import ShardOwnership
 
@@ -199,7 +200,7 @@ class ShardLeases:
             while not stop.is_set():
                 try:
                     await self.run_once()
-                except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
+                except DATABASE_ERRORS as err:
                     log.error(
                         "shard lease round failed; retrying",
                         extra={"action": "shard.lease_error", "node_id": self.node_id, "error": repr(err)},
@@ -225,7 +226,7 @@ class ShardLeases:
                         )
                     )
                 await conn.execute(*QUERIES.remove_node(node=self.node_id))
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as err:
+        except DATABASE_ERRORS as err:
             log.warning(
                 "could not release shards on stop; they expire instead",
                 extra={"action": "shard.release_error", "node_id": self.node_id, "error": repr(err)},

@@ -11,7 +11,7 @@ from engine.api.app import _to_response
 from engine.client import ApiError
 from engine.control.command_processor import _error_of
 from engine.rules.occurrence_states import Event, IllegalTransition, State
-from schemas.error_classification import is_transient
+from schemas.error_classification import DATABASE_ERRORS, is_transient
 from schemas.errors import (
     ChronoqError,
     Conflict,
@@ -139,3 +139,21 @@ def test_api_and_command_results_map_errors_from_their_attributes(error, status,
 def test_client_error_reflects_the_server_answer() -> None:
     error = ApiError(422, "invalid_input", "expression: is empty", "expression")
     assert (error.http_status, error.code, error.field, error.transient) == (422, "invalid_input", "expression", False)
+
+
+@pytest.mark.parametrize(
+    "err",
+    [
+        asyncpg.InternalClientError("cannot switch to state 11; another operation (2) is in progress"),
+        asyncpg.exceptions.ConnectionDoesNotExistError("connection was closed in the middle of operation"),
+        asyncpg.exceptions.AdminShutdownError("terminating connection due to administrator command"),
+        asyncpg.InterfaceError("cannot call Transaction.__aexit__(): the underlying connection is closed"),
+        ConnectionResetError("reset by peer"),
+        TimeoutError(),
+    ],
+)
+def test_every_way_a_terminated_backend_surfaces_is_caught_as_a_database_error_and_retried(err):
+    """What pg_terminate_backend raised in an engine's settle pass (InternalClientError) ended the process once:
+    the loops that catch database failures by type catch DATABASE_ERRORS, and all of these are transient."""
+    assert isinstance(err, DATABASE_ERRORS)
+    assert is_transient(err)
