@@ -197,10 +197,13 @@ class LibrdkafkaPublisher:
         from aiokafka.admin import AIOKafkaAdminClient
         from confluent_kafka import Producer
 
-        self._producer = Producer(self.config.producer_settings())
         security = self.config.security
-        self._admin = AIOKafkaAdminClient(bootstrap_servers=self.config.bootstrap, **security.client_options())
-        await start_client(self._admin, self.config.bootstrap, security)
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.config.bootstrap, **security.client_options())
+        # The admin client first: it fails (and is closed) when the broker is not reachable yet, before a
+        # librdkafka producer exists whose threads would go on reconnecting after this start was given up.
+        await start_client(admin, self.config.bootstrap, security)
+        self._admin = admin
+        self._producer = Producer(self.config.producer_settings())
         self._poller = threading.Thread(target=self._poll, name="librdkafka-delivery", daemon=True)
         self._poller.start()
 

@@ -108,8 +108,14 @@ class KafkaPublisher:
         self._known_topics: set[str] = set()
 
     async def start(self) -> None:
+        """Start both clients, or neither: a failed start leaves nothing running (the caller may retry with a
+        new publisher)."""
         await start_client(self.producer, self.config.bootstrap, self.config.security)
-        await start_client(self.admin, self.config.bootstrap, self.config.security)
+        try:
+            await start_client(self.admin, self.config.bootstrap, self.config.security)
+        except BaseException:
+            await self.producer.stop()
+            raise
 
     async def stop(self) -> None:
         await self.producer.stop()

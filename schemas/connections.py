@@ -14,8 +14,7 @@ from typing import Any
 import asyncpg
 import orjson
 
-from schemas.clock import pause
-from schemas.error_classification import is_transient
+from schemas.start_retries import retry_until_ready
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -56,20 +55,15 @@ async def create_pool_when_ready(
     starting or shutting down, the connection refused or lost) is logged and retried with capped backoff
     instead of ending the process, so a restart into a busy or restarting database waits for it. Returns
     None when ``stop`` is set first; anything not transient (a wrong password, no such database) is raised."""
-    while True:
-        try:
-            return await create_pool(url, min_size=min_size, max_size=max_size, **kwargs)
-        except Exception as err:
-            if not (is_transient(err) or isinstance(err, OSError)):
-                raise
-            log.warning(
-                "could not open the database pool yet; retrying",
-                extra={"action": "database.connect_retry", "error": repr(err), "backoff": backoff},
-            )
-        await pause(stop, backoff)
-        if stop.is_set():
-            return None
-        backoff = min(backoff * 2, backoff_max)
+    return await retry_until_ready(
+        lambda: create_pool(url, min_size=min_size, max_size=max_size, **kwargs),
+        stop,
+        log,
+        step="open the database pool",
+        action="database.connect_retry",
+        backoff=backoff,
+        backoff_max=backoff_max,
+    )
 
 
 async def connect(url: str) -> asyncpg.Connection:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
@@ -52,6 +52,7 @@ from schemas.garbage_collection import tune_for_throughput
 from schemas.kafka_security import PLAINTEXT, KafkaSecurity
 from schemas.migrations import apply_migrations
 from schemas.shard_ownership import ShardOwnership
+from schemas.start_retries import retry_until_ready
 
 if TYPE_CHECKING:
     from engine.api.site import Site
@@ -259,10 +260,12 @@ async def run_services(
         runs.update(pool_loops(pool, kafka_bootstrap, stop, config, clock))
         if Role.RELAY in roles:
             assert kafka_bootstrap is not None
-            publisher = KafkaPublisher(
-                PublisherConfig(kafka_bootstrap, idempotent=config.idempotent_publisher, security=config.kafka_security)
+            settings = PublisherConfig(
+                kafka_bootstrap, idempotent=config.idempotent_publisher, security=config.kafka_security
             )
-            await publisher.start()
+            publisher = await start_publisher(lambda: KafkaPublisher(settings), stop)
+            if publisher is None:
+                return  # stopped while waiting for the broker
             resources.push_async_callback(publisher.stop)
             relay_loop = relay_periodic_loop(Relay.create(pool, publisher, config.relay, clock), config.relay, every)
             runs[Role.RELAY] = lambda: relay_loop.run(stop)
@@ -282,6 +285,26 @@ async def run_services(
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class _Startable(Protocol):
+    async def start(self) -> None: ...
+
+
+_P = TypeVar("_P", bound=_Startable)
+
+
+async def start_publisher(build: Callable[[], _P], stop: asyncio.Event) -> _P | None:
+    """A started publisher, waiting for a broker that is not accepting connections yet (started after the
+    engine, restarting): each try builds a new one, since a client whose start failed is closed. None when
+    ``stop`` came first; a refused credential or certificate is raised at once."""
+
+    async def attempt() -> _P:
+        publisher = build()
+        await publisher.start()
+        return publisher
+
+    return await retry_until_ready(attempt, stop, log, step="connect to Kafka", action="kafka.connect_retry")
 
 
 def pool_loops(
@@ -402,8 +425,9 @@ async def open_data_plane(
     }
     if config.partitions:
         settings["partitions"] = config.partitions
-    publisher = LibrdkafkaPublisher(LibrdkafkaConfig(kafka_bootstrap, **settings))
-    await publisher.start()
+    publisher = await start_publisher(lambda: LibrdkafkaPublisher(LibrdkafkaConfig(kafka_bootstrap, **settings)), stop)
+    if publisher is None:
+        return {}
     resources.push_async_callback(publisher.stop)
     # The leases renew on a connection of their own: a burst can keep every connection of the node's pool busy
     # (pages in flight, settling, a materializer pass), and a renewal queued behind them for lease_ttl loses the

@@ -13,69 +13,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 
 from consumers import ConsumerApp, ConsumerConfig, Occurrence
-
-
-class Gate:
-    """127.0.0.1:<free port> → the server of ``database_url`` (TCP or its Unix socket); closed: every
-    connection is cut as soon as it is accepted."""
-
-    def __init__(self, database_url: str) -> None:
-        parts = urlsplit(database_url)
-        query = dict(parse_qsl(parts.query))
-        host, port = query.pop("host", parts.hostname or "127.0.0.1"), int(query.pop("port", parts.port or 5432))
-        self.upstream = (host, port)
-        # The gated URL: the same database and user over TCP to the gate.
-        self.parts = parts._replace(query=urlencode(query))
-        self.open, self.refused = False, 0
-        self.accepted, self.cut = 0, set[int]()  # connections by number (from 1) cut even while open
-        self.server: asyncio.base_events.Server | None = None
-        self.tasks: set[asyncio.Task[None]] = set()
-
-    async def start(self) -> str:
-        """Listen; return the database URL through the gate."""
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        port = self.server.sockets[0].getsockname()[1]
-        user = f"{self.parts.username}@" if self.parts.username else ""
-        return urlunsplit(self.parts._replace(netloc=f"{user}127.0.0.1:{port}"))
-
-    async def _connect_upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        host, port = self.upstream
-        if host.startswith("/"):  # a socket directory, as the embedded server's URLs name it
-            return await asyncio.open_unix_connection(f"{host}/.s.PGSQL.{port}")
-        return await asyncio.open_connection(host, port)
-
-    async def stop(self) -> None:
-        assert self.server is not None
-        self.server.close()
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.accepted += 1
-        if not self.open or self.accepted in self.cut:
-            self.refused += 1
-            writer.close()
-            return
-        up_reader, up_writer = await self._connect_upstream()
-
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            try:
-                while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
-            finally:
-                dst.close()
-
-        for task in (asyncio.create_task(pipe(reader, up_writer)), asyncio.create_task(pipe(up_reader, writer))):
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+from tests.support.tcp_gate import Gate
 
 
 def quick_app(bootstrap: str, database_url: str, target: str) -> ConsumerApp:
