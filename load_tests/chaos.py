@@ -140,6 +140,10 @@ class Options:
     # Backend terminations aim at processes at work, not starting: a process younger than this is left
     # alone (0 aims at start-up too; the consumer runtime then exits: see tests/e2e/test_loop_survival.py).
     start_up_grace_s: float = 5.0
+    # Components run under Debian's faketime with their wall clock (and monotonic clock) offset, by name:
+    # (("engine-1", "+5m"), ("consumer-1", "-5m")). Lease expiry and release times are the database's, so a
+    # skewed process must neither double nor starve anything (TESTING.md, "Clock skew").
+    clock_skew: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -278,6 +282,9 @@ class Cluster:
         return out.decode()
 
     def add(self, name: str, kind: str, argv: list[str], env: dict[str, str]) -> Component:
+        skew = dict(self.options.clock_skew).get(name)
+        if skew is not None:  # faketime execs the command: the component's pid stays the one signals reach
+            argv = ["faketime", "-f", skew, *argv]
         component = Component(name, kind, argv, env, self.workdir / f"{name}.log")
         self.components[name] = component
         return component

@@ -1,0 +1,62 @@
+"""Processes whose clocks are off by five minutes either way double nothing and starve nothing.
+
+TESTING.md's clock-skew fault: an engine node five minutes ahead and one five minutes behind, a relay
+ahead, one consumer app ahead and one behind, each under Debian's ``faketime`` (which offsets
+``time.time()``, ``datetime.now()`` and ``time.monotonic()`` of the whole process, librdkafka's threads
+included). Every expiry and release instant is the database's — leases, claims, shard leases, the ahead
+lane's ``available_at`` (released by the database instant plus local elapsed time) — so the run must look
+like an unskewed one: every occurrence final, nothing DEAD or timed out, the reconciler clean, no effect
+doubled or missing, no process exited.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from load_tests.chaos import Cluster, Options
+from tests.e2e.test_loop_survival import work_flows
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("faketime") is None, reason="needs Debian's faketime (apt-get install faketime)"),
+]
+
+SKEW = (("engine-1", "+5m"), ("engine-2", "-5m"), ("relay-1", "+5m"), ("consumer-1", "+5m"), ("consumer-2", "-5m"))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.on_broker("tansu")
+async def test_processes_five_minutes_ahead_and_behind_double_nothing_and_starve_nothing(
+    servers, kafka_bootstrap, tmp_path
+):
+    options = Options(
+        engines=2, relays=1, consumers=2, schedules=30, tenants=2, targets=2, stuck_after="5s", settle_s=90.0,
+        clock_skew=SKEW,
+    )  # fmt: skip
+    cluster = Cluster(servers.admin_url, kafka_bootstrap, tmp_path, options)
+    try:
+        await cluster.set_up()
+        assert all(cluster.components[name].argv[:2] == ["faketime", "-f"] for name, _ in SKEW)
+        await work_flows(cluster, at_least=60, timeout=90.0)
+        assert cluster.pool is not None
+        until = await cluster.pool.fetchval("SELECT now()")
+        await cluster.settle(until)
+        await cluster.check(until)
+        states = dict(
+            await cluster.pool.fetch(
+                "SELECT state, count(*) FROM occurrences WHERE scheduled_for < $1 GROUP BY state", until
+            )
+        )
+        timed_out = await cluster.pool.fetchval("SELECT count(*) FROM attempts WHERE result = 'timed_out'")
+    finally:
+        await cluster.stop()
+        await cluster.drop_databases()
+    report = cluster.report
+    assert report.exits == [], [f"{e.process}: {e.log_tail[-400:]}" for e in report.exits]
+    assert report.not_final == []
+    assert set(states) == {"SUCCEEDED"}, states
+    assert timed_out == 0
+    assert (report.doubled_effects, report.missing_effects) == ([], [])
+    assert report.reconcile_exit == 0, report.reconcile
