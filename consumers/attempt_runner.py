@@ -47,7 +47,7 @@ import enum
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -57,7 +57,13 @@ from opentelemetry import metrics
 from consumers.attempt_grants import GrantWaiter
 from consumers.attempt_reports import AttemptReporter
 from consumers.config import ConsumerConfig
-from consumers.errors import InfrastructureError, OccurrenceCanceled, PermanentError, lost_connection
+from consumers.errors import (
+    CommitOutcomeUnknown,
+    InfrastructureError,
+    OccurrenceCanceled,
+    PermanentError,
+    lost_connection,
+)
 from consumers.occurrence import Cancellation, Occurrence
 from consumers.schedule_states import ScheduleStateView
 from schemas import observability as obs
@@ -315,7 +321,7 @@ class AttemptRunner:
         if self.hooks.after_started:
             await self.hooks.after_started(occurrence)
         error, timed_out = await self._run_handler(conn, transaction, occurrence, registration, lease)
-        if error is None:
+        if error is None or await self.committed_anyway(error, [occurrence]):
             return await self._succeeded(occurrence)
         await rollback(transaction)
         return await self.conclude_failure(conn, occurrence, registration, lease, error, timed_out)
@@ -338,7 +344,7 @@ class AttemptRunner:
                     await cast(Handler, registration.fn)(occurrence, conn)
                 if self.hooks.before_commit:
                     await self.hooks.before_commit(occurrence)
-                await transaction.commit()
+                await commit(conn, transaction)
             except Exception as err:  # noqa: BLE001 - every handler failure is classified below
                 error = err
             finally:
@@ -544,6 +550,32 @@ class AttemptRunner:
         )
         return Outcome.FAILED if await self._report(event, occurrence.target) else Outcome.ABANDONED
 
+    async def committed_anyway(self, error: Exception, occurrences: Sequence[Occurrence]) -> bool:
+        """Whether an attempt that failed committed after all. Only a COMMIT whose connection died
+        (CommitOutcomeUnknown) can have: its outcome is read by key on a fresh connection — the dedupe rows of
+        ``occurrences`` carry this attempt's lease tokens exactly when it committed (one transaction wrote
+        them all). True: it did. It did not: the error is raised, an infrastructure error (nothing of the
+        attempt exists; the delivery is retried in place, no attempt spent). False for any other failure.
+        InfrastructureError when the database cannot be asked (retried in place; the dedupe key decides)."""
+        if not isinstance(error, CommitOutcomeUnknown):
+            return False
+        tokens = {o.occurrence_id: o.lease_token for o in occurrences}
+        try:
+            rows = await self.pool.fetch(
+                *CONSUMER_QUERIES.dedupe_rows(consumer_group=self.config.group, occurrence_ids=list(tokens))
+            )
+        except DATABASE_ERRORS as err:
+            raise InfrastructureError(f"a commit's outcome is unknown and the database unreachable: {err!r}") from err
+        committed = any(r["lease_token"] == tokens[r["occurrence_id"]] for r in rows)
+        log.warning(
+            "connection lost during COMMIT; looked up by key: %s",
+            "committed" if committed else "not committed",
+            extra={"action": "attempt.commit_outcome_unknown", "committed": committed, "occurrences": len(tokens)},
+        )
+        if not committed:
+            raise error
+        return True
+
     async def _duplicate(self, conn: asyncpg.Connection, message: OccurrenceMessage) -> Outcome:
         try:
             row = await conn.fetchrow(
@@ -617,6 +649,18 @@ class AttemptRunner:
         except Exception:  # noqa: BLE001 - any failure means "not reachable now"
             return False
         return True
+
+
+async def commit(conn: asyncpg.Connection, transaction: asyncpg.transaction.Transaction) -> None:
+    """Commit a delivery's transaction; a connection lost on the way raises CommitOutcomeUnknown (whether the
+    server committed is not known to us: the caller looks it up by key). Any other failure is the commit's own
+    (a deferred constraint, a serialization failure): the transaction did not commit."""
+    try:
+        await transaction.commit()
+    except Exception as err:
+        if lost_connection(err, conn):
+            raise CommitOutcomeUnknown(f"the connection was lost during COMMIT: {err!r}") from err
+        raise
 
 
 async def rollback(transaction: asyncpg.transaction.Transaction) -> None:

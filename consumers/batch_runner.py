@@ -61,6 +61,7 @@ from consumers.attempt_runner import (
     HandlerRegistration,
     LocalLease,
     Outcome,
+    commit,
     ids,
     limit_ms,
     rollback,
@@ -277,7 +278,7 @@ class BatchRunner:
             if self.hooks.after_started:
                 await self.hooks.after_started(item.started)
         error, timed_out = await self._run_handler(conn, transaction, fresh, registration, lease)
-        if error is None:
+        if error is None or await self.single.committed_anyway(error, [i.started for i in fresh]):
             await self._succeeded(fresh, outcomes)
             return []
         await rollback(transaction)
@@ -415,7 +416,7 @@ class BatchRunner:
                 if self.hooks.before_commit:
                     for occurrence in occurrences:
                         await self.hooks.before_commit(occurrence)
-                await transaction.commit()
+                await commit(conn, transaction)
             except Exception as err:  # noqa: BLE001 - every handler failure is classified below
                 error = err
             finally:

@@ -69,10 +69,17 @@ class InfrastructureError(ChronoqError):
     transient: ClassVar[bool] = True
 
 
+class CommitOutcomeUnknown(InfrastructureError):
+    """The connection died during a delivery's COMMIT: the transaction may or may not have committed. The
+    runners look the outcome up by its key (the attempt's dedupe rows) before deciding anything; left alone,
+    it is an infrastructure error (retried in place, and the dedupe key keeps a repeat from applying twice)."""
+
+
 #: Errors that mean "this database connection is gone", not "the handler's statement failed".
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.PostgresConnectionError,  # SQLSTATE class 08
     asyncpg.InterfaceError,  # the connection is closed
+    asyncpg.InternalClientError,  # the protocol's state, lost with the connection
     asyncpg.exceptions.OperatorInterventionError,  # class 57: terminated, shutting down
     asyncpg.exceptions.IdleInTransactionSessionTimeoutError,
     ConnectionError,

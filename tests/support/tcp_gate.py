@@ -23,6 +23,11 @@ class Gate:
         self.accepted, self.cut = 0, set[int]()  # connections by number (from 1) cut even while open
         self.server: asyncio.base_events.Server | None = None
         self.tasks: set[asyncio.Task[None]] = set()
+        # PostgreSQL only: armed with "before" or "after", the next client write holding a COMMIT (asyncpg's
+        # "COMMIT;") cuts that connection — before the server sees the COMMIT (the transaction aborts) or right
+        # after (it commits, and the client never hears so). Disarms itself; ``commits_cut`` counts.
+        self.cut_commit: str | None = None
+        self.commits_cut = 0
 
     async def start(self) -> str:
         """Listen; return the database URL through the gate."""
@@ -52,14 +57,28 @@ class Gate:
             return
         up_reader, up_writer = await self._connect_upstream()
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, from_client: bool) -> None:
             try:
                 while data := await src.read(65536):
+                    cut = None
+                    if from_client and self.cut_commit is not None and b"COMMIT;" in data:
+                        cut, self.cut_commit = self.cut_commit, None
+                    if cut is not None:
+                        self.commits_cut += 1
+                        writer.close()  # the client's side first: no answer to the COMMIT reaches it
+                        if cut == "after":
+                            dst.write(data)
+                            await dst.drain()
+                            await asyncio.sleep(0.2)  # the server reads and executes it before its socket closes
+                        return
                     dst.write(data)
                     await dst.drain()
             finally:
                 dst.close()
 
-        for task in (asyncio.create_task(pipe(reader, up_writer)), asyncio.create_task(pipe(up_reader, writer))):
+        for task in (
+            asyncio.create_task(pipe(reader, up_writer, True)),
+            asyncio.create_task(pipe(up_reader, writer, False)),
+        ):
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
