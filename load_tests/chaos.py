@@ -140,10 +140,24 @@ class Options:
     # Backend terminations aim at processes at work, not starting: a process younger than this is left
     # alone (0 aims at start-up too; the consumer runtime then exits: see tests/e2e/test_loop_survival.py).
     start_up_grace_s: float = 5.0
-    # Components run under Debian's faketime with their wall clock (and monotonic clock) offset, by name:
+    # Components run under Debian's libfaketime with their wall clock offset, by name:
     # (("engine-1", "+5m"), ("consumer-1", "-5m")). Lease expiry and release times are the database's, so a
     # skewed process must neither double nor starve anything (TESTING.md, "Clock skew").
     clock_skew: tuple[tuple[str, str], ...] = ()
+
+
+#: libfaketime, as Debian's faketime package installs it ($LIB: the dynamic loader's own library directory).
+FAKETIME_LIBRARY = "/usr/$LIB/faketime/libfaketime.so.1"
+
+
+def faketime_env(offset: str) -> dict[str, str]:
+    """The environment that runs a process with its wall clock off by ``offset`` ("+5m", "-5m").
+
+    The library is preloaded directly rather than through the ``faketime`` command, which forks: signals
+    would reach the wrapper, and stopping it orphaned the real process (found: a skewed engine left running
+    after its test). The monotonic clock is left alone: it has no meaning across hosts, so skewing it tests
+    nothing, and libfaketime's faked monotonic deadlines turn librdkafka's timed waits into a busy loop."""
+    return {"LD_PRELOAD": FAKETIME_LIBRARY, "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
 
 
 @dataclass
@@ -283,8 +297,8 @@ class Cluster:
 
     def add(self, name: str, kind: str, argv: list[str], env: dict[str, str]) -> Component:
         skew = dict(self.options.clock_skew).get(name)
-        if skew is not None:  # faketime execs the command: the component's pid stays the one signals reach
-            argv = ["faketime", "-f", skew, *argv]
+        if skew is not None:
+            env = {**env, **faketime_env(skew)}
         component = Component(name, kind, argv, env, self.workdir / f"{name}.log")
         self.components[name] = component
         return component
