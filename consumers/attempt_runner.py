@@ -321,7 +321,7 @@ class AttemptRunner:
         if self.hooks.after_started:
             await self.hooks.after_started(occurrence)
         error, timed_out = await self._run_handler(conn, transaction, occurrence, registration, lease)
-        if error is None or await self.committed_anyway(error, [occurrence]):
+        if error is None or await self.committed_anyway(error, [occurrence], lease):
             return await self._succeeded(occurrence)
         await rollback(transaction)
         return await self.conclude_failure(conn, occurrence, registration, lease, error, timed_out)
@@ -550,13 +550,15 @@ class AttemptRunner:
         )
         return Outcome.FAILED if await self._report(event, occurrence.target) else Outcome.ABANDONED
 
-    async def committed_anyway(self, error: Exception, occurrences: Sequence[Occurrence]) -> bool:
+    async def committed_anyway(self, error: Exception, occurrences: Sequence[Occurrence], lease: LocalLease) -> bool:
         """Whether an attempt that failed committed after all. Only a COMMIT whose connection died
         (CommitOutcomeUnknown) can have: its outcome is read by key on a fresh connection — the dedupe rows of
         ``occurrences`` carry this attempt's lease tokens exactly when it committed (one transaction wrote
-        them all). True: it did. It did not: the error is raised, an infrastructure error (nothing of the
-        attempt exists; the delivery is retried in place, no attempt spent). False for any other failure.
-        InfrastructureError when the database cannot be asked (retried in place; the dedupe key decides)."""
+        them all). True: it did. It did not, within its lease: the error is raised, an infrastructure error
+        (nothing of the attempt exists; the delivery is retried in place, no attempt spent). It did not and
+        its lease is lost (paused past it, its session ended by the server): False, the caller reports the
+        failure as before. False for any other failure. InfrastructureError when the database cannot be asked
+        (retried in place; the dedupe key decides)."""
         if not isinstance(error, CommitOutcomeUnknown):
             return False
         tokens = {o.occurrence_id: o.lease_token for o in occurrences}
@@ -572,9 +574,9 @@ class AttemptRunner:
             "committed" if committed else "not committed",
             extra={"action": "attempt.commit_outcome_unknown", "committed": committed, "occurrences": len(tokens)},
         )
-        if not committed:
+        if not committed and lease.check():
             raise error
-        return True
+        return committed
 
     async def _duplicate(self, conn: asyncpg.Connection, message: OccurrenceMessage) -> Outcome:
         try:

@@ -278,7 +278,7 @@ class BatchRunner:
             if self.hooks.after_started:
                 await self.hooks.after_started(item.started)
         error, timed_out = await self._run_handler(conn, transaction, fresh, registration, lease)
-        if error is None or await self.single.committed_anyway(error, [i.started for i in fresh]):
+        if error is None or await self.single.committed_anyway(error, [i.started for i in fresh], lease):
             await self._succeeded(fresh, outcomes)
             return []
         await rollback(transaction)
