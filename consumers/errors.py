@@ -89,6 +89,13 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 
 def lost_connection(error: BaseException, conn: asyncpg.Connection | None) -> bool:
     """True when ``error`` (or the connection's state) says the database session itself is gone."""
-    if isinstance(error, CONNECTION_ERRORS):
+    if isinstance(error, (CommitOutcomeUnknown, *CONNECTION_ERRORS)):
         return True
-    return conn is not None and conn.is_closed()
+    if conn is None:
+        return False
+    try:
+        return conn.is_closed()
+    except asyncpg.InterfaceError:
+        # A pooled connection the server closed is taken back by its pool at once (asyncpg releases the holder
+        # on close): the proxy then refuses every call, is_closed() included. It was lost.
+        return True

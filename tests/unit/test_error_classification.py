@@ -6,7 +6,13 @@ import asyncpg
 import pytest
 from aiokafka import errors as kafka_errors
 
-from consumers.errors import InfrastructureError, OccurrenceCanceled, PermanentError
+from consumers.errors import (
+    CommitOutcomeUnknown,
+    InfrastructureError,
+    OccurrenceCanceled,
+    PermanentError,
+    lost_connection,
+)
 from engine.api.app import _to_response
 from engine.client import ApiError
 from engine.control.command_processor import _error_of
@@ -157,3 +163,21 @@ def test_every_way_a_terminated_backend_surfaces_is_caught_as_a_database_error_a
     the loops that catch database failures by type catch DATABASE_ERRORS, and all of these are transient."""
     assert isinstance(err, DATABASE_ERRORS)
     assert is_transient(err)
+
+
+class _ReleasedProxy:
+    """What an asyncpg pool's connection proxy does once the server closed its connection: the pool took the
+    holder back, and every call, is_closed() included, raises."""
+
+    def is_closed(self) -> bool:
+        raise asyncpg.InterfaceError(
+            "cannot call Connection.is_closed(): connection has been released back to the pool"
+        )
+
+
+def test_a_connection_the_pool_took_back_after_the_server_closed_it_counts_as_lost():
+    """Found in the suite: a worker paused past its lease woke to a lost COMMIT, and asking the released proxy
+    whether it was closed raised instead of answering, so the failure was never reported."""
+    assert lost_connection(RuntimeError("handler bug"), _ReleasedProxy())
+    assert lost_connection(CommitOutcomeUnknown("the connection was lost during COMMIT"), None)
+    assert not lost_connection(RuntimeError("handler bug"), None)
