@@ -55,7 +55,7 @@ import asyncpg
 
 from engine.loops.materializer import MaterializerConfig
 from load_tests import pg_statements
-from load_tests.hour_top_figures import analyze, lease_health
+from load_tests.hour_top_figures import analyze, lease_health, loop_stalls
 from load_tests.process_cpu import cpu_seconds, per_row
 from schemas.migrations import apply_migrations
 
@@ -661,8 +661,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         again = set(read_all(bootstrap, topics)) if short else None
     received = json.loads(received_path.read_text()) if received_path.exists() else None
     node_logs = [line for path in sorted(log_dir.glob("node-*.log")) for line in path.read_text().splitlines()]
-    report["leases"] = lease_health(node_logs)
-    print("leases", json.dumps(report["leases"]), file=sys.stderr, flush=True)
+    report["leases"], report["loop_stalls"] = lease_health(node_logs), loop_stalls(node_logs)
+    print("leases", json.dumps(report["leases"]), "loop stalls", json.dumps(report["loop_stalls"]), file=sys.stderr)
     summary = analyze(args, report, rows, seen, received, top, again)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2, default=str))

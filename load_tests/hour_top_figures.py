@@ -37,21 +37,33 @@ def lease_health(log_lines: list[str]) -> dict[str, Any]:
     later than half the ttl, and the longest such gap with where it went (the engine's
     ``shard.renewal_late`` warning: connection wait, statements, the rest the node's event loop)."""
     late = [line for line in log_lines if "action=shard.renewal_late" in line]
-
-    def field(line: str, name: str) -> float:
-        for word in line.split():
-            if word.startswith(f"{name}="):
-                return float(word.split("=", 1)[1])
-        return math.nan
-
-    worst = max(late, key=lambda line: field(line, "gap_s"), default=None)
+    worst = max(late, key=lambda line: _field(line, "gap_s"), default=None)
     return {
         "losses": sum("action=shard.lost" in line for line in log_lines),
         "late_renewals": len(late),
         "worst_gap": None
         if worst is None
-        else {name: field(worst, name) for name in ("gap_s", "connection_wait_s", "statements_s")},
+        else {name: _field(worst, name) for name in ("gap_s", "connection_wait_s", "statements_s")},
     }
+
+
+def loop_stalls(log_lines: list[str]) -> dict[str, Any]:
+    """The nodes' event-loop stalls (``loop.stalled``: a wake-up later than half a second) and the longest, with
+    how much of it the garbage collector took (the rest: the node's own synchronous work)."""
+    stalls = [line for line in log_lines if "action=loop.stalled" in line]
+    worst = max(stalls, key=lambda line: _field(line, "lag_s"), default=None)
+    return {
+        "stalls": len(stalls),
+        "worst": None if worst is None else {name: _field(worst, name) for name in ("lag_s", "gc_s")},
+    }
+
+
+def _field(line: str, name: str) -> float:
+    """The number a ``name=value`` pair of an engine log line holds (NaN when absent)."""
+    for word in line.split():
+        if word.startswith(f"{name}="):
+            return float(word.split("=", 1)[1])
+    return math.nan
 
 
 def flexible_spread(lags: list[float], jitters: list[float], window_s: float) -> dict[str, Any]:
@@ -220,6 +232,7 @@ def analyze(
         "not_enqueued": len(expected) - len(enqueued),
         "lease_losses": report.get("leases", {}).get("losses"),
         "late_renewals": report.get("leases", {}).get("late_renewals"),
+        "loop_stalls": report.get("loop_stalls", {}).get("stalls"),
         "broker": args.broker,
         "relays": args.relays,
         "schedules": args.schedules,

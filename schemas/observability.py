@@ -83,6 +83,7 @@ SHARD_MOVES = "chronoq.shard_moves"  # counter, attr direction: acquired|release
 # histogram, s, attr node_id: time between a node's successive lease renewals (interval when healthy; a lease
 # lapses when it reaches lease_ttl)
 SHARD_RENEWAL_GAP = "chronoq.shard_renewal_gap"
+EVENT_LOOP_LAG = "chronoq.event_loop_lag"  # histogram, s, attr node_id: how late a node's event loop ran a timer
 SETTLED_DELIVERIES = "chronoq.settled_deliveries"  # counter: ahead-lane rows the settle pass recorded ENQUEUED
 DISPATCH_LOG_PRUNED = "chronoq.dispatch_log_pruned"  # counter: settled dispatch-log entries forgotten after keep_log
 # counter, attr reason: unsigned|malformed|unknown_credential|expired_credential|wrong_target|bad_signature

@@ -33,6 +33,7 @@ from engine.loops.attempt_processor import AttemptProcessor, AttemptProcessorCon
 from engine.loops.backlog_gauges import BacklogGauges
 from engine.loops.dispatch_settler import DispatchSettler, SettlerConfig
 from engine.loops.history_partitions import HistoryPartitions
+from engine.loops.loop_lag import LoopLagProbe
 from engine.loops.materializer import Materializer, MaterializerConfig, MaterializerHooks
 from engine.loops.overlap_gate import OverlapGate, OverlapGateConfig
 from engine.loops.periodic import LoopTiming, PassOutcome, PeriodicLoop
@@ -445,6 +446,7 @@ async def open_data_plane(
         "dispatch": lambda: relay.run(stop),
         "settler": lambda: settler.run(stop),
         "dispatch-gauges": lambda: _gauges(relay, stop, config.metrics_interval),
+        "loop-lag": lambda: LoopLagProbe(node_id=ownership.node_id).run(stop),
     }
     if materializer is not None:
         owner = Materializer(pool, materializer, clock, ownership=ownership, hooks=config.materializer_hooks)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from engine.cli.log_format import KeyValueFormatter
-from load_tests.hour_top_figures import lease_health
+from load_tests.hour_top_figures import lease_health, loop_stalls
 
 
 def line(message: str, **extra: object) -> str:
@@ -28,3 +28,13 @@ def test_losses_late_renewals_and_the_worst_gap_are_read_from_the_engine_log_for
         "worst_gap": {"gap_s": 7.5, "connection_wait_s": 6.8, "statements_s": 0.2},
     }
     assert lease_health([]) == {"losses": 0, "late_renewals": 0, "worst_gap": None}
+
+
+def test_loop_stalls_and_the_worst_are_read_from_the_engine_log_format():
+    lines = [
+        line("event loop stalled", action="loop.stalled", node_id="node-0", lag_s=0.8, gc_s=0.1),
+        line("event loop stalled", action="loop.stalled", node_id="node-1", lag_s=1.4, gc_s=0.9),
+        line("shards lost to another node", action="shard.lost", node_id="node-1", shards=[1]),
+    ]
+    assert loop_stalls(lines) == {"stalls": 2, "worst": {"lag_s": 1.4, "gc_s": 0.9}}
+    assert loop_stalls([]) == {"stalls": 0, "worst": None}

@@ -1,0 +1,71 @@
+"""How late this process's event loop runs: the stall every task of an engine node suffers at once.
+
+A node's leases, materializer, relay and settle pass share one asyncio loop. When something holds the loop
+(a page decoded and handed to librdkafka in one go, a garbage collection over a heap of page records), every
+one of them waits: dispatch slows, and a lease renewal overdue by ``lease_ttl`` costs the node its shards.
+The probe asks for a wake-up every ``interval`` and records how late it came (``chronoq.event_loop_lag``);
+a stall past ``warn_after`` is logged (``loop.stalled``) with the time the garbage collector ran inside it,
+so the log says whether the collector or the node's own code held the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+from typing import Any
+
+from opentelemetry import metrics
+
+from schemas import observability as obs
+
+log = logging.getLogger("chronoq.loop_lag")
+
+
+class LoopLagProbe:
+    def __init__(
+        self, interval: float = 0.1, warn_after: float = 0.5, node_id: str = "", meter: metrics.Meter | None = None
+    ) -> None:
+        self.interval = interval
+        self.warn_after = warn_after
+        self.node_id = node_id
+        self._lag = (meter or obs.get_meter("engine")).create_histogram(obs.EVENT_LOOP_LAG, unit="s")
+        self._gc_seconds = 0.0
+        self._gc_began: float | None = None
+        self.stalls = 0
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_began = time.perf_counter()
+        elif self._gc_began is not None:
+            self._gc_seconds += time.perf_counter() - self._gc_began
+            self._gc_began = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Probe until ``stop``; the garbage collector's callback is removed on the way out."""
+        gc.callbacks.append(self._on_gc)
+        try:
+            while not stop.is_set():
+                await self.probe_once()
+        finally:
+            gc.callbacks.remove(self._on_gc)
+
+    async def probe_once(self) -> float:
+        """One wake-up request: returns how late it came (seconds), recorded, and logged past ``warn_after``."""
+        asked, collected = time.perf_counter(), self._gc_seconds
+        await asyncio.sleep(self.interval)
+        lag = max(0.0, time.perf_counter() - asked - self.interval)
+        self._lag.record(lag, {"node_id": self.node_id})
+        if lag > self.warn_after:
+            self.stalls += 1
+            log.warning(
+                "event loop stalled",
+                extra={
+                    "action": "loop.stalled",
+                    "node_id": self.node_id,
+                    "lag_s": round(lag, 3),
+                    "gc_s": round(self._gc_seconds - collected, 3),
+                },
+            )
+        return lag
