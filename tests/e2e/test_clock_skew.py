@@ -20,7 +20,7 @@ import time
 import pytest
 
 from load_tests.chaos import FAKETIME_LIBRARY, Cluster, Options
-from tests.e2e.test_loop_survival import work_flows
+from tests.support.cluster_runs import assert_clean, settle_and_check, work_flows
 
 pytestmark = [
     pytest.mark.slow,
@@ -52,10 +52,8 @@ async def test_processes_five_minutes_ahead_and_behind_double_nothing_and_starve
             )
             assert abs(float(out.stdout) - time.time() - (300 if offset == "+5m" else -300)) < 30, out
         await work_flows(cluster, at_least=60, timeout=90.0)
+        until = await settle_and_check(cluster)
         assert cluster.pool is not None
-        until = await cluster.pool.fetchval("SELECT now()")
-        await cluster.settle(until)
-        await cluster.check(until)
         states = dict(
             await cluster.pool.fetch(
                 "SELECT state, count(*) FROM occurrences WHERE scheduled_for < $1 GROUP BY state", until
@@ -65,10 +63,6 @@ async def test_processes_five_minutes_ahead_and_behind_double_nothing_and_starve
     finally:
         await cluster.stop()
         await cluster.drop_databases()
-    report = cluster.report
-    assert report.exits == [], [f"{e.process}: {e.log_tail[-400:]}" for e in report.exits]
-    assert report.not_final == []
+    assert_clean(cluster.report)
     assert set(states) == {"SUCCEEDED"}, states
     assert timed_out == 0
-    assert (report.doubled_effects, report.missing_effects) == ([], [])
-    assert report.reconcile_exit == 0, report.reconcile

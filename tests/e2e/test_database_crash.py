@@ -21,7 +21,7 @@ import pytest
 from engine.cli.embedded.postgres import EmbeddedPostgres
 from engine.cli.embedded.processes import wait_for_exit
 from load_tests.chaos import Cluster, Options
-from tests.e2e.test_loop_survival import work_flows
+from tests.support.cluster_runs import assert_clean, settle_and_check, succeeded, work_flows
 
 pytestmark = pytest.mark.slow
 
@@ -71,20 +71,13 @@ async def test_a_crashed_database_loses_nothing_committed_and_ends_no_process(ka
             assert cluster.pool is not None and cluster.consumer_pool is not None
             await cluster.pool.expire_connections()  # the test's own pools held connections to the dead server
             await cluster.consumer_pool.expire_connections()
-            before = await cluster.pool.fetchval("SELECT count(*) FROM occurrences WHERE state = 'SUCCEEDED'")
-            await work_flows(cluster, at_least=before + 10, timeout=90.0)  # work flows again
-            until = await cluster.pool.fetchval("SELECT now()")
-            await cluster.settle(until)
-            await cluster.check(until)
+            await work_flows(cluster, at_least=await succeeded(cluster) + 10, timeout=90.0)  # work flows again
+            await settle_and_check(cluster)
         finally:
             await cluster.stop()
             await cluster.drop_databases()
-        report = cluster.report
-        assert report.exits == [], [f"{e.process}: {e.log_tail[-400:]}" for e in report.exits]
+        assert_clean(cluster.report)
         assert {name: c.pid for name, c in cluster.components.items()} == pids
         assert all(c.starts == 1 for c in cluster.components.values())
-        assert report.not_final == []
-        assert (report.doubled_effects, report.missing_effects) == ([], [])
-        assert report.reconcile_exit == 0, report.reconcile
     finally:
         postgres.stop()

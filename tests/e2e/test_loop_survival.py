@@ -18,6 +18,7 @@ import sys
 import pytest
 
 from load_tests.chaos import Cluster, Options, with_query
+from tests.support.cluster_runs import assert_clean, settle_and_check, succeeded, work_flows
 
 pytestmark = pytest.mark.slow
 
@@ -28,14 +29,6 @@ STATES = {
     "relay": ("idle", "active"),
     "consumer": ("idle", "idle in transaction", "active"),
 }
-
-
-async def work_flows(cluster: Cluster, at_least: int, timeout: float = 45.0) -> None:
-    assert cluster.pool is not None
-    deadline = asyncio.get_running_loop().time() + timeout
-    while await cluster.pool.fetchval("SELECT count(*) FROM occurrences WHERE state = 'SUCCEEDED'") < at_least:
-        assert asyncio.get_running_loop().time() < deadline, "no work flowed before the faults"
-        await asyncio.sleep(0.2)
 
 
 # A relay whose mark meets a terminated connection leaves its rows claimed until the claim expires (60 s), and
@@ -66,21 +59,13 @@ async def test_terminated_backends_never_end_a_process_nor_lose_work(kind, serve
             for state in set(STATES[kind]) - hit():
                 await cluster.terminate("terminate", victim, (state,), wait_s=5.0)
         assert set(STATES[kind]) <= hit(), f"never caught a backend in {set(STATES[kind]) - hit()}"
-        assert cluster.pool is not None
-        before = await cluster.pool.fetchval("SELECT count(*) FROM occurrences WHERE state = 'SUCCEEDED'")
-        await work_flows(cluster, at_least=before + 10)  # the process goes on working after the faults
-        until = await cluster.pool.fetchval("SELECT now()")
-        await cluster.settle(until)
-        await cluster.check(until)
+        await work_flows(cluster, at_least=await succeeded(cluster) + 10)  # it goes on working after the faults
+        await settle_and_check(cluster)
     finally:
         await cluster.stop()
         await cluster.drop_databases()
-    report = cluster.report
-    assert report.exits == [], [f"{e.process}: {e.log_tail[-400:]}" for e in report.exits]
+    assert_clean(cluster.report)
     assert victim.pid == pid and victim.starts == 1
-    assert report.not_final == []
-    assert (report.doubled_effects, report.missing_effects) == ([], [])
-    assert report.reconcile_exit == 0, report.reconcile
 
 
 @pytest.mark.on_broker("tansu")
