@@ -9,31 +9,20 @@ hears of one applied attempt.
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import asyncpg
 import pytest
 
-from consumers import ConsumerApp, ConsumerConfig, Occurrence
+from consumers import ConsumerApp, Occurrence
 from schemas.topics import occurrence_topic
-from tests.integration.test_consumer import run_until
+from tests.integration.test_consumer import engineless_config, run_until
 from tests.support.kafka import attempt_events, occurrence_message, produce
 from tests.support.tcp_gate import Gate
 
 
 def gated_app(url: str, kafka_bootstrap: str, target: str, gate: Gate, cut: str, batch: bool) -> Any:
-    app: Any = ConsumerApp(
-        ConsumerConfig(
-            f"group-{uuid.uuid4().hex[:8]}",
-            kafka_bootstrap,
-            url,
-            attempt_barrier=False,  # no attempt processor runs here: nobody answers started
-            redelivery_backoff=0.05,
-            session_timeout=2.0,
-            heartbeat_interval=0.4,
-        )
-    )
+    app: Any = ConsumerApp(engineless_config(url, kafka_bootstrap))
     app.calls = 0
 
     async def effect(conn: asyncpg.Connection, occurrence: Occurrence) -> None:

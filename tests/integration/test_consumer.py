@@ -21,20 +21,26 @@ from tests.support.kafka import (
 from tests.support.waiting import wait_for
 
 
+def engineless_config(
+    consumer_db: str, kafka_bootstrap: str, group: str | None = None, **config: Any
+) -> ConsumerConfig:
+    """A consumer app's configuration for tests without an engine (nobody answers ``started``), quick to retry
+    in place and to notice a member gone."""
+    return ConsumerConfig(
+        group or f"group-{uuid.uuid4().hex[:8]}",
+        kafka_bootstrap,
+        consumer_db,
+        attempt_barrier=False,  # no attempt processor runs here: nobody answers started
+        redelivery_backoff=0.05,
+        session_timeout=2.0,
+        heartbeat_interval=0.4,
+        **config,
+    )
+
+
 def effect_app(consumer_db, kafka_bootstrap, target, fail_times: int = 0, group: str | None = None, **config) -> Any:
     """A ConsumerApp whose handler records the effect; ``app.calls["n"]`` counts its calls."""
-    app: Any = ConsumerApp(
-        ConsumerConfig(
-            group or f"group-{uuid.uuid4().hex[:8]}",
-            kafka_bootstrap,
-            consumer_db,
-            attempt_barrier=False,  # no attempt processor runs here: nobody answers started
-            redelivery_backoff=0.05,
-            session_timeout=2.0,
-            heartbeat_interval=0.4,
-            **config,
-        )
-    )
+    app: Any = ConsumerApp(engineless_config(consumer_db, kafka_bootstrap, group, **config))
     calls = {"n": 0}
 
     @app.handler(target)
