@@ -33,7 +33,6 @@ class LoopLagProbe:
         self._lag = (meter or obs.get_meter("engine")).create_histogram(obs.EVENT_LOOP_LAG, unit="s")
         self._gc_seconds = 0.0
         self._gc_began: float | None = None
-        self.stalls = 0
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -58,7 +57,6 @@ class LoopLagProbe:
         lag = max(0.0, time.perf_counter() - asked - self.interval)
         self._lag.record(lag, {"node_id": self.node_id})
         if lag > self.warn_after:
-            self.stalls += 1
             log.warning(
                 "event loop stalled",
                 extra={
