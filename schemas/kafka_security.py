@@ -219,11 +219,13 @@ def _missing_file(security: KafkaSecurity) -> tuple[str, str]:
     return "ssl_cafile", "a TLS file"
 
 
-class _Startable(Protocol):
+class Startable(Protocol):
+    """A Kafka client (or publisher) that connects in ``start()``."""
+
     async def start(self) -> None: ...
 
 
-async def start_client(client: _Startable, bootstrap: str, security: KafkaSecurity) -> None:
+async def start_client(client: Startable, bootstrap: str, security: KafkaSecurity) -> None:
     """``await client.start()``; when it cannot bootstrap, raise :class:`KafkaSecurityError` if the reason is
     a refused credential or certificate (see the module docstring), else the transient error it was.
     A client whose start failed is closed (stopping it again is harmless)."""

@@ -20,7 +20,7 @@ from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
@@ -50,7 +50,7 @@ from relay.publisher import KafkaPublisher, PublisherConfig
 from schemas.clock import Clock, DatabaseClock, pause
 from schemas.connections import create_pool, create_pool_when_ready
 from schemas.garbage_collection import tune_for_throughput
-from schemas.kafka_security import PLAINTEXT, KafkaSecurity
+from schemas.kafka_security import PLAINTEXT, KafkaSecurity, Startable
 from schemas.migrations import apply_migrations
 from schemas.shard_ownership import ShardOwnership
 from schemas.start_retries import retry_until_ready
@@ -288,11 +288,7 @@ async def run_services(
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
-class _Startable(Protocol):
-    async def start(self) -> None: ...
-
-
-_P = TypeVar("_P", bound=_Startable)
+_P = TypeVar("_P", bound=Startable)
 
 
 async def start_publisher(build: Callable[[], _P], stop: asyncio.Event) -> _P | None:
