@@ -262,6 +262,7 @@ async def run_node(args: argparse.Namespace) -> None:
             dispatch=dispatch_config(args),
             **({"compression": args.compression} if args.compression else {}),
         ),
+        freeze_start_up_heap=True,  # as chronoq engine's nodes do
     )
     await run_services(args.database_url, args.bootstrap, stop, config)
 

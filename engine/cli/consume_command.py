@@ -12,7 +12,7 @@ from engine.cli import stop_on_signals
 from engine.cli.embedded.stack import Endpoints
 from engine.cli.endpoints import resolve_consumer_endpoints
 from schemas.errors import InvalidInput
-from schemas.garbage_collection import tune_for_throughput
+from schemas.garbage_collection import freeze_start_up_heap, tune_for_throughput
 from schemas.observability import configure_telemetry
 
 CREDENTIALS_ENV = "CHRONOQ_ATTEMPT_CREDENTIALS"
@@ -72,6 +72,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
         raise InvalidInput("max", "must be at least 1", "--max 10")
     credentials = attempt_credentials(os.environ.get(CREDENTIALS_ENV))
     tune_for_throughput()
+    freeze_start_up_heap()  # the modules and clients are imported by now; this process is ours
 
     async def main() -> int:
         stop = asyncio.Event()

@@ -130,6 +130,7 @@ async def _up(demo: bool, api_host: str, api_port: int, kafka: BrokerKind, mater
                         idempotent_publisher=endpoints.idempotent_producer,
                         kafka_security=endpoints.kafka_security,
                         materializer=materializer,
+                        freeze_start_up_heap=True,
                     ),
                 ),
                 name="services",
@@ -281,6 +282,7 @@ def run_roles(
                 kafka_security=endpoints.kafka_security,
                 stuck_occurrences=stuck_occurrences or StuckOccurrencesConfig(),
                 materializer=materializer or MaterializerConfig(),
+                freeze_start_up_heap=True,  # this process is ours (schemas/garbage_collection.py)
             ),
         )
 

@@ -7,7 +7,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from schemas.garbage_collection import MIDDLE_THRESHOLD, OLD_THRESHOLD, YOUNG_THRESHOLD, tune_for_throughput
+from schemas.garbage_collection import (
+    MIDDLE_THRESHOLD,
+    OLD_THRESHOLD,
+    YOUNG_THRESHOLD,
+    freeze_start_up_heap,
+    tune_for_throughput,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -33,3 +39,22 @@ def test_automatic_collection_turned_off_by_a_zero_threshold_stays_off():
     gc.set_threshold(0)
     tune_for_throughput()
     assert gc.get_threshold()[0] == 0
+
+
+def test_the_start_up_heap_is_frozen_and_what_comes_later_is_collected_as_before():
+    gc.unfreeze()
+    try:
+        start_up = [[i] for i in range(1000)]  # alive at start-up: skipped by every later collection
+        frozen = freeze_start_up_heap()
+        assert frozen >= len(start_up) and gc.get_freeze_count() == frozen
+        assert not any(obj is start_up for obj in gc.get_objects())  # no generation holds it any more
+
+        class Cycle:
+            pass
+
+        later = Cycle()
+        later.me = later  # type: ignore[attr-defined]
+        del later
+        assert gc.collect() >= 1  # garbage made after start-up is still found
+    finally:
+        gc.unfreeze()
