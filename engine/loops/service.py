@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from enum import Enum
@@ -33,13 +33,14 @@ from engine.loops.attempt_processor import AttemptProcessor, AttemptProcessorCon
 from engine.loops.backlog_gauges import BacklogGauges
 from engine.loops.dispatch_settler import DispatchSettler, SettlerConfig
 from engine.loops.history_partitions import HistoryPartitions
+from engine.loops.lease_thread import LoopTicks, run_on_own_thread
 from engine.loops.loop_lag import LoopLagProbe
 from engine.loops.materializer import Materializer, MaterializerConfig, MaterializerHooks
 from engine.loops.overlap_gate import OverlapGate, OverlapGateConfig
 from engine.loops.periodic import LoopTiming, PassOutcome, PeriodicLoop
 from engine.loops.reaper import Reaper, ReaperConfig
 from engine.loops.reporting import SUMMARY_EVERY
-from engine.loops.shard_leases import ShardLeaseConfig, ShardLeases, default_node_id
+from engine.loops.shard_leases import LEASE_SERVER_SETTINGS, ShardLeaseConfig, ShardLeases, default_node_id
 from engine.loops.stuck_occurrences import StuckOccurrences, StuckOccurrencesConfig
 from engine.loops.tenant_gate import TenantGate
 from relay.ahead_lane import AheadLaneStore
@@ -49,7 +50,7 @@ from relay.librdkafka_publisher import LibrdkafkaConfig, LibrdkafkaPublisher
 from relay.publisher import KafkaPublisher, PublisherConfig
 from schemas.clock import Clock, DatabaseClock, pause
 from schemas.connections import create_pool, create_pool_when_ready
-from schemas.garbage_collection import tune_for_throughput
+from schemas.garbage_collection import freeze_start_up_heap, tune_for_throughput
 from schemas.kafka_security import PLAINTEXT, KafkaSecurity, Startable
 from schemas.migrations import apply_migrations
 from schemas.shard_ownership import ShardOwnership
@@ -176,6 +177,10 @@ class ServiceConfig:
     idempotent_publisher: the relay uses the idempotent producer (the broker must
         support it: Apache Kafka does, tansu does not; default False).
     kafka_security: TLS and SASL of every Kafka client these roles open (default PLAINTEXT).
+    freeze_start_up_heap: once every role has started, move the objects alive then out of the garbage
+        collector's way (``schemas.garbage_collection.freeze_start_up_heap``). Set by the entry points that
+        own their process (``chronoq engine``/``up``, the load tests' nodes), never by an embedding
+        application or a test process, whose heap is not ours to freeze.
     The other fields configure one role each.
     """
 
@@ -194,6 +199,7 @@ class ServiceConfig:
     relay: RelayConfig = field(default_factory=RelayConfig)
     data_plane: DataPlaneConfig = field(default_factory=DataPlaneConfig)
     stuck_occurrences: StuckOccurrencesConfig = field(default_factory=StuckOccurrencesConfig)
+    freeze_start_up_heap: bool = False
 
     def validate(self, kafka_bootstrap: str | None) -> None:
         if not self.roles:
@@ -279,6 +285,8 @@ async def run_services(
         if config.metrics_socket is not None:  # --metrics-port: this process's /metrics on a port of its own
             tasks.append(asyncio.create_task(serve_api(MetricsEndpoint(), config.metrics_socket, stop), name="metrics"))
         log.info("running %s", ", ".join(sorted(role.value for role in runs)), extra={"action": "service.start"})
+        if config.freeze_start_up_heap:
+            freeze_start_up_heap()
         try:
             await asyncio.gather(*tasks)
         finally:
@@ -396,25 +404,25 @@ async def open_data_plane(
     shard-owning materializer. Nothing (an empty mapping) when ``stop`` came while waiting for the database."""
     ownership = ShardOwnership(config.node_id or default_node_id())
 
-    async def data_plane_pool(size: int, name: str) -> asyncpg.Pool | None:
+    ownership.bind_loop(asyncio.get_running_loop())
+
+    def server_settings(name: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         # An application_name the URL sets is the operator's label for this process (and what the chaos harness
         # terminates backends by): it wins over the node's own name.
         named = {} if "application_name" in parse_qs(urlsplit(database_url).query) else {"application_name": name}
-        opened = await create_pool_when_ready(
-            database_url,
-            stop,
-            log,
-            min_size=min(size, 2),
-            max_size=size,
-            server_settings={**DATA_PLANE_SERVER_SETTINGS, **named},
-        )
-        if opened is not None:
-            resources.push_async_callback(opened.close)
-        return opened
+        return {**DATA_PLANE_SERVER_SETTINGS, **(extra or {}), **named}
 
-    pool = await data_plane_pool(config.pool_size, f"chronoq-node {ownership.node_id}"[:63])
+    pool = await create_pool_when_ready(
+        database_url,
+        stop,
+        log,
+        min_size=min(config.pool_size, 2),
+        max_size=config.pool_size,
+        server_settings=server_settings(f"chronoq-node {ownership.node_id}"[:63]),
+    )
     if pool is None:
         return {}
+    resources.push_async_callback(pool.close)
     settings: dict[str, Any] = {
         "idempotent": config.idempotent_producer,
         "security": security,
@@ -426,19 +434,36 @@ async def open_data_plane(
     if publisher is None:
         return {}
     resources.push_async_callback(publisher.stop)
-    # The leases renew on a connection of their own: a burst can keep every connection of the node's pool busy
-    # (pages in flight, settling, a materializer pass), and a renewal queued behind them for lease_ttl loses the
-    # node its shards (the new owners then republish whatever was handed over but not yet logged).
-    lease_pool = await data_plane_pool(1, f"chronoq-leases {ownership.node_id}"[:63])
-    if lease_pool is None:
-        return {}
-    leases = ShardLeases(lease_pool, ownership, config.leases, clock)
+    # The leases renew on a connection and a thread of their own: a burst can keep every connection of the
+    # node's pool busy (pages in flight, settling, a materializer pass) and its event loop late, and a renewal
+    # queued behind them for lease_ttl loses the node its shards (the new owners then republish whatever was
+    # handed over but not yet logged). engine/loops/lease_thread.py has the measurements.
+    ticks = LoopTicks()
+
+    async def lease_loop(thread_stop: asyncio.Event) -> None:  # on the lease thread, in its own event loop
+        lease_pool = await create_pool_when_ready(
+            database_url,
+            thread_stop,
+            log,
+            min_size=1,
+            max_size=1,
+            server_settings=server_settings(f"chronoq-leases {ownership.node_id}"[:63], LEASE_SERVER_SETTINGS),
+        )
+        if lease_pool is None:
+            return
+        try:
+            await ShardLeases(lease_pool, ownership, config.leases, clock, ticks=ticks).run(thread_stop)
+        finally:
+            await lease_pool.close()
+
     relay = AheadRelay(
         AheadLaneStore(pool, clock, ownership.node_id), publisher, ownership, config.dispatch, clock, hooks=config.hooks
     )
     settler = DispatchSettler(pool, config.settler, clock, quiet=lambda: relay.quiet)
     runs: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
-        "shard-leases": lambda: leases.run(stop),
+        "shard-leases": lambda: run_on_own_thread(
+            lease_loop, stop, ticks, config.leases.interval / 2, f"chronoq-leases {ownership.node_id}"
+        ),
         "dispatch": lambda: relay.run(stop),
         "settler": lambda: settler.run(stop),
         "dispatch-gauges": lambda: _gauges(relay, stop, config.metrics_interval),
