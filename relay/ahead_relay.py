@@ -39,6 +39,7 @@ from relay.clock_estimate import ClockEstimate
 from relay.handover_gate import HandoverGate
 from relay.page_outcomes import PoisonTries, acknowledged_prefix
 from relay.page_release import MISSED_AT_DISPATCH, NOT_HANDED_OVER, Releases, first_late_after, to_release
+from relay.recent_handovers import RecentHandovers
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock, pause
 from schemas.dispatch_lanes import LANES, CursorKey, micros_of, seal_boundary
@@ -193,6 +194,9 @@ class AheadRelay:
         self._lane_tail: dict[str, asyncio.Future[None] | None] = {lane: None for lane in LANES}
         #: True while the last pass found nothing to publish: the settle pass runs only then.
         self.quiet = True
+        #: Rows handed to the broker lately, by the event loop's monotonic time: the settle pass waits while a
+        #: burst is handed over, which ``quiet`` (not reading) does not show (relay/recent_handovers.py).
+        self.handovers = RecentHandovers()
 
     # ------------------------------------------------------------------ the loop
 
@@ -434,6 +438,7 @@ class AheadRelay:
                     if handing is not None:
                         handing[0] = True
                     future = await self.publisher.send(self._items(rows, due, trace_headers))  # type: ignore[attr-defined]
+                    self.handovers.add(len(due), asyncio.get_running_loop().time())
                     if acked_each is not None:
                         future.add_done_callback(self._stamper(due, acked_each))
                     if releases.done and released is not None and not released.done():
@@ -676,6 +681,10 @@ class AheadRelay:
         self._lane_tail = {lane: None for lane in LANES}
         self._tentative = dict(self._positions)
         self._drained_at = {lane: None for lane in LANES}
+
+    def handed_over_within(self, seconds: float) -> int:
+        """Rows this relay handed to the broker in the last ``seconds`` (at most ten)."""
+        return self.handovers.since(seconds, asyncio.get_running_loop().time())
 
     async def record_backlog(self) -> dict[str, int]:
         """Set the ``ahead_backlog`` gauge: due ahead-lane rows not yet passed by their cursor, per lane.

@@ -52,8 +52,9 @@ class SettlerConfig:
         (keep_log + prune_every) x its entry rate.
     prune_batch: entries one prune statement deletes at most (default 5000; a prune runs at most
         ``prune_statements`` of them, 20 by default, before the settle pass goes on).
-    busy_window: the settle pass waits while any node's relay had a page acknowledged within this many
-        seconds, or relays logged busy_rows rows or more within them (default 1.0; 0 disables the check). The
+    busy_window: the settle pass waits while this node's relay handed busy_rows rows or more to the broker within
+        this many seconds, any node's relay had a page acknowledged within them, or relays logged busy_rows
+        rows or more within them (default 1.0; 0 disables the check). The
         second test catches a burst: a relay handing one over logs its pages a second or more after their
         acknowledgements (migration 0018), and judged by those alone the settle ran inside it.
     busy_rows: rows logged within busy_window that mark a burst (default 10,000; steady traffic of 1,000
@@ -88,11 +89,15 @@ class DispatchSettler:
         clock: Clock | None = None,
         quiet: Callable[[], bool] | None = None,
         meter: metrics.Meter | None = None,
+        handed_over: Callable[[float], int] | None = None,
     ) -> None:
+        """``quiet``: whether this node's relay is reading nothing now; ``handed_over(s)``: the rows it handed to
+        the broker in the last s seconds (a burst read ahead is handed over by a relay that reads nothing)."""
         self.pool = pool
         self.config = config or SettlerConfig()
         self.clock = clock or DatabaseClock()
         self.quiet = quiet or (lambda: True)
+        self.handed_over = handed_over or (lambda _seconds: 0)
         meter = meter or obs.get_meter("engine")
         self._lag = meter.create_histogram(obs.SCHEDULE_LAG, unit="s", description="enqueued_at - scheduled_for")
         self._settled = meter.create_counter(obs.SETTLED_DELIVERIES, unit="1")
@@ -112,12 +117,15 @@ class DispatchSettler:
         return report
 
     async def deferred(self) -> bool:
-        """True while another node's relay is still dispatching a burst (see ``SettlerConfig``)."""
+        """True while this node's relay or another's is still dispatching a burst (see ``SettlerConfig``), for at
+        most ``max_defer``."""
         if self.config.busy_window <= 0:
             return False
+        busy_here = self.handed_over(self.config.busy_window) >= self.config.busy_rows
         return bool(
             await self.pool.fetchval(
                 *QUERIES.settle_deferred(
+                    busy_here=busy_here,
                     busy_s=self.config.busy_window,
                     busy_rows=self.config.busy_rows,
                     busy_entries=_BUSY_ENTRIES,

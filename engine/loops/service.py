@@ -459,7 +459,9 @@ async def open_data_plane(
     relay = AheadRelay(
         AheadLaneStore(pool, clock, ownership.node_id), publisher, ownership, config.dispatch, clock, hooks=config.hooks
     )
-    settler = DispatchSettler(pool, config.settler, clock, quiet=lambda: relay.quiet)
+    settler = DispatchSettler(
+        pool, config.settler, clock, quiet=lambda: relay.quiet, handed_over=relay.handed_over_within
+    )
     runs: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
         "shard-leases": lambda: run_on_own_thread(
             lease_loop, stop, ticks, config.leases.interval / 2, f"chronoq-leases {ownership.node_id}"

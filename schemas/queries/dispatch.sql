@@ -215,13 +215,16 @@ SELECT (SELECT count(*) FROM settled) AS entries, (SELECT count(*) FROM publishe
 -- name: settle_deferred
 -- Whether the settle pass should wait because a burst is still being dispatched, and for at most
 -- :max_defer_s after the oldest unsettled entry's acknowledgement (steady dispatch never starves it). A burst
--- is being dispatched when some relay (any node) had a page acknowledged within the last :busy_s seconds, or
+-- is being dispatched when the asking node's relay is handing one over (:busy_here: it counts its own
+-- hand-overs, which its log shows only seconds later), some relay (any node) had a page acknowledged within
+-- the last :busy_s seconds, or
 -- relays logged :busy_rows rows or more within them (logged_at, among the newest :busy_entries entries): a
 -- relay handing a burst over logs its pages a second or more after their acknowledgements, so by acked_at
 -- alone a burst looked over while it was not, and steady traffic logs far fewer rows a second. Index probes
 -- and a bounded scan of the newest entries.
 SELECT coalesce(
-    ((SELECT acked_at FROM dispatch_log ORDER BY id DESC LIMIT 1)
+    (:busy_here::boolean
+     OR (SELECT acked_at FROM dispatch_log ORDER BY id DESC LIMIT 1)
          > coalesce(:now::timestamptz, now()) - make_interval(secs => :busy_s)
      OR (SELECT coalesce(sum(r.rows), 0)
          FROM (SELECT rows, logged_at FROM dispatch_log ORDER BY id DESC LIMIT :busy_entries) r

@@ -441,11 +441,13 @@ async def test_a_burst_sealed_before_its_instant_is_read_before_it_and_handed_ov
     the instant nothing is left to read; they are still handed over one page in flight at a time, in order."""
     ownership, keys = await _twelve_in_one_shard(pool, clock, target)
     spy = SpyPublisher(publisher, clock)
-    _, store, task = await _reading_ahead(pool, clock, spy, ownership)
+    relay, store, task = await _reading_ahead(pool, clock, spy, ownership)
     assert sum(n for _, n in store.reads) == 12, f"read before the instant: {store.reads}"
     assert spy.sends == [] and not task.done()
+    assert relay.quiet and relay.handed_over_within(1.0) == 0  # all read, nothing handed over yet
     clock.set(AT)
     assert (await asyncio.wait_for(task, 20)).published == 12
+    assert relay.handed_over_within(1.0) == 12  # what the settle pass asks before it runs (a burst here)
     assert all(n == 0 for at, n in store.reads if at >= AT), "rows were read at the instant, not before it"
     assert [len(sent) for _, sent in spy.sends] == [2] * 6
     assert [key for _, sent in spy.sends for key in sent] == keys

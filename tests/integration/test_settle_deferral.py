@@ -59,3 +59,21 @@ async def test_the_settle_pass_waits_no_longer_than_max_defer(pool, clock):
     await log_pages(pool, clock, acked_ago=31.0, logged_ago=31.0)  # unsettled for longer than max_defer
     await log_pages(pool, clock, acked_ago=0.5, logged_ago=0.1, entries=200)
     assert not await settler.deferred(), "steady dispatch must not keep the log unsettled past max_defer"
+
+
+async def test_a_burst_this_node_hands_over_defers_the_settle_pass_before_its_log_shows_it(pool, clock):
+    """A burst read ahead is handed over by a relay that reads nothing (quiet), and logged seconds after its
+    acknowledgements: in an Apache Kafka 500,000 run the settle pass ran inside the burst that way and settled
+    59,392 rows (p99 9.1 s against 5.9 s). The node's own count of rows handed over defers it, for at most
+    max_defer like every other sign of a burst."""
+    handed: list[int] = [0]
+    settler = DispatchSettler(pool, CONFIG, clock, quiet=lambda: True, handed_over=lambda _seconds: handed[0])
+    await log_pages(pool, clock, acked_ago=5.0, logged_ago=5.0, entries=20)  # the log: nothing for 5 s
+    assert not await settler.deferred()
+    handed[0] = 10_000  # the relay handed 10,000 rows over within the last second
+    assert await settler.deferred(), "this node is handing a burst over"
+    handed[0] = 900  # steady traffic
+    assert not await settler.deferred()
+    handed[0] = 50_000
+    clock.advance(timedelta(seconds=26))  # the oldest unsettled entry: acknowledged 31 s ago
+    assert not await settler.deferred(), "a burst defers the settle pass for max_defer at most"
