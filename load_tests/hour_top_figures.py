@@ -49,20 +49,29 @@ def lease_health(log_lines: list[str]) -> dict[str, Any]:
 
 def loop_stalls(log_lines: list[str]) -> dict[str, Any]:
     """The nodes' event-loop stalls (``loop.stalled``: a wake-up later than half a second) and the longest, with
-    how much of it the garbage collector took (the rest: the node's own synchronous work)."""
+    how much of it the garbage collector took (the rest: the node's own synchronous work) and the oldest
+    generation it collected (None: no collection in it)."""
     stalls = [line for line in log_lines if "action=loop.stalled" in line]
     worst = max(stalls, key=lambda line: _field(line, "lag_s"), default=None)
     return {
         "stalls": len(stalls),
-        "worst": None if worst is None else {name: _field(worst, name) for name in ("lag_s", "gc_s")},
+        "worst": None
+        if worst is None
+        else {
+            name: None if math.isnan(value := _field(worst, name)) else value
+            for name in ("lag_s", "gc_s", "gc_generation")
+        },
     }
 
 
 def _field(line: str, name: str) -> float:
-    """The number a ``name=value`` pair of an engine log line holds (NaN when absent)."""
+    """The number a ``name=value`` pair of an engine log line holds (NaN when absent or not a number: None)."""
     for word in line.split():
         if word.startswith(f"{name}="):
-            return float(word.split("=", 1)[1])
+            try:
+                return float(word.split("=", 1)[1])
+            except ValueError:
+                return math.nan
     return math.nan
 
 
@@ -233,6 +242,7 @@ def analyze(
         "lease_losses": report.get("leases", {}).get("losses"),
         "late_renewals": report.get("leases", {}).get("late_renewals"),
         "loop_stalls": report.get("loop_stalls", {}).get("stalls"),
+        "settled_during_burst": report.get("settled_during_burst"),
         "broker": args.broker,
         "relays": args.relays,
         "schedules": args.schedules,

@@ -32,9 +32,11 @@ def test_losses_late_renewals_and_the_worst_gap_are_read_from_the_engine_log_for
 
 def test_loop_stalls_and_the_worst_are_read_from_the_engine_log_format():
     lines = [
-        line("event loop stalled", action="loop.stalled", node_id="node-0", lag_s=0.8, gc_s=0.1),
-        line("event loop stalled", action="loop.stalled", node_id="node-1", lag_s=1.4, gc_s=0.9),
+        line("event loop stalled", action="loop.stalled", node_id="node-0", lag_s=0.8, gc_s=0.1, gc_generation=0),
+        line("event loop stalled", action="loop.stalled", node_id="node-1", lag_s=1.4, gc_s=0.9, gc_generation=1),
         line("shards lost to another node", action="shard.lost", node_id="node-1", shards=[1]),
     ]
-    assert loop_stalls(lines) == {"stalls": 2, "worst": {"lag_s": 1.4, "gc_s": 0.9}}
+    assert loop_stalls(lines) == {"stalls": 2, "worst": {"lag_s": 1.4, "gc_s": 0.9, "gc_generation": 1}}
+    held_by_code = [line("event loop stalled", action="loop.stalled", lag_s=0.6, gc_s=0.0, gc_generation=None)]
+    assert loop_stalls(held_by_code)["worst"] == {"lag_s": 0.6, "gc_s": 0.0, "gc_generation": None}
     assert loop_stalls([]) == {"stalls": 0, "worst": None}
