@@ -624,9 +624,11 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 await statements_of_window(conn, args, report, "materialize")
                 roles = {"nodes": [n.pid for n in nodes], "consumer": [consumer.pid] if consumer else []}
                 checkpoint = asyncio.create_task(checkpoint_at(url, top, report)) if args.checkpoint_at_top else None
-                await wait_enqueued(conn, args, top, report, lambda: cpu_seconds(roles, bootstrap, url))
-                if checkpoint is not None:
-                    await checkpoint
+                try:
+                    await wait_enqueued(conn, args, top, report, lambda: cpu_seconds(roles, bootstrap, url))
+                finally:  # also when the wait failed: the fault's task is never left pending at the loop's end
+                    if checkpoint is not None:
+                        await checkpoint
                 await statements_of_window(conn, args, report, "burst")
                 if side is not None:
                     report["consumer_side"] = await settle_consumer_side(side, url, args.schedules, top)
