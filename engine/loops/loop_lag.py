@@ -1,8 +1,9 @@
 """How late this process's event loop runs: the stall every task of an engine node suffers at once.
 
-A node's leases, materializer, relay and settle pass share one asyncio loop. When something holds the loop
-(a page decoded and handed to librdkafka in one go, a garbage collection over a heap of page records), every
-one of them waits: dispatch slows, and a lease renewal overdue by ``lease_ttl`` costs the node its shards.
+A node's materializer, relay and settle pass share one asyncio loop (its leases renew on a thread of their
+own, ``engine.loops.lease_thread``, since such stalls made renewals late). When something holds the loop (a
+page decoded and handed to librdkafka in one go, a garbage collection over a heap of page records), every
+one of them waits and dispatch slows.
 The probe asks for a wake-up every ``interval`` and records how late it came (``chronoq.event_loop_lag``);
 a stall past ``warn_after`` is logged (``loop.stalled``) with the time the garbage collector ran inside it
 and the oldest generation it collected there (2: a full collection, which walks every tracked object), so
