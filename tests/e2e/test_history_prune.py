@@ -136,10 +136,21 @@ async def test_a_pruner_killed_or_cut_off_mid_batch_loses_and_doubles_nothing(en
     assert 10 <= after_kill < FINISHED and after_kill % 10 == 0  # whole batches only
 
     # 2. Its backend terminated while a batch's transaction is open: the process fails, the batch rolls back.
-    pruner = start_pruner(env)
-    backend = await pruner_in_a_batch(pool)
-    assert await pool.fetchval("SELECT pg_terminate_backend($1)", backend)
-    _, stderr = await asyncio.to_thread(pruner.communicate, None, 60)
+    # The batch is held at its last statement (the horizon's upsert waits for this row lock), after its moves:
+    # terminated between two batches instead, the pruner would take a fresh connection and go on (as it should).
+    async with pool.acquire() as holder, holder.transaction():
+        await holder.execute("SELECT 1 FROM archive.horizons WHERE tenant_id = 'acme' FOR UPDATE")
+        pruner = start_pruner(env)
+
+        async def held_mid_batch() -> int | None:
+            return await pool.fetchval(
+                "SELECT pid FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)) AND backend_xid IS NOT NULL",
+                holder.get_server_pid(),
+            )
+
+        backend = await wait_for(held_mid_batch, timeout=30, interval=0.01)
+        assert await pool.fetchval("SELECT pg_terminate_backend($1)", backend)
+        _, stderr = await asyncio.to_thread(pruner.communicate, None, 60)
     assert pruner.returncode != 0, stderr
     await no_open_batch(pool)
     after_cut = await assert_each_row_once(pool, occurrences)
