@@ -11,9 +11,10 @@ import uuid
 
 import asyncpg
 
-from consumers import ConsumerApp, ConsumerConfig, FailedOccurrences, Occurrence, PermanentError
+from consumers import ConsumerApp, FailedOccurrences, Occurrence, PermanentError
 from schemas import observability as obs
 from schemas.topics import occurrence_topic
+from tests.integration.test_consumer import engineless_config
 from tests.support.kafka import attempt_events, occurrence_message, produce
 from tests.support.rows import attempt_rows, due_occurrence, occurrence_row
 from tests.support.services import Running
@@ -22,16 +23,7 @@ from tests.support.waiting import wait_for
 
 def batch_app(consumer_db: str, kafka_bootstrap: str, group: str | None = None, **instruments) -> ConsumerApp:
     return ConsumerApp(
-        ConsumerConfig(
-            group or f"batch-{uuid.uuid4().hex[:8]}",
-            kafka_bootstrap,
-            consumer_db,
-            attempt_barrier=False,  # no attempt processor runs here: nobody answers started
-            session_timeout=2.0,
-            heartbeat_interval=0.4,
-            redelivery_backoff=0.05,
-            shutdown_grace=2.0,
-        ),
+        engineless_config(consumer_db, kafka_bootstrap, group or f"batch-{uuid.uuid4().hex[:8]}", shutdown_grace=2.0),
         **instruments,
     )
 

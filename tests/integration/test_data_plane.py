@@ -7,8 +7,10 @@ import logging
 import threading
 import time
 import uuid
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import asyncpg
 import pytest
@@ -697,50 +699,63 @@ async def test_the_leases_renew_while_every_connection_of_the_node_pool_is_held(
             await asyncio.gather(*tasks)
 
 
-async def test_a_lease_round_never_waits_for_the_wal_to_reach_disk(pool, engine_db, kafka_bootstrap):
-    """A renewal that waits for a WAL flush behind a materializer's large commit is late by the flush (2.9-3.4 s
-    measured at the top of a burst): the lease connection commits asynchronously (LEASE_SERVER_SETTINGS),
-    so its backend writes WAL records but never syncs them itself, while the node's other connections do."""
+LIVE_LEASES = "SELECT count(*) FROM shard_leases WHERE owner = $1 AND expires_at > now()"
+
+
+@asynccontextmanager
+async def leasing_node(
+    pool: asyncpg.Pool, engine_db: str, kafka_bootstrap: str, node_id: str, **leases: Any
+) -> AsyncIterator[None]:
+    """A node's shard-lease loop, as open_data_plane runs it (its own thread and connection), entered once the node
+    holds all 256 shards live; stopped (its leases released) when the block ends."""
     stop = asyncio.Event()
-    config = DataPlaneConfig(node_id="node-async", leases=ShardLeaseConfig(interval=0.1, lease_ttl=2.0, max_moves=256))
+    config = DataPlaneConfig(node_id=node_id, leases=ShardLeaseConfig(interval=0.1, max_moves=256, **leases))
     async with AsyncExitStack() as resources:
         runs = await open_data_plane(resources, engine_db, kafka_bootstrap, stop, config, None, DatabaseClock())
         task = asyncio.create_task(runs["shard-leases"]())
         try:
-            await wait_for(
-                lambda: pool.fetchval("SELECT count(*) = 256 FROM shard_leases WHERE owner = 'node-async'"), timeout=10
-            )
-            lease_pid = await pool.fetchval(
-                "SELECT pid FROM pg_stat_activity WHERE application_name = 'chronoq-leases node-async'"
-            )
-            wal_of = """SELECT (SELECT wal_records FROM pg_stat_get_backend_wal($1)) AS records,
-                               (SELECT sum(fsyncs) FROM pg_stat_get_backend_io($1) WHERE object = 'wal') AS fsyncs"""
-
-            async def reported() -> bool:  # a backend reports its statistics about once a second
-                return (await pool.fetchrow(wal_of, lease_pid))["records"] > 0
-
-            await wait_for(reported, timeout=10)
-            async with pool.acquire() as control:  # a synchronous commit, as every other data-plane write is
-                await control.execute(
-                    "UPDATE engine_nodes SET heartbeat_at = heartbeat_at WHERE node_id = 'node-async'"
-                )
-                await control.execute("SELECT pg_stat_force_next_flush()")
-                await control.execute("SELECT 1")
-                assert (await control.fetchrow(wal_of, control.get_server_pid()))["fsyncs"] > 0
-            assert (await pool.fetchrow(wal_of, lease_pid))["fsyncs"] == 0
+            await wait_for(lambda: all_live(pool, node_id), timeout=10)
+            yield
         finally:
             stop.set()
             await task
 
 
-def _from_another_thread(database_url: str, query: str) -> object:
+async def all_live(pool: asyncpg.Pool, node_id: str) -> bool:
+    return await pool.fetchval(LIVE_LEASES, node_id) == 256
+
+
+async def test_a_lease_round_never_waits_for_the_wal_to_reach_disk(pool, engine_db, kafka_bootstrap):
+    """A renewal that waits for a WAL flush behind a materializer's large commit is late by the flush (2.9-3.4 s
+    measured at the top of a burst): the lease connection commits asynchronously (LEASE_SERVER_SETTINGS),
+    so its backend writes WAL records but never syncs them itself, while the node's other connections do."""
+    async with leasing_node(pool, engine_db, kafka_bootstrap, "node-async", lease_ttl=2.0):
+        lease_pid = await pool.fetchval(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'chronoq-leases node-async'"
+        )
+        wal_of = """SELECT (SELECT wal_records FROM pg_stat_get_backend_wal($1)) AS records,
+                           (SELECT sum(fsyncs) FROM pg_stat_get_backend_io($1) WHERE object = 'wal') AS fsyncs"""
+
+        async def reported() -> bool:  # a backend reports its statistics about once a second
+            return (await pool.fetchrow(wal_of, lease_pid))["records"] > 0
+
+        await wait_for(reported, timeout=10)
+        async with pool.acquire() as control:  # a synchronous commit, as every other data-plane write is
+            await control.execute("UPDATE engine_nodes SET heartbeat_at = heartbeat_at WHERE node_id = 'node-async'")
+            await control.execute("SELECT pg_stat_force_next_flush()")
+            await control.execute("SELECT 1")
+            assert (await control.fetchrow(wal_of, control.get_server_pid()))["fsyncs"] > 0
+        assert (await pool.fetchrow(wal_of, lease_pid))["fsyncs"] == 0
+
+
+def _from_another_thread(database_url: str, query: str, *args: object) -> object:
     """``query``'s value read on a thread of its own: the test's event loop is the one being held."""
     result: list[object] = []
 
     async def read() -> None:
         conn = await asyncpg.connect(database_url)
         try:
-            result.append(await conn.fetchval(query))
+            result.append(await conn.fetchval(query, *args))
         finally:
             await conn.close()
 
@@ -750,30 +765,14 @@ def _from_another_thread(database_url: str, query: str) -> object:
     return result[0]
 
 
-LIVE_LEASES = "SELECT count(*) FROM shard_leases WHERE owner = '{node}' AND expires_at > now()"
-
-
 async def test_the_leases_renew_while_the_node_event_loop_is_held(pool, engine_db, kafka_bootstrap, caplog):
     """A burst runs a node's loop seconds late; the leases renew on a thread of their own, so a loop held for
     twice the ttl keeps every shard (on the node's loop the leases would expire and move)."""
-    stop = asyncio.Event()
-    config = DataPlaneConfig(
-        node_id="node-held", leases=ShardLeaseConfig(interval=0.1, lease_ttl=1.0, max_moves=256, loop_stall_limit=10)
-    )
-    async with AsyncExitStack() as resources:
-        runs = await open_data_plane(resources, engine_db, kafka_bootstrap, stop, config, None, DatabaseClock())
-        task = asyncio.create_task(runs["shard-leases"]())
-        try:
-            await wait_for(
-                lambda: pool.fetchval("SELECT count(*) = 256 FROM shard_leases WHERE owner = 'node-held'"), timeout=10
-            )
-            epochs = await pool.fetchval("SELECT sum(epoch) FROM shard_leases")
-            time.sleep(2.0)  # the node's loop held for twice the ttl
-            assert _from_another_thread(engine_db, LIVE_LEASES.format(node="node-held")) == 256
-            assert await pool.fetchval("SELECT sum(epoch) FROM shard_leases") == epochs  # nothing moved
-        finally:
-            stop.set()
-            await task
+    async with leasing_node(pool, engine_db, kafka_bootstrap, "node-held", lease_ttl=1.0, loop_stall_limit=10):
+        epochs = await pool.fetchval("SELECT sum(epoch) FROM shard_leases")
+        time.sleep(2.0)  # the node's loop held for twice the ttl
+        assert _from_another_thread(engine_db, LIVE_LEASES, "node-held") == 256
+        assert await pool.fetchval("SELECT sum(epoch) FROM shard_leases") == epochs  # nothing moved
     assert await pool.fetchval("SELECT count(*) FROM shard_leases WHERE owner IS NOT NULL") == 0  # released
 
 
@@ -783,27 +782,11 @@ async def test_a_wedged_node_loop_lets_its_leases_expire_and_takes_shards_again_
     """A loop that stops ticking for loop_stall_limit is a wedged node: its lease thread stops heartbeating and
     renewing, so the shards expire and can move; once the loop runs again the node leases shards again."""
     caplog.set_level(logging.WARNING, logger="chronoq.shard_leases")
-    stop = asyncio.Event()
-    config = DataPlaneConfig(
-        node_id="node-wedged", leases=ShardLeaseConfig(interval=0.1, lease_ttl=1.0, max_moves=256, loop_stall_limit=1)
-    )
-    live = LIVE_LEASES.format(node="node-wedged")
-    async with AsyncExitStack() as resources:
-        runs = await open_data_plane(resources, engine_db, kafka_bootstrap, stop, config, None, DatabaseClock())
-        task = asyncio.create_task(runs["shard-leases"]())
-        try:
-            await wait_for(lambda: pool.fetchval(live.replace("count(*)", "count(*) = 256")), timeout=10)
-            time.sleep(3.0)  # wedged: standing down after 1 s, the last renewal expired a second later
-            assert _from_another_thread(engine_db, live) == 0
-            assert (
-                _from_another_thread(
-                    engine_db, "SELECT count(*) FROM engine_nodes WHERE node_id = 'node-wedged' AND expires_at > now()"
-                )
-                == 0
-            )  # no heartbeat either: to the other nodes it is dead
-            await wait_for(lambda: pool.fetchval(live.replace("count(*)", "count(*) = 256")), timeout=10)
-        finally:
-            stop.set()
-            await task
+    async with leasing_node(pool, engine_db, kafka_bootstrap, "node-wedged", lease_ttl=1.0, loop_stall_limit=1):
+        time.sleep(3.0)  # wedged: standing down after 1 s, the last renewal expired a second later
+        assert _from_another_thread(engine_db, LIVE_LEASES, "node-wedged") == 0
+        alive = "SELECT count(*) FROM engine_nodes WHERE node_id = $1 AND expires_at > now()"
+        assert _from_another_thread(engine_db, alive, "node-wedged") == 0  # no heartbeat either: to the others, dead
+        await wait_for(lambda: all_live(pool, "node-wedged"), timeout=10)
     actions = [getattr(r, "action", None) for r in caplog.records]
     assert "shard.loop_wedged" in actions and "shard.loop_back" in actions
