@@ -23,23 +23,19 @@ class RecentHandovers:
     def __init__(self, keep: float = 10.0) -> None:
         self.keep = keep
         self._events: deque[tuple[float, int]] = deque()
-        self._total = 0
 
     def add(self, rows: int, at: float) -> None:
         """Record ``rows`` handed over at ``at`` (instants never go back: one monotonic clock)."""
         self._events.append((at, rows))
-        self._total += rows
         self._forget(at)
 
     def since(self, seconds: float, now: float) -> int:
         """Rows handed over in the last ``seconds`` (at most ``keep``) before ``now``."""
         self._forget(now)
-        if seconds >= self.keep:
-            return self._total
-        cutoff = now - seconds
+        cutoff = now - min(seconds, self.keep)
         return sum(rows for _at, rows in takewhile(lambda event: event[0] > cutoff, reversed(self._events)))
 
     def _forget(self, now: float) -> None:
         cutoff = now - self.keep
         while self._events and self._events[0][0] <= cutoff:
-            self._total -= self._events.popleft()[1]
+            self._events.popleft()
