@@ -51,6 +51,9 @@ log = logging.getLogger("chronoq.relay.ahead")
 #: The shard whose owner counts the cluster's ahead-lane backlog for the gauge (see record_backlog).
 BACKLOG_REPORTING_SHARD = 0
 
+#: One row as the publisher takes it: (topic, key, value, headers).
+_Item = tuple[str, bytes, bytes, list[tuple[str, bytes]]]
+
 
 @dataclass(frozen=True)
 class AheadRelayConfig:
@@ -395,6 +398,7 @@ class AheadRelay:
     async def _release_and_send(
         self,
         rows: list[AheadRow],
+        items: list[_Item],
         lane: str,
         epochs: dict[int, int],
         skip: frozenset[object] = frozenset(),
@@ -403,10 +407,10 @@ class AheadRelay:
         handing: list[bool] | None = None,
         released: asyncio.Future[None] | None = None,
     ) -> list[BaseException | None]:
-        """Hand each row to the publisher once the clock reaches its available_at; one outcome per row, and
-        in ``acked_each`` the clock's instant when the answers for its hand-over arrived; ``handing[0]`` is set
-        before the first rows are handed over, ``released`` once the last row was (the lane's next page may
-        start handing over).
+        """Hand each row (its publisher item in ``items``, prepared when the page was read) to the publisher
+        once the clock reaches its available_at; one outcome per row, and in ``acked_each`` the clock's instant
+        when the answers for its hand-over arrived; ``handing[0]`` is set before the first rows are handed
+        over, ``released`` once the last row was (the lane's next page may start handing over).
 
         Each hand-over takes a slot of the hand-over gate once its rows are due (strict before flexible) and
         holds it until the broker answered; after a failed hand-over, this page's or another's, nothing more is
@@ -416,10 +420,6 @@ class AheadRelay:
         (:data:`MISSED_AT_DISPATCH`: the cursor passes it).
         """
         outcomes: list[BaseException | None] = [None] * len(rows)
-        trace_headers: list[tuple[str, bytes]] = []
-        with self.tracer.start_as_current_span(obs.SPAN_PUBLISH) as span:
-            span.set_attribute("chronoq.ahead_rows", len(rows))
-            obs.inject_trace_headers(trace_headers)
         first_late = first_late_after(rows)  # the page's earliest: one check per release, not per row
         releases = Releases(rows, to_release(rows, skip, outcomes))
         rank = LANES.index(lane)
@@ -437,7 +437,9 @@ class AheadRelay:
                         return outcomes
                     if handing is not None:
                         handing[0] = True
-                    future = await self.publisher.send(self._items(rows, due, trace_headers))  # type: ignore[attr-defined]
+                    # A burst's page is due at once: its items as prepared, no per-row copy at the instant.
+                    handed = items if len(due) == len(items) else [items[i] for i in due]
+                    future = await self.publisher.send(handed)  # type: ignore[attr-defined]
                     self.handovers.add(len(due), asyncio.get_running_loop().time())
                     if acked_each is not None:
                         future.add_done_callback(self._stamper(due, acked_each))
@@ -456,11 +458,15 @@ class AheadRelay:
                 await asyncio.sleep(self.config.release_tick)
         return outcomes
 
-    @staticmethod
-    def _items(
-        rows: list[AheadRow], indexes: list[int], trace_headers: list[tuple[str, bytes]]
-    ) -> list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]]:
-        """The publisher's (topic, key, value, headers) of ``rows[indexes]``."""
+    def _items(self, rows: list[AheadRow]) -> list[_Item]:
+        """The publisher's (topic, key, value, headers) of every row of a page, with the trace context of the
+        page's publish span. Built when the page is read, not when it is due: a burst read ahead of its instant
+        then spends its first seconds handing items over, not building them (a tenth of a node's CPU in the
+        500,000 hour-top, docs/benchmarks.md, stop 36)."""
+        trace_headers: list[tuple[str, bytes]] = []
+        with self.tracer.start_as_current_span(obs.SPAN_PUBLISH) as span:
+            span.set_attribute("chronoq.ahead_rows", len(rows))
+            obs.inject_trace_headers(trace_headers)
         return [
             (
                 r["topic"],
@@ -468,7 +474,7 @@ class AheadRelay:
                 r["message"],
                 [(HEADER_OCCURRENCE_ID, r["occurrence_header"]), (HEADER_TENANT, r["tenant_header"]), *trace_headers],
             )
-            for r in (rows[i] for i in indexes)
+            for r in rows
         ]
 
     async def _answers(
@@ -500,11 +506,14 @@ class AheadRelay:
         page read and more to every enqueued_at of the page."""
         prior, released = turn
         try:
+            items = self._items(rows)  # while the page waits for its turn and its instant
             if prior is not None:
                 await asyncio.shield(prior)  # cancelled while waiting, this page must not cancel its prior's
             if self._halted:
                 return [NOT_HANDED_OVER] * len(rows)
-            outcomes = await self._release_and_send(rows, lane, epochs, skip, judged, acked_each, handing, released)
+            outcomes = await self._release_and_send(
+                rows, items, lane, epochs, skip, judged, acked_each, handing, released
+            )
         finally:
             if not released.done():
                 released.set_result(None)

@@ -86,6 +86,8 @@ SHARD_RENEWAL_GAP = "chronoq.shard_renewal_gap"
 EVENT_LOOP_LAG = "chronoq.event_loop_lag"  # histogram, s, attr node_id: how late a node's event loop ran a timer
 SETTLED_DELIVERIES = "chronoq.settled_deliveries"  # counter: ahead-lane rows the settle pass recorded ENQUEUED
 DISPATCH_LOG_PRUNED = "chronoq.dispatch_log_pruned"  # counter: settled dispatch-log entries forgotten after keep_log
+SETTLE_DEFERRALS = "chronoq.settle_deferrals"  # counter: settle passes put off because a burst is being dispatched
+HANDOVER_ANNOUNCEMENTS = "chronoq.handover_announcements"  # counter: a node told the others it hands a burst over
 # counter, attr reason: unsigned|malformed|unknown_credential|expired_credential|wrong_target|bad_signature
 ATTEMPT_EVENTS_REJECTED = "chronoq.attempt_events_rejected"
 # The cancel barrier (docs/state-machine.md, "Cancel as a barrier").

@@ -5,8 +5,10 @@ range, acknowledgement instant) instead of updating every occurrence. This
 loop turns log entries into per-occurrence state with set-based statements
 (SCHEDULED → ENQUEUED, ``enqueued_at`` = the acknowledgement instant), deletes
 the published queue rows and marks the entries settled. It runs while the
-relay is quiet (nothing due) and no relay of another node logged a page in the
-last ``busy_window`` (bounded by ``max_defer``), so a burst is dispatched
+relay is quiet (nothing due), has not handed a burst over within ``busy_window``,
+no live node says its relay is handing one over (``engine_nodes.handing_over_until``,
+which this loop writes on each node while its relay does) and no relay logged a page
+within ``busy_window`` (all bounded by ``max_defer``), so a burst is dispatched
 first and recorded after — on a shared machine its occurrence UPDATEs would
 otherwise take the database's CPU from the burst; until then the API derives
 ENQUEUED from the log. It records
@@ -90,18 +92,24 @@ class DispatchSettler:
         quiet: Callable[[], bool] | None = None,
         meter: metrics.Meter | None = None,
         handed_over: Callable[[float], int] | None = None,
+        node_id: str | None = None,
     ) -> None:
         """``quiet``: whether this node's relay is reading nothing now; ``handed_over(s)``: the rows it handed to
-        the broker in the last s seconds (a burst read ahead is handed over by a relay that reads nothing)."""
+        the broker in the last s seconds (a burst read ahead is handed over by a relay that reads nothing);
+        ``node_id``: this node's row in engine_nodes, where it announces its hand-overs (None: it does not)."""
         self.pool = pool
         self.config = config or SettlerConfig()
         self.clock = clock or DatabaseClock()
         self.quiet = quiet or (lambda: True)
         self.handed_over = handed_over or (lambda _seconds: 0)
+        self.node_id = node_id
+        self._announced_at: float | None = None  # event-loop time of the last announcement
         meter = meter or obs.get_meter("engine")
         self._lag = meter.create_histogram(obs.SCHEDULE_LAG, unit="s", description="enqueued_at - scheduled_for")
         self._settled = meter.create_counter(obs.SETTLED_DELIVERIES, unit="1")
         self._pruned = meter.create_counter(obs.DISPATCH_LOG_PRUNED, unit="1")
+        self._deferrals = meter.create_counter(obs.SETTLE_DEFERRALS, unit="1")
+        self._announcements = meter.create_counter(obs.HANDOVER_ANNOUNCEMENTS, unit="1")
 
     async def run_once(self) -> SettleReport:
         """Settle up to ``entries_per_pass`` log entries in one statement."""
@@ -116,16 +124,18 @@ class DispatchSettler:
             record(max(lag, 0.0), {"lane": "ahead"})
         return report
 
+    def _handing_over(self) -> bool:
+        return self.handed_over(self.config.busy_window) >= self.config.busy_rows
+
     async def deferred(self) -> bool:
         """True while this node's relay or another's is still dispatching a burst (see ``SettlerConfig``), for at
         most ``max_defer``."""
         if self.config.busy_window <= 0:
             return False
-        busy_here = self.handed_over(self.config.busy_window) >= self.config.busy_rows
         return bool(
             await self.pool.fetchval(
                 *QUERIES.settle_deferred(
-                    busy_here=busy_here,
+                    busy_here=self._handing_over(),
                     busy_s=self.config.busy_window,
                     busy_rows=self.config.busy_rows,
                     busy_entries=_BUSY_ENTRIES,
@@ -134,6 +144,23 @@ class DispatchSettler:
                 )
             )
         )
+
+    async def announce(self) -> bool:
+        """While this node's relay hands a burst over (``busy_rows`` within ``busy_window``), tell every node's
+        settle pass to wait: ``handing_over_until`` = now + ``busy_window``, rewritten every half window while
+        it lasts, so it never lapses mid-burst and ends at most a window after the last hand-over. Another
+        node sees it before this node's log shows the burst, which takes seconds. True when it wrote."""
+        if self.node_id is None or self.config.busy_window <= 0 or not self._handing_over():
+            return False
+        now = asyncio.get_running_loop().time()
+        if self._announced_at is not None and now - self._announced_at < self.config.busy_window / 2:
+            return False
+        await self.pool.execute(
+            *QUERIES.announce_handover(node=self.node_id, until_s=self.config.busy_window, now=self.clock.now())
+        )
+        self._announced_at = now
+        self._announcements.add(1)
+        return True
 
     async def prune(self) -> int:
         """Forget log entries settled more than ``keep_log`` ago, oldest first, in statements of at most
@@ -160,11 +187,14 @@ class DispatchSettler:
         loop = asyncio.get_running_loop()
         next_prune = loop.time() + self.config.prune_every
         while not stop.is_set():
-            if not self.quiet():
-                await pause(stop, self.config.interval)
-                continue
             try:
+                # First, also while this node's relay reads: another node's settle pass must wait for it.
+                await self.announce()
+                if not self.quiet():
+                    await pause(stop, self.config.interval)
+                    continue
                 if await self.deferred():
+                    self._deferrals.add(1)
                     await pause(stop, self.config.interval)
                     continue
                 report = await self.run_once()

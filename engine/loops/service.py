@@ -460,7 +460,12 @@ async def open_data_plane(
         AheadLaneStore(pool, clock, ownership.node_id), publisher, ownership, config.dispatch, clock, hooks=config.hooks
     )
     settler = DispatchSettler(
-        pool, config.settler, clock, quiet=lambda: relay.quiet, handed_over=relay.handed_over_within
+        pool,
+        config.settler,
+        clock,
+        quiet=lambda: relay.quiet,
+        handed_over=relay.handed_over_within,
+        node_id=ownership.node_id,
     )
     runs: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
         "shard-leases": lambda: run_on_own_thread(

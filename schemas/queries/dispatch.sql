@@ -216,7 +216,8 @@ SELECT (SELECT count(*) FROM settled) AS entries, (SELECT count(*) FROM publishe
 -- Whether the settle pass should wait because a burst is still being dispatched, and for at most
 -- :max_defer_s after the oldest unsettled entry's acknowledgement (steady dispatch never starves it). A burst
 -- is being dispatched when the asking node's relay is handing one over (:busy_here: it counts its own
--- hand-overs, which its log shows only seconds later), some relay (any node) had a page acknowledged within
+-- hand-overs, which its log shows only seconds later), a live node announced that its relay is
+-- (engine_nodes.handing_over_until, announce_handover), some relay (any node) had a page acknowledged within
 -- the last :busy_s seconds, or
 -- relays logged :busy_rows rows or more within them (logged_at, among the newest :busy_entries entries): a
 -- relay handing a burst over logs its pages a second or more after their acknowledgements, so by acked_at
@@ -224,6 +225,9 @@ SELECT (SELECT count(*) FROM settled) AS entries, (SELECT count(*) FROM publishe
 -- and a bounded scan of the newest entries.
 SELECT coalesce(
     (:busy_here::boolean
+     OR EXISTS (SELECT 1 FROM engine_nodes
+                WHERE handing_over_until > coalesce(:now::timestamptz, now())
+                  AND expires_at > coalesce(:now::timestamptz, now()))
      OR (SELECT acked_at FROM dispatch_log ORDER BY id DESC LIMIT 1)
          > coalesce(:now::timestamptz, now()) - make_interval(secs => :busy_s)
      OR (SELECT coalesce(sum(r.rows), 0)
@@ -232,6 +236,12 @@ SELECT coalesce(
     AND (SELECT acked_at FROM dispatch_log WHERE settled_at IS NULL ORDER BY id LIMIT 1)
         > coalesce(:now::timestamptz, now()) - make_interval(secs => :max_defer_s),
     false) AS defer;
+
+-- name: announce_handover
+-- :node's relay is handing a burst over: other nodes' settle passes wait until :until_s seconds from now
+-- (settle_deferred). A node not registered yet (no heartbeat) changes nothing.
+UPDATE engine_nodes SET handing_over_until = coalesce(:now::timestamptz, now()) + make_interval(secs => :until_s)
+WHERE node_id = :node;
 
 -- name: prune_settled_log
 -- Forgets up to :limit log entries settled more than :keep_s seconds ago, oldest first (through

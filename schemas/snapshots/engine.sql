@@ -413,7 +413,8 @@ CREATE TABLE public.engine_nodes (
     node_id text NOT NULL,
     started_at timestamp with time zone NOT NULL,
     heartbeat_at timestamp with time zone NOT NULL,
-    expires_at timestamp with time zone NOT NULL
+    expires_at timestamp with time zone NOT NULL,
+    handing_over_until timestamp with time zone
 );
 CREATE TABLE public.history_retention (
     singleton boolean DEFAULT true NOT NULL,

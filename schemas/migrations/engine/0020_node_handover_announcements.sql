@@ -1,0 +1,11 @@
+-- chronoq engine, migration 0020 (after dispatch_log.logged_at, 0018, and the occurrences' foreign key, 0019):
+-- each engine node says until when it is handing a burst over to the broker.
+--
+-- The settle pass waits while a burst is still being dispatched (schemas/queries/dispatch.sql,
+-- settle_deferred). A node knows its own relay's hand-overs, but another node's show only in the dispatch log,
+-- which a relay busy handing a burst over writes seconds late: a node whose share of a 500,000 burst was
+-- handed over settled while the other node was still dispatching (16,384 rows of the log settled inside the
+-- burst, PostgreSQL's CPU per row 4.1-4.4 µs against 0.3-1.1; docs/benchmarks.md, stops 35 and 36). Each
+-- node's settle loop now writes this instant while its relay hands a burst over, and every node's settle pass
+-- waits while any live node's is ahead. NULL: never announced.
+ALTER TABLE engine_nodes ADD COLUMN handing_over_until timestamptz;
