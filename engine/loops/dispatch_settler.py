@@ -93,15 +93,19 @@ class DispatchSettler:
         meter: metrics.Meter | None = None,
         handed_over: Callable[[float], int] | None = None,
         node_id: str | None = None,
+        unlogged: Callable[[], int] | None = None,
     ) -> None:
         """``quiet``: whether this node's relay is reading nothing now; ``handed_over(s)``: the rows it handed to
         the broker in the last s seconds (a burst read ahead is handed over by a relay that reads nothing);
-        ``node_id``: this node's row in engine_nodes, where it announces its hand-overs (None: it does not)."""
+        ``unlogged()``: the rows it handed over whose pages it has not logged yet (a burst's acknowledgements and
+        log entries trail its hand-overs by seconds); ``node_id``: this node's row in engine_nodes, where it
+        announces its hand-overs (None: it does not)."""
         self.pool = pool
         self.config = config or SettlerConfig()
         self.clock = clock or DatabaseClock()
         self.quiet = quiet or (lambda: True)
         self.handed_over = handed_over or (lambda _seconds: 0)
+        self.unlogged = unlogged or (lambda: 0)
         self.node_id = node_id
         self._announced_at: float | None = None  # event-loop time of the last announcement
         meter = meter or obs.get_meter("engine")
@@ -125,7 +129,10 @@ class DispatchSettler:
         return report
 
     def _handing_over(self) -> bool:
-        return self.handed_over(self.config.busy_window) >= self.config.busy_rows
+        """This node's relay is dispatching a burst: it handed busy_rows over within busy_window, or that many
+        rows it handed over are not logged yet."""
+        busy = self.config.busy_rows
+        return self.handed_over(self.config.busy_window) >= busy or self.unlogged() >= busy
 
     async def deferred(self) -> bool:
         """True while this node's relay or another's is still dispatching a burst (see ``SettlerConfig``), for at

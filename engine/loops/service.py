@@ -466,6 +466,7 @@ async def open_data_plane(
         quiet=lambda: relay.quiet,
         handed_over=relay.handed_over_within,
         node_id=ownership.node_id,
+        unlogged=relay.unlogged_rows,
     )
     runs: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
         "shard-leases": lambda: run_on_own_thread(

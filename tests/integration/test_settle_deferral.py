@@ -140,3 +140,26 @@ async def test_the_settle_loop_announces_while_its_relay_hands_a_burst_over_even
         await task
     until = await pool.fetchval("SELECT handing_over_until FROM engine_nodes WHERE node_id = 'node-b'")
     assert until == clock.now() + timedelta(seconds=CONFIG.busy_window)
+
+
+async def test_rows_handed_over_but_not_logged_keep_the_burst_on_after_the_last_hand_over(pool, clock):
+    """The end of a burst: every row handed over more than busy_window ago, its acknowledgements and log entries
+    still coming (a 500,000 top: the last log entry 2.5 s after the last hand-over, and a settle pass started
+    inside that tail). Rows this node handed over but has not logged keep its own settle pass waiting and its
+    announcement going."""
+    await register(pool, clock, "node-a")
+    await register(pool, clock, "node-b")
+    await log_pages(pool, clock, acked_ago=5.0, logged_ago=5.0)
+    unlogged = [24_576]
+    done = DispatchSettler(pool, CONFIG, clock, node_id="node-a")
+    tail = DispatchSettler(
+        pool, CONFIG, clock, handed_over=lambda _s: 0, unlogged=lambda: unlogged[0], node_id="node-b"
+    )
+    assert await tail.deferred(), "this node's burst is not logged yet"
+    assert await tail.announce()
+    assert await done.deferred(), "nor can another node see it in the log: it sees the announcement"
+    unlogged[0] = 8_192  # less than busy_rows: one page, steady traffic's share
+    assert not await tail.announce(), "no burst left to announce"
+    clock.advance(timedelta(seconds=1.1))  # the last announcement lapsed
+    assert not await tail.deferred()
+    assert not await done.deferred()
