@@ -561,6 +561,19 @@ async def wait_enqueued(
         top,
     )
     report["settle_timing_s"] = {key: None if value is None else round(value, 2) for key, value in timing.items()}
+    # The same per half of the shards (two nodes own a half each): whose entries settled inside the burst, when.
+    halves = await conn.fetch(
+        "SELECT shard * 2 / 256 AS half, extract(epoch FROM min(settled_at) - $1)::float8 AS first_settled,"
+        " extract(epoch FROM max(logged_at) - $1)::float8 AS last_logged,"
+        " extract(epoch FROM max(acked_at) - $1)::float8 AS last_acked,"
+        " coalesce(sum(rows) FILTER (WHERE settled_at < (SELECT max(logged_at) FROM dispatch_log)), 0) AS early"
+        " FROM dispatch_log GROUP BY 1 ORDER BY 1",
+        top,
+    )
+    report["settle_timing_by_half"] = [
+        {key: round(value, 2) if isinstance(value, float) else value for key, value in row.items()} for row in halves
+    ]
+    print("settle timing by half of the shards", json.dumps(report["settle_timing_by_half"]), file=sys.stderr)
     print(
         "settled during the burst (rows)", report["settled_during_burst"], json.dumps(report["settle_timing_s"]),
         file=sys.stderr, flush=True,

@@ -153,17 +153,19 @@ class DispatchSettler:
         )
 
     async def announce(self) -> bool:
-        """While this node's relay hands a burst over (``busy_rows`` within ``busy_window``), tell every node's
-        settle pass to wait: ``handing_over_until`` = now + ``busy_window``, rewritten every half window while
-        it lasts, so it never lapses mid-burst and ends at most a window after the last hand-over. Another
-        node sees it before this node's log shows the burst, which takes seconds. True when it wrote."""
+        """While this node's relay dispatches a burst (``_handing_over``), tell every node's settle pass to wait:
+        ``handing_over_until`` = now + three ``busy_window``s, rewritten every half window while it lasts. Three,
+        not one: a node's loop lags by up to half a second in a burst, and its pool's connections are the
+        relay's, so a rewrite can come late; an announcement that lapsed mid-burst let another node's settle
+        pass run inside it. It ends at most three windows after the burst, which only delays a settle pass.
+        Another node sees it before this node's log shows the burst, which takes seconds. True when it wrote."""
         if self.node_id is None or self.config.busy_window <= 0 or not self._handing_over():
             return False
         now = asyncio.get_running_loop().time()
         if self._announced_at is not None and now - self._announced_at < self.config.busy_window / 2:
             return False
         await self.pool.execute(
-            *QUERIES.announce_handover(node=self.node_id, until_s=self.config.busy_window, now=self.clock.now())
+            *QUERIES.announce_handover(node=self.node_id, until_s=3 * self.config.busy_window, now=self.clock.now())
         )
         self._announced_at = now
         self._announcements.add(1)
