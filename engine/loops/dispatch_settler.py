@@ -55,9 +55,10 @@ class SettlerConfig:
     prune_batch: entries one prune statement deletes at most (default 5000; a prune runs at most
         ``prune_statements`` of them, 20 by default, before the settle pass goes on).
     busy_window: the settle pass waits while this node's relay handed busy_rows rows or more to the broker within
-        this many seconds, any node's relay had a page acknowledged within them, or relays logged busy_rows
-        rows or more within them (default 1.0; 0 disables the check). The
-        second test catches a burst: a relay handing one over logs its pages a second or more after their
+        this many seconds or has that many handed over and not logged, a live node announced the same of its
+        own relay within three of them (migration 0020), any node's relay had a page acknowledged within them,
+        or relays logged busy_rows rows or more within them (default 1.0; 0 disables the check). The
+        last test catches a burst: a relay handing one over logs its pages a second or more after their
         acknowledgements (migration 0018), and judged by those alone the settle ran inside it.
     busy_rows: rows logged within busy_window that mark a burst (default 10,000; steady traffic of 1,000
         occurrences/s logs a tenth of it and settles as it goes).
@@ -155,10 +156,11 @@ class DispatchSettler:
     async def announce(self) -> bool:
         """While this node's relay dispatches a burst (``_handing_over``), tell every node's settle pass to wait:
         ``handing_over_until`` = now + three ``busy_window``s, rewritten every half window while it lasts. Three,
-        not one: a node's loop lags by up to half a second in a burst, and its pool's connections are the
-        relay's, so a rewrite can come late; an announcement that lapsed mid-burst let another node's settle
-        pass run inside it. It ends at most three windows after the burst, which only delays a settle pass.
-        Another node sees it before this node's log shows the burst, which takes seconds. True when it wrote."""
+        not one: a node's loop lags by up to half a second in a burst and its pool's connections are the
+        relay's, so a rewrite can come late (with one window, one of two tansu runs still settled 25,600 rows
+        inside the burst; not pinned down further). It ends at most three windows after the burst, which only
+        delays a settle pass. Another node sees it before this node's log shows the burst, which takes
+        seconds. True when it wrote."""
         if self.node_id is None or self.config.busy_window <= 0 or not self._handing_over():
             return False
         now = asyncio.get_running_loop().time()

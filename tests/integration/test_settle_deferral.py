@@ -94,9 +94,8 @@ async def test_another_node_handing_a_burst_over_defers_this_nodes_settle_pass(p
     await register(pool, clock, "node-a")
     await register(pool, clock, "node-b")
     await log_pages(pool, clock, acked_ago=5.0, logged_ago=5.0, entries=20)  # node a's share: logged, quiet since
-    handed_by_b = [50_000]
     done = DispatchSettler(pool, CONFIG, clock, quiet=lambda: True, handed_over=lambda _s: 0, node_id="node-a")
-    busy = DispatchSettler(pool, CONFIG, clock, handed_over=lambda _s: handed_by_b[0], node_id="node-b")
+    busy = DispatchSettler(pool, CONFIG, clock, handed_over=lambda _s: 50_000, node_id="node-b")
     assert not await done.deferred(), "nothing in the log or this node says a burst is on"
     assert not await done.announce(), "a node handing nothing over announces nothing"
 
