@@ -574,6 +574,16 @@ async def wait_enqueued(
         {key: round(value, 2) if isinstance(value, float) else value for key, value in row.items()} for row in halves
     ]
     print("settle timing by half of the shards", json.dumps(report["settle_timing_by_half"]), file=sys.stderr)
+    # Each node's last announcement that its relay dispatches a burst (engine_nodes.handing_over_until), after
+    # the top: None, never announced.
+    announced = await conn.fetch(
+        "SELECT node_id, extract(epoch FROM handing_over_until - $1)::float8 AS until FROM engine_nodes ORDER BY 1",
+        top,
+    )
+    report["announced_until_s"] = {
+        r["node_id"]: None if r["until"] is None else round(r["until"], 2) for r in announced
+    }
+    print("hand-overs announced until", json.dumps(report["announced_until_s"]), file=sys.stderr, flush=True)
     print(
         "settled during the burst (rows)", report["settled_during_burst"], json.dumps(report["settle_timing_s"]),
         file=sys.stderr, flush=True,
