@@ -157,10 +157,9 @@ class DispatchSettler:
         """While this node's relay dispatches a burst (``_handing_over``), tell every node's settle pass to wait:
         ``handing_over_until`` = now + three ``busy_window``s, rewritten every half window while it lasts. Three,
         not one: a node's loop lags by up to half a second in a burst and its pool's connections are the
-        relay's, so a rewrite can come late (with one window, one of two tansu runs still settled 25,600 rows
-        inside the burst; not pinned down further). It ends at most three windows after the burst, which only
-        delays a settle pass. Another node sees it before this node's log shows the burst, which takes
-        seconds. True when it wrote."""
+        relay's, so a rewrite can come late (that the margin matters is not shown: docs/benchmarks.md, stop
+        36). It ends at most three windows after the burst, which only delays a settle pass. Another node
+        sees it before this node's log shows the burst, which takes seconds. True when it wrote."""
         if self.node_id is None or self.config.busy_window <= 0 or not self._handing_over():
             return False
         now = asyncio.get_running_loop().time()
