@@ -549,21 +549,12 @@ async def wait_enqueued(
     # The settle pass is meant to wait for the burst (engine/loops/dispatch_settler.py): its occurrence UPDATEs
     # take the database's CPU from the dispatch. Rows it settled before the log held them all ran inside it:
     # judged by the last entry's logged_at, not by when the poll above noticed (up to its half second later,
-    # which once counted a pass run after the burst as one inside it).
-    report["settled_during_burst"] = await conn.fetchval(
-        "SELECT coalesce(sum(rows), 0) FROM dispatch_log WHERE settled_at < (SELECT max(logged_at) FROM dispatch_log)"
-    )
-    # When: a pass inside the burst's tail (logging lags the acknowledgements) differs from one at its start.
-    timing = await conn.fetchrow(
-        "SELECT extract(epoch FROM min(settled_at) - $1)::float8 AS first_settled,"
-        " extract(epoch FROM max(logged_at) - $1)::float8 AS last_logged,"
-        " extract(epoch FROM max(acked_at) - $1)::float8 AS last_acked FROM dispatch_log",
-        top,
-    )
-    report["settle_timing_s"] = {key: None if value is None else round(value, 2) for key, value in timing.items()}
-    # The same per half of the shards (two nodes own a half each): whose entries settled inside the burst, when.
+    # which once counted a pass run after the burst as one inside it). When, per half of the shards (two nodes
+    # own a half each): a pass inside the burst's tail (logging lags the acknowledgements) differs from one at
+    # its start. The whole log's figures are the halves' extremes and sum.
     halves = await conn.fetch(
-        "SELECT shard * 2 / 256 AS half, extract(epoch FROM min(settled_at) - $1)::float8 AS first_settled,"
+        "SELECT shard * 2 / (SELECT count(*) FROM shard_leases) AS half,"
+        " extract(epoch FROM min(settled_at) - $1)::float8 AS first_settled,"
         " extract(epoch FROM max(logged_at) - $1)::float8 AS last_logged,"
         " extract(epoch FROM max(acked_at) - $1)::float8 AS last_acked,"
         " coalesce(sum(rows) FILTER (WHERE settled_at < (SELECT max(logged_at) FROM dispatch_log)), 0) AS early"
@@ -573,6 +564,17 @@ async def wait_enqueued(
     report["settle_timing_by_half"] = [
         {key: round(value, 2) if isinstance(value, float) else value for key, value in row.items()} for row in halves
     ]
+    report["settled_during_burst"] = sum(half["early"] for half in report["settle_timing_by_half"])
+
+    def extreme(pick: Callable[..., Any], key: str) -> float | None:
+        values = [half[key] for half in report["settle_timing_by_half"] if half[key] is not None]
+        return pick(values) if values else None
+
+    report["settle_timing_s"] = {
+        "first_settled": extreme(min, "first_settled"),
+        "last_logged": extreme(max, "last_logged"),
+        "last_acked": extreme(max, "last_acked"),
+    }
     print("settle timing by half of the shards", json.dumps(report["settle_timing_by_half"]), file=sys.stderr)
     # Each node's last announcement that its relay dispatches a burst (engine_nodes.handing_over_until), after
     # the top: None, never announced.
