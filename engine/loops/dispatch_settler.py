@@ -8,7 +8,8 @@ the published queue rows and marks the entries settled. It runs while the
 relay is quiet (nothing due), has not handed a burst over within ``busy_window``,
 no live node says its relay is handing one over (``engine_nodes.handing_over_until``,
 which this loop writes on each node while its relay does) and no relay logged a page
-within ``busy_window`` (all bounded by ``max_defer``), so a burst is dispatched
+within ``busy_window`` (all bounded by ``max_defer``; the settle statement judges
+that rule itself, in its own snapshot), so a burst is dispatched
 first and recorded after — on a shared machine its occurrence UPDATEs would
 otherwise take the database's CPU from the burst; until then the API derives
 ENQUEUED from the log. It records
@@ -82,6 +83,7 @@ class SettleReport:
     entries: int = 0
     rows: int = 0
     occurrences: int = 0
+    deferred: bool = False  # a gated pass found a burst being dispatched and settled nothing
 
 
 class DispatchSettler:
@@ -116,12 +118,20 @@ class DispatchSettler:
         self._deferrals = meter.create_counter(obs.SETTLE_DEFERRALS, unit="1")
         self._announcements = meter.create_counter(obs.HANDOVER_ANNOUNCEMENTS, unit="1")
 
-    async def run_once(self) -> SettleReport:
-        """Settle up to ``entries_per_pass`` log entries in one statement."""
-        row = await self.pool.fetchrow(
-            *QUERIES.settle_logged_pages(limit=self.config.entries_per_pass, now=self.clock.now())
-        )
-        report = SettleReport(row["entries"], row["rows"], len(row["lags"]))
+    async def run_once(self, gated: bool = False) -> SettleReport:
+        """Settle up to ``entries_per_pass`` log entries in one statement. ``gated``: unless a burst is being
+        dispatched (``deferred``), judged in that statement's own snapshot, with this node's hand-over counts
+        read once it holds its connection: then nothing is settled and the report says ``deferred``. A separate
+        check ran seconds before its settle statement in a burst (the node's loop and pool lag there)."""
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow(
+                *QUERIES.settle_logged_pages(
+                    limit=self.config.entries_per_pass,
+                    gated=gated and self.config.busy_window > 0,
+                    **self._deferral_arguments(),
+                )
+            )
+        report = SettleReport(row["entries"], row["rows"], len(row["lags"]), deferred=row["deferred"])
         if report.occurrences:
             self._settled.add(report.occurrences)
         record = self._lag.record
@@ -135,23 +145,23 @@ class DispatchSettler:
         busy = self.config.busy_rows
         return self.handed_over(self.config.busy_window) >= busy or self.unlogged() >= busy
 
+    def _deferral_arguments(self) -> dict[str, object]:
+        """The deferral rule's arguments (chronoq_settle_deferred), this node's counts read now."""
+        return {
+            "busy_here": self._handing_over(),
+            "busy_s": self.config.busy_window,
+            "busy_rows": self.config.busy_rows,
+            "busy_entries": _BUSY_ENTRIES,
+            "max_defer_s": self.config.max_defer,
+            "now": self.clock.now(),
+        }
+
     async def deferred(self) -> bool:
         """True while this node's relay or another's is still dispatching a burst (see ``SettlerConfig``), for at
-        most ``max_defer``."""
+        most ``max_defer``. Read-only; the loop's settle statement asks the same rule itself."""
         if self.config.busy_window <= 0:
             return False
-        return bool(
-            await self.pool.fetchval(
-                *QUERIES.settle_deferred(
-                    busy_here=self._handing_over(),
-                    busy_s=self.config.busy_window,
-                    busy_rows=self.config.busy_rows,
-                    busy_entries=_BUSY_ENTRIES,
-                    max_defer_s=self.config.max_defer,
-                    now=self.clock.now(),
-                )
-            )
-        )
+        return bool(await self.pool.fetchval(*QUERIES.settle_deferred(**self._deferral_arguments())))
 
     async def announce(self) -> bool:
         """While this node's relay dispatches a burst (``_handing_over``), tell every node's settle pass to wait:
@@ -203,11 +213,11 @@ class DispatchSettler:
                 if not self.quiet():
                     await pause(stop, self.config.interval)
                     continue
-                if await self.deferred():
+                report = await self.run_once(gated=True)
+                if report.deferred:
                     self._deferrals.add(1)
                     await pause(stop, self.config.interval)
                     continue
-                report = await self.run_once()
                 if loop.time() >= next_prune:
                     await self.prune()
                     next_prune = loop.time() + self.config.prune_every

@@ -169,10 +169,19 @@ GROUP BY c.lane;
 -- Off the hot path: takes up to :limit unsettled log entries (oldest first), records ENQUEUED and
 -- enqueued_at (the acknowledgement instant) on their occurrences (SCHEDULED, or already started by a
 -- consumer: then only enqueued_at), deletes their queue rows and
--- marks the entries settled. SKIP LOCKED: several settlers never wait for each other. Returns the entries
--- and rows settled and each enqueued occurrence's schedule_lag (enqueued_at - scheduled_for, seconds).
-WITH entries AS (
-    SELECT * FROM dispatch_log WHERE settled_at IS NULL ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED
+-- marks the entries settled. SKIP LOCKED: several settlers never wait for each other. With :gated, first asks
+-- the deferral rule (chronoq_settle_deferred, migration 0021, with :busy_here ... :max_defer_s) in this
+-- statement's snapshot and settles nothing while it says a burst is being dispatched: a separate check ran
+-- seconds before its settle statement in a burst. Returns whether it deferred, the entries and rows settled
+-- and each enqueued occurrence's schedule_lag (enqueued_at - scheduled_for, seconds).
+WITH gate AS (
+    SELECT :gated::boolean
+           AND chronoq_settle_deferred(:busy_here, :busy_s, :busy_rows, :busy_entries, :max_defer_s,
+                                       coalesce(:now::timestamptz, now())) AS deferred
+), entries AS (
+    SELECT * FROM dispatch_log
+    WHERE settled_at IS NULL AND NOT (SELECT deferred FROM gate)
+    ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED
 ), published AS (
     DELETE FROM dispatch_queue q
     USING entries e
@@ -209,33 +218,14 @@ WITH entries AS (
     FROM entries e WHERE l.id = e.id
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM settled) AS entries, (SELECT count(*) FROM published) AS rows,
-       coalesce((SELECT array_agg(lag) FROM enqueued), '{}') AS lags;
+SELECT (SELECT deferred FROM gate) AS deferred, (SELECT count(*) FROM settled) AS entries,
+       (SELECT count(*) FROM published) AS rows, coalesce((SELECT array_agg(lag) FROM enqueued), '{}') AS lags;
 
 -- name: settle_deferred
--- Whether the settle pass should wait because a burst is still being dispatched, and for at most
--- :max_defer_s after the oldest unsettled entry's acknowledgement (steady dispatch never starves it). A burst
--- is being dispatched when the asking node's relay is handing one over (:busy_here: it counts its own
--- hand-overs, which its log shows only seconds later), a live node announced that its relay is
--- (engine_nodes.handing_over_until, announce_handover), some relay (any node) had a page acknowledged within
--- the last :busy_s seconds, or
--- relays logged :busy_rows rows or more within them (logged_at, among the newest :busy_entries entries): a
--- relay handing a burst over logs its pages a second or more after their acknowledgements, so by acked_at
--- alone a burst looked over while it was not, and steady traffic logs far fewer rows a second. Index probes
--- and a bounded scan of the newest entries.
-SELECT coalesce(
-    (:busy_here::boolean
-     OR EXISTS (SELECT 1 FROM engine_nodes
-                WHERE handing_over_until > coalesce(:now::timestamptz, now())
-                  AND expires_at > coalesce(:now::timestamptz, now()))
-     OR (SELECT acked_at FROM dispatch_log ORDER BY id DESC LIMIT 1)
-         > coalesce(:now::timestamptz, now()) - make_interval(secs => :busy_s)
-     OR (SELECT coalesce(sum(r.rows), 0)
-         FROM (SELECT rows, logged_at FROM dispatch_log ORDER BY id DESC LIMIT :busy_entries) r
-         WHERE r.logged_at > coalesce(:now::timestamptz, now()) - make_interval(secs => :busy_s)) >= :busy_rows)
-    AND (SELECT acked_at FROM dispatch_log WHERE settled_at IS NULL ORDER BY id LIMIT 1)
-        > coalesce(:now::timestamptz, now()) - make_interval(secs => :max_defer_s),
-    false) AS defer;
+-- Whether the settle pass should wait because a burst is still being dispatched (the rule:
+-- chronoq_settle_deferred, migration 0021; settle_logged_pages asks it too, in its own snapshot).
+SELECT chronoq_settle_deferred(:busy_here, :busy_s, :busy_rows, :busy_entries, :max_defer_s,
+                               coalesce(:now::timestamptz, now())) AS defer;
 
 -- name: announce_handover
 -- :node's relay is handing a burst over: other nodes' settle passes wait until :until_s seconds from now

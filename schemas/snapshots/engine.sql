@@ -137,6 +137,21 @@ BEGIN
     RETURN created;
 END
 $$;
+CREATE FUNCTION public.chronoq_settle_deferred(busy_here boolean, busy_s double precision, busy_rows bigint, busy_entries integer, max_defer_s double precision, at timestamp with time zone) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+SELECT coalesce(
+    (busy_here
+     OR EXISTS (SELECT 1 FROM public.engine_nodes
+                WHERE handing_over_until > at AND expires_at > at)
+     OR (SELECT acked_at FROM public.dispatch_log ORDER BY id DESC LIMIT 1) > at - make_interval(secs => busy_s)
+     OR (SELECT coalesce(sum(r.rows), 0)
+         FROM (SELECT rows, logged_at FROM public.dispatch_log ORDER BY id DESC LIMIT busy_entries) r
+         WHERE r.logged_at > at - make_interval(secs => busy_s)) >= busy_rows)
+    AND (SELECT acked_at FROM public.dispatch_log WHERE settled_at IS NULL ORDER BY id LIMIT 1)
+        > at - make_interval(secs => max_defer_s),
+    false)
+$$;
 CREATE TABLE archive.attempts (
     attempt_id uuid NOT NULL,
     occurrence_id uuid NOT NULL,

@@ -162,3 +162,71 @@ async def test_rows_handed_over_but_not_logged_keep_the_burst_on_after_the_last_
     clock.advance(timedelta(seconds=3.1))  # the last announcement lapsed
     assert not await tail.deferred()
     assert not await done.deferred()
+
+
+async def unsettled(pool: asyncpg.Pool) -> int:
+    return await pool.fetchval("SELECT count(*) FROM dispatch_log WHERE settled_at IS NULL")
+
+
+async def test_the_settle_statement_asks_the_deferral_rule_in_its_own_snapshot(pool, clock):
+    """The loop checked, then settled in a second statement: in a 500,000 burst the two were seconds apart (the
+    node's loop and pool lag there), and a check passed before the top let a settle statement run at +2.44 s
+    while both nodes' announcements were valid (8,192 rows settled inside the burst). A gated settle statement
+    now judges the rule itself and settles nothing while it says wait; ungated (tools, tests) it settles."""
+    await register(pool, clock, "node-a")
+    await register(pool, clock, "node-b")
+    await log_pages(pool, clock, acked_ago=5.0, logged_ago=5.0, entries=3)
+    done = DispatchSettler(pool, CONFIG, clock, node_id="node-a")
+    busy = DispatchSettler(pool, CONFIG, clock, handed_over=lambda _s: 50_000, node_id="node-b")
+    assert await busy.announce()
+
+    report = await done.run_once(gated=True)
+    assert report.deferred and report.entries == 0
+    assert await unsettled(pool) == 3, "a gated pass settles nothing while another node announces a burst"
+    assert (await busy.run_once(gated=True)).deferred, "nor while this node's own relay hands one over"
+
+    clock.advance(timedelta(seconds=3.1))  # the announcement lapsed
+    report = await done.run_once(gated=True)
+    assert not report.deferred and report.entries == 3
+    assert await unsettled(pool) == 0
+
+
+async def test_an_ungated_settle_pass_settles_whatever_the_rule_says(pool, clock):
+    await log_pages(pool, clock, acked_ago=0.2, logged_ago=0.1, entries=2)  # a page acknowledged just now
+    settler = DispatchSettler(pool, CONFIG, clock)
+    assert await settler.deferred()
+    report = await settler.run_once()
+    assert not report.deferred and report.entries == 2
+
+
+async def test_the_settle_loop_settles_nothing_while_a_burst_is_announced_and_settles_after(pool, clock):
+    """The loop's pass is the gated statement: with another node's announcement valid it settles nothing, pass
+    after pass; once the announcement lapses it settles the log."""
+    await register(pool, clock, "node-a", ttl_s=600)
+    await register(pool, clock, "node-b", ttl_s=600)
+    await log_pages(pool, clock, acked_ago=5.0, logged_ago=5.0, entries=4)
+    busy = DispatchSettler(
+        pool, SettlerConfig(busy_window=10.0, busy_rows=10_000), clock, handed_over=lambda _s: 50_000, node_id="node-b"
+    )
+    assert await busy.announce()  # valid for 30 s of the clock
+    passes = [0]
+
+    def quiet() -> bool:  # asked once per pass of the loop
+        passes[0] += 1
+        return True
+
+    settler = DispatchSettler(pool, SettlerConfig(busy_window=1.0, interval=0.02), clock, quiet=quiet, node_id="node-a")
+    stop = asyncio.Event()
+    task = asyncio.create_task(settler.run(stop))
+    try:
+        async with asyncio.timeout(10):
+            while passes[0] < 6:  # five whole passes, each of which must defer
+                await asyncio.sleep(0.02)
+        assert await unsettled(pool) == 4
+        clock.advance(timedelta(seconds=31))
+        async with asyncio.timeout(10):
+            while await unsettled(pool):
+                await asyncio.sleep(0.02)
+    finally:
+        stop.set()
+        await task
