@@ -256,7 +256,11 @@ async def run_node(args: argparse.Namespace) -> None:
         # again in five; unexplained, see docs/capacity.md "Open finding". The benchmark stays on the
         # configuration CI has always passed with.
         roles=frozenset({Role.MATERIALIZER, Role.DISPATCH, Role.RELAY}),
-        materializer=MaterializerConfig(horizon=timedelta(seconds=args.horizon), batch_size=args.materialize_batch),
+        materializer=MaterializerConfig(
+            horizon=timedelta(seconds=args.horizon),
+            batch_size=args.materialize_batch,
+            passes_in_flight=args.materialize_passes or MaterializerConfig.passes_in_flight,
+        ),
         data_plane=DataPlaneConfig(
             node_id=args.node_id,
             partitions=args.partitions,
@@ -658,6 +662,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 for flag, value in (
                     ("--compression", args.compression), ("--read-ahead", args.read_ahead),
                     ("--pages-in-flight", args.pages_in_flight), ("--read-ahead-rows", args.read_ahead_rows),
+                    ("--materialize-passes", args.materialize_passes),
                 )
                 if value is not None
                 for item in (flag, str(value))
@@ -836,6 +841,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
     parser.add_argument("--horizon", type=float, default=120, help=argparse.SUPPRESS)
     parser.add_argument("--materialize-batch", type=int, default=MaterializerConfig.batch_size)
+    parser.add_argument("--materialize-passes", type=int, help="MaterializerConfig.passes_in_flight per node")
     # The nodes' data-plane settings, for comparisons (default: the engine's own defaults).
     parser.add_argument("--compression", help="the ahead-lane publisher's batches: lz4 (default), none, zstd...")
     parser.add_argument("--read-ahead", type=float, help="AheadRelayConfig.read_ahead, seconds")

@@ -121,6 +121,11 @@ class MaterializerConfig:
         --on-time-limit`.
     shards: logical shards this node materializes when it runs without shard
         leases (None = all); with an ownership, the owned shards.
+    passes_in_flight: passes a node with shard leases runs at once, each on its own share of the owned
+        shards (``shard % passes_in_flight``), so one pass's Python plans while another's statement runs in
+        the database (default 2; without leases always 1: passes over the same shards would only fail each
+        other's compare-and-set). Their seal locks and catch-up buckets are taken in shard and tenant order,
+        as two nodes' passes already are.
     """
 
     horizon: timedelta = timedelta(seconds=30)
@@ -129,6 +134,7 @@ class MaterializerConfig:
     missed_record_limit: int = 1000
     on_time_limit: timedelta | None = timedelta(minutes=5)
     shards: tuple[int, ...] | None = None
+    passes_in_flight: int = 2
 
     def validate(self) -> None:
         if self.horizon < timedelta(0):
@@ -137,6 +143,8 @@ class MaterializerConfig:
             raise ValueError("on_time_limit must not be negative")
         if self.batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+        if self.passes_in_flight < 1:
+            raise ValueError("passes_in_flight must be at least 1")
 
 
 @dataclass(frozen=True)
@@ -290,20 +298,23 @@ class CalendarVersions:
             return {}
         current = await conn.fetch(*QUERIES.share_calendars_for_materialization(calendar_ids=ids))
         wanted = [(r["calendar_id"], r["version"]) for r in current]
-        missing = [key for key in wanted if key not in self._values]
+        # Taken from the cache before any await: another pass in flight may clear it meanwhile.
+        batch = {key: self._values[key] for key in wanted if key in self._values}
+        missing = [key for key in wanted if key not in batch]
         if missing:
-            if len(self._values) + len(missing) > self.capacity:
-                self._values.clear()
             found = await conn.fetch(
                 *QUERIES.calendar_version_entries(
                     calendar_ids=[key[0] for key in missing], versions=[key[1] for key in missing]
                 )
             )
+            if len(self._values) + len(missing) > self.capacity:
+                self._values.clear()
             for r in found:
-                self._values[(r["calendar_id"], r["version"])] = ExclusionCalendar(
+                key = (r["calendar_id"], r["version"])
+                batch[key] = self._values[key] = ExclusionCalendar(
                     str(r["calendar_id"]), r["version"], r["time_zone"], entries_from_stored(r["entries"])
                 )
-        return {key[0]: self._values[key] for key in wanted if key in self._values}
+        return {key[0]: batch[key] for key in wanted if key in batch}
 
 
 class Materializer:
@@ -338,15 +349,20 @@ class Materializer:
         self._throttled = meter.create_counter(obs.CATCH_UP_THROTTLED, unit="1")
         self._rounds = RoundCounter()
 
-    async def run_once(self) -> MaterializeReport:
-        """Materialize one batch of due schedules (up to batch_size) in one transaction."""
+    async def run_once(self, share: tuple[int, int] = (0, 1)) -> MaterializeReport:
+        """Materialize one batch of due schedules (up to batch_size) in one transaction. ``share`` = (k, n):
+        with shard leases, only the owned shards with ``shard % n == k`` (the passes in flight never share a
+        shard); without, ignored."""
         report = MaterializeReport()
         with self.tracer.start_as_current_span(obs.SPAN_MATERIALIZE) as span:
             async with self.pool.acquire() as conn, conn.transaction():
                 now: datetime = await conn.fetchval(*QUERIES.current_instant(now=self.clock.now()))
                 epochs = self.ownership.snapshot() if self.ownership is not None else None
-                if epochs is not None and not epochs:
-                    return report
+                if epochs is not None:
+                    k, n = share
+                    epochs = {s: e for s, e in epochs.items() if s % n == k} if n > 1 else epochs
+                    if not epochs:
+                        return report
                 # Read what is due first, without locks (an idle pass writes nothing); then lock only the
                 # shards that have work, and keep only rows of shards still held at the known epoch.
                 rows = await self._due(conn, now, epochs)
@@ -749,8 +765,8 @@ class Materializer:
         self._backlog.set(count)
         return count
 
-    async def run_pass(self) -> PassOutcome:
-        report = await self.run_once()
+    async def run_pass(self, share: tuple[int, int] = (0, 1)) -> PassOutcome:
+        report = await self.run_once(share)
         return PassOutcome(
             {
                 "schedules": report.schedules,
@@ -764,9 +780,21 @@ class Materializer:
         )
 
     async def run(self, stop: asyncio.Event, summary_every: float = SUMMARY_EVERY) -> None:
-        """Materialize until ``stop`` is set (the periodic skeleton: errors are logged and retried)."""
+        """Materialize until ``stop`` is set (the periodic skeleton: errors are logged and retried), with
+        ``passes_in_flight`` passes at once on disjoint shares of the leased shards."""
         timing_ = LoopTiming(self.config.idle_interval, summary_every=summary_every)
-        await PeriodicLoop("materializer", self.run_pass, timing_, log, gauges=self._gauges).run(stop)
+        n = self.config.passes_in_flight if self.ownership is not None else 1
+        loops = [
+            PeriodicLoop(
+                "materializer" if n == 1 else f"materializer-{k}",
+                functools.partial(self.run_pass, (k, n)),
+                timing_,
+                log,
+                gauges=self._gauges if k == 0 else None,  # one backlog count per node
+            )
+            for k in range(n)
+        ]
+        await asyncio.gather(*(loop.run(stop) for loop in loops))
 
     async def _gauges(self) -> dict[str, int]:
         return {"backlog": await self.record_backlog()}

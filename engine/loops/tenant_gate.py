@@ -21,9 +21,10 @@ lateness verdict applies to it, as for the overlap gate's rows). Retries and
 dead-letter replays are not held (they belong to an occurrence already
 admitted); rows the overlap gate holds are its to release and count as open.
 
-What is *not* exact, and why: materializer batches of two nodes for the same
-tenant may both count the same room, so a tenant can exceed ``max_running``
-by one batch's worth in that moment; it never overshoots for long, since
+What is *not* exact, and why: materializer passes in flight at once (two
+nodes', or one node's ``passes_in_flight``) for the same tenant may both count
+the same room, so a tenant can exceed ``max_running`` by one batch's worth in
+that moment; it never overshoots for long, since
 nothing more is admitted until it is back under the limit. Like overlap
 policies, ``max_running`` needs consumers that report attempts: an occurrence
 never reported stays open (the stuck-occurrences loop flags it).

@@ -814,3 +814,56 @@ async def test_a_wedged_node_loop_lets_its_leases_expire_and_takes_shards_again_
         await wait_for(lambda: all_live(pool, "node-wedged"), timeout=10)
     actions = [getattr(r, "action", None) for r in caplog.records]
     assert "shard.loop_wedged" in actions and "shard.loop_back" in actions
+
+
+async def test_passes_in_flight_share_the_shards_and_never_touch_the_same_one(pool, clock, target, acme):
+    """A node runs passes_in_flight passes at once, so one pass's Python plans while another's statement runs:
+    each takes only its share of the owned shards (shard % n), and the shares cover every shard once."""
+    for _ in range(40):
+        await create_once(pool, clock, target)
+    shards = {r["shard"] for r in await pool.fetch("SELECT shard FROM schedules")}
+    assert {s % 2 for s in shards} == {0, 1}, "forty schedules land on even and odd shards"
+    _, ownership = await owning(pool, clock)
+    materializer = Materializer(pool, MaterializerConfig(), clock, ownership=ownership)
+
+    even = await materializer.run_once((0, 2))
+    written = {r["shard"] for r in await pool.fetch("SELECT DISTINCT shard FROM dispatch_queue")}
+    assert written and all(s % 2 == 0 for s in written)
+    odd = await materializer.run_once((1, 2))
+    assert even.ahead + odd.ahead == 40 and not even.skipped and not odd.skipped
+    assert await pool.fetchval("SELECT count(*) FROM occurrences") == 40
+
+
+async def test_the_materializer_loop_runs_its_passes_at_once(pool, clock, target, acme):
+    """Both passes hold their transactions at the same time (each its seal locks, on its own shards), and
+    together they write every due schedule's occurrence once."""
+    for _ in range(40):
+        await create_once(pool, clock, target)
+    _, ownership = await owning(pool, clock)
+    inside, both, stop = [0], asyncio.Event(), asyncio.Event()
+
+    async def after_lock() -> None:
+        inside[0] += 1
+        if inside[0] == 2:
+            both.set()
+        await asyncio.wait_for(both.wait(), 10)  # each pass waits, seals held, until the other is inside too
+
+    materializer = Materializer(
+        pool,
+        MaterializerConfig(idle_interval=0.05, passes_in_flight=2),
+        clock,
+        ownership=ownership,
+        hooks=MaterializerHooks(after_lock=after_lock),
+    )
+    task = asyncio.create_task(materializer.run(stop))
+    try:
+        await wait_for(lambda: both.is_set(), timeout=10)
+
+        async def all_written() -> bool:
+            return await pool.fetchval("SELECT count(*) FROM dispatch_queue") == 40
+
+        await wait_for(all_written, timeout=10)
+    finally:
+        stop.set()
+        await task
+    assert await pool.fetchval("SELECT count(*) FROM occurrences") == 40
