@@ -786,7 +786,7 @@ class Materializer:
         n = self.config.passes_in_flight if self.ownership is not None else 1
         loops = [
             PeriodicLoop(
-                "materializer" if n == 1 else f"materializer-{k}",
+                "materializer",  # every pass in flight: its log actions (materializer.error...) stay one name
                 functools.partial(self.run_pass, (k, n)),
                 timing_,
                 log,
