@@ -83,8 +83,11 @@ def servers() -> Iterator[Servers]:
     # directories, which would delete a live server's data directory.
     base = Path(tempfile.mkdtemp(prefix="chronoq-test-postgres-"))
     # Room for the multi-process tests (the short chaos run alone: two engines, two relays and two
-    # consumer apps, ~120 connections at full pools), above PostgreSQL's default of 100.
-    postgres = EmbeddedPostgres(base / "postgres", settings={"max_connections": "300"})
+    # consumer apps, ~120 connections at full pools), above PostgreSQL's default of 100. The tests' databases
+    # are small: PostgreSQL's own buffer cache, not the machine-sized one (three workers' servers side by
+    # side; every DROP DATABASE scans the whole cache). tests/integration/test_embedded_postgres_start.py
+    # covers the sizing.
+    postgres = EmbeddedPostgres(base / "postgres", settings={"max_connections": "300", "shared_buffers": "128MB"})
     try:
         postgres.start()
         yield Servers(postgres.url("postgres"))

@@ -67,8 +67,9 @@ class EmbeddedPostgres:
         self._stopped_here = False
 
     def start(self) -> None:
-        """Start the server (or adopt one already running on this data directory); a fresh data directory is
-        initialized and gets its start-up parameters first."""
+        """Start the server (initializing a fresh data directory), or adopt one already running on this data
+        directory as it is; a server started here gets the start-up parameters its directory does not set yet
+        (one restart)."""
         adopted = self._running()
         server = self._start_server()
         if not adopted:
