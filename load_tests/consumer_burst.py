@@ -542,6 +542,7 @@ async def main(args: argparse.Namespace) -> dict:
         admin_url = postgres.url("postgres")
     suffix = uuid.uuid4().hex[:8]
     admin = await asyncpg.connect(admin_url)
+    shared_buffers = await admin.fetchval("SHOW shared_buffers")  # the run's cache: figures depend on it
     names = {"engine": f"burst_engine_{suffix}", "consumer": f"burst_consumer_{suffix}"}
     for name in names.values():
         await admin.execute(f'CREATE DATABASE "{name}"')
@@ -608,6 +609,7 @@ async def main(args: argparse.Namespace) -> dict:
         "concurrency": args.concurrency,
         "targets": args.targets,
         "engine_state": args.engine_state,
+        "pg_shared_buffers": shared_buffers,
         "prepare_s": round(prepared_s, 1),
         "publish_s": round(published_s, 2),
         **figures,

@@ -641,6 +641,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         side = None
         try:
             await apply_migrations(conn, "engine")
+            # The server's buffer cache as the run had it (sized to the machine, or --pg-setting): figures
+            # from servers with different caches are not comparable (docs/benchmarks.md, stop 38).
+            report["pg_shared_buffers"] = await conn.fetchval("SHOW shared_buffers")
             shards = await conn.fetchval("SELECT count(*)::int FROM shard_leases")
             if not args.no_floor:
                 report["floor"] = await measure_floor(url, bootstrap, args.floor_rows, args.partitions)
