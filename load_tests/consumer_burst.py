@@ -46,6 +46,7 @@ import asyncpg
 
 from load_tests import pg_statements
 from load_tests.process_cpu import cpu_seconds, per_row
+from load_tests.stack_for_load import add_pg_setting_option
 
 ROOT = Path(__file__).resolve().parents[1]
 TOP = datetime(2027, 1, 4, 9, 0, tzinfo=UTC)
@@ -533,8 +534,8 @@ async def main(args: argparse.Namespace) -> dict:
     admin_url = os.environ.get("CHRONOQ_DATABASE_URL")
     bootstrap = os.environ.get("CHRONOQ_KAFKA_BOOTSTRAP")
     if not (admin_url and bootstrap):
-        settings = dict(setting.split("=", 1) for setting in args.pg_setting)
-        postgres, kafka = EmbeddedPostgres(home / "postgres", settings), EmbeddedKafka(home / "kafka.log")
+        postgres = EmbeddedPostgres(home / "postgres", dict(args.pg_setting))
+        kafka = EmbeddedKafka(home / "kafka.log")
         postgres.start()
         if args.pg_statements:
             await pg_statements.preload(postgres)
@@ -642,13 +643,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="report the N statements that took PostgreSQL the most time during the burst (pg_stat_statements;"
         " preloaded on the embedded server, an external one must preload it)",
     )
-    parser.add_argument(
-        "--pg-setting",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="a server parameter for the embedded PostgreSQL (repeatable), e.g. shared_buffers=128MB",
-    )
+    add_pg_setting_option(parser)
     parser.add_argument("--json", type=Path, help="also write the figures here")
     # Worker processes (started by the benchmark itself).
     parser.add_argument("--role", choices=("main", "consumer", "engine"), default="main", help=argparse.SUPPRESS)

@@ -60,6 +60,7 @@ from load_tests import pg_statements
 from load_tests.hour_top_figures import analyze, lease_health, loop_stalls
 from load_tests.partition_warmup import warm_partitions
 from load_tests.process_cpu import cpu_seconds, per_row
+from load_tests.stack_for_load import add_pg_setting_option
 from schemas.migrations import apply_migrations
 
 SMALL_PREFIX = "small-"
@@ -634,7 +635,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     topics = [f"chronoq.occurrences.load.target-{i}" for i in range(args.targets)]
     received_path = log_dir / "received.json"
     jvm = apache_jvm_options(args.apache_jit)
-    pg_settings = dict(setting.split("=", 1) for setting in args.pg_setting)
+    pg_settings = dict(args.pg_setting)
     report["pg_settings"] = pg_settings
     async with load_stack("hourtop", args.broker, bool(args.pg_statements), jvm, pg_settings) as (url, bootstrap):
         conn = await asyncpg.connect(url)
@@ -825,13 +826,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="report PostgreSQL's N heaviest statements while materializing and during the burst (pg_stat_statements,"
         " preloaded on the embedded server; an external one must preload it)",
     )
-    parser.add_argument(
-        "--pg-setting",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="a server parameter for the embedded PostgreSQL (repeatable), e.g. max_wal_size=4GB",
-    )
+    add_pg_setting_option(parser)
     parser.add_argument("--png", type=Path)
     parser.add_argument("--log-dir")
     parser.add_argument(

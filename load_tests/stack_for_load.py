@@ -9,6 +9,7 @@ nothing is started. Each run gets a fresh database that is dropped at the end.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -22,6 +23,26 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 BROKERS = ("tansu", "apache")
+
+
+def _pg_setting(text: str) -> tuple[str, str]:
+    name, equals, value = text.partition("=")
+    if not (name and equals):
+        raise argparse.ArgumentTypeError(f"{text!r}: give NAME=VALUE, e.g. shared_buffers=128MB")
+    return name, value
+
+
+def add_pg_setting_option(parser: argparse.ArgumentParser) -> None:
+    """``--pg-setting NAME=VALUE`` (repeatable): server parameters for the embedded PostgreSQL, an experiment's
+    knob (``dict(args.pg_setting)`` is what ``load_stack`` and ``EmbeddedPostgres`` take)."""
+    parser.add_argument(
+        "--pg-setting",
+        action="append",
+        default=[],
+        type=_pg_setting,
+        metavar="NAME=VALUE",
+        help="a server parameter for the embedded PostgreSQL (repeatable), e.g. shared_buffers=128MB",
+    )
 
 
 class _Broker:

