@@ -439,21 +439,25 @@ def next_poll(count: int, expected: int, elapsed: float) -> float:
 
 async def watch_materialization(
     conn: asyncpg.Connection, args: argparse.Namespace, nodes: list[subprocess.Popen[bytes]], top: datetime,
-    report: dict[str, Any], log_dir: Path,
+    report: dict[str, Any], log_dir: Path, cpu_of: Callable[[], dict[str, float]] | None = None,
 ) -> None:  # fmt: skip
-    """Rows/s from the first occurrence seen to the last (polled every 0.25 s near the end), and which lane
-    they went to.
+    """Rows/s from the first occurrence seen to the last (polled every 0.25 s near the end), which lane
+    they went to, and with ``cpu_of`` each role's CPU per row written between those two polls (the nodes'
+    Python against PostgreSQL's share of the same rows).
 
     Each poll counts every occurrence so far, on the cores it measures (at 0.25 s throughout, ~2.5 % of
     PostgreSQL's statement time while materializing 500,000): far from the end it polls less often, a
     quarter of the time the remaining rows should take at the rate seen (at most 2 s), so the end is still
     seen within 0.25 s."""
     first_seen = done_at = None
-    count = 0
+    count = first_count = 0
+    cpu_first: dict[str, float] | None = None
     while True:
         count = await conn.fetchval("SELECT count(*) FROM occurrences")
         polled = time.perf_counter()
-        first_seen = first_seen or (polled if count else None)
+        if first_seen is None and count:
+            first_seen, first_count = polled, count
+            cpu_first = cpu_of() if cpu_of else None
         if count >= args.schedules:
             done_at = polled
             break
@@ -473,6 +477,9 @@ async def watch_materialization(
     else:
         report["materialize_rows_per_s"] = 0
     print("materialized", json.dumps(report["materialized"]), report["materialize_rows_per_s"], file=sys.stderr)
+    if cpu_of is not None and cpu_first is not None and count > first_count:
+        report["materialize_cpu_us_per_row"] = per_row(cpu_first, cpu_of(), count - first_count)
+        print("materialize CPU per row (us)", json.dumps(report["materialize_cpu_us_per_row"]), file=sys.stderr)
 
 
 async def checkpoint_at(url: str, top: datetime, report: dict[str, Any]) -> None:
@@ -675,10 +682,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 args.relays, url, bootstrap, horizon, args.partitions, args.broker == "apache", log_dir,
                 args.materialize_batch, node_options=node_options,
             )  # fmt: skip
+            roles = {"nodes": [n.pid for n in nodes], "consumer": [consumer.pid] if consumer else []}
             try:
-                await watch_materialization(conn, args, nodes, top, report, log_dir)
+                await watch_materialization(
+                    conn, args, nodes, top, report, log_dir, lambda: cpu_seconds(roles, bootstrap, url)
+                )
                 await statements_of_window(conn, args, report, "materialize")
-                roles = {"nodes": [n.pid for n in nodes], "consumer": [consumer.pid] if consumer else []}
                 checkpoint = asyncio.create_task(checkpoint_at(url, top, report)) if args.checkpoint_at_top else None
                 try:
                     await wait_enqueued(conn, args, top, report, lambda: cpu_seconds(roles, bootstrap, url))
