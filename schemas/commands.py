@@ -33,6 +33,7 @@ import orjson
 
 from schemas import record_fields as fields
 from schemas.errors import MalformedMessage
+from schemas.exact_json import InexactNumber, check_exact
 from schemas.messages import decode_json_object, format_instant
 from schemas.topics import TENANT_ID_PATTERN
 
@@ -87,6 +88,10 @@ def signature_of(headers: fields.Headers) -> str | None:
 def decode_command(value: bytes | None) -> Command:
     """Parse a command (signature not checked here); MalformedMessage says what is wrong, nothing else is raised."""
     data = decode_json_object(value, "command")
+    try:
+        check_exact(value or b"")  # a value (bytes) it is: decode_json_object refused anything else
+    except InexactNumber as err:
+        raise MalformedMessage(f"command {err}", err.top or "body") from err
     command_id = fields.uuid_field(data, "command_id")
     tenant_id = fields.text(data, "tenant_id", 63)
     if not TENANT_ID_PATTERN.fullmatch(tenant_id):

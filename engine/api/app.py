@@ -34,6 +34,7 @@ from engine.control.tenants import Tenant, authenticate
 from engine.rules.timing.instants import parse_instant
 from schemas.error_classification import is_transient
 from schemas.errors import ChronoqError, InvalidInput
+from schemas.exact_json import InexactNumber, loads_exact
 
 log = logging.getLogger("chronoq.api")
 
@@ -54,9 +55,11 @@ class Request:
         if not self.body:
             raise InvalidInput("body", "is empty; send a JSON object", '{"kind": "cron", ...}')
         try:
-            return orjson.loads(self.body)
+            return loads_exact(self.body)
         except orjson.JSONDecodeError as err:
             raise InvalidInput("body", f"is not valid JSON ({err})") from err
+        except InexactNumber as err:
+            raise InvalidInput(err.top or "body", str(err), f'"{err.literal}"') from err
 
     def json_object(self) -> dict[str, Any]:
         value = self.json()

@@ -8,8 +8,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from engine.cli import print_json
 from engine.cli.calendar_commands import calendars_call, read_ics
 from engine.cli.endpoints import resolve_database_url
@@ -20,6 +18,7 @@ from engine.rules.exclusion_calendars import ExclusionCalendar
 from engine.rules.timing.zones import validate_zone
 from schemas.connections import create_pool
 from schemas.errors import InvalidInput
+from schemas.exact_json import field_json
 
 # Create flags whose values pass through unchanged under their API field names.
 _PASS_THROUGH = (
@@ -60,10 +59,7 @@ def fields_from_flags(args: argparse.Namespace, *, create: bool) -> dict[str, An
     if args.tz is not None:
         body["time_zone"] = args.tz
     if args.payload is not None:
-        try:
-            body["payload"] = orjson.loads(args.payload)
-        except orjson.JSONDecodeError as err:
-            raise InvalidInput("payload", f"is not valid JSON ({err})", "'{\"invoice\": 42}'") from err
+        body["payload"] = field_json(args.payload, "payload", "'{\"invoice\": 42}'")
     for name in _PASS_THROUGH:
         value = getattr(args, name, None)
         if value is not None:

@@ -32,6 +32,7 @@ from engine.control.schedules import ControlPlane
 from engine.control.timeline import schedule_timeline
 from schemas.connections import create_pool
 from schemas.errors import InvalidInput
+from schemas.exact_json import field_json
 
 
 def requester() -> str:
@@ -103,9 +104,9 @@ def import_items(path: Path) -> Iterator[tuple[int, BatchItem | InvalidInput]]:
             if not line.strip():
                 continue
             try:
-                value = orjson.loads(line)
-            except orjson.JSONDecodeError as err:
-                yield number, InvalidInput("line", f"is not JSON ({err})")
+                value = field_json(line, "line")
+            except InvalidInput as err:
+                yield number, err
                 continue
             if isinstance(value, dict) and set(value) == {"idempotency_key", "schedule"}:
                 yield number, BatchItem(value["idempotency_key"], value["schedule"])

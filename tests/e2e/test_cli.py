@@ -58,6 +58,7 @@ def run(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess
         (["--cron", "not a cron"], "expression"),
         (["--cron", "0 9 * * *", "--tz", "Europe/Atlantis"], "time_zone"),
         (["--cron", "0 9 * * *", "--payload", "{not json"], "payload"),
+        (["--cron", "0 9 * * *", "--payload", '{"order": 123456789012345678901234567890}'], "payload"),
         (["--at", "2026-13-01T00:00:00Z"], "expression"),
         (["--cron", "0 9 * * *", "--at", "2030-01-01T00:00:00Z"], "expression"),
         ([], "expression"),

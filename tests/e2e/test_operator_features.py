@@ -124,14 +124,19 @@ async def test_the_cli_backfills_an_hour_twice_and_imports_idempotently(engine_d
     ]
     lines.insert(7, b'{"kind": "cron", "expression": "0 0 30 2 *", "target": "cli.import"}')  # never fires
     lines.insert(9, b"{not json")
+    lines.insert(
+        11,
+        b'{"kind": "cron", "expression": "0 9 * * *", "target": "cli.import", "payload": {"n": 1' + b"0" * 25 + b"}}",
+    )
     path = tmp_path / "schedules.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
     imported = run(["schedule", "import", str(path), "--tenant", "acme", "--json"], env, timeout=120)
     again = run(["schedule", "import", str(path), "--tenant", "acme", "--json"], env, timeout=120)
-    assert imported.returncode == 2  # two bad lines, named by number; the rest imported
+    assert imported.returncode == 2  # three bad lines, named by number; the rest imported
     assert "line 8:" in imported.stderr and "[field expression]" in imported.stderr and "line 10:" in imported.stderr
+    assert "line 12:" in imported.stderr and "64 bits" in imported.stderr  # not imported with a rounded number
     summary, repeat = orjson.loads(imported.stdout), orjson.loads(again.stdout)
-    assert (summary["lines"], summary["created"], summary["failed"]) == (2502, 2500, 2)
+    assert (summary["lines"], summary["created"], summary["failed"]) == (2503, 2500, 3)
     assert (repeat["created"], repeat["replayed"]) == (0, 2500)
     assert await pool.fetchval("SELECT count(*) FROM schedules WHERE target = 'cli.import'") == 2500
     assert Path(path).exists()

@@ -189,6 +189,13 @@ async def test_create_trigger_and_backfill_through_the_console(site, tenants, po
         "/ui/schedules", data={"csrf_token": csrf, "kind": "cron", "expression": "nope", "target": "console.made"}
     )
     assert invalid.status_code == 422 and "expression" in invalid.text
+    rounded = await browser.post(
+        "/ui/schedules",
+        data={"csrf_token": csrf, "kind": "cron", "expression": "0 * * * *", "target": "console.made",
+              "payload": '{"order": 123456789012345678901234567890}'},
+    )  # fmt: skip
+    assert rounded.status_code == 422 and "64 bits" in rounded.text
+    assert await pool.fetchval("SELECT count(*) FROM schedules") == 1
     assert (await browser.post(f"/ui/schedules/{sid}/trigger", data={"csrf_token": csrf})).status_code == 303
     clock.advance(__import__("datetime").timedelta(hours=2))
     backfill = await browser.post(

@@ -115,6 +115,21 @@ async def test_a_nul_in_the_payload_is_a_422_naming_the_payload(api, target, pay
     assert "NUL" in str(error) and where in str(error)
 
 
+@pytest.mark.parametrize(
+    "payload, where", [({"order": 10**29}, "['order']"), ([1, [-(2**63) - 1]], "[1][0]"), ({"id": 2**64}, "['id']")]
+)
+async def test_an_integer_beyond_64_bits_in_the_payload_is_a_422_not_rounded(api, target, pool, payload, where):
+    acme, _ = api
+    error = await refused(acme.create_schedule(daily(target, payload=payload)))
+    assert (error.status, error.field) == (422, "payload")
+    assert "64 bits" in str(error) and where in str(error)
+    assert await pool.fetchval("SELECT count(*) FROM schedules") == 0
+    # What fits is stored and given back exactly, up to the edges.
+    edges = {"min": -(2**63), "max": 2**64 - 1, "long": "123456789012345678901234567890"}
+    schedule = await acme.create_schedule(daily(target, payload=edges))
+    assert (await acme.get_schedule(schedule["schedule_id"]))["payload"] == edges
+
+
 async def test_a_nul_in_a_query_parameter_is_a_422_naming_it(api):
     acme, _ = api
     error = await refused(acme.request("GET", "/v1/schedules?target=%00"))
@@ -242,6 +257,17 @@ async def test_hostile_command_content_is_answered_with_the_field(processor, ten
     value, signature = signed_value(acme, **{"body": daily("billing.invoice"), **change})
     result = await processor.process(command_record(value, [(HEADER_SIGNATURE, signature.encode())]))
     assert (result.status, result.error["code"], result.error.get("field")) == ("rejected", code, field)
+    assert await pool.fetchval("SELECT count(*) FROM schedules") == 0
+
+
+async def test_an_integer_beyond_64_bits_in_a_command_is_refused_not_rounded(processor, tenants, pool):
+    acme, _ = tenants
+    value, _ = signed_value(acme, body=daily("billing.invoice", payload={"order": 1}))
+    value = value.replace(b'"order":1', b'"order":123456789012345678901234567890')  # Command.encode refuses it
+    signature = sign(acme.tenant.signing_key, value)
+    result = await processor.process(command_record(value, [(HEADER_SIGNATURE, signature.encode())]))
+    assert (result.status, result.error["code"], result.error.get("field")) == ("rejected", "malformed", "body")
+    assert "64 bits" in result.error["message"] and "['payload']['order']" in result.error["message"]
     assert await pool.fetchval("SELECT count(*) FROM schedules") == 0
 
 

@@ -38,6 +38,7 @@ from engine.control.timeline import schedule_timeline
 from engine.control.views import attempt_to_json, instant, occurrence_to_json, schedule_to_json, version_to_json
 from engine.records import Attempt, Occurrence, Schedule, ScheduleVersion
 from schemas.errors import ChronoqError, Conflict, InvalidInput, NotFound, QuotaExceeded
+from schemas.exact_json import field_json
 from schemas.messages import format_instant
 from schemas.queries import QUERIES
 
@@ -569,10 +570,7 @@ def _definition_from_form(form: Mapping[str, str]) -> dict[str, Any]:
             body[name] = value
     raw = (form.get("payload") or "").strip()
     if raw:
-        try:
-            body["payload"] = orjson.loads(raw)
-        except orjson.JSONDecodeError as err:
-            raise InvalidInput("payload", f"is not valid JSON ({err})", '{"plan": "pro"}') from err
+        body["payload"] = field_json(raw, "payload", '{"plan": "pro"}')
     return body
 
 
