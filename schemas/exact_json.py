@@ -25,6 +25,8 @@ from schemas.errors import InvalidInput
 
 #: The integers every reader of a payload keeps exactly: signed and unsigned 64-bit.
 SMALLEST, LARGEST = -(2**63), 2**64 - 1
+#: What to send instead, for an error's example.
+AS_STRING = '"123456789012345678901234567890"'
 _LONG_DIGITS = re.compile(rb"[0-9]{19}")
 
 

@@ -34,7 +34,7 @@ from engine.control.tenants import Tenant, authenticate
 from engine.rules.timing.instants import parse_instant
 from schemas.error_classification import is_transient
 from schemas.errors import ChronoqError, InvalidInput
-from schemas.exact_json import InexactNumber, loads_exact
+from schemas.exact_json import AS_STRING, InexactNumber, loads_exact
 
 log = logging.getLogger("chronoq.api")
 
@@ -59,7 +59,7 @@ class Request:
         except orjson.JSONDecodeError as err:
             raise InvalidInput("body", f"is not valid JSON ({err})") from err
         except InexactNumber as err:
-            raise InvalidInput(err.top or "body", str(err), f'"{err.literal}"') from err
+            raise InvalidInput(err.top or "body", str(err), AS_STRING) from err
 
     def json_object(self) -> dict[str, Any]:
         value = self.json()
