@@ -52,36 +52,27 @@ _STAGED = (
     "late_after", "misfire_policy", "tenant_held",
 )  # fmt: skip
 
-# The inserts of materialize_staged, for the variants that change only the cursor's part.
-_INSERTS = """
-inserted AS (
-    INSERT INTO occurrences (occurrence_id, schedule_id, schedule_version, tenant_id, target, scheduled_for,
-                             available_at, state, created_at, updated_at)
-    SELECT m.occurrence_id, m.schedule_id, m.schedule_version, m.tenant_id, m.target, m.scheduled_for,
-           m.available_at, m.state, now(), now()
-    FROM materialize_staging m
-    JOIN advanced a ON a.schedule_id = m.schedule_id
-    ON CONFLICT DO NOTHING
-    RETURNING occurrence_id, state
-), ahead AS (
-    INSERT INTO dispatch_queue (shard, lane, bucket, wrr_round, occurrence_id, tenant_id, topic, message_key,
-                                message, scheduled_for, available_at, late_after, misfire_policy)
-    SELECT m.shard, m.lane, m.bucket, m.wrr_round, m.occurrence_id, m.tenant_id, m.topic, m.message_key,
-           m.message, m.scheduled_for, m.available_at, m.late_after, m.misfire_policy
-    FROM materialize_staging m
-    JOIN inserted i ON i.occurrence_id = m.occurrence_id
-    WHERE i.state = 'SCHEDULED' AND m.ahead
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM inserted) AS written
-"""
 
+def _product_inserts() -> str:
+    """The occurrence and ahead-lane inserts of the materializer's own statement (``materialize_staged``), cut
+    from it rather than copied, so the variants measure what the product writes; its ``$1`` is ``:now``, as in
+    every variant below. A change of that statement's layout fails here, at import."""
+    query = QUERIES.materialize_staged
+    if query.params[0] != "now":
+        raise RuntimeError("materialize_staged no longer takes :now first: update load_tests/materialize_parts.py")
+    inserts = query.sql.split("), inserted AS (", 1)[1].split("), late AS (", 1)[0]
+    return "inserted AS (" + inserts + ")\nSELECT (SELECT count(*) FROM inserted) AS written"
+
+
+_INSERTS = _product_inserts()
+
+# Every variant takes $1 now (NULL: the server's), $2 schedule ids, $3 their cursors as read, $4 the next ones.
 _STATEMENTS = {
     "cursor_only": """
 WITH advanced AS (
     UPDATE schedules s
-    SET next_run_at = u.next_run_at, runs = s.runs + 1, updated_at = now()
-    FROM unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[]) AS u (schedule_id, cursor, next_run_at)
+    SET next_run_at = u.next_run_at, runs = s.runs + 1, updated_at = coalesce($1::timestamptz, now())
+    FROM unnest($2::uuid[], $3::timestamptz[], $4::timestamptz[]) AS u (schedule_id, cursor, next_run_at)
     WHERE s.schedule_id = u.schedule_id AND s.version = 1 AND s.state = 'active' AND s.next_run_at = u.cursor
     RETURNING s.schedule_id
 )
@@ -90,14 +81,14 @@ SELECT count(*) AS written FROM advanced""",
 WITH advanced AS (
     UPDATE schedule_cursors s
     SET next_run_at = u.next_run_at
-    FROM unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[]) AS u (schedule_id, cursor, next_run_at)
+    FROM unnest($2::uuid[], $3::timestamptz[], $4::timestamptz[]) AS u (schedule_id, cursor, next_run_at)
     WHERE s.schedule_id = u.schedule_id AND s.version = 1 AND s.state = 'active' AND s.next_run_at = u.cursor
     RETURNING s.schedule_id
 ), """
     + _INSERTS,
     "no_cursor": """
 WITH advanced AS (
-    SELECT u.schedule_id FROM unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[]) AS u (schedule_id, cursor, n)
+    SELECT u.schedule_id FROM unnest($2::uuid[], $3::timestamptz[], $4::timestamptz[]) AS u (schedule_id, cursor, n)
 ), """
     + _INSERTS,
     "ahead_only": """
@@ -107,9 +98,9 @@ WITH ahead AS (
     SELECT m.shard, m.lane, m.bucket, m.wrr_round, m.occurrence_id, m.tenant_id, m.topic, m.message_key,
            m.message, m.scheduled_for, m.available_at, m.late_after, m.misfire_policy
     FROM materialize_staging m
-    JOIN unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[]) AS u (schedule_id, cursor, n)
+    JOIN unnest($2::uuid[], $3::timestamptz[], $4::timestamptz[]) AS u (schedule_id, cursor, n)
       ON u.schedule_id = m.schedule_id
-    WHERE m.ahead
+    WHERE m.ahead AND $1::timestamptz IS NULL  -- now: unused here, taken so that every variant has the same arguments
     RETURNING 1
 )
 SELECT count(*) AS written FROM ahead""",
@@ -164,7 +155,7 @@ async def _run(conn: asyncpg.Connection, variant: str, ids: list[uuid.UUID], fir
             )
         )  # fmt: skip
         return int(written["occurrences"])
-    count: int = await conn.fetchval(_STATEMENTS[variant], ids, [fire] * len(ids), [nxt] * len(ids))
+    count: int = await conn.fetchval(_STATEMENTS[variant], None, ids, [fire] * len(ids), [nxt] * len(ids))
     return count
 
 
