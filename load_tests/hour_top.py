@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -683,14 +684,13 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 args.materialize_batch, node_options=node_options,
             )  # fmt: skip
             roles = {"nodes": [n.pid for n in nodes], "consumer": [consumer.pid] if consumer else []}
+            cpu_of = functools.partial(cpu_seconds, roles, bootstrap, url)
             try:
-                await watch_materialization(
-                    conn, args, nodes, top, report, log_dir, lambda: cpu_seconds(roles, bootstrap, url)
-                )
+                await watch_materialization(conn, args, nodes, top, report, log_dir, cpu_of)
                 await statements_of_window(conn, args, report, "materialize")
                 checkpoint = asyncio.create_task(checkpoint_at(url, top, report)) if args.checkpoint_at_top else None
                 try:
-                    await wait_enqueued(conn, args, top, report, lambda: cpu_seconds(roles, bootstrap, url))
+                    await wait_enqueued(conn, args, top, report, cpu_of)
                 finally:  # also when the wait failed: the fault's task is never left pending at the loop's end
                     if checkpoint is not None:
                         await checkpoint

@@ -44,6 +44,7 @@ import asyncpg
 from load_tests.hour_top import seed_schedules, seed_tenants, shape
 from schemas.migrations import apply_migrations
 from schemas.queries import QUERIES
+from schemas.topics import occurrence_topic, schedule_key
 
 VARIANTS = ("as_built", "as_built_by_id", "cursor_only", "narrow_cursor", "no_cursor", "ahead_only")
 _STAGED = (
@@ -134,10 +135,11 @@ async def seed(conn: asyncpg.Connection, background: int, due: int) -> datetime:
 
 def _staged(rows: Sequence[asyncpg.Record], fire: datetime) -> list[tuple[Any, ...]]:
     """Staging rows as a pass COPYs them (ahead, SCHEDULED, strict lane)."""
-    topic, late_after = "chronoq.occurrences.load.target-0", fire + timedelta(minutes=1)
+    target = "load.target-0"  # the one target seed_schedules gives them
+    topic, late_after = occurrence_topic(target), fire + timedelta(minutes=1)
     return [
-        (uuid.uuid4(), r["schedule_id"], 1, r["tenant_id"], "load.target-0", fire, fire, "SCHEDULED", topic,
-         str(r["schedule_id"]).encode(), _MESSAGE, False, True, r["shard"], "strict", fire, 0, late_after,
+        (uuid.uuid4(), r["schedule_id"], 1, r["tenant_id"], target, fire, fire, "SCHEDULED", topic,
+         schedule_key(r["schedule_id"]), _MESSAGE, False, True, r["shard"], "strict", fire, 0, late_after,
          "fire_once", False)
         for r in rows
     ]  # fmt: skip
