@@ -36,7 +36,7 @@ FROM unnest(:schedule_ids::uuid[], :kinds::text[], :expressions::text[], :time_z
           target, payload, priority, flexible_window_s, misfire_policy, max_lateness_s, overlap_policy,
           retry_max_attempts, retry_base_s, retry_cap_s, deadline_s, shard, created_by_key, fires_per_minute,
           request_hash, calendar_id, calendar_name, max_runs)
-ON CONFLICT (tenant_id, created_by_key) DO NOTHING
+ON CONFLICT (tenant_id, created_by_key) WHERE created_by_key IS NOT NULL DO NOTHING
 RETURNING *;
 
 -- name: insert_first_versions

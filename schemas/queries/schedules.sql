@@ -15,7 +15,7 @@ VALUES (:schedule_id, :tenant_id, :kind, :expression, :time_zone, :dst_repeat, :
         :max_lateness_s, :overlap_policy, :retry_max_attempts, :retry_base_s, :retry_cap_s, :deadline_s, :shard,
         :created_by_key, :fires_per_minute, :request_hash, :calendar_id, :calendar_name, :max_runs,
         coalesce(:now::timestamptz, now()), coalesce(:now::timestamptz, now()))
-ON CONFLICT (tenant_id, created_by_key) DO NOTHING
+ON CONFLICT (tenant_id, created_by_key) WHERE created_by_key IS NOT NULL DO NOTHING
 RETURNING *;
 
 -- name: get_schedule

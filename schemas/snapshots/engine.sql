@@ -782,8 +782,6 @@ ALTER TABLE ONLY public.schedule_versions
     ADD CONSTRAINT schedule_versions_pkey PRIMARY KEY (schedule_id, version);
 ALTER TABLE ONLY public.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (schedule_id);
-ALTER TABLE ONLY public.schedules
-    ADD CONSTRAINT schedules_tenant_id_created_by_key_key UNIQUE (tenant_id, created_by_key);
 ALTER TABLE ONLY public.shard_leases
     ADD CONSTRAINT shard_leases_pkey PRIMARY KEY (shard);
 ALTER TABLE ONLY public.stuck_occurrences
@@ -843,6 +841,7 @@ CREATE INDEX outbox_tenant_held ON public.outbox USING btree (tenant_id, availab
 CREATE INDEX outbox_unsent_keyed ON public.outbox USING btree (topic, message_key, id) WHERE ((occurrence_id IS NULL) AND (sent_at IS NULL) AND (discarded_at IS NULL));
 CREATE INDEX reconcile_runs_recent ON public.reconcile_runs USING btree (finished_at);
 CREATE INDEX schedules_calendar ON public.schedules USING btree (calendar_id) WHERE ((calendar_id IS NOT NULL) AND (state = ANY (ARRAY['active'::text, 'paused'::text])));
+CREATE UNIQUE INDEX schedules_created_by_key ON public.schedules USING btree (tenant_id, created_by_key) WHERE (created_by_key IS NOT NULL);
 CREATE INDEX schedules_due ON public.schedules USING btree (shard, next_run_at) WHERE (state = 'active'::text);
 CREATE INDEX schedules_tenant ON public.schedules USING btree (tenant_id, created_at, schedule_id);
 CREATE INDEX schedules_tenant_state ON public.schedules USING btree (tenant_id, state);
