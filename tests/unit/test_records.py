@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
+from engine import records
 from engine.records import DueSchedule, LockedOccurrence
 from engine.rules.retry_policy import RetryPolicy
 from engine.rules.timing import MisfirePolicy, TimeSpec
@@ -61,6 +65,51 @@ def test_a_due_schedule_knows_its_runs_left():
     assert DueSchedule.from_row(due_row()).runs_left is None
     assert DueSchedule.from_row(due_row(max_runs=5, runs=3)).runs_left == 2
     assert DueSchedule.from_row(due_row(max_runs=5, runs=7)).runs_left == 0  # lowered below what ran: none left
+
+
+RECORDS = [
+    value
+    for value in vars(records).values()
+    if isinstance(value, type) and issubclass(value, records._Record) and dataclasses.is_dataclass(value)
+]
+
+
+def test_every_record_class_is_covered():
+    assert {cls.__name__ for cls in RECORDS} >= {"DueSchedule", "Schedule", "Occurrence", "LockedOccurrence"}
+
+
+@pytest.mark.parametrize("cls", RECORDS, ids=lambda cls: cls.__name__)
+def test_from_row_builds_what_the_dataclass_builds(cls):
+    # one distinct object per column, plus one the record does not declare
+    row = {item.name: object() for item in dataclasses.fields(cls)} | {"column_added_later": object()}
+    built = cls.from_row(row)
+    own = cls(**{item.name: row[item.name] for item in dataclasses.fields(cls)})
+    assert type(built) is cls and built == own and hash(built) == hash(own)
+    assert all(getattr(built, item.name) is row[item.name] for item in dataclasses.fields(cls))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.__setattr__(dataclasses.fields(cls)[0].name, 1)
+    missing = dict(row)
+    del missing[dataclasses.fields(cls)[-1].name]
+    with pytest.raises(KeyError):
+        cls.from_row(missing)
+
+
+def test_the_row_builder_refuses_records_it_would_build_wrongly():
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class WithDefault(records._Record):
+        a: int
+        b: int = 2
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class WithPostInit(records._Record):
+        a: int
+
+        def __post_init__(self) -> None:
+            pass
+
+    for cls in (WithDefault, WithPostInit):
+        with pytest.raises(TypeError):
+            cls.from_row({"a": 1, "b": 2})
 
 
 def test_a_locked_occurrence_knows_whether_it_is_obsolete_and_its_retry_policy():

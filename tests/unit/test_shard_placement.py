@@ -42,10 +42,10 @@ def test_a_node_owning_its_home_range_produces_to_its_share_of_the_partitions(no
     assert set().union(*covered) == set(range(partitions))
 
 
-@given(st.uuids())
-def test_the_shard_read_from_a_record_key_is_the_schedules_shard(schedule_id):
+@given(st.uuids(), st.integers(1, 2 * SHARD_COUNT))
+def test_the_shard_read_from_a_record_key_is_the_schedules_shard(schedule_id, partitions):
     assert shard_of_key(schedule_key(schedule_id)) == shard_of(schedule_id)
-    partitions = 8
+    # the per-count table the publishers place with gives partition_of_shard's answer for every count
     assert placement(schedule_key(schedule_id), partitions) == partition_of_shard(shard_of(schedule_id), partitions)
 
 
@@ -75,6 +75,7 @@ def test_only_occurrence_topics_are_placed_by_shard():
         lambda: home_range(0, 0),
         lambda: partition_of_shard(0, 0),
         lambda: partition_of_shard(256, 8),
+        lambda: placement(schedule_key("00000000-0000-0000-0000-000000000000"), 0),
     ],
 )
 def test_bad_arguments_are_refused(call):
