@@ -180,7 +180,7 @@ class MaterializeReport:
 
 class _Decided(NamedTuple):
     """One due schedule with its calendar, its misfire decision and its lateness threshold (a tuple: one per
-    due schedule of a burst, built in a fifth of a frozen dataclass's time)."""
+    due schedule of a burst, built in about a third of a frozen dataclass's time)."""
 
     schedule: DueSchedule
     calendar: ExclusionCalendar | None
