@@ -7,7 +7,9 @@ fresh engine database, a tenant with quotas large enough for the run, and a
 `chronoq api` process on a free port. Then the schemathesis CLI runs every
 phase — the schema's examples, coverage, fuzzing (positive and negative
 generation, ``--examples`` per operation) and stateful scenarios along the
-document's links — with the ``not_a_server_error`` check. The figures: the
+document's links — with the ``not_a_server_error`` check. Schedule paths point at schedules created
+for the run most of the time (``load_tests/api_fuzz_hooks.py``), so that the bodies of PATCH, pause,
+resume, trigger and backfill are judged against live schedules, not answered 404 before being read. The figures: the
 number of requests per operation and status class, and every 5xx (the run
 fails, exit 1, if there is one). schemathesis's own warnings (e.g. "most
 generated inputs are rejected") are printed as it gives them.
@@ -34,11 +36,13 @@ import asyncpg
 
 from engine.cli.embedded import EmbeddedKafka, EmbeddedPostgres
 from engine.control.quotas import TenantQuotas
+from engine.control.schedules import ControlPlane
 from engine.control.tenants import create_tenant
 from schemas.connections import create_pool
 from schemas.migrations import apply_migrations
 
 ROOT = Path(__file__).resolve().parents[1]
+HOOKS = Path(__file__).with_name("api_fuzz_hooks.py")
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
 
 
@@ -72,6 +76,27 @@ def summarize(ndjson: Path) -> dict[str, Any]:
     }
 
 
+#: Definitions the existing schedules are made of: every kind, and the policies a change or a pause acts on.
+FUZZ_DEFINITIONS: tuple[dict[str, Any], ...] = (
+    {"kind": "cron", "expression": "0 9 * * 1-5", "time_zone": "Europe/Berlin", "target": "fuzz.cron"},
+    {"kind": "cron", "expression": "*/5 * * * *", "target": "fuzz.every5", "misfire_policy": "catch_up:3"},
+    {"kind": "rate", "expression": "90s", "target": "fuzz.rate", "overlap_policy": "skip_if_running"},
+    {"kind": "rate", "expression": "1h", "target": "fuzz.hourly", "priority": "flexible", "flexible_window": "10m"},
+    {"kind": "once", "expression": "2127-03-01T09:00:00Z", "target": "fuzz.once"},
+)
+
+
+async def existing_schedules(pool: asyncpg.Pool, count: int) -> tuple[list[str], list[str]]:
+    """``count`` schedules of the fuzz tenant for every operation on a schedule but cancel, and half as many
+    for cancel (``load_tests/api_fuzz_hooks.py`` points generated paths at them)."""
+    control = ControlPlane(pool)
+    made = [
+        str((await control.create_schedule("fuzz", FUZZ_DEFINITIONS[n % len(FUZZ_DEFINITIONS)]))["schedule_id"])
+        for n in range(count + count // 2)
+    ]
+    return made[:count], made[count:]
+
+
 async def run(args: argparse.Namespace, admin_url: str, bootstrap: str) -> dict:
     database = f"apifuzz_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(admin_url)
@@ -85,6 +110,7 @@ async def run(args: argparse.Namespace, admin_url: str, bootstrap: str) -> dict:
         token = (
             await create_tenant(pool, "fuzz", TenantQuotas(max_active_schedules=10_000_000, max_fires_per_minute=1e15))
         ).api_token
+        live, doomed = await existing_schedules(pool, args.live_schedules)
         await pool.close()
         env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOQ_")}
         env.update(CHRONOQ_DATABASE_URL=url, CHRONOQ_KAFKA_BOOTSTRAP=bootstrap)
@@ -125,7 +151,15 @@ async def run(args: argparse.Namespace, admin_url: str, bootstrap: str) -> dict:
             ]
             if args.seed is not None:
                 command += ["--seed", str(args.seed)]
-            finished = await asyncio.to_thread(subprocess.run, command, cwd=out, capture_output=True, text=True)
+            fuzz_env = dict(
+                os.environ,
+                SCHEMATHESIS_HOOKS=str(HOOKS),
+                CHRONOQ_FUZZ_LIVE=",".join(live),
+                CHRONOQ_FUZZ_DOOMED=",".join(doomed),
+            )
+            finished = await asyncio.to_thread(
+                subprocess.run, command, cwd=out, capture_output=True, text=True, env=fuzz_env
+            )
         finally:
             api.terminate()
             await asyncio.to_thread(api.wait, 30)
@@ -165,6 +199,12 @@ if __name__ == "__main__":
         "--phases",
         default="examples,coverage,fuzzing,stateful",
         help="schemathesis phases (coverage alone takes tens of minutes on two cores)",
+    )
+    parser.add_argument(
+        "--live-schedules",
+        type=int,
+        default=200,
+        help="existing schedules that generated schedule paths point at (0: random ids only)",
     )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     arguments = parser.parse_args()

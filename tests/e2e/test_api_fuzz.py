@@ -25,11 +25,14 @@ from pathlib import Path
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 from hypothesis.errors import FlakyStrategyDefinition
 from schemathesis import GenerationMode
 
 from engine.api.openapi import openapi_document
+from engine.control.schedules import ControlPlane
 from engine.control.tenants import TenantQuotas, create_tenant
+from load_tests.api_fuzz import FUZZ_DEFINITIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = int(os.environ.get("CHRONOQ_FUZZ_EXAMPLES", "25"))
@@ -132,6 +135,53 @@ async def test_stateful_scenarios_along_the_links_produce_no_server_error(api_pr
         await asyncio.to_thread(Scenarios.run, settings=scenario_settings)
     assert steps["n"] > 0
     assert not failures, "\n".join(failures[:20])
+
+
+@pytest.mark.timeout(300)
+async def test_generated_requests_on_existing_schedules_produce_no_server_error(api_process, pool):
+    """A random ``{id}`` is a 404 before the body is read: here every schedule operation's generated path,
+    query and body meet a schedule that exists (and cancel its own, so the others stay live)."""
+    base_url, token = api_process
+    control = ControlPlane(pool)
+    live = [str((await control.create_schedule("fuzz", d))["schedule_id"]) for d in FUZZ_DEFINITIONS * 4]
+    doomed = [str((await control.create_schedule("fuzz", d))["schedule_id"]) for d in FUZZ_DEFINITIONS * 2]
+    operations = [
+        result.ok() for result in _schema().get_all_operations() if result.ok().path.startswith("/v1/schedules/{id}")
+    ]
+    failures: list[str] = []
+    statuses: Counter[tuple[str, int]] = Counter()
+
+    def fuzz(operation, mode) -> None:
+        ids = doomed if operation.path.endswith("/cancel") else live
+
+        @settings(
+            max_examples=max(EXAMPLES // 2, 8), deadline=None, database=None, suppress_health_check=list(HealthCheck)
+        )
+        @given(case=operation.as_strategy(generation_mode=mode), schedule_id=st.sampled_from(ids))
+        def check(case, schedule_id) -> None:
+            case.path_parameters = {**(case.path_parameters or {}), "id": schedule_id}
+            response = case.call(base_url=base_url, headers={"Authorization": f"Bearer {token}"})
+            statuses[(operation.label, response.status_code // 100)] += 1
+            if response.status_code >= 500:
+                failures.append(
+                    f"{case.method} {case.formatted_path} {case.body!r:.200} -> "
+                    f"{response.status_code} {response.text[:200]}"
+                )
+
+        check()
+
+    def run_all() -> None:
+        for operation in operations:
+            for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+                fuzz(operation, mode)
+
+    await asyncio.to_thread(run_all)
+    # get, change, pause, resume, cancel, occurrences, versions, preview, timeline, trigger, backfill
+    assert len(operations) == 11
+    assert not failures, "\n".join(failures[:20])
+    # the bodies were judged against live schedules: reads, and pause (a live schedule's own change), succeed
+    reached = {label for (label, status_class) in statuses if status_class == 2}
+    assert {"GET /v1/schedules/{id}", "POST /v1/schedules/{id}/pause", "POST /v1/schedules/{id}/cancel"} <= reached
 
 
 @pytest.mark.parametrize("label", ["POST /v1/schedules", "POST /v1/preview"])
