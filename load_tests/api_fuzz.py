@@ -7,12 +7,14 @@ fresh engine database, a tenant with quotas large enough for the run, and a
 `chronoq api` process on a free port. Then the schemathesis CLI runs every
 phase — the schema's examples, coverage, fuzzing (positive and negative
 generation, ``--examples`` per operation) and stateful scenarios along the
-document's links — with the ``not_a_server_error`` check. Schedule paths point at schedules created
-for the run most of the time (``load_tests/api_fuzz_hooks.py``), so that the bodies of PATCH, pause,
-resume, trigger and backfill are judged against live schedules, not answered 404 before being read. The figures: the
-number of requests per operation and status class, and every 5xx (the run
-fails, exit 1, if there is one). schemathesis's own warnings (e.g. "most
-generated inputs are rejected") are printed as it gives them.
+document's links — with the ``not_a_server_error`` check. Schedule paths
+point at schedules created for the run four times in five
+(``load_tests/api_fuzz_hooks.py``), so that the bodies of PATCH, pause,
+resume, trigger and backfill are judged against live schedules instead of
+being answered 404 before they are read. The figures: the number of requests
+per operation and status class, and every 5xx (the run fails, exit 1, if
+there is one). schemathesis's own warnings (e.g. "most generated inputs are
+rejected") are printed as it gives them.
 """
 
 from __future__ import annotations
