@@ -30,9 +30,8 @@ from hypothesis.errors import FlakyStrategyDefinition
 from schemathesis import GenerationMode
 
 from engine.api.openapi import openapi_document
-from engine.control.schedules import ControlPlane
 from engine.control.tenants import TenantQuotas, create_tenant
-from load_tests.api_fuzz import FUZZ_DEFINITIONS
+from load_tests.api_fuzz import existing_schedules
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = int(os.environ.get("CHRONOQ_FUZZ_EXAMPLES", "25"))
@@ -67,6 +66,16 @@ def _schema():
     return schemathesis.openapi.from_dict(openapi_document())
 
 
+def _call(case, base_url: str, token: str, failures: list[str]):
+    """Send a generated request as the fuzz tenant; a 5xx is recorded in ``failures`` with what was sent."""
+    response = case.call(base_url=base_url, headers={"Authorization": f"Bearer {token}"})
+    if response.status_code >= 500:
+        failures.append(
+            f"{case.method} {case.formatted_path} {case.body!r:.200} -> {response.status_code} {response.text[:200]}"
+        )
+    return response
+
+
 # Generating the requests is CPU work in this process (schemathesis, hypothesis): ~35 s on a quiet machine,
 # 105 s once with the host stealing 14 % of the CPU; the default 120 s would fail a correct API.
 @pytest.mark.timeout(300)
@@ -79,12 +88,7 @@ async def test_no_generated_request_produces_a_server_error(api_process):
         @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
         @given(case=operation.as_strategy(generation_mode=mode))
         def check(case) -> None:
-            response = case.call(base_url=base_url, headers={"Authorization": f"Bearer {token}"})
-            if response.status_code >= 500:
-                failures.append(
-                    f"{case.method} {case.formatted_path} {case.body!r:.200} -> "
-                    f"{response.status_code} {response.text[:200]}"
-                )
+            _call(case, base_url, token, failures)
 
         check()
 
@@ -142,9 +146,7 @@ async def test_generated_requests_on_existing_schedules_produce_no_server_error(
     """A random ``{id}`` is a 404 before the body is read: here every schedule operation's generated path,
     query and body meet a schedule that exists (and cancel its own, so the others stay live)."""
     base_url, token = api_process
-    control = ControlPlane(pool)
-    live = [str((await control.create_schedule("fuzz", d))["schedule_id"]) for d in FUZZ_DEFINITIONS * 4]
-    doomed = [str((await control.create_schedule("fuzz", d))["schedule_id"]) for d in FUZZ_DEFINITIONS * 2]
+    live, doomed = await existing_schedules(pool, 20)  # the long run's schedules, fewer
     operations = [
         result.ok() for result in _schema().get_all_operations() if result.ok().path.startswith("/v1/schedules/{id}")
     ]
@@ -160,13 +162,8 @@ async def test_generated_requests_on_existing_schedules_produce_no_server_error(
         @given(case=operation.as_strategy(generation_mode=mode), schedule_id=st.sampled_from(ids))
         def check(case, schedule_id) -> None:
             case.path_parameters = {**(case.path_parameters or {}), "id": schedule_id}
-            response = case.call(base_url=base_url, headers={"Authorization": f"Bearer {token}"})
+            response = _call(case, base_url, token, failures)
             statuses[(operation.label, response.status_code // 100)] += 1
-            if response.status_code >= 500:
-                failures.append(
-                    f"{case.method} {case.formatted_path} {case.body!r:.200} -> "
-                    f"{response.status_code} {response.text[:200]}"
-                )
 
         check()
 
