@@ -146,11 +146,16 @@ class RequestedOccurrences:
                     f"the window holds more than {MAX_BACKFILL_SLOTS} slots; split it into shorter windows",
                     instant(slots[MAX_BACKFILL_SLOTS - 1]),
                 )
+            # Locked before the read (the history pruner skips them), then read from both tables at once:
+            # a slot that ran and was archived is as present as one still hot.
+            await conn.execute(*QUERIES.lock_refire_candidates(schedule_id=schedule.schedule_id, slots=slots))
             rows = await conn.fetch(*QUERIES.slot_occurrences(schedule_id=schedule.schedule_id, slots=slots))
             plan = plan_backfill(
                 slots,
                 [
-                    ExistingOccurrence(r["occurrence_id"], r["schedule_version"], r["scheduled_for"], r["state"])
+                    ExistingOccurrence(
+                        r["occurrence_id"], r["schedule_version"], r["scheduled_for"], r["state"], r["archived"]
+                    )
                     for r in rows
                 ],
                 schedule.version,
@@ -217,6 +222,21 @@ class RequestedOccurrences:
                 oid = slot_occurrence_id(schedule.schedule_id, schedule.version, slot)
                 new.add(oid, slot, release, _message(schedule, oid, slot, release, bound))
         common = _common(schedule, "backfill", requested_by, now)
+        archived = [occ.occurrence_id for occ in plan.refire if occ.archived]
+        if archived:
+            restored = await conn.fetchrow(
+                *QUERIES.restore_archived_occurrences(
+                    occurrence_ids=archived,
+                    schedule_id=schedule.schedule_id,
+                    version=schedule.version,
+                    tenant_id=schedule.tenant_id,
+                )
+            )
+            if restored["occurrences"] != len(archived):  # the plan was read under the schedule's lock
+                raise Conflict(
+                    f"backfill of schedule {schedule.schedule_id}: {len(archived)} archived occurrences to"
+                    f" fire again, {restored['occurrences']} found; nothing was written, retry the backfill"
+                )
         if new.ids:
             await conn.fetchval(*QUERIES.insert_requested_occurrences(**new.columns(), **common))
         if refire.ids:

@@ -2,13 +2,14 @@
 
 A backfill asks for every slot of the current definition in a past window.
 For each slot, given the occurrences that already exist at that instant (of
-any version):
+any version, in the hot table or the archive: an archived SUCCEEDED slot ran):
 
 * one that ran or may still run (SUCCEEDED, DEAD, or in flight: SCHEDULED,
   ENQUEUED, RUNNING, RETRY_WAIT) — the slot is **present**: nothing is done
   (a DEAD one is replayed from the dead letters, not backfilled);
 * one of the current version that never ran (MISSED, SKIPPED_OVERLAP) — it is
-  **re-fired**: the same occurrence, the same id, back to SCHEDULED;
+  **re-fired**: the same occurrence, the same id, back to SCHEDULED (moved back from the archive first
+  when the history pruner had moved it there);
 * otherwise (none, or only older versions' MISSED/CANCELED/SKIPPED ones) — a
   new occurrence is **created** with the deterministic id of (schedule,
   current version, slot).
@@ -34,6 +35,7 @@ class ExistingOccurrence:
     version: int
     scheduled_for: datetime
     state: str
+    archived: bool = False  # moved to the archive by the history pruner: a refire moves it back first
 
 
 @dataclass

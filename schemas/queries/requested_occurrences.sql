@@ -5,11 +5,44 @@
 -- One schedule of one tenant, locked while occurrences are requested for it (the materializer skips it).
 SELECT * FROM schedules WHERE schedule_id = :schedule_id AND tenant_id = :tenant_id FOR UPDATE;
 
--- name: slot_occurrences
--- The slot occurrences (not manual ones) of one schedule at the given instants, of any version.
-SELECT occurrence_id, schedule_version, scheduled_for, state
+-- name: lock_refire_candidates
+-- Locks the hot occurrences of one schedule at the given instants that a backfill may fire again (MISSED,
+-- SKIPPED_OVERLAP): the history pruner skips locked rows, so none of them moves to the archive between the
+-- backfill's read and its refire. One the pruner is moving right now is waited for, then read from the archive.
+SELECT occurrence_id
 FROM occurrences
+WHERE schedule_id = :schedule_id AND scheduled_for = ANY (:slots::timestamptz[]) AND origin <> 'manual'
+  AND state IN ('MISSED', 'SKIPPED_OVERLAP')
+FOR UPDATE;
+
+-- name: slot_occurrences
+-- The slot occurrences (not manual ones) of one schedule at the given instants, of any version, hot and
+-- archived (one statement, one snapshot: the pruner's move is one transaction, so each is read exactly once).
+SELECT occurrence_id, schedule_version, scheduled_for, state, false AS archived
+FROM occurrences
+WHERE schedule_id = :schedule_id AND scheduled_for = ANY (:slots::timestamptz[]) AND origin <> 'manual'
+UNION ALL
+SELECT occurrence_id, schedule_version, scheduled_for, state, true AS archived
+FROM archive.occurrences
 WHERE schedule_id = :schedule_id AND scheduled_for = ANY (:slots::timestamptz[]) AND origin <> 'manual';
+
+-- name: restore_archived_occurrences
+-- Moves archived occurrences :occurrence_ids of one schedule version that never ran (MISSED,
+-- SKIPPED_OVERLAP) back to the hot table, with any attempts, so that a backfill fires them again under their
+-- own ids (refire_occurrences, next). Returns how many occurrences moved.
+WITH moved AS (
+    DELETE FROM archive.occurrences
+    WHERE occurrence_id = ANY (:occurrence_ids::uuid[]) AND schedule_id = :schedule_id
+      AND schedule_version = :version AND tenant_id = :tenant_id AND state IN ('MISSED', 'SKIPPED_OVERLAP')
+    RETURNING *
+), restored AS (
+    INSERT INTO occurrences SELECT * FROM moved RETURNING occurrence_id
+), attempts_moved AS (
+    DELETE FROM archive.attempts WHERE occurrence_id IN (SELECT occurrence_id FROM moved) RETURNING *
+), attempts_restored AS (
+    INSERT INTO attempts SELECT * FROM attempts_moved RETURNING 1
+)
+SELECT (SELECT count(*) FROM restored) AS occurrences, (SELECT count(*) FROM attempts_restored) AS attempts;
 
 -- name: lock_catch_up_clock
 -- Locks the tenant's catch-up clock (created a minute behind now: an idle tenant may burst one minute's quota).
