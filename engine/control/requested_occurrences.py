@@ -258,17 +258,25 @@ class RequestedOccurrences:
                 oid = uuid.uuid5(MANUAL_NAMESPACE, f"{schedule.schedule_id}/{idempotency_key}")
             else:
                 oid = uuid.uuid4()
-            rows = _Rows()
-            bound = (await binding_versions(conn, [schedule.target])).get(schedule.target)
-            rows.add(oid, now, now, _message(schedule, oid, now, now, bound))
-            created = await conn.fetchval(
-                *QUERIES.insert_requested_occurrences(
-                    **rows.columns(), **_common(schedule, "manual", requested_by, now)
+            # Looked up before the insert: the occurrence key includes the instant, so a retry of the same key
+            # (asking later) would not conflict with the first. The schedule's lock orders concurrent retries.
+            existing = await conn.fetchrow(
+                *QUERIES.requested_occurrence(occurrence_id=oid, schedule_id=schedule.schedule_id)
+            )
+            created = 0
+            if existing is None:
+                rows = _Rows()
+                bound = (await binding_versions(conn, [schedule.target])).get(schedule.target)
+                rows.add(oid, now, now, _message(schedule, oid, now, now, bound))
+                created = await conn.fetchval(
+                    *QUERIES.insert_requested_occurrences(
+                        **rows.columns(), **_common(schedule, "manual", requested_by, now)
+                    )
                 )
-            )
-            occurrence = Occurrence.from_row(
-                await conn.fetchrow(*QUERIES.requested_occurrence(occurrence_id=oid, schedule_id=schedule.schedule_id))
-            )
+                existing = await conn.fetchrow(
+                    *QUERIES.requested_occurrence(occurrence_id=oid, schedule_id=schedule.schedule_id)
+                )
+            occurrence = Occurrence.from_row(existing)
         if created:
             self._manual.add(1)
             log.info(

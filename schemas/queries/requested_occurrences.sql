@@ -109,5 +109,9 @@ WITH input AS (
 SELECT count(*) FROM refired;
 
 -- name: requested_occurrence
--- One occurrence of one schedule (the result of a trigger-now).
-SELECT * FROM occurrences WHERE occurrence_id = :occurrence_id AND schedule_id = :schedule_id;
+-- One occurrence of one schedule (the result of a trigger-now), hot or archived. By id alone: the table's key
+-- is (occurrence_id, scheduled_for), and a retried trigger asks at a later instant than the one it created.
+SELECT * FROM occurrences WHERE occurrence_id = :occurrence_id AND schedule_id = :schedule_id
+UNION ALL
+SELECT * FROM archive.occurrences WHERE occurrence_id = :occurrence_id AND schedule_id = :schedule_id
+LIMIT 1;

@@ -154,6 +154,26 @@ async def test_trigger_now_is_a_manual_occurrence_with_its_own_id_and_who_asked(
     assert await pool.fetchval("SELECT count(*) FROM outbox WHERE occurrence_id IS NOT NULL") == 3
 
 
+async def test_a_trigger_retried_later_with_its_idempotency_key_triggers_once(pool, acme, clock):
+    """A client's retry comes later than its first request (a timeout, a restart): the same key still names the
+    same occurrence, however much later, and however the occurrence table is partitioned by instant."""
+    control = ControlPlane(pool, clock)
+    schedule = await control.create_schedule("acme", {**MINUTELY, "expression": "0 * * * *"})
+    requested = RequestedOccurrences(pool, clock)
+    first = await requested.trigger_now("acme", schedule["schedule_id"], "tenant:acme", "deploy-7")
+    retries = []
+    for later in (timedelta(seconds=1), timedelta(minutes=5), timedelta(days=3)):
+        clock.advance(later)
+        retries.append(await requested.trigger_now("acme", schedule["schedule_id"], "tenant:acme", "deploy-7"))
+
+    assert first["created"] and not any(r["created"] for r in retries)
+    assert {r["occurrence_id"] for r in retries} == {first["occurrence_id"]}
+    assert {r["scheduled_for"] for r in retries} == {first["scheduled_for"]}
+    oid = uuid.UUID(first["occurrence_id"])
+    assert await pool.fetchval("SELECT count(*) FROM occurrences WHERE occurrence_id = $1", oid) == 1
+    assert await pool.fetchval("SELECT count(*) FROM outbox WHERE occurrence_id = $1", oid) == 1
+
+
 async def test_trigger_now_is_subject_to_the_overlap_policy(pool, acme, clock):
     control = ControlPlane(pool, clock)
     schedule = await control.create_schedule("acme", {**MINUTELY, "overlap_policy": "skip_if_running"})
