@@ -90,7 +90,7 @@ async def replay_dead_letter(
                 occurrence_id=ident,
                 tenant_id=tenant_id,
                 topic=occurrence_topic(occ.target),
-                message_key=schedule_key(tenant_id),
+                message_key=schedule_key(occ.schedule_id),
                 message=message.encode(),
                 due=now,
                 now=now,

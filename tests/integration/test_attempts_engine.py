@@ -24,7 +24,7 @@ from schemas.attempt_events import AttemptEvent as Ev
 from schemas.dead_letter_messages import decode_dead_occurrence
 from schemas.errors import Conflict, NotFound
 from schemas.messages import decode_occurrence
-from schemas.topics import DEAD_LETTER_TOPIC, occurrence_topic
+from schemas.topics import DEAD_LETTER_TOPIC, occurrence_topic, schedule_key
 from tests.support.rows import attempt_rows, due_occurrence, occurrence_row, outbox_rows
 
 TTL = 30.0
@@ -162,8 +162,11 @@ async def test_a_permanent_error_is_dead_after_one_attempt_listed_and_replayed_w
         "RETRY_WAIT",
         2,
     )
-    resend = decode_occurrence((await outbox_rows(pool, message.occurrence_id))[-1]["message"])
+    resent = (await outbox_rows(pool, message.occurrence_id))[-1]
+    resend = decode_occurrence(resent["message"])
     assert (resend.occurrence_id, resend.attempt, resend.available_at) == (message.occurrence_id, 2, clock.now())
+    # Keyed like every message of its schedule: the replay lands on the schedule's partition, in its order.
+    assert resent["message_key"] == schedule_key(message.schedule_id)
     assert (await list_dead_letters(pool, "acme"))["items"] == []
     with pytest.raises(Conflict):
         await replay_dead_letter(pool, "acme", message.occurrence_id, clock)  # not DEAD any more
