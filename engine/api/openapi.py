@@ -189,9 +189,21 @@ def _update_branch(kind: str | None) -> dict[str, Any]:
         "priority": _DEFINITION["priority"],
         "flexible_window": _DEFINITION["flexible_window"],
         "time_zone": _TIME_ZONE,
+        "expected_version": {
+            "type": "integer",
+            "minimum": 1,
+            "description": "apply only if the schedule is still at this version (409 otherwise)",
+        },
     }
     if kind is None:
-        return {"type": "object", "minProperties": 1, "additionalProperties": False, "properties": common}
+        # expected_version alone changes nothing: at least one other field
+        return {
+            "type": "object",
+            "minProperties": 1,
+            "additionalProperties": False,
+            "properties": common,
+            "not": {"required": ["expected_version"], "maxProperties": 1},
+        }
     return {
         "type": "object",
         "required": ["kind", "expression"],

@@ -189,6 +189,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_update(args: argparse.Namespace) -> int:
     changes = fields_from_flags(args, create=False)
+    if args.expected_version is not None:
+        changes["expected_version"] = args.expected_version
     schedule = asyncio.run(control_plane_call("update_schedule", args.tenant, args.schedule_id, changes))
     print_json(schedule, args.json)
     return 0
@@ -334,6 +336,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     update.add_argument("--no-calendar", dest="no_calendar", action="store_true", help="stop excluding dates")
     update.add_argument("--max-runs", dest="max_runs", type=int, help="complete after this many runs in all")
     update.add_argument("--no-max-runs", dest="no_max_runs", action="store_true", help="no run limit")
+    update.add_argument(
+        "--expected-version",
+        dest="expected_version",
+        type=int,
+        help="apply only if the schedule is still at this version (the one you read)",
+    )
 
     listing = actions.add_parser("list", help="a tenant's schedules, in creation order")
     listing.add_argument("--tenant", required=True)

@@ -208,6 +208,16 @@ def parse_max_runs(value: object) -> int | None:
     return value
 
 
+def split_expected_version(changes: Mapping[str, Any]) -> tuple[int | None, Mapping[str, Any]]:
+    """An update's ``expected_version`` (the version the caller read; None: unconditional) and its changes."""
+    if not isinstance(changes, Mapping) or "expected_version" not in changes:
+        return None, changes
+    expected = changes["expected_version"]
+    if not isinstance(expected, int) or isinstance(expected, bool) or expected < 1:
+        raise InvalidInput("expected_version", "must be a positive integer (the version you read)", "3")
+    return expected, {name: value for name, value in changes.items() if name != "expected_version"}
+
+
 def check_changes(changes: Mapping[str, Any]) -> None:
     """An update names at least one known field (checked before anything is read or locked)."""
     if not isinstance(changes, Mapping) or not changes:

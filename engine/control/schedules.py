@@ -33,6 +33,7 @@ from engine.control.schedule_requests import (
     parse_schedule_request,
     preview_fires,
     request_hash,
+    split_expected_version,
     validate_idempotency_key,
 )
 from engine.control.tenants import lock_tenant
@@ -271,10 +272,19 @@ class ControlPlane:
         the earliest slot the change released, if earlier): instants that fell
         due meanwhile follow the misfire policy, and a slot that may already
         have been published keeps its old occurrence instead of running again.
+
+        ``expected_version`` among the changes makes the update conditional: Conflict, and nothing changed,
+        if the schedule has moved on since the caller read it (two editors never overwrite each other).
         """
+        expected, changes = split_expected_version(changes)
         check_changes(changes)
         async with self._transaction(conn) as conn:
             row = await self._lock(conn, tenant_id, schedule_id)
+            if expected is not None and expected != row.version:
+                raise Conflict(
+                    f"schedule {row.schedule_id} is at version {row.version}, not {expected}; read it again"
+                    " and reapply your change"
+                )
             state = lifecycle_transition(row.state, "update")
             tenant = await lock_tenant(conn, tenant_id)
             request = parse_changed_request(

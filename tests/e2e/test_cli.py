@@ -378,6 +378,9 @@ async def test_operators_manage_the_lifecycle_from_the_cli(engine_db, acme):
     sid = created["schedule_id"]
     updated = await chronoq("schedule", "update", sid, "--tenant", "acme", "--cron", "0 10 * * *", "--tz", "Asia/Tokyo")
     assert (updated["version"], updated["expression"], updated["time_zone"]) == (2, "0 10 * * *", "Asia/Tokyo")
+    stale = ["schedule", "update", sid, "--tenant", "acme", "--cron", "0 11 * * *", "--expected-version", "1"]
+    refused = await asyncio.to_thread(run, stale, env)
+    assert refused.returncode == 1 and "is at version 2, not 1" in refused.stderr
     assert (await chronoq("schedule", "pause", sid, "--tenant", "acme"))["state"] == "paused"
     assert (await chronoq("schedule", "resume", sid, "--tenant", "acme"))["state"] == "active"
     assert (await chronoq("schedule", "cancel", sid, "--tenant", "acme"))["state"] == "canceled"

@@ -66,6 +66,29 @@ async def test_update_creates_version_two_and_cancels_the_pending_version_one_oc
     ]
 
 
+async def test_an_update_conditional_on_the_version_read_never_overwrites_a_newer_one(control, pool, clock):
+    schedule = await control.create_schedule("acme", {**EVERY_MINUTE, "payload": {"plan": "basic"}})
+    sid = schedule["schedule_id"]
+    first = await control.update_schedule("acme", sid, {"payload": {"plan": "pro"}, "expected_version": 1})
+    assert first["version"] == 2
+
+    # A second editor who also read version 1 is refused, and nothing of theirs is applied.
+    with pytest.raises(Conflict, match="is at version 2, not 1; read it again"):
+        await control.update_schedule("acme", sid, {"payload": {"plan": "free"}, "expected_version": 1})
+    stored = await control.get_schedule("acme", sid)
+    assert (stored["version"], stored["payload"]) == (2, {"plan": "pro"})
+    assert len(await control.schedule_history("acme", sid)) == 2
+
+    for bad in (0, -1, True, "2", 2.0, None):
+        with pytest.raises(InvalidInput, match="expected_version"):
+            await control.update_schedule("acme", sid, {"payload": {}, "expected_version": bad})
+    with pytest.raises(InvalidInput, match="at least one field"):
+        await control.update_schedule("acme", sid, {"expected_version": 2})  # a condition alone changes nothing
+    with pytest.raises(NotFound):  # the condition never reveals another tenant's schedule
+        await control.update_schedule("globex", sid, {"payload": {}, "expected_version": 2})
+    assert (await control.update_schedule("acme", sid, {"payload": {}, "expected_version": 2}))["version"] == 3
+
+
 async def test_pause_stops_fires_and_resume_applies_the_misfire_policy(control, pool, clock):
     schedule = await control.create_schedule(
         "acme", {**EVERY_MINUTE, "misfire_policy": "fire_once", "max_lateness": "30s"}
