@@ -71,6 +71,7 @@ from schemas.attempt_events import AttemptEvent
 from schemas.attempt_grants import FOREIGN_GROUP, NOT_AUTHENTICATED, AttemptGrant
 from schemas.clock import pause
 from schemas.error_classification import DATABASE_ERRORS
+from schemas.identity import is_slot_occurrence
 from schemas.messages import OccurrenceMessage
 from schemas.queries import CONSUMER_QUERIES
 
@@ -295,6 +296,9 @@ class AttemptRunner:
                     scheduled_for=message.scheduled_for,
                     attempt=message.attempt,
                     lease_token=token,
+                    slot=is_slot_occurrence(
+                        message.occurrence_id, message.schedule_id, message.schedule_version, message.scheduled_for
+                    ),
                 )
             )
         except asyncpg.exceptions.LockNotAvailableError as err:

@@ -75,6 +75,7 @@ from schemas.attempt_grants import FOREIGN_GROUP
 from schemas.clock import pause
 from schemas.connections import json_rows
 from schemas.error_classification import DATABASE_ERRORS
+from schemas.identity import is_slot_occurrence
 from schemas.messages import OccurrenceMessage
 from schemas.queries import CONSUMER_QUERIES
 
@@ -683,6 +684,7 @@ def _dedupe_rows(items: list[_Item]) -> str:
                 "scheduled_for": m.scheduled_for,
                 "attempt": m.attempt,
                 "lease_token": i.token,
+                "slot": is_slot_occurrence(m.occurrence_id, m.schedule_id, m.schedule_version, m.scheduled_for),
             }
             for i, m in ((i, i.message) for i in items)
         ]

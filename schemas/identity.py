@@ -27,3 +27,12 @@ def occurrence_id(schedule_id: uuid.UUID, schedule_version: int, scheduled_for: 
     instant = scheduled_for.astimezone(UTC)
     micros = (instant - _EPOCH) // _MICROSECOND
     return uuid.uuid5(OCCURRENCE_NAMESPACE, f"{schedule_id}/{schedule_version}/{micros}")
+
+
+def is_slot_occurrence(
+    occurrence: uuid.UUID, schedule_id: uuid.UUID, schedule_version: int, scheduled_for: datetime
+) -> bool:
+    """Whether ``occurrence`` is the slot's own occurrence: its id is the one :func:`occurrence_id` gives the
+    slot (the schedule's firing, a catch-up, a backfill). A manual trigger has an id of its own and is not,
+    even on a slot's instant."""
+    return occurrence == occurrence_id(schedule_id, schedule_version, scheduled_for)

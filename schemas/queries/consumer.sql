@@ -13,11 +13,13 @@ SELECT set_config('lock_timeout', :lock_timeout_ms::text, true),
 -- delivery number and lease token of the attempt that applies it. Returns a row only for the first
 -- application; a redelivery (or a concurrent twin, which waits for the first transaction) gets nothing
 -- back and must not apply the effect. claim_order is this transaction's id: increasing, so the engine can
--- tell a later claim of the same delivery (a takeover) from a stalled earlier one.
+-- tell a later claim of the same delivery (a takeover) from a stalled earlier one. :slot: the occurrence is
+-- its slot's own (its id is the slot's); only those hold the slot, so a manual run on a slot instant is not
+-- taken for the slot's occurrence (consumer migration 0004).
 INSERT INTO chronoq_consumer_dedupe (consumer_group, occurrence_id, schedule_id, schedule_version, tenant_id,
-                                     scheduled_for, attempt, lease_token)
+                                     scheduled_for, attempt, lease_token, slot)
 VALUES (:consumer_group, :occurrence_id, :schedule_id, :schedule_version, :tenant_id, :scheduled_for, :attempt,
-        :lease_token)
+        :lease_token, :slot)
 ON CONFLICT DO NOTHING
 RETURNING applied_at, pg_current_xact_id()::text::bigint AS claim_order;
 
@@ -44,11 +46,12 @@ WHERE scheduled_for >= :window_from AND scheduled_for < :window_to
 -- occurrences inserted now; the others were applied before (or by a concurrent twin, which this waits for)
 -- and must not reach the handler.
 INSERT INTO chronoq_consumer_dedupe (consumer_group, occurrence_id, schedule_id, schedule_version, tenant_id,
-                                     scheduled_for, attempt, lease_token)
-SELECT :consumer_group, occurrence_id, schedule_id, schedule_version, tenant_id, scheduled_for, attempt, lease_token
+                                     scheduled_for, attempt, lease_token, slot)
+SELECT :consumer_group, occurrence_id, schedule_id, schedule_version, tenant_id, scheduled_for, attempt, lease_token,
+       slot
 FROM jsonb_to_recordset(:rows::text::jsonb)
      AS r (occurrence_id uuid, schedule_id uuid, schedule_version integer, tenant_id text,
-           scheduled_for timestamptz, attempt integer, lease_token uuid)
+           scheduled_for timestamptz, attempt integer, lease_token uuid, slot boolean)
 ON CONFLICT DO NOTHING
 RETURNING occurrence_id, applied_at, pg_current_xact_id()::text::bigint AS claim_order;
 

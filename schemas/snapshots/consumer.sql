@@ -11,7 +11,8 @@ CREATE TABLE public.chronoq_consumer_dedupe (
     applied_at timestamp with time zone DEFAULT now() NOT NULL,
     attempt integer,
     lease_token uuid,
-    superseded boolean DEFAULT false NOT NULL
+    superseded boolean DEFAULT false NOT NULL,
+    slot boolean DEFAULT true NOT NULL
 );
 CREATE TABLE public.chronoq_migrations (
     migration_set text NOT NULL,
@@ -24,4 +25,4 @@ ALTER TABLE ONLY public.chronoq_consumer_dedupe
     ADD CONSTRAINT chronoq_consumer_dedupe_pkey PRIMARY KEY (consumer_group, occurrence_id);
 ALTER TABLE ONLY public.chronoq_migrations
     ADD CONSTRAINT chronoq_migrations_pkey PRIMARY KEY (migration_set, version);
-CREATE UNIQUE INDEX chronoq_consumer_dedupe_slot ON public.chronoq_consumer_dedupe USING btree (consumer_group, schedule_id, scheduled_for) WHERE (NOT superseded);
+CREATE UNIQUE INDEX chronoq_consumer_dedupe_slot ON public.chronoq_consumer_dedupe USING btree (consumer_group, schedule_id, scheduled_for) WHERE (slot AND (NOT superseded));

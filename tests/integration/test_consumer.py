@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from typing import Any
 
 import asyncpg
+import pytest
 
 from consumers import ConsumerApp, ConsumerConfig, Occurrence
 from consumers.dead_letters import HEADER_REASON
+from schemas.identity import occurrence_id
 from schemas.messages import OccurrenceMessage
 from schemas.topics import DEAD_LETTER_TOPIC, occurrence_topic
 from tests.support.kafka import (
@@ -189,3 +192,53 @@ async def test_concurrent_twins_of_one_occurrence_apply_once(consumer_db, kafka_
     values = sorted(o.value for o in outcomes)
     assert values.count("applied") == 1 and values.count("duplicate") == 31
     assert await effects.fetchval("SELECT count(*) FROM effects") == 1
+
+
+def _record(message: OccurrenceMessage, offset: int = 0) -> Any:
+    return type(
+        "Record",
+        (),
+        {"value": message.encode(), "headers": [], "topic": "t", "partition": 0, "offset": offset, "timestamp": 0,
+         "key": str(message.schedule_id).encode()},
+    )()  # fmt: skip
+
+
+@pytest.mark.parametrize("batch", [None, 10], ids=["single", "batch"])
+async def test_a_manual_run_at_a_slot_instant_is_not_taken_for_the_slot(
+    consumer_db, kafka_bootstrap, target, effects, batch
+):
+    """One effect per slot holds for the schedule's own occurrences of an instant (any version), but a manual
+    trigger that happens to fall on a slot instant is a run of its own (the engine keeps it outside the slot's
+    uniqueness too): the consumer recognises a slot occurrence by its id, which is the slot's."""
+    app: Any = ConsumerApp(engineless_config(consumer_db, kafka_bootstrap))
+    applied: list[uuid.UUID] = []
+
+    async def record_effect(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
+        applied.append(occurrence.occurrence_id)
+        await conn.execute("INSERT INTO effects (occurrence_id, amount) VALUES ($1, 1)", occurrence.occurrence_id)
+
+    if batch is None:
+        app.handler(target)(record_effect)
+    else:
+
+        @app.handler(target, batch=batch)
+        async def apply_all(occurrences: list[Occurrence], conn: asyncpg.Connection) -> None:
+            for occurrence in occurrences:
+                await record_effect(occurrence, conn)
+
+    slot = occurrence_message(target)
+    of_version_two = dataclasses.replace(
+        slot, schedule_version=2, occurrence_id=occurrence_id(slot.schedule_id, 2, slot.scheduled_for)
+    )
+    manual = dataclasses.replace(slot, occurrence_id=uuid.uuid4())
+    await app.start()
+    try:
+        for offset, message in enumerate((slot, manual, of_version_two)):
+            if batch is None:
+                await app.handle_record(_record(message, offset))
+            else:
+                await app.handle_batch([_record(message, offset)])
+    finally:
+        await app.stop()
+    assert applied == [slot.occurrence_id, manual.occurrence_id]  # version 2 of the applied slot: skipped
+    assert await effects.fetchval("SELECT count(*) FROM effects") == 2

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schemas.identity import occurrence_id
+from schemas.identity import is_slot_occurrence, occurrence_id
 from schemas.messages import (
     MalformedMessage,
     OccurrenceMessage,
@@ -142,6 +142,14 @@ def test_occurrence_ids_differ_when_inputs_differ(version, a, b):
     schedule = uuid.UUID("00000000-0000-4000-8000-000000000001")
     assert (occurrence_id(schedule, version, a) == occurrence_id(schedule, version, b)) == (a == b)
     assert occurrence_id(schedule, version, a) != occurrence_id(schedule, version + 1, a)
+
+
+@given(st.integers(1, 1000), st.datetimes(timezones=st.just(UTC)), st.uuids())
+def test_only_the_slots_own_id_is_taken_for_the_slots_occurrence(version, at, other):
+    schedule = uuid.UUID("00000000-0000-4000-8000-000000000001")
+    assert is_slot_occurrence(occurrence_id(schedule, version, at), schedule, version, at)
+    assert not is_slot_occurrence(occurrence_id(schedule, version + 1, at), schedule, version, at)
+    assert not is_slot_occurrence(other, schedule, version, at)  # a manual run's id (uuid4 or its own uuid5)
 
 
 def test_naive_instants_are_refused():
