@@ -11,7 +11,8 @@ document's links — with the ``not_a_server_error`` check. Schedule paths
 point at schedules created for the run four times in five
 (``load_tests/api_fuzz_hooks.py``), so that the bodies of PATCH, pause,
 resume, trigger and backfill are judged against live schedules instead of
-being answered 404 before they are read. The figures: the number of requests
+being answered 404 before they are read; occurrence paths point at DEAD
+occurrences planted for the run, so replay meets dead letters. The figures: the number of requests
 per operation and status class, and every 5xx (the run fails, exit 1, if
 there is one). schemathesis's own warnings (e.g. "most generated inputs are
 rejected") are printed as it gives them.
@@ -38,6 +39,7 @@ import asyncpg
 
 from engine.cli.embedded import EmbeddedKafka, EmbeddedPostgres
 from engine.control.quotas import TenantQuotas
+from engine.control.requested_occurrences import RequestedOccurrences
 from engine.control.schedules import ControlPlane
 from engine.control.tenants import create_tenant
 from schemas.connections import create_pool
@@ -99,6 +101,23 @@ async def existing_schedules(pool: asyncpg.Pool, count: int) -> tuple[list[str],
     return made[:count], made[count:]
 
 
+async def dead_occurrences(pool: asyncpg.Pool, schedule_ids: list[str]) -> list[str]:
+    """One DEAD occurrence for each of ``schedule_ids`` (a manual run whose attempt failed for good, as the
+    attempt processor leaves it), so occurrence reads and replay meet dead letters that exist."""
+    requested = RequestedOccurrences(pool)
+    made = [
+        (await requested.trigger_now("fuzz", schedule_id, "tenant:fuzz"))["occurrence_id"]
+        for schedule_id in schedule_ids
+    ]
+    await pool.execute(
+        "UPDATE occurrences SET state = 'DEAD', dead_reason = 'permanent_error', attempt_count = 1,"
+        " finished_at = now(), last_error_class = 'FuzzError', last_error_message = 'planted'"
+        " WHERE occurrence_id = ANY($1::uuid[])",
+        made,
+    )
+    return made
+
+
 async def run(args: argparse.Namespace, admin_url: str, bootstrap: str) -> dict:
     database = f"apifuzz_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(admin_url)
@@ -113,6 +132,7 @@ async def run(args: argparse.Namespace, admin_url: str, bootstrap: str) -> dict:
             await create_tenant(pool, "fuzz", TenantQuotas(max_active_schedules=10_000_000, max_fires_per_minute=1e15))
         ).api_token
         live, doomed = await existing_schedules(pool, args.live_schedules)
+        dead = await dead_occurrences(pool, live[: len(doomed)])
         await pool.close()
         env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOQ_")}
         env.update(CHRONOQ_DATABASE_URL=url, CHRONOQ_KAFKA_BOOTSTRAP=bootstrap)
@@ -158,6 +178,7 @@ async def run(args: argparse.Namespace, admin_url: str, bootstrap: str) -> dict:
                 SCHEMATHESIS_HOOKS=str(HOOKS),
                 CHRONOQ_FUZZ_LIVE=",".join(live),
                 CHRONOQ_FUZZ_DOOMED=",".join(doomed),
+                CHRONOQ_FUZZ_DEAD=",".join(dead),
             )
             finished = await asyncio.to_thread(
                 subprocess.run, command, cwd=out, capture_output=True, text=True, env=fuzz_env

@@ -31,7 +31,7 @@ from schemathesis import GenerationMode
 
 from engine.api.openapi import openapi_document
 from engine.control.tenants import TenantQuotas, create_tenant
-from load_tests.api_fuzz import existing_schedules
+from load_tests.api_fuzz import dead_occurrences, existing_schedules
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = int(os.environ.get("CHRONOQ_FUZZ_EXAMPLES", "25"))
@@ -147,14 +147,20 @@ async def test_generated_requests_on_existing_schedules_produce_no_server_error(
     query and body meet a schedule that exists (and cancel its own, so the others stay live)."""
     base_url, token = api_process
     live, doomed = await existing_schedules(pool, 20)  # the long run's schedules, fewer
+    dead = await dead_occurrences(pool, live[:10])  # and dead letters for the occurrence paths (replay)
     operations = [
-        result.ok() for result in _schema().get_all_operations() if result.ok().path.startswith("/v1/schedules/{id}")
+        result.ok()
+        for result in _schema().get_all_operations()
+        if result.ok().path.startswith(("/v1/schedules/{id}", "/v1/occurrences/{id}"))
     ]
     failures: list[str] = []
     statuses: Counter[tuple[str, int]] = Counter()
 
     def fuzz(operation, mode) -> None:
-        ids = doomed if operation.path.endswith("/cancel") else live
+        if operation.path.startswith("/v1/occurrences/"):
+            ids = dead
+        else:
+            ids = doomed if operation.path.endswith("/cancel") else live
 
         @settings(
             max_examples=max(EXAMPLES // 2, 8), deadline=None, database=None, suppress_health_check=list(HealthCheck)
@@ -173,12 +179,20 @@ async def test_generated_requests_on_existing_schedules_produce_no_server_error(
                 fuzz(operation, mode)
 
     await asyncio.to_thread(run_all)
-    # get, change, pause, resume, cancel, occurrences, versions, preview, timeline, trigger, backfill
-    assert len(operations) == 11
+    # get, change, pause, resume, cancel, occurrences, versions, preview, timeline, trigger, backfill; an
+    # occurrence's read and replay
+    assert len(operations) == 13
     assert not failures, "\n".join(failures[:20])
-    # the bodies were judged against live schedules: reads, and pause (a live schedule's own change), succeed
+    # the bodies were judged against live schedules: reads, and pause (a live schedule's own change), succeed;
+    # dead letters were read and replayed
     reached = {label for (label, status_class) in statuses if status_class == 2}
-    assert {"GET /v1/schedules/{id}", "POST /v1/schedules/{id}/pause", "POST /v1/schedules/{id}/cancel"} <= reached
+    assert {
+        "GET /v1/schedules/{id}",
+        "POST /v1/schedules/{id}/pause",
+        "POST /v1/schedules/{id}/cancel",
+        "GET /v1/occurrences/{id}",
+        "POST /v1/occurrences/{id}/replay",
+    } <= reached
 
 
 @pytest.mark.parametrize("label", ["POST /v1/schedules", "POST /v1/preview"])

@@ -53,6 +53,7 @@ async def claim(conn: asyncpg.Connection, message: OccurrenceMessage, token: uui
             scheduled_for=message.scheduled_for,
             attempt=message.attempt,
             lease_token=token,
+            slot=True,
         )
     )
     return None if row is None else row["claim_order"]
