@@ -7,7 +7,10 @@
 -- ran. The runtime now records whether a delivery is its slot's occurrence (its id is the slot's
 -- deterministic id, schemas.identity.occurrence_id) and only those rows hold the slot.
 --
--- Rows applied before this migration are all taken as slot rows (default true), as 0003 treated them.
+-- Rows applied before this migration are all taken as slot rows (default true), as 0003 treated them, and
+-- a runtime of the previous release still running beside a new one (a rolling upgrade) inserts slot rows,
+-- as before. The index is rebuilt under the migration's lock: on a dedupe table of many millions of rows,
+-- consumers of that database wait for the build (seconds) once, at the first start of the new runtime.
 
 ALTER TABLE chronoq_consumer_dedupe
     ADD COLUMN slot boolean NOT NULL DEFAULT true;
