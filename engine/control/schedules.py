@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 import asyncpg
+import orjson
 
 from engine.control import targets
 from engine.control.calendars import calendar_by_id, reference_calendar
@@ -295,6 +296,10 @@ class ControlPlane:
             calendar = await _calendar_columns(conn, tenant_id, request)
             now = await self.now(conn)
             request = anchored(request, now)
+            if _unchanged(row, {**definition_columns(request), **calendar}):
+                # The stored definition sent again (a deploy re-applying it): no version, nothing canceled. As
+                # a change it would cancel what is materialized ahead, and a published one keeps its slot.
+                return _change_report(row, Invalidation())
             first = first_fire(request, now)  # also rejects a one-time instant already past
             rate = timing.fires_per_minute(request.spec, now)
             await check_quotas(conn, tenant_id, tenant.quotas, rate, exclude=row.schedule_id)
@@ -503,6 +508,20 @@ def definition_columns(request: ScheduleRequest) -> dict[str, Any]:
         "retry_cap_s": request.retry_cap.total_seconds(),
         "deadline_s": int(request.deadline.total_seconds()) if request.deadline else None,
     }
+
+
+def _unchanged(row: Schedule, columns: dict[str, Any]) -> bool:
+    """Whether the definition columns of a change are the stored ones, every one of them. The payload is
+    compared as JSON text with sorted keys, not as Python values: ``true`` and ``1``, or ``1`` and ``1.0``,
+    are equal in Python but not to a consumer."""
+    for name, value in columns.items():
+        stored = getattr(row, name)
+        if name == "payload":
+            if orjson.dumps(stored, option=orjson.OPT_SORT_KEYS) != orjson.dumps(value, option=orjson.OPT_SORT_KEYS):
+                return False
+        elif stored != value:
+            return False
+    return True
 
 
 def _change_report(schedule: Schedule, invalidation: Invalidation) -> dict[str, Any]:

@@ -89,6 +89,41 @@ async def test_an_update_conditional_on_the_version_read_never_overwrites_a_newe
     assert (await control.update_schedule("acme", sid, {"payload": {}, "expected_version": 2}))["version"] == 3
 
 
+async def test_an_update_that_changes_nothing_is_no_new_version_and_cancels_nothing(control, pool, clock):
+    """Re-applying the stored definition (a deploy pipeline, a GET edited and sent back) is not a change: no
+    version, and the occurrences materialized ahead keep their delivery. As a change, it would cancel them, and
+    one already published would keep its slot under the old version, which consumers skip: a run lost."""
+    schedule = await control.create_schedule(
+        "acme", {**EVERY_MINUTE, "payload": {"plan": "basic"}, "time_zone": "Europe/Berlin", "max_attempts": 4}
+    )
+    sid = schedule["schedule_id"]
+    clock.advance(timedelta(seconds=45))
+    await materializer(pool, clock).run_once()  # 10:01 materialized ahead
+    assert await states(pool, sid) == {"SCHEDULED": 1}
+
+    stored = await control.get_schedule("acme", sid)
+    for same in (
+        {"payload": {"plan": "basic"}},
+        {"expression": "* * * * *", "kind": "cron", "time_zone": "Europe/Berlin"},
+        {name: stored[name] for name in ("kind", "expression", "target", "payload", "time_zone", "max_attempts")},
+        {"payload": {"plan": "basic"}, "expected_version": 1},
+    ):
+        again = await control.update_schedule("acme", sid, same)
+        assert (again["version"], again["canceled_occurrences"], again["released_slots"]) == (1, 0, 0), same
+    assert await states(pool, sid) == {"SCHEDULED": 1}
+    assert await pool.fetchval("SELECT count(*) FROM outbox WHERE discarded_at IS NOT NULL") == 0
+    assert [h["change"] for h in await control.schedule_history("acme", sid)] == ["create"]
+    assert (await control.get_schedule("acme", sid))["updated_at"] == stored["updated_at"]
+
+    changed = await control.update_schedule("acme", sid, {"payload": {"plan": "pro"}})
+    assert (changed["version"], changed["canceled_occurrences"]) == (2, 1)
+    # Equal in Python, not in JSON: each is a change.
+    assert (await control.update_schedule("acme", sid, {"payload": {"n": 1}}))["version"] == 3
+    assert (await control.update_schedule("acme", sid, {"payload": {"n": True}}))["version"] == 4
+    assert (await control.update_schedule("acme", sid, {"payload": {"n": 1.0}}))["version"] == 5
+    assert (await control.update_schedule("acme", sid, {"payload": {"n": 1.0}}))["version"] == 5
+
+
 async def test_pause_stops_fires_and_resume_applies_the_misfire_policy(control, pool, clock):
     schedule = await control.create_schedule(
         "acme", {**EVERY_MINUTE, "misfire_policy": "fire_once", "max_lateness": "30s"}
