@@ -232,10 +232,11 @@ class RequestedOccurrences:
                     tenant_id=schedule.tenant_id,
                 )
             )
-            if restored["occurrences"] != len(archived):  # the plan was read under the schedule's lock
+            if restored["occurrences"] != len(archived):  # raised in the transaction: all of it rolls back
                 raise Conflict(
                     f"backfill of schedule {schedule.schedule_id}: {len(archived)} archived occurrences to"
-                    f" fire again, {restored['occurrences']} found; nothing was written, retry the backfill"
+                    f" fire again, {restored['occurrences']} could be restored (a slot taken meanwhile);"
+                    " nothing was written, read the schedule's timeline and retry the backfill"
                 )
         if new.ids:
             await conn.fetchval(*QUERIES.insert_requested_occurrences(**new.columns(), **common))

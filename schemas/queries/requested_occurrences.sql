@@ -29,14 +29,16 @@ WHERE schedule_id = :schedule_id AND scheduled_for = ANY (:slots::timestamptz[])
 -- name: restore_archived_occurrences
 -- Moves archived occurrences :occurrence_ids of one schedule version that never ran (MISSED,
 -- SKIPPED_OVERLAP) back to the hot table, with any attempts, so that a backfill fires them again under their
--- own ids (refire_occurrences, next). Returns how many occurrences moved.
+-- own ids (refire_occurrences, next). Returns how many occurrences were restored.
 WITH moved AS (
     DELETE FROM archive.occurrences
     WHERE occurrence_id = ANY (:occurrence_ids::uuid[]) AND schedule_id = :schedule_id
       AND schedule_version = :version AND tenant_id = :tenant_id AND state IN ('MISSED', 'SKIPPED_OVERLAP')
     RETURNING *
 ), restored AS (
-    INSERT INTO occurrences SELECT * FROM moved RETURNING occurrence_id
+    -- a slot held in the hot table meanwhile is not taken twice: fewer restored than moved, and the caller
+    -- rolls the whole backfill back (the archive keeps them)
+    INSERT INTO occurrences SELECT * FROM moved ON CONFLICT DO NOTHING RETURNING occurrence_id
 ), attempts_moved AS (
     DELETE FROM archive.attempts WHERE occurrence_id IN (SELECT occurrence_id FROM moved) RETURNING *
 ), attempts_restored AS (
