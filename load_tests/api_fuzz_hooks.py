@@ -38,7 +38,7 @@ def flatmap_path_parameters(context: Any, path_parameters: dict[str, Any]) -> st
         pool = DOOMED if path.endswith("/cancel") else LIVE
     else:
         pool = []
-    if "id" not in path_parameters or not pool:
+    if not pool or not path_parameters or "id" not in path_parameters:  # None: the path has no parameters
         return st.just(path_parameters)
     existing = st.sampled_from(pool).map(lambda schedule_id: {**path_parameters, "id": schedule_id})
     return st.one_of(st.just(path_parameters), existing, existing, existing, existing)  # a branch, uniformly
