@@ -14,7 +14,8 @@ resume, trigger and backfill are judged against live schedules instead of
 being answered 404 before they are read; occurrence paths point at DEAD
 occurrences planted for the run, so replay meets dead letters. The figures: the number of requests
 per operation and status class, and every 5xx (the run fails, exit 1, if
-there is one). schemathesis's own warnings (e.g. "most generated inputs are
+there is one, and also if schemathesis reports an error of its own: an
+operation it could not fuzz). schemathesis's own warnings (e.g. "most generated inputs are
 rejected") are printed as it gives them.
 """
 
@@ -52,12 +53,21 @@ SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
 
 def summarize(ndjson: Path) -> dict[str, Any]:
     """Per operation: requests by status class, and how many generated-valid (positive) requests were
-    accepted; plus every 5xx. Read from schemathesis's event stream (one ScenarioFinished per scenario)."""
+    accepted; plus every 5xx, and every error of the tool itself (schemathesis's NonFatalError: a hook or
+    a generator that raised, so the operation was not fuzzed). Read from schemathesis's event stream (one
+    ScenarioFinished per scenario)."""
     statuses: dict[str, Counter[str]] = defaultdict(Counter)
     positive: dict[str, Counter[str]] = defaultdict(Counter)
     server_errors: list[str] = []
+    tool_errors: list[str] = []
     for line in ndjson.read_text().splitlines():
-        finished = json.loads(line).get("ScenarioFinished")
+        event = json.loads(line)
+        error = event.get("NonFatalError")
+        if error is not None:
+            value = error.get("value") or {}
+            where = f"{error.get('label')} ({error.get('phase')})"
+            tool_errors.append(f"{where}: {value.get('type')}: {value.get('message')}")
+        finished = event.get("ScenarioFinished")
         recorder = (finished or {}).get("recorder") or {}
         for case_id, interaction in (recorder.get("interactions") or {}).items():
             case = (recorder.get("cases") or {}).get(case_id, {}).get("value", {})
@@ -77,6 +87,7 @@ def summarize(ndjson: Path) -> dict[str, Any]:
         "positive_outcomes": {label: dict(counts) for label, counts in sorted(positive.items())},
         "total_requests": sum(sum(c.values()) for c in statuses.values()),
         "server_errors": server_errors,
+        "tool_errors": tool_errors,
     }
 
 
@@ -232,9 +243,12 @@ if __name__ == "__main__":
     parser.add_argument("--json", type=Path, help="also write the figures here")
     arguments = parser.parse_args()
     figures = asyncio.run(main(arguments))
-    print(json.dumps({k: v for k, v in figures.items() if k != "server_errors"}, indent=2))
+    print(json.dumps({k: v for k, v in figures.items() if k not in ("server_errors", "tool_errors")}, indent=2))
     for error in figures.get("server_errors", [])[:50]:
         print("5xx:", error)
+    for error in figures.get("tool_errors", [])[:50]:
+        print("not fuzzed:", error)
     if arguments.json:
         arguments.json.write_text(json.dumps(figures, indent=2))
-    sys.exit(0 if figures.get("total_requests") and not figures.get("server_errors") else 1)
+    clean = figures.get("total_requests") and not figures.get("server_errors") and not figures.get("tool_errors")
+    sys.exit(0 if clean else 1)
