@@ -69,6 +69,12 @@ async def test_a_command_is_applied_once_even_when_replayed(processor, tenants, 
         signed(acme, clock, "update", schedule_id=uuid.UUID(sid), body={"expression": "0 10 * * *"})
     )
     assert (updated.status, updated.schedule["version"]) == ("applied", 2)
+    # A command conditional on the version its sender read is refused once another change came first.
+    stale = await processor.process(
+        signed(acme, clock, "update", schedule_id=uuid.UUID(sid), body={"payload": 2, "expected_version": 1})
+    )
+    assert (stale.status, stale.error["code"]) == ("rejected", "conflict")
+    assert await pool.fetchval("SELECT version FROM schedules") == 2
     for action, state in (("pause", "paused"), ("resume", "active"), ("cancel", "canceled")):
         result = await processor.process(signed(acme, clock, action, schedule_id=uuid.UUID(sid)))
         assert (result.status, result.schedule["state"]) == ("applied", state)
