@@ -30,10 +30,24 @@ def occurrence_id(schedule_id: uuid.UUID, schedule_version: int, scheduled_for: 
     return uuid.uuid5(OCCURRENCE_NAMESPACE, f"{schedule_id}/{schedule_version}/{micros}")
 
 
-_NAMESPACE_BYTES = OCCURRENCE_NAMESPACE.bytes
+#: The namespace's bytes, which every uuid5 name is hashed after (a property that converts on each read).
+OCCURRENCE_NAMESPACE_BYTES = OCCURRENCE_NAMESPACE.bytes
 # RFC 4122 uuid5: the version nibble and the variant bits, cleared and set in the digest's first 16 bytes.
 _UUID5_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
 _UUID5_BITS = (0x5000 << 64) | (0x8000 << 48)
+
+
+def micros_text(instant: datetime) -> bytes:
+    """An aware instant as UTC microseconds since the epoch, the last part of an occurrence id's name."""
+    return str((instant - _EPOCH) // _MICROSECOND).encode()
+
+
+def uuid5_int(namespaced_name: bytes) -> int:
+    """The 128-bit value of ``uuid.uuid5(namespace, name)`` from the namespace's bytes followed by the name's:
+    the digest with the version and variant set, without building a ``uuid.UUID`` (a third of its time).
+    The materializer and the consumer's slot test run it per occurrence; tests hold both to
+    :func:`occurrence_id`."""
+    return (int.from_bytes(hashlib.sha1(namespaced_name).digest()[:16]) & _UUID5_CLEAR) | _UUID5_BITS
 
 
 def is_slot_occurrence(
@@ -41,14 +55,8 @@ def is_slot_occurrence(
 ) -> bool:
     """Whether ``occurrence`` is the slot's own occurrence: its id is the one :func:`occurrence_id` gives the
     slot (the schedule's firing, a catch-up, a backfill). A manual trigger has an id of its own and is not,
-    even on a slot's instant.
-
-    Every delivery a consumer applies asks it, so the uuid5 is computed from the digest directly (a third of
-    ``uuid.uuid5``'s time); tests/unit/test_messages.py holds it to :func:`occurrence_id`.
-    """
+    even on a slot's instant. Every delivery a consumer applies asks it."""
     if scheduled_for.tzinfo is None:
         raise ValueError("scheduled_for must be timezone-aware")
-    micros = (scheduled_for - _EPOCH) // _MICROSECOND
-    name = f"{schedule_id}/{schedule_version}/{micros}".encode()
-    digest = int.from_bytes(hashlib.sha1(_NAMESPACE_BYTES + name).digest()[:16])
-    return occurrence.int == (digest & _UUID5_CLEAR) | _UUID5_BITS
+    name = f"{schedule_id}/{schedule_version}/".encode() + micros_text(scheduled_for)
+    return occurrence.int == uuid5_int(OCCURRENCE_NAMESPACE_BYTES + name)

@@ -34,13 +34,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import hashlib
 import logging
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from fractions import Fraction
 from typing import Any, NamedTuple
 
@@ -62,7 +61,7 @@ from engine.rules.token_bucket import TokenBucket, full_bucket, reserve, take
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock
 from schemas.dispatch_lanes import aware, bucket_of, lane_of
-from schemas.identity import OCCURRENCE_NAMESPACE
+from schemas.identity import OCCURRENCE_NAMESPACE_BYTES, micros_text, uuid5_int
 from schemas.messages import FORMAT_VERSION, format_instant
 from schemas.queries import QUERIES
 from schemas.shard_ownership import ShardOwnership
@@ -199,42 +198,25 @@ class _Pacing:
 #: tenants.catch_up_per_minute's default, for a schedule whose tenant has no row.
 DEFAULT_CATCH_UP_PER_MINUTE = 1000
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
-
-
-def micros_text(instant: datetime) -> bytes:
-    """An instant as UTC microseconds since the epoch, the last part of an occurrence id's name."""
-    return str((instant - _EPOCH) // _MICROSECOND).encode()
-
-
-# uuid.UUID.bytes is a property that converts the id's int each time it is read: once per module, not per schedule.
-_NAMESPACE_BYTES = OCCURRENCE_NAMESPACE.bytes
-
 
 class OccurrenceIds:
     """``schemas.identity.occurrence_id`` for many instants of one schedule version, with the
     schedule's part of the uuid5 name encoded once (tests/unit/test_materializer_plan.py keeps the two equal).
 
     The ids are asyncpg's UUID (a ``uuid.UUID`` subclass, equal and hashing alike) built from the
-    digest with the version and variant bits set here: half the cost of ``uuid.UUID(bytes=, version=5)``
-    and a tenth of its ``str()``, which the message needs. A burst pays both once per occurrence.
+    digest with the version and variant bits set (``schemas.identity.uuid5_int``): half the cost of
+    ``uuid.UUID(bytes=, version=5)`` and a tenth of its ``str()``, which the message needs. A burst pays both
+    once per occurrence.
     """
 
     __slots__ = ("schedule_text", "_prefix")
 
     def __init__(self, schedule_id: uuid.UUID, version: int) -> None:
         self.schedule_text = str(schedule_id)
-        self._prefix = _NAMESPACE_BYTES + f"{self.schedule_text}/{version}/".encode()
+        self._prefix = OCCURRENCE_NAMESPACE_BYTES + f"{self.schedule_text}/{version}/".encode()
 
     def of(self, micros: bytes) -> uuid.UUID:
-        digest = int.from_bytes(hashlib.sha1(self._prefix + micros).digest()[:16])
-        return FastUUID(((digest & _UUID_CLEAR) | _UUID5_BITS).to_bytes(16))
-
-
-# RFC 4122 uuid5: version 5 in bits 76-79, variant 0b10 in bits 62-63 (what uuid.UUID(version=5) sets).
-_UUID_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
-_UUID5_BITS = (0x5000 << 64) | (0x8000 << 48)
+        return FastUUID(uuid5_int(self._prefix + micros).to_bytes(16))
 
 
 @functools.lru_cache(maxsize=4096)

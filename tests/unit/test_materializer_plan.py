@@ -16,9 +16,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.cli.stack_commands import DEFAULT_HORIZON, MAX_HORIZON, materializer_config
-from engine.loops.materializer import MaterializerConfig, OccurrenceIds, micros_text
+from engine.loops.materializer import MaterializerConfig, OccurrenceIds
 from schemas.errors import InvalidInput
-from schemas.identity import occurrence_id
+from schemas.identity import micros_text, occurrence_id
 
 instants = st.datetimes(min_value=datetime(1971, 1, 1), max_value=datetime(2200, 1, 1), timezones=st.just(UTC))
 
