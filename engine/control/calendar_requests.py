@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
+from engine.control.identifiers import expected_version
 from engine.rules.exclusion_calendars import FIRST_YEAR, LAST_YEAR, MAX_ENTRIES, CalendarEntry
 from engine.rules.timing.zones import validate_zone
 from schemas.errors import InvalidInput
@@ -87,8 +88,8 @@ def parse_calendar_changes(raw: Mapping[str, Any]) -> CalendarChanges:
         raise InvalidInput("body", "give at least one of time_zone, description, dates", '{"dates": ["2026-12-25"]}')
     _reject_unknown(raw, CHANGE_FIELDS, "calendar update")
     expected = raw.get("expected_version")
-    if expected is not None and (not isinstance(expected, int) or isinstance(expected, bool) or expected < 1):
-        raise InvalidInput("expected_version", "must be a positive integer (the version you read)", "3")
+    if expected is not None:
+        expected = expected_version(expected)
     return CalendarChanges(
         time_zone=_zone(raw.get("time_zone")) if "time_zone" in raw else None,
         time_zone_set="time_zone" in raw,

@@ -1,10 +1,10 @@
-"""Ids as callers write them (URL path segments, CLI arguments)."""
+"""Ids and versions as callers write them (URL path segments, CLI arguments, bodies)."""
 
 from __future__ import annotations
 
 import uuid
 
-from schemas.errors import NotFound
+from schemas.errors import InvalidInput, NotFound
 
 
 def as_uuid(value: uuid.UUID | str, kind: str) -> uuid.UUID:
@@ -15,3 +15,11 @@ def as_uuid(value: uuid.UUID | str, kind: str) -> uuid.UUID:
         return uuid.UUID(str(value))
     except ValueError as err:
         raise NotFound(kind, value) from err
+
+
+def expected_version(value: object) -> int:
+    """A change's ``expected_version``: the version the caller read (a positive integer), or InvalidInput
+    naming the field. A schedule or calendar change with it applies only while the record is at that version."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidInput("expected_version", "must be a positive integer (the version you read)", "3")
+    return value

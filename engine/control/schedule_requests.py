@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from engine.control.calendar_requests import validate_calendar_name
+from engine.control.identifiers import expected_version
 from engine.rules import timing
 from engine.rules.cron_expression import MAX_EXPRESSION_LENGTH, normalize_cron, parse_cron
 from engine.rules.exclusion_calendars import ExclusionCalendar
@@ -212,9 +213,7 @@ def split_expected_version(changes: Mapping[str, Any]) -> tuple[int | None, Mapp
     """An update's ``expected_version`` (the version the caller read; None: unconditional) and its changes."""
     if not isinstance(changes, Mapping) or "expected_version" not in changes:
         return None, changes
-    expected = changes["expected_version"]
-    if not isinstance(expected, int) or isinstance(expected, bool) or expected < 1:
-        raise InvalidInput("expected_version", "must be a positive integer (the version you read)", "3")
+    expected = expected_version(changes["expected_version"])
     return expected, {name: value for name, value in changes.items() if name != "expected_version"}
 
 
