@@ -821,8 +821,6 @@ CREATE INDEX occurrences_lease_expiry ON ONLY public.occurrences USING btree (le
 CREATE INDEX occurrences_default_lease_expires_at_idx ON public.occurrences_default USING btree (lease_expires_at) WHERE (state = 'RUNNING'::text);
 CREATE INDEX occurrences_open ON ONLY public.occurrences USING btree (schedule_id) WHERE (state = ANY (ARRAY['SCHEDULED'::text, 'ENQUEUED'::text, 'RUNNING'::text, 'RETRY_WAIT'::text]));
 CREATE INDEX occurrences_default_schedule_id_idx ON public.occurrences_default USING btree (schedule_id) WHERE (state = ANY (ARRAY['SCHEDULED'::text, 'ENQUEUED'::text, 'RUNNING'::text, 'RETRY_WAIT'::text]));
-CREATE UNIQUE INDEX occurrences_slot ON ONLY public.occurrences USING btree (schedule_id, schedule_version, scheduled_for) WHERE (origin <> 'manual'::text);
-CREATE UNIQUE INDEX occurrences_default_schedule_id_schedule_version_scheduled__idx ON public.occurrences_default USING btree (schedule_id, schedule_version, scheduled_for) WHERE (origin <> 'manual'::text);
 CREATE INDEX occurrences_schedule ON ONLY public.occurrences USING btree (schedule_id, scheduled_for);
 CREATE INDEX occurrences_default_schedule_id_scheduled_for_idx ON public.occurrences_default USING btree (schedule_id, scheduled_for);
 CREATE UNIQUE INDEX occurrences_slot_holder ON ONLY public.occurrences USING btree (schedule_id, scheduled_for) WHERE ((slot_released_at IS NULL) AND (origin <> 'manual'::text));
@@ -858,7 +856,6 @@ ALTER INDEX public.attempts_pkey ATTACH PARTITION public.attempts_default_pkey;
 ALTER INDEX public.occurrences_lease_expiry ATTACH PARTITION public.occurrences_default_lease_expires_at_idx;
 ALTER INDEX public.occurrences_pkey ATTACH PARTITION public.occurrences_default_pkey;
 ALTER INDEX public.occurrences_open ATTACH PARTITION public.occurrences_default_schedule_id_idx;
-ALTER INDEX public.occurrences_slot ATTACH PARTITION public.occurrences_default_schedule_id_schedule_version_scheduled__idx;
 ALTER INDEX public.occurrences_schedule ATTACH PARTITION public.occurrences_default_schedule_id_scheduled_for_idx;
 ALTER INDEX public.occurrences_slot_holder ATTACH PARTITION public.occurrences_default_schedule_id_scheduled_for_idx1;
 ALTER INDEX public.occurrences_dead ATTACH PARTITION public.occurrences_default_tenant_id_finished_at_occurrence_id_idx;

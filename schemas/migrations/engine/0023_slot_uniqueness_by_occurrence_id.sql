@@ -1,0 +1,12 @@
+-- chronoq engine, migration 0023: the slot's uniqueness per version is the primary key's, not an index of
+-- its own.
+--
+-- UNIQUE (schedule_id, schedule_version, scheduled_for) WHERE origin <> 'manual' repeated what the primary
+-- key (occurrence_id, scheduled_for) already enforces: every non-manual occurrence's id is uuid5 of
+-- exactly that triple (schemas/identity.py, written by the materializer, catch-up and backfill alike), so
+-- a second row of one (schedule, version, instant) has the same key and conflicts there. The rule that
+-- one slot has one holder across versions stays with occurrences_slot_holder (schedule_id, scheduled_for).
+-- No update of an occurrence is HOT (state is in partial-index predicates), so this index took a new entry
+-- at the insert and at every state change after it (settle, started, succeeded): one of eight to ten.
+-- Measured in docs/benchmarks.md (stop 42).
+DROP INDEX occurrences_slot;
