@@ -175,7 +175,7 @@ class AttemptLedger:
         tokens = tokens_to_read(events, rows)
         attempts = await conn.fetch(*QUERIES.attempts_by_token(lease_tokens=list(tokens), days=days)) if tokens else []
         decisions = fold_events(events, by_id, attempts, now, owners)
-        await self._write(conn, decisions, now, days)
+        await self._write(conn, decisions, now, days, by_id)
         for occurrence_id, failure in decisions.failures.items():
             # The failed attempt is closed (written above); the retry decision reads the whole row now.
             occ = await lock_occurrence(conn, occurrence_id)
@@ -212,14 +212,24 @@ class AttemptLedger:
         return owners
 
     async def _write(
-        self, conn: asyncpg.Connection, decisions: Decisions, now: datetime, days: Sequence[datetime]
+        self,
+        conn: asyncpg.Connection,
+        decisions: Decisions,
+        now: datetime,
+        days: Sequence[datetime],
+        locked: Mapping[uuid.UUID, Mapping[str, Any]],
     ) -> None:
         """What the fold decided: one statement per kind of write for the whole batch (``days``: the locked
-        occurrences' instants, which prune every statement to their day partitions)."""
+        occurrences' instants, which prune every statement to their day partitions; ``locked``: those rows by
+        id, whose ``scheduled_for`` is each new attempt's partition key)."""
         new = decisions.new_attempts()
         if new:
-            rows = [{column: getattr(a, column) for column in _NEW_ATTEMPT} for a in new]
-            await conn.execute(*QUERIES.insert_attempts(attempts=json_rows(rows), days=days))
+            rows = [
+                {column: getattr(a, column) for column in _NEW_ATTEMPT}
+                | {"scheduled_for": locked[a.occurrence_id]["scheduled_for"]}
+                for a in new
+            ]
+            await conn.execute(*QUERIES.insert_attempts(attempts=json_rows(rows)))
         changed = decisions.changed_attempts()
         if changed:
             rows = [{column: getattr(a, column) for column in _CHANGED_ATTEMPT} for a in changed]
