@@ -27,12 +27,7 @@ from opentelemetry import metrics
 
 from consumers.topic_reader import keep_reading
 from schemas import observability as obs
-from schemas.attempt_grants import (
-    AttemptGrant,
-    attempt_grant_from_object,
-    decode_attempt_grant_object,
-    grant_partition,
-)
+from schemas.attempt_grants import AttemptGrant, decode_attempt_grant, grant_partition
 from schemas.errors import MalformedMessage
 from schemas.kafka_security import PLAINTEXT, KafkaSecurity, start_client
 from schemas.topics import ATTEMPT_GRANTS_TOPIC, topic_partitions
@@ -46,9 +41,6 @@ class GrantWaiter:
     def __init__(self, consumer_group: str, meter: metrics.Meter) -> None:
         self.consumer_group = consumer_group
         self._waiting: dict[uuid.UUID, asyncio.Future[AttemptGrant]] = {}
-        # The same tokens as the wire writes them (str(uuid)): a record naming none of them is skipped
-        # before its fields are checked. Every instance of the group reads every answer of the group.
-        self._waiting_text: set[str] = set()
         self._consumer: AIOKafkaConsumer | None = None
         self.malformed = 0
         self._malformed = meter.create_counter(
@@ -62,26 +54,19 @@ class GrantWaiter:
         loop = asyncio.get_running_loop()
         for token in lease_tokens:
             self._waiting[token] = loop.create_future()
-            self._waiting_text.add(str(token))
 
     def forget(self, lease_tokens: Iterable[uuid.UUID]) -> None:
         """Stop waiting for these tokens (answered, timed out or rolled back)."""
         for token in lease_tokens:
-            self._waiting_text.discard(str(token))
             future = self._waiting.pop(token, None)
             if future is not None and not future.done():
                 future.cancel()
 
     def receive(self, value: bytes | None, partition: int | None = None, offset: int | None = None) -> None:
         """Take one record of the topic: an answer for a token this instance waits on resolves its wait;
-        any other answer is ignored (an answer naming a token as text that this instance does not wait on,
-        without checking its other fields: another instance's); a malformed record is logged and counted."""
+        any other answer is ignored; a malformed record is logged and counted."""
         try:
-            data = decode_attempt_grant_object(value)
-            token = data.get("lease_token")
-            if isinstance(token, str) and token not in self._waiting_text:
-                return
-            grant = attempt_grant_from_object(data)
+            grant = decode_attempt_grant(value)
         except MalformedMessage as err:
             self.malformed += 1
             self._malformed.add(1)

@@ -116,17 +116,7 @@ def _wire_text(text: str) -> bool:
 
 def decode_attempt_grant(value: bytes | None) -> AttemptGrant:
     """Decode a grant or raise MalformedMessage saying what is wrong (strict: every field checked)."""
-    return attempt_grant_from_object(decode_attempt_grant_object(value))
-
-
-def decode_attempt_grant_object(value: bytes | None) -> dict[str, Any]:
-    """The JSON object of a grant record of a known format, or MalformedMessage; its fields unchecked (a
-    reader may look at ``lease_token`` first, to skip answers meant for another instance)."""
-    return decode_json_object(value, "attempt grant")
-
-
-def attempt_grant_from_object(data: dict[str, Any]) -> AttemptGrant:
-    """A grant from its decoded JSON object, every field checked, or MalformedMessage."""
+    data = decode_json_object(value, "attempt grant")
     result = fields.choice(data, "result", RESULTS)
     reason = fields.choice(data, "reason", REFUSAL_REASONS) if result == REFUSED else None
     if result == GRANTED and data.get("reason") is not None:

@@ -171,25 +171,6 @@ async def test_an_answer_that_comes_while_waiting_ends_the_wait() -> None:
     assert answer is not None and answer.granted
 
 
-async def test_answers_for_tokens_another_instance_waits_on_are_skipped_unchecked() -> None:
-    """Every instance of a group reads every answer of the group: one checks in full only the records that
-    name a token it waits on (an instance of K decodes a K-th of them). A record naming no token as text is
-    still checked, so garbage is still counted; a garbled record naming one of its tokens too."""
-    waiter = GrantWaiter("billing", NoOpMeter("test"))
-    waiter.expect([TOKEN])
-    foreign = {"format": 1, "occurrence_id": str(OCC), "consumer_group": "billing", "result": "maybe"}
-    waiter.receive(orjson.dumps({**foreign, "lease_token": str(OTHER)}))  # another instance's: not checked
-    assert waiter.malformed == 0
-    waiter.receive(orjson.dumps({**foreign, "lease_token": 7}))  # no token as text: checked, malformed
-    waiter.receive(orjson.dumps({**foreign, "lease_token": str(TOKEN)}))  # its own, garbled: malformed
-    assert waiter.malformed == 2
-    waiter.receive(AttemptGrant(OCC, TOKEN, "billing", "granted").encode())
-    assert (await waiter.wait([TOKEN], timeout=0))[TOKEN] == AttemptGrant(OCC, TOKEN, "billing", "granted")
-    # Forgotten after the wait: its answers are another instance's (or nobody's) again.
-    waiter.receive(orjson.dumps({**foreign, "lease_token": str(TOKEN)}))
-    assert waiter.malformed == 2
-
-
 def config(**overrides: object) -> ConsumerConfig:
     return ConsumerConfig("g", "127.0.0.1:9092", "postgresql:///x", **overrides)  # type: ignore[arg-type]
 
