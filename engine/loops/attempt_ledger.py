@@ -175,7 +175,7 @@ class AttemptLedger:
         tokens = tokens_to_read(events, rows)
         attempts = await conn.fetch(*QUERIES.attempts_by_token(lease_tokens=list(tokens), days=days)) if tokens else []
         decisions = fold_events(events, by_id, attempts, now, owners)
-        await self._write(conn, decisions, now, days, by_id)
+        await self._write(conn, decisions, now, days)
         for occurrence_id, failure in decisions.failures.items():
             # The failed attempt is closed (written above); the retry decision reads the whole row now.
             occ = await lock_occurrence(conn, occurrence_id)
@@ -212,24 +212,14 @@ class AttemptLedger:
         return owners
 
     async def _write(
-        self,
-        conn: asyncpg.Connection,
-        decisions: Decisions,
-        now: datetime,
-        days: Sequence[datetime],
-        locked: Mapping[uuid.UUID, Mapping[str, Any]],
+        self, conn: asyncpg.Connection, decisions: Decisions, now: datetime, days: Sequence[datetime]
     ) -> None:
         """What the fold decided: one statement per kind of write for the whole batch (``days``: the locked
-        occurrences' instants, which prune every statement to their day partitions; ``locked``: those rows by
-        id, whose ``scheduled_for`` is each new attempt's partition key)."""
+        occurrences' instants, which prune every statement to their day partitions)."""
         new = decisions.new_attempts()
         if new:
-            rows = [
-                {column: getattr(a, column) for column in _NEW_ATTEMPT}
-                | {"scheduled_for": locked[a.occurrence_id]["scheduled_for"]}
-                for a in new
-            ]
-            await conn.execute(*QUERIES.insert_attempts(attempts=json_rows(rows)))
+            rows = [{column: getattr(a, column) for column in _NEW_ATTEMPT} for a in new]
+            await conn.execute(*QUERIES.insert_attempts(attempts=json_rows(rows), days=days))
         changed = decisions.changed_attempts()
         if changed:
             rows = [{column: getattr(a, column) for column in _CHANGED_ATTEMPT} for a in changed]
