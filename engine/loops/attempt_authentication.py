@@ -17,7 +17,7 @@ The contract is ``schemas/attempt_credentials.py``.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
@@ -61,18 +61,13 @@ class ReceivedEvent:
 class EventVerifier(Protocol):
     """Decides whether each received event comes from the consumer side it claims to.
 
-    Called once per batch, inside the batch's transaction before anything is applied, with ``targets``: the
-    target of every occurrence the batch names that exists (read by the batch's lock, so a verifier reads
-    no occurrence itself). Returns, per event in order, None for an authentic event or the reason it is
-    rejected; a rejected event changes nothing and is counted and logged.
+    Called once per batch, inside the batch's transaction before anything is applied, so looking the
+    credentials up is one statement for the batch. Returns, per event in order, None for an authentic event
+    or the reason it is rejected; a rejected event changes nothing and is counted and logged.
     """
 
     async def verify(
-        self,
-        conn: asyncpg.Connection,
-        received: Sequence[ReceivedEvent],
-        now: datetime,
-        targets: Mapping[uuid.UUID, str],
+        self, conn: asyncpg.Connection, received: Sequence[ReceivedEvent], now: datetime
     ) -> Sequence[str | None]: ...
 
 
@@ -80,60 +75,55 @@ class CredentialVerifier:
     """The engine's verifier: the per-target attempt credentials (:func:`authenticate`)."""
 
     async def verify(
-        self,
-        conn: asyncpg.Connection,
-        received: Sequence[ReceivedEvent],
-        now: datetime,
-        targets: Mapping[uuid.UUID, str],
+        self, conn: asyncpg.Connection, received: Sequence[ReceivedEvent], now: datetime
     ) -> list[str | None]:
-        return [None if why is None else why.value for why in await authenticate(conn, received, now, targets)]
+        return [None if why is None else why.value for why in await authenticate(conn, received, now)]
 
 
 async def authenticate(
-    conn: asyncpg.Connection, batch: Sequence[ReceivedEvent], now: datetime, targets: Mapping[uuid.UUID, str]
+    conn: asyncpg.Connection, batch: Sequence[ReceivedEvent], now: datetime
 ) -> list[Rejection | None]:
     """Why each event must not be applied, or None if it may be (in the caller's transaction).
 
-    ``targets`` maps every occurrence the batch names that exists to its target; the caller read it by id
-    (with a wrong or absent instant too: :func:`engine.loops.attempt_ledger.lock_event_occurrences`), so
-    only an occurrence that does not exist at all leaves an event unchecked (the ledger then answers
-    "unknown" and changes nothing). One statement for the batch: the credentials its targets and
-    signatures name."""
-    claimed = sorted({r.credential_id for r in batch if r.credential_id is not None})
-    named = sorted({targets[r.event.occurrence_id] for r in batch if r.event.occurrence_id in targets})
-    if not named:
-        return [None] * len(batch)
-    enforced: set[str] = set()
-    credentials: dict[uuid.UUID, asyncpg.Record] = {}
-    for row in await conn.fetch(*QUERIES.attempt_authorities(targets=named, credential_ids=claimed)):
-        if row["credential_id"] is None:
-            enforced.add(row["target"])
-        else:
-            credentials[row["credential_id"]] = row
-    return [
-        _judge(targets.get(received.event.occurrence_id), enforced, credentials, received, now) for received in batch
-    ]
+    One query for the batch in the days its events name; the events whose occurrence it did not find (no
+    instant, or a wrong one) are looked up again by id alone. Only an occurrence that does not exist at all
+    leaves an event unchecked (the ledger then answers "unknown" and changes nothing): a wrong instant must
+    never make an event look like that."""
+    days = sorted({r.event.scheduled_for for r in batch if r.event.scheduled_for is not None})
+    by_position: dict[int, asyncpg.Record] = {}
+    if days:
+        rows = await conn.fetch(
+            *QUERIES.attempt_authorities_of_days(
+                occurrence_ids=[r.event.occurrence_id for r in batch],
+                credential_ids=[r.credential_id for r in batch],
+                days=days,
+            )
+        )
+        by_position = {row["ordinal"]: row for row in rows}
+    missing = [i for i in range(1, len(batch) + 1) if i not in by_position]
+    if missing:
+        rows = await conn.fetch(
+            *QUERIES.attempt_authorities(
+                occurrence_ids=[batch[i - 1].event.occurrence_id for i in missing],
+                credential_ids=[batch[i - 1].credential_id for i in missing],
+            )
+        )
+        by_position.update((missing[row["ordinal"] - 1], row) for row in rows)  # its ordinals count `missing`
+    return [_judge(by_position.get(i), received, now) for i, received in enumerate(batch, start=1)]
 
 
-def _judge(
-    target: str | None,
-    enforced: set[str],
-    credentials: Mapping[uuid.UUID, asyncpg.Record],
-    received: ReceivedEvent,
-    now: datetime,
-) -> Rejection | None:
-    if target is None:
+def _judge(row: asyncpg.Record | None, received: ReceivedEvent, now: datetime) -> Rejection | None:
+    if row is None:
         return None  # no such occurrence: the ledger answers "unknown" and changes nothing
     claim = received.claim
     if claim is None:
-        return Rejection.UNSIGNED if target in enforced else None
-    credential = credentials.get(claim.credential_id)
-    if credential is None:
+        return Rejection.UNSIGNED if row["enforced"] else None
+    if row["secret"] is None:
         return Rejection.UNKNOWN_CREDENTIAL
-    if not verify(bytes(credential["secret"]), received.key, received.value, claim):
+    if not verify(bytes(row["secret"]), received.key, received.value, claim):
         return Rejection.BAD_SIGNATURE
-    if credential["target"] != target:
+    if row["credential_target"] != row["target"]:
         return Rejection.WRONG_TARGET
-    if credential["revoked_at"] is not None and credential["revoked_at"] <= now:
+    if row["revoked_at"] is not None and row["revoked_at"] <= now:
         return Rejection.EXPIRED_CREDENTIAL
     return None

@@ -152,22 +152,12 @@ class AttemptLedger:
         return (await self.apply_batch(conn, [event], now))[0]
 
     async def apply_batch(
-        self,
-        conn: asyncpg.Connection,
-        events: Sequence[AttemptEvent],
-        now: datetime,
-        locked: Sequence[asyncpg.Record] | None = None,
+        self, conn: asyncpg.Connection, events: Sequence[AttemptEvent], now: datetime
     ) -> list[Verdict]:
-        """Apply events in order (of their partition): the verdict of each, in order. ``locked``: the rows
-        :func:`lock_event_occurrences` returned in this transaction for these events (or more), if the caller
-        already locked them; otherwise they are locked here."""
+        """Apply events in order (of their partition): the verdict of each, in order."""
         if not events:
             return []
-        if locked is None:
-            rows = await lock_event_occurrences(conn, events)
-        else:
-            named = {event.occurrence_id for event in events}
-            rows = [row for row in locked if row["occurrence_id"] in named]
+        rows = await lock_event_occurrences(conn, events)
         by_id = {row["occurrence_id"]: row for row in rows}
         # The locked occurrences' instants: every later statement of the batch reads those days' partitions.
         days = sorted({row["scheduled_for"] for row in rows})

@@ -1,10 +1,9 @@
 """The attempt processor: consume ``chronoq.attempts`` and apply the events, a partition's batch at a time.
 
 Each fetched partition's events are one unit: decoded (an undecodable record is counted as poison and
-skipped), their occurrences locked in one read, authenticated against those rows' targets
-(:class:`EventVerifier`, by default :class:`CredentialVerifier`: an event not signed by the consumer side
-of its occurrence's target, when that target has a credential, is rejected, counted as
-``chronoq.attempt_events_rejected`` and changes nothing), then applied set-based in the same
+skipped), authenticated (:class:`EventVerifier`, by default :class:`CredentialVerifier`: an event not
+signed by the consumer side of its occurrence's target, when that target has a credential, is rejected,
+counted as ``chronoq.attempt_events_rejected`` and changes nothing), then applied set-based in one
 transaction by :meth:`AttemptLedger.apply_batch` — one statement per kind of write for the batch,
 fencing per occurrence. Everything the batch changes is written in that
 transaction; the Kafka offset is committed after it, so a crash in between re-applies events, which are
@@ -50,7 +49,7 @@ from opentelemetry import metrics, trace
 
 from engine.loops.attempt_authentication import CredentialVerifier, EventVerifier, ReceivedEvent, Rejection
 from engine.loops.attempt_grants import GrantPublisher, GrantSink
-from engine.loops.attempt_ledger import AttemptLedger, Verdict, lock_event_occurrences, read_event_leases
+from engine.loops.attempt_ledger import AttemptLedger, Verdict, read_event_leases
 from engine.loops.attempt_outcomes import AttemptMetrics, AttemptStats
 from engine.loops.kafka_processor import KafkaLoopSettings, KafkaProcessorLoop, database_scoped_group
 from engine.loops.reporting import SUMMARY_EVERY
@@ -167,15 +166,11 @@ class AttemptProcessor:
             span.set_attribute("chronoq.events", len(received))
             async with self.pool.acquire() as conn, conn.transaction():
                 now: datetime = await conn.fetchval(*QUERIES.current_instant(now=self.clock.now()))
-                # One read of the batch's occurrences, locked: the verifier judges by their targets, the
-                # ledger folds over them (a rejected event's row stays locked until the commit, unchanged).
-                locked = await lock_event_occurrences(conn, [r.event for r in received])
-                targets = {row["occurrence_id"]: row["target"] for row in locked}
-                rejections = await self.verifier.verify(conn, received, now, targets)
+                rejections = await self.verifier.verify(conn, received, now)
                 accepted = [r.event for r, why in zip(received, rejections, strict=True) if why is None]
                 try:
                     async with conn.transaction():
-                        applied = await self.ledger.apply_batch(conn, accepted, now, locked)
+                        applied = await self.ledger.apply_batch(conn, accepted, now)
                 except Exception as err:  # noqa: BLE001 - a transient error re-reads; anything else is isolated
                     if is_transient(err):
                         raise
