@@ -23,8 +23,11 @@ For a decoded occurrence message the runner:
 5. re-checks the view right before calling the handler (a fast path, and the
    only check with the barrier off);
 6. calls the handler with the occurrence and the open connection, under the
-   target's timeout, while a background task heartbeats the lease and the
-   view watches for the schedule's cancellation;
+   target's timeout, while the view watches for the schedule's cancellation.
+   The lease is heartbeated from the acknowledgement of ``started`` (through
+   the wait for the answer) to the commit, and a lease that ran out by the
+   worker's own clock before the handler is not used
+   (:mod:`consumers.attempt_leases`);
 7. commits, then reports ``succeeded``; or rolls back and reports ``failed``
    (error class, message, permanent or not) or ``canceled``.
 
@@ -55,6 +58,7 @@ import asyncpg
 from opentelemetry import metrics
 
 from consumers.attempt_grants import GrantWaiter
+from consumers.attempt_leases import HeldLease, LeaseKeeper, LocalLease
 from consumers.attempt_reports import AttemptReporter
 from consumers.config import ConsumerConfig
 from consumers.errors import (
@@ -144,6 +148,7 @@ class ConsumerStats:
     batch_failures: int = 0  # batches whose failure sent their occurrences through one by one
     refused: int = 0  # deliveries the engine refused (the barrier): rolled back, the handler not called
     grant_timeouts: int = 0  # waits for the engine's answer to started that ran out (retried in place)
+    leases_lost: int = 0  # attempts whose lease ran out by the worker's clock before they finished
     binding_behind: int = 0  # records parked because the target-binding view was older than their version
     consumer_restarts: int = 0  # Kafka consumers recreated because they stalled (ConsumerConfig.stall_timeout)
     outcomes: list[tuple[uuid.UUID, int, str]] = field(default_factory=list)  # last 1000 (id, attempt, outcome)
@@ -172,31 +177,12 @@ class ConsumerMetrics:
         self.binding_behind = meter.create_counter(
             obs.BINDING_VIEW_BEHIND, unit="1", description="records whose binding version the view had not read"
         )
+        self.leases_lost = meter.create_counter(
+            obs.CONSUMER_LEASES_LOST, unit="1", description="attempts whose lease the worker found overdue"
+        )
         self.grant_wait = meter.create_histogram(
             obs.ATTEMPT_GRANT_WAIT, unit="s", description="from sending started to the engine's answer"
         )
-
-
-class LocalLease:
-    """This worker's own view of its lease: renewed by acknowledged heartbeats, lost once overdue.
-
-    Monotonic time keeps running while a process is stopped (SIGSTOP), so a
-    worker that wakes up past its lease knows it lost it.
-    """
-
-    def __init__(self, ttl: float) -> None:
-        self.ttl = ttl
-        self.renewed_at = time.monotonic()
-        self.lost = False
-
-    def renewed(self, at: float) -> None:
-        if not self.lost:
-            self.renewed_at = at
-
-    def check(self) -> bool:
-        if not self.lost and time.monotonic() - self.renewed_at > self.ttl:
-            self.lost = True
-        return not self.lost
 
 
 def limit_ms(seconds: float) -> str:
@@ -313,22 +299,55 @@ class AttemptRunner:
             await rollback(transaction)
             return await self._duplicate(conn, message)
         applied_at = claimed["applied_at"]
-        refusal = await self._start(message, token, claimed["claim_order"], transaction)
-        if refusal is not None:
-            return refusal
-        lease = LocalLease(cfg.lease_ttl)
-        obsolete = self.view.verdict(message.schedule_id, message.schedule_version)  # right before the handler
-        if obsolete:
-            await rollback(transaction)
-            return await self._skip(message, obsolete, token)
-        occurrence = Occurrence.from_message(message, applied_at, token, Cancellation())
-        if self.hooks.after_started:
-            await self.hooks.after_started(occurrence)
-        error, timed_out = await self._run_handler(conn, transaction, occurrence, registration, lease)
-        if error is None or await self.committed_anyway(error, [occurrence], lease):
+        keeper = self.lease_keeper(message.target, [HeldLease.of(message, token)])
+        try:
+            refusal = await self._start(message, token, claimed["claim_order"], transaction, keeper)
+            if refusal is not None:
+                return refusal
+            await self.ensure_lease(keeper, transaction)
+            obsolete = self.view.verdict(message.schedule_id, message.schedule_version)  # right before the handler
+            if obsolete:
+                await rollback(transaction)
+                await keeper.stop()
+                return await self._skip(message, obsolete, token)
+            occurrence = Occurrence.from_message(message, applied_at, token, Cancellation())
+            if self.hooks.after_started:
+                await self.hooks.after_started(occurrence)
+            error, timed_out = await self._run_handler(conn, transaction, occurrence, registration, keeper)
+        finally:
+            await keeper.stop()  # before any outcome is reported
+        if error is None or await self.committed_anyway(error, [occurrence], keeper.lease):
             return await self._succeeded(occurrence)
         await rollback(transaction)
-        return await self.conclude_failure(conn, occurrence, registration, lease, error, timed_out)
+        return await self.conclude_failure(conn, occurrence, registration, keeper.lease, error, timed_out)
+
+    def lease_keeper(self, target: str, leases: list[HeldLease]) -> LeaseKeeper:
+        """The keeper of an attempt's leases, created right before its ``started`` is sent."""
+        return LeaseKeeper(
+            self.reporter,
+            target,
+            self.config.lease_ttl,
+            self.config.renew_interval,
+            leases,
+            on_lost=lambda held: self._lease_lost(target, held),
+        )
+
+    def _lease_lost(self, target: str, held: int) -> None:
+        self.stats.leases_lost += held
+        self.meters.leases_lost.add(held, {"target": target})
+
+    async def ensure_lease(self, keeper: LeaseKeeper, transaction: asyncpg.transaction.Transaction) -> None:
+        """Before the handler: the lease must still be this worker's by its own clock. One that ran out while
+        the engine's answer was on its way (the process starved or paused, heartbeats not acknowledged) is not
+        used — the engine may have ended it — so the attempt is rolled back and retried in place with a new
+        claim (InfrastructureError): the engine takes it over if the lease is still open, else refuses it."""
+        if keeper.alive():
+            return
+        await rollback(transaction)
+        raise InfrastructureError(
+            f"the lease ran out ({self.config.lease_ttl:g} s without an acknowledged heartbeat) before the handler"
+            " could run; rolled back, retrying with a new claim"
+        )
 
     async def _run_handler(
         self,
@@ -336,13 +355,13 @@ class AttemptRunner:
         transaction: asyncpg.transaction.Transaction,
         occurrence: Occurrence,
         registration: HandlerRegistration,
-        lease: LocalLease,
+        keeper: LeaseKeeper,
     ) -> tuple[Exception | None, bool]:
+        """Run the handler and commit, while ``keeper`` renews the lease; it stops renewing before returning."""
         started = time.perf_counter()
         deadline = asyncio.timeout(registration.timeout)
         error: Exception | None = None
         with self.view.watch(occurrence.schedule_id, occurrence.cancellation):
-            heartbeats = asyncio.create_task(self._heartbeats(occurrence, lease), name="lease-heartbeats")
             try:
                 async with deadline:
                     await cast(Handler, registration.fn)(occurrence, conn)
@@ -352,44 +371,9 @@ class AttemptRunner:
             except Exception as err:  # noqa: BLE001 - every handler failure is classified below
                 error = err
             finally:
-                heartbeats.cancel()
-                await asyncio.gather(heartbeats, return_exceptions=True)
+                await keeper.stop()
         self.meters.duration.record(time.perf_counter() - started, {"target": occurrence.target})
         return error, deadline.expired()
-
-    async def _heartbeats(self, occurrence: Occurrence, lease: LocalLease) -> None:
-        """Renew the lease while the handler runs; stop for good once it is overdue."""
-        while True:
-            await asyncio.sleep(self.config.renew_interval)
-            if not lease.check():
-                log.warning(
-                    "lease overdue (the process was paused or starved); no longer renewing it",
-                    extra={
-                        **ids(occurrence),
-                        "action": "attempt.lease_lost",
-                        "lease_token": str(occurrence.lease_token),
-                    },
-                )
-                return
-            sent_at = time.monotonic()
-            try:
-                await self.reporter.send(
-                    AttemptEvent.heartbeat(
-                        occurrence.occurrence_id,
-                        occurrence.attempt,
-                        occurrence.lease_token,  # type: ignore[arg-type]
-                        self.config.lease_ttl,
-                        occurrence.scheduled_for,
-                    ),
-                    occurrence.target,
-                )
-            except InfrastructureError as err:
-                log.warning(
-                    "heartbeat not delivered",
-                    extra={**ids(occurrence), "action": "attempt.heartbeat_failed", "error": str(err)},
-                )
-                continue
-            lease.renewed(sent_at)
 
     # -- the barrier ----------------------------------------------------------------------------
 
@@ -399,8 +383,10 @@ class AttemptRunner:
         token: uuid.UUID,
         claim_order: int | None,
         transaction: asyncpg.transaction.Transaction,
+        keeper: LeaseKeeper,
     ) -> Outcome | None:
-        """Send ``started`` inside the dedupe transaction and, with the barrier, await the engine's answer.
+        """Send ``started`` inside the dedupe transaction, start renewing its lease once the broker took it,
+        and, with the barrier, await the engine's answer.
 
         None: go ahead (granted, or no barrier). An Outcome: the engine refused, rolled back. Raises
         InfrastructureError (rolled back) when the broker does not take ``started`` or no answer comes
@@ -428,6 +414,7 @@ class AttemptRunner:
                 self.grants.forget([token])
             await rollback(transaction)
             raise
+        keeper.start()  # the engine's lease may begin any moment now; the answer may take longer than it
         if self.grants is None:
             return None
         grant = (await self.await_grants([token], message.target))[token]

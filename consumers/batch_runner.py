@@ -19,8 +19,9 @@ call, with one open transaction on the app's database. For a batch the runner:
    consumed);
 5. re-checks the schedule-state view; occurrences that became obsolete meanwhile lose their dedupe row
    inside the transaction and are reported ``canceled``;
-6. calls the handler with the list and the connection, under the target's timeout, heartbeating every
-   lease in one Kafka batch;
+6. calls the handler with the list and the connection, under the target's timeout. Every lease of the
+   batch is heartbeated in one Kafka batch per renewal, from the acknowledgement of the starts (through the
+   wait for the answers) to the commit (:mod:`consumers.attempt_leases`);
 7. commits — effects and dedupe rows together — then reports ``succeeded`` in one Kafka batch.
 
 **Failures.** The transaction rolls back: no effect, no dedupe row. A handler that raises
@@ -50,6 +51,7 @@ from typing import cast
 
 import asyncpg
 
+from consumers.attempt_leases import HeldLease, LeaseKeeper, LocalLease
 from consumers.attempt_reports import AttemptReporter
 from consumers.attempt_runner import (
     LEASE_EXPIRED,
@@ -59,7 +61,6 @@ from consumers.attempt_runner import (
     ConsumerMetrics,
     ConsumerStats,
     HandlerRegistration,
-    LocalLease,
     Outcome,
     commit,
     ids,
@@ -259,31 +260,36 @@ class BatchRunner:
             return []
         # The duplicates' reports ride in the same Kafka batch as the starts.
         duplicates = self._already_applied_events(before, earlier)
-        await self._announce(transaction, duplicates, fresh, claim_order)
-        self._count_duplicates(before, outcomes)
-        if self.single.grants is not None:
-            fresh = await self._granted(conn, transaction, fresh, outcomes)
+        keeper = self.single.lease_keeper(fresh[0].message.target, [HeldLease.of(i.message, i.lease) for i in fresh])
+        try:
+            await self._announce(transaction, duplicates, fresh, claim_order)
+            keeper.start()  # the engine's leases may begin any moment now; the answers may take longer
+            self._count_duplicates(before, outcomes)
+            if self.single.grants is not None:
+                fresh = await self._granted(conn, transaction, fresh, outcomes, keeper)
+                if not fresh:
+                    await rollback(transaction)
+                    return []
+            await self.single.ensure_lease(keeper, transaction)
+            for item in fresh:
+                item.occurrence = Occurrence.from_message(
+                    item.message, applied_at[item.message.occurrence_id], item.token, Cancellation()
+                )
+            fresh = await self._drop_obsolete_since_start(conn, transaction, fresh, outcomes, keeper)
             if not fresh:
                 await rollback(transaction)
                 return []
-        lease = LocalLease(cfg.lease_ttl)
-        for item in fresh:
-            item.occurrence = Occurrence.from_message(
-                item.message, applied_at[item.message.occurrence_id], item.token, Cancellation()
-            )
-        fresh = await self._drop_obsolete_since_start(conn, transaction, fresh, outcomes)
-        if not fresh:
-            await rollback(transaction)
-            return []
-        for item in fresh:
-            if self.hooks.after_started:
-                await self.hooks.after_started(item.started)
-        error, timed_out = await self._run_handler(conn, transaction, fresh, registration, lease)
-        if error is None or await self.single.committed_anyway(error, [i.started for i in fresh], lease):
+            for item in fresh:
+                if self.hooks.after_started:
+                    await self.hooks.after_started(item.started)
+            error, timed_out = await self._run_handler(conn, transaction, fresh, registration, keeper)
+        finally:
+            await keeper.stop()  # before any outcome is reported
+        if error is None or await self.single.committed_anyway(error, [i.started for i in fresh], keeper.lease):
             await self._succeeded(fresh, outcomes)
             return []
         await rollback(transaction)
-        return await self._failed(conn, fresh, registration, lease, error, timed_out, outcomes)
+        return await self._failed(conn, fresh, registration, keeper.lease, error, timed_out, outcomes)
 
     async def _announce(
         self,
@@ -329,6 +335,7 @@ class BatchRunner:
         transaction: asyncpg.transaction.Transaction,
         items: list[_Item],
         outcomes: dict[int, Outcome],
+        keeper: LeaseKeeper,
     ) -> list[_Item]:
         """The barrier for the whole batch: one wait for the engine's answers to every ``started``.
 
@@ -350,6 +357,7 @@ class BatchRunner:
             )
         if not refused:
             return items
+        keeper.release(i.lease for i, _ in refused)
         remaining = await self._drop_claims(conn, transaction, items, [i for i, _ in refused])
         for item, grant in refused:
             outcomes[item.index] = self.single.refused(item.message, grant)
@@ -361,6 +369,7 @@ class BatchRunner:
         transaction: asyncpg.transaction.Transaction,
         items: list[_Item],
         outcomes: dict[int, Outcome],
+        keeper: LeaseKeeper,
     ) -> list[_Item]:
         """The view, right before the handler: an occurrence obsolete by now loses its dedupe row (uncommitted)."""
         obsolete = []
@@ -370,6 +379,7 @@ class BatchRunner:
                 obsolete.append((item, verdict))
         if not obsolete:
             return items
+        keeper.release(i.lease for i, _ in obsolete)
         remaining = await self._drop_claims(conn, transaction, items, [i for i, _ in obsolete])
         await self._skip(obsolete, outcomes)
         return remaining
@@ -403,14 +413,14 @@ class BatchRunner:
         transaction: asyncpg.transaction.Transaction,
         items: list[_Item],
         registration: HandlerRegistration,
-        lease: LocalLease,
+        keeper: LeaseKeeper,
     ) -> tuple[Exception | None, bool]:
+        """Run the handler and commit, while ``keeper`` renews the leases; it stops renewing before returning."""
         occurrences = [i.started for i in items]
         started = time.perf_counter()
         deadline = asyncio.timeout(registration.timeout)
         error: Exception | None = None
         with self.view.watch_many([(o.schedule_id, o.cancellation) for o in occurrences]):
-            heartbeats = asyncio.create_task(self._heartbeats(items, lease), name="batch-lease-heartbeats")
             try:
                 async with deadline:
                     await cast(BatchHandler, registration.fn)(occurrences, conn)
@@ -421,42 +431,9 @@ class BatchRunner:
             except Exception as err:  # noqa: BLE001 - every handler failure is classified below
                 error = err
             finally:
-                heartbeats.cancel()
-                await asyncio.gather(heartbeats, return_exceptions=True)
+                await keeper.stop()
         self.meters.duration.record(time.perf_counter() - started, {"target": items[0].message.target})
         return error, deadline.expired()
-
-    async def _heartbeats(self, items: list[_Item], lease: LocalLease) -> None:
-        """Renew every lease of the batch, one Kafka batch per interval, until the lease is overdue."""
-        while True:
-            await asyncio.sleep(self.config.renew_interval)
-            if not lease.check():
-                log.warning(
-                    "batch lease overdue (the process was paused or starved); no longer renewing it",
-                    extra={"action": "attempt.lease_lost", "occurrences": len(items)},
-                )
-                return
-            sent_at = time.monotonic()
-            try:
-                await self.reporter.send_many(
-                    [
-                        AttemptEvent.heartbeat(
-                            i.message.occurrence_id,
-                            i.message.attempt,
-                            i.lease,
-                            self.config.lease_ttl,
-                            i.message.scheduled_for,
-                        )
-                        for i in items
-                    ],
-                    items[0].message.target,
-                )
-            except InfrastructureError as err:
-                log.warning(
-                    "batch heartbeat not delivered", extra={"action": "attempt.heartbeat_failed", "error": str(err)}
-                )
-                continue
-            lease.renewed(sent_at)
 
     # -- outcomes -------------------------------------------------------------------------------
 

@@ -52,6 +52,9 @@ OVERLAP_SKIPS = "chronoq.overlap_skips"  # counter: occurrences SKIPPED_OVERLAP
 CANCELED_DELIVERIES = "chronoq.canceled_deliveries"  # counter (consumer): skipped, older version or canceled
 CONSUMER_LAG = "chronoq.consumer_lag"  # gauge (consumer), per partition: high water - committable
 CONSUMER_RESTARTS = "chronoq.consumer_restarts"  # counter (consumer), attr reason: Kafka consumer recreated (stalled)
+# counter (consumer), attr target: attempts whose lease the worker found overdue before it finished (paused,
+# starved, or no heartbeat acknowledged for a lease ttl): no longer renewed, no handler called under it
+CONSUMER_LEASES_LOST = "chronoq.consumer_leases_lost"
 CONSUMER_BATCH_SIZE = "chronoq.consumer_batch_size"  # histogram (consumer): occurrences per batch handler delivery
 ATTEMPT_EVENT_BATCH = "chronoq.attempt_event_batch"  # histogram: attempt events applied per transaction
 # gauge: attempt events not applied yet; attr partition (the attempt processor, its partitions), attr group
