@@ -74,6 +74,7 @@ async def consumer_worker(args: argparse.Namespace) -> None:
     from consumers import ConsumerApp, ConsumerConfig, Occurrence
 
     starts = array.array("d")
+    waits = _GrantWaits()
     app = ConsumerApp(
         ConsumerConfig(
             args.group,
@@ -86,7 +87,8 @@ async def consumer_worker(args: argparse.Namespace) -> None:
             heartbeat_interval=args.session_timeout / 5,
             state_catch_up_timeout=2.0,
             shutdown_grace=5.0,
-        )
+        ),
+        meter=waits.meter,
     )
 
     for target in args.target_names:
@@ -128,9 +130,48 @@ async def consumer_worker(args: argparse.Namespace) -> None:
                 "duplicates": app.stats.duplicates,
                 "failures": app.stats.failures,
                 "abandoned": app.stats.abandoned,
+                "grant_timeouts": app.stats.grant_timeouts,
+                "leases_lost": app.stats.leases_lost,
+                "retried_in_place": app.stats.infrastructure_errors,
+                "grant_wait_buckets": waits.buckets(),
             }
         ),
     )
+
+
+class _GrantWaits:
+    """The app's own ``chronoq.attempt_grant_wait`` histogram, read in process: how long deliveries waited for
+    the engine's answer to ``started`` (how close they came to a lease ttl, and to the grant timeout)."""
+
+    BOUNDS = (1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 60.0)
+
+    def __init__(self) -> None:
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+
+        from schemas import observability as obs
+
+        self.name = obs.ATTEMPT_GRANT_WAIT
+        self.reader = InMemoryMetricReader()
+        view = View(instrument_name=self.name, aggregation=ExplicitBucketHistogramAggregation(self.BOUNDS))
+        self.meter = MeterProvider(metric_readers=[self.reader], views=[view]).get_meter("consumer-burst")
+
+    def buckets(self) -> dict[str, int]:
+        """Waits (one per delivery or batch) by upper bound in seconds, ``inf`` for the rest."""
+        from opentelemetry.sdk.metrics.export import HistogramDataPoint
+
+        counts = [0] * (len(self.BOUNDS) + 1)
+        data = self.reader.get_metrics_data()
+        for resource in data.resource_metrics if data else ():
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    if metric.name != self.name:
+                        continue
+                    for point in metric.data.data_points:
+                        if isinstance(point, HistogramDataPoint):
+                            counts = [a + b for a, b in zip(counts, point.bucket_counts, strict=True)]
+        return {f"{bound:g}": n for bound, n in zip((*self.BOUNDS, float("inf")), counts, strict=True)}
 
 
 class _BusyCpu:
@@ -439,6 +480,12 @@ class ConsumerSide:
                 "applied": sum(r["applied"] for r in reports),
                 "handler_calls_recorded": len(starts),
                 "duplicates": sum(r["duplicates"] for r in reports),
+                # Why deliveries went round again: answers later than the grant timeout, leases run out by
+                # the worker's clock, and every infrastructure error retried in place (those included).
+                "grant_timeouts": sum(r.get("grant_timeouts", 0) for r in reports),
+                "leases_lost": sum(r.get("leases_lost", 0) for r in reports),
+                "retried_in_place": sum(r.get("retried_in_place", 0) for r in reports),
+                "grant_wait_buckets": _summed([r.get("grant_wait_buckets") or {} for r in reports]),
                 "attempt_events": engine_report.get("events"),
                 "attempt_verdicts": engine_report.get("verdicts"),
             }
@@ -456,6 +503,14 @@ class ConsumerSide:
             if worker.process.returncode is None:
                 worker.process.kill()
                 await worker.process.wait()
+
+
+def _summed(counts: list[dict[str, int]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for one in counts:
+        for key, n in one.items():
+            total[key] = total.get(key, 0) + n
+    return total
 
 
 def _per(cpu_s: float | None, count: int | None) -> float | None:
