@@ -2,8 +2,8 @@
 
 The engine starts a lease when it applies ``started`` (its clock plus the lease ttl) and ends it a ttl after
 the last heartbeat it applied, judging by every event produced before then (docs/consumer-runtime.md, "The
-reaper judges leases by what the engine has read"). So a worker renews from the moment its ``started`` is on
-the broker, not from the moment its handler runs: the engine's answer to ``started`` (the cancel barrier)
+reaper judges leases by what the engine has read"). So a worker renews from the moment it sends ``started``,
+not from the moment its handler runs: the engine's answer to ``started`` (the cancel barrier)
 can come late — an attempt processor far behind in a burst, a grant reader starved of CPU — and a worker
 that first heartbeats in its handler can find the engine's lease already over. The reaper then times out a
 healthy attempt and a retry runs the delivery again (the dedupe row keeps the effect single, but the work,
@@ -76,10 +76,13 @@ class LeaseKeeper:
     """Renews the leases of one attempt (or one batch's attempts) every ``renew_interval`` from ``start`` to
     ``stop``, one Kafka batch per renewal.
 
-    Create it right before sending ``started`` (its ``lease`` counts from then), ``start`` it once the broker
-    acknowledged ``started``, ``release`` the leases the engine refused or the runner dropped, and ``stop`` it
-    before reporting any outcome. ``on_lost`` is called once, with the number of leases held, when the lease is
-    first found overdue (``alive``)."""
+    Create it right before sending ``started`` (its ``lease`` counts from then), ``start`` it with the first
+    try to send ``started`` (the broker may write a record it does not acknowledge in time, and the engine
+    then starts the lease), ``release`` the leases the engine refused or the runner dropped, and ``stop`` it
+    before reporting any outcome. A heartbeat that reaches the engine before its ``started`` is fenced and
+    changes nothing; the lease it would have renewed begins later than the worker's own view of it.
+    ``on_lost`` is called once, with the number of leases held, when the lease is first found overdue
+    (``alive``)."""
 
     def __init__(
         self,

@@ -11,7 +11,10 @@ For a decoded occurrence message the runner:
    ``already_applied`` with the token recorded in the row, and stop;
 3. reports ``started`` (attempt number from the message, the new token, the
    lease TTL) and waits for the broker's acknowledgement — only then is the
-   attempt real; a broker failure rolls back and retries in place;
+   attempt real; no acknowledgement in time sends the same ``started`` again
+   (the record may be written: a copy is a duplicate for the engine) until
+   the lease runs out by the worker's clock, then rolls back and retries in
+   place with a new claim;
 4. **the barrier** (``ConsumerConfig.attempt_barrier``, on by default): waits
    for the engine's answer to that ``started`` (``consumers.attempt_grants``),
    sent after the engine's transaction committed. ``granted`` means the engine
@@ -24,7 +27,7 @@ For a decoded occurrence message the runner:
    only check with the barrier off);
 6. calls the handler with the occurrence and the open connection, under the
    target's timeout, while the view watches for the schedule's cancellation.
-   The lease is heartbeated from the acknowledgement of ``started`` (through
+   The lease is heartbeated from the first try to send ``started`` (through
    the wait for the answer) to the commit, and a lease that ran out by the
    worker's own clock before the handler is not used
    (:mod:`consumers.attempt_leases`);
@@ -385,36 +388,25 @@ class AttemptRunner:
         transaction: asyncpg.transaction.Transaction,
         keeper: LeaseKeeper,
     ) -> Outcome | None:
-        """Send ``started`` inside the dedupe transaction, start renewing its lease once the broker took it,
-        and, with the barrier, await the engine's answer.
+        """Send ``started`` inside the dedupe transaction (:meth:`announce`) and, with the barrier, await the
+        engine's answer.
 
         None: go ahead (granted, or no barrier). An Outcome: the engine refused, rolled back. Raises
-        InfrastructureError (rolled back) when the broker does not take ``started`` or no answer comes
-        within ``attempt_grant_timeout``: the delivery is retried in place with a new claim.
+        InfrastructureError (rolled back) when the broker does not take ``started`` within the lease or no
+        answer comes within ``attempt_grant_timeout``: the delivery is retried in place with a new claim.
         """
         cfg = self.config
-        if self.grants is not None:
-            self.grants.expect([token])  # before sending: the answer may come back at once
-        try:
-            await self.reporter.send(
-                AttemptEvent.started(
-                    message.occurrence_id,
-                    message.attempt,
-                    token,
-                    cfg.lease_ttl,
-                    cfg.group,
-                    cfg.worker,
-                    claim_order=claim_order,
-                    scheduled_for=message.scheduled_for,
-                ),
-                message.target,
-            )
-        except InfrastructureError:
-            if self.grants is not None:
-                self.grants.forget([token])
-            await rollback(transaction)
-            raise
-        keeper.start()  # the engine's lease may begin any moment now; the answer may take longer than it
+        started = AttemptEvent.started(
+            message.occurrence_id,
+            message.attempt,
+            token,
+            cfg.lease_ttl,
+            cfg.group,
+            cfg.worker,
+            claim_order=claim_order,
+            scheduled_for=message.scheduled_for,
+        )
+        await self.announce(lambda: self.reporter.send(started, message.target), keeper, transaction, [token])
         if self.grants is None:
             return None
         grant = (await self.await_grants([token], message.target))[token]
@@ -428,6 +420,48 @@ class AttemptRunner:
             await rollback(transaction)
             return self.refused(message, grant)
         return None  # granted; or an observing group, which the engine does not gate (the view does)
+
+    async def announce(
+        self,
+        send: Callable[[], Awaitable[None]],
+        keeper: LeaseKeeper,
+        transaction: asyncpg.transaction.Transaction,
+        tokens: list[uuid.UUID],
+    ) -> None:
+        """Send ``started`` (``send``) inside the dedupe transaction, renewing its leases from the first try.
+
+        A broker that does not acknowledge in time may still write the records, and the engine then starts
+        their leases. So ``started`` is sent again with the same lease tokens — a copy is a duplicate the
+        engine recognises, answered from the state — instead of rolled back and claimed anew, which would
+        make each delivery a takeover (a new attempt row, the old one closed ``fenced``: in a burst on a
+        starved broker, thousands of them per batch, all load on the engine that is already behind). Only
+        once the lease is lost by the worker's own clock (no heartbeat acknowledged for a ttl either), after
+        ``attempt_grant_timeout`` of tries (the transaction sits idle meanwhile), or on shutdown, is the
+        transaction rolled back and InfrastructureError raised: retried in place with a new claim. Each try
+        sent again counts as an infrastructure error.
+        """
+        if self.grants is not None:
+            self.grants.expect(tokens)  # before sending: the answers may come back at once
+        keeper.start()  # the engine's leases may begin with the first try, acknowledged or not
+        backoff = self.config.redelivery_backoff
+        give_up_at = time.monotonic() + self.config.grant_timeout
+        while True:
+            try:
+                await send()
+                return
+            except InfrastructureError as err:
+                if self.stopping.is_set() or not keeper.alive() or time.monotonic() >= give_up_at:
+                    if self.grants is not None:
+                        self.grants.forget(tokens)
+                    await rollback(transaction)
+                    raise  # counted by the caller's retry in place
+                self.stats.infrastructure_errors += 1
+                log.warning(
+                    "started not acknowledged in time; sending it again with the same lease tokens",
+                    extra={"action": "attempt.started_resent", "occurrences": len(tokens), "error": str(err)},
+                )
+            await pause(self.stopping, backoff)
+            backoff = min(backoff * 2, self.config.redelivery_backoff_max)
 
     async def await_grants(self, lease_tokens: list[uuid.UUID], target: str) -> dict[uuid.UUID, AttemptGrant | None]:
         """The engine's answers to the ``started`` just sent for ``lease_tokens`` (registered with

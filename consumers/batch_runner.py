@@ -20,7 +20,7 @@ call, with one open transaction on the app's database. For a batch the runner:
 5. re-checks the schedule-state view; occurrences that became obsolete meanwhile lose their dedupe row
    inside the transaction and are reported ``canceled``;
 6. calls the handler with the list and the connection, under the target's timeout. Every lease of the
-   batch is heartbeated in one Kafka batch per renewal, from the acknowledgement of the starts (through the
+   batch is heartbeated in one Kafka batch per renewal, from the first try to send the starts (through the
    wait for the answers) to the commit (:mod:`consumers.attempt_leases`);
 7. commits — effects and dedupe rows together — then reports ``succeeded`` in one Kafka batch.
 
@@ -31,8 +31,10 @@ batch. Any other error cannot be pinned on an occurrence, so the batch's occurre
 one — each a batch of one, through the single-occurrence protocol of :mod:`consumers.attempt_runner`,
 whose outcome is final. A batch of one fails exactly as a single handler does. A rerun takes new lease
 tokens for the same deliveries, which the engine treats as a takeover: no attempt is consumed by the
-batch that failed. Infrastructure errors (the app database unreachable, the broker not acknowledging)
-retry the whole batch in place, consuming no attempt; a lease lost while the process was stopped
+batch that failed. A broker that does not acknowledge the starts in time gets the same starts again
+(same tokens: duplicates for the engine, not takeovers) while the leases last. Infrastructure errors (the
+app database unreachable, the broker not acknowledging for a whole lease) retry the whole batch in place,
+consuming no attempt; a lease lost while the process was stopped
 fails every occurrence of the batch with ``LeaseExpired``, as it would a single attempt.
 
 Crash safety is the single protocol's: every dedupe row commits with its effect, the engine fences by
@@ -262,8 +264,7 @@ class BatchRunner:
         duplicates = self._already_applied_events(before, earlier)
         keeper = self.single.lease_keeper(fresh[0].message.target, [HeldLease.of(i.message, i.lease) for i in fresh])
         try:
-            await self._announce(transaction, duplicates, fresh, claim_order)
-            keeper.start()  # the engine's leases may begin any moment now; the answers may take longer
+            await self._announce(transaction, duplicates, fresh, claim_order, keeper)
             self._count_duplicates(before, outcomes)
             if self.single.grants is not None:
                 fresh = await self._granted(conn, transaction, fresh, outcomes, keeper)
@@ -297,37 +298,29 @@ class BatchRunner:
         duplicates: list[AttemptEvent],
         fresh: list[_Item],
         claim_order: dict[uuid.UUID, int | None],
+        keeper: LeaseKeeper,
     ) -> None:
         """``started`` for every fresh occurrence (and the duplicates' reports) in one Kafka batch per
-        partition; with the barrier, their answers are expected before sending. Rolled back and raised
-        (InfrastructureError) when the broker does not take them."""
+        partition, sent again with the same tokens while the broker does not acknowledge and the leases last
+        (``AttemptRunner.announce``); rolled back and raised (InfrastructureError) once they do not."""
         cfg = self.config
-        grants = self.single.grants
-        if grants is not None:
-            grants.expect(i.lease for i in fresh)  # before sending: answers may come back at once
-        try:
-            await self.reporter.send_many(
-                duplicates
-                + [
-                    AttemptEvent.started(
-                        i.message.occurrence_id,
-                        i.message.attempt,
-                        i.lease,
-                        cfg.lease_ttl,
-                        cfg.group,
-                        cfg.worker,
-                        claim_order=claim_order[i.message.occurrence_id],
-                        scheduled_for=i.message.scheduled_for,
-                    )
-                    for i in fresh
-                ],
-                fresh[0].message.target,
+        events = duplicates + [
+            AttemptEvent.started(
+                i.message.occurrence_id,
+                i.message.attempt,
+                i.lease,
+                cfg.lease_ttl,
+                cfg.group,
+                cfg.worker,
+                claim_order=claim_order[i.message.occurrence_id],
+                scheduled_for=i.message.scheduled_for,
             )
-        except InfrastructureError:
-            if grants is not None:
-                grants.forget(i.lease for i in fresh)
-            await rollback(transaction)
-            raise
+            for i in fresh
+        ]
+        target = fresh[0].message.target
+        await self.single.announce(
+            lambda: self.reporter.send_many(events, target), keeper, transaction, [i.lease for i in fresh]
+        )
 
     async def _granted(
         self,

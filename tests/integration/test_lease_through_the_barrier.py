@@ -27,7 +27,7 @@ from consumers.errors import InfrastructureError
 from engine.loops.attempt_grants import GrantPublisher
 from engine.loops.attempt_processor import AttemptProcessor, AttemptProcessorConfig
 from engine.loops.reaper import Reaper
-from schemas.attempt_events import HEARTBEAT
+from schemas.attempt_events import HEARTBEAT, STARTED, AttemptEvent
 from schemas.attempt_grants import AttemptGrant
 from schemas.topics import ATTEMPT_GRANTS_TOPIC, create_missing_topics, occurrence_topic
 from tests.support.kafka import produce
@@ -226,4 +226,46 @@ async def test_a_lease_that_ran_out_during_the_wait_is_not_used_when_the_answer_
     assert (row["state"], row["attempt_count"]) == ("SUCCEEDED", 1)
     results = [(a["lease_token"], a["result"]) for a in await attempt_rows(pool, sent.occurrence_id)]
     assert results[0] == (first_token, "fenced") and results[-1] == (calls[0][1], "succeeded")
+    assert await effects.fetchval("SELECT count(*) FROM effects") == 1
+
+
+@pytest.mark.parametrize("batch", [None, 10], ids=["single", "batch"])
+async def test_a_started_written_but_not_acknowledged_in_time_is_sent_again_not_claimed_anew(
+    pool, clock, kafka_bootstrap, consumer_db, effects, target, batch, monkeypatch
+):
+    """A starved broker writes `started` but acknowledges after report_timeout. The worker sends the same
+    `started` again in the same transaction (a duplicate for the engine) instead of rolling back and claiming
+    anew: one attempt row, no takeover, nothing fenced, one effect."""
+    sent = await due_occurrence(pool, "acme", target, clock.now(), max_attempts=3)
+    real_send, real_send_many = AttemptReporter.send, AttemptReporter.send_many
+    late = [1]
+
+    def acknowledged_late(events: Sequence[AttemptEvent]) -> None:
+        if late[0] and any(e.event == STARTED for e in events):
+            late[0] -= 1
+            raise InfrastructureError("started written, but not acknowledged within report_timeout (the fault)")
+
+    async def send(self, event, target):
+        await real_send(self, event, target)
+        acknowledged_late([event])
+
+    async def send_many(self, events, target):
+        await real_send_many(self, events, target)
+        acknowledged_late(events)
+
+    monkeypatch.setattr(AttemptReporter, "send", send)
+    monkeypatch.setattr(AttemptReporter, "send_many", send_many)
+    app, calls = app_recording(kafka_bootstrap, consumer_db, target, batch)
+
+    async with EngineSide(pool, kafka_bootstrap, clock) as engine, Running(app):
+        await engine.answers.release()  # answers flow as they come
+        await produce(kafka_bootstrap, occurrence_topic(target), [sent.encode()])
+        await wait_for(lambda: state_is(pool, sent.occurrence_id, "SUCCEEDED"), timeout=30)
+    assert late == [0] and app.stats.infrastructure_errors >= 1
+    assert [attempt for attempt, _ in calls] == [1]
+    row = await occurrence_row(pool, sent.occurrence_id)
+    assert (row["state"], row["attempt_count"]) == ("SUCCEEDED", 1)
+    assert [(a["lease_token"], a["result"]) for a in await attempt_rows(pool, sent.occurrence_id)] == [
+        (calls[0][1], "succeeded")
+    ]
     assert await effects.fetchval("SELECT count(*) FROM effects") == 1
