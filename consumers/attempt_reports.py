@@ -61,9 +61,10 @@ class AttemptReporter:
             return
         key, value, headers = self._record(event, self.credentials.get(target))
         try:
-            await asyncio.wait_for(
-                self.producer.send_and_wait(ATTEMPTS_TOPIC, value, key=key, headers=headers), self.timeout
-            )
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that arrives as the
+            # acknowledgement does, and a heartbeat loop cancelled then would never end (consumers/attempt_leases.py).
+            async with asyncio.timeout(self.timeout):
+                await self.producer.send_and_wait(ATTEMPTS_TOPIC, value, key=key, headers=headers)
         except (TimeoutError, KafkaError) as err:
             raise InfrastructureError(f"could not report {event.event} for {event.occurrence_id}: {err!r}") from err
         self.sent += 1
@@ -78,7 +79,8 @@ class AttemptReporter:
         if not self.enabled or not events:
             return
         try:
-            await asyncio.wait_for(self._send_batches(events, self.credentials.get(target)), self.timeout)
+            async with asyncio.timeout(self.timeout):  # not wait_for: see send
+                await self._send_batches(events, self.credentials.get(target))
         except (TimeoutError, KafkaError) as err:
             raise InfrastructureError(f"could not report {len(events)} attempt events: {err!r}") from err
         self.sent += len(events)

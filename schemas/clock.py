@@ -55,6 +55,9 @@ async def pause(stop: asyncio.Event, seconds: float) -> None:
     shutdown is immediate.
     """
     try:
-        await asyncio.wait_for(stop.wait(), seconds)
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that arrives as ``stop``
+        # is set, and the cancelled loop would carry on.
+        async with asyncio.timeout(seconds):
+            await stop.wait()
     except TimeoutError:
         pass
