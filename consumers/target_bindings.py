@@ -180,7 +180,8 @@ class TargetBindingView:
             self.catch_ups += 1
             self._catching_up = asyncio.create_task(self.catch_up(wait))
         try:
-            await asyncio.wait_for(asyncio.shield(self._catching_up), wait)
+            async with asyncio.timeout(wait):  # not wait_for: it can swallow a cancellation (Python 3.11)
+                await asyncio.shield(self._catching_up)
         except TimeoutError:
             pass
 

@@ -488,7 +488,8 @@ class AheadRelay:
     ) -> list[BaseException | None]:
         """The broker's answers to one hand-over of ``count`` rows; unknown (an error) after ack_timeout."""
         try:
-            return await asyncio.wait_for(future, self.config.ack_timeout)
+            async with asyncio.timeout(self.config.ack_timeout):  # not wait_for: it can swallow a cancellation (3.11)
+                return await future
         except TimeoutError:
             return [TimeoutError("no acknowledgement within ack_timeout: outcome unknown")] * count
 

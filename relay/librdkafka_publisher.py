@@ -309,7 +309,10 @@ class LibrdkafkaPublisher:
         """Publish all records; return ref → None (acknowledged) or the error (the late lane's interface)."""
         future = await self.send([(r.topic, r.key, r.value, list(r.headers)) for r in records])
         try:
-            errors = await asyncio.wait_for(future, self.config.ack_timeout + 5)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation that arrives with
+            # the acknowledgement, and a cancelled relay loop would carry on.
+            async with asyncio.timeout(self.config.ack_timeout + 5):
+                errors = await future
         except TimeoutError:
             unknown = TimeoutError("no acknowledgement within ack_timeout: outcome unknown")
             return {r.ref: unknown for r in records}
