@@ -277,8 +277,8 @@ async def _probe(server: str, security: KafkaSecurity, timeout: float, attempt: 
     """One connection to ``server``: the refusal, None if it accepted us, or :data:`_UNREACHABLE`."""
     host, _, port = server.rpartition(":")
     try:
-        conn = await asyncio.wait_for(
-            create_conn(
+        async with asyncio.timeout(timeout):  # not wait_for: it can swallow a cancellation (Python 3.11)
+            conn = await create_conn(
                 host.strip("[]"),
                 int(port),
                 ssl_context=security.client_options().get("ssl_context"),
@@ -286,9 +286,7 @@ async def _probe(server: str, security: KafkaSecurity, timeout: float, attempt: 
                 sasl_mechanism=security.sasl_mechanism,
                 sasl_plain_username=security.sasl_username,
                 sasl_plain_password=security.sasl_password,
-            ),
-            timeout,
-        )
+            )
     except ssl.SSLCertVerificationError as err:
         return KafkaSecurityError(
             "ssl_cafile",

@@ -53,8 +53,10 @@ async def check_kafka(bootstrap: str, security: KafkaSecurity) -> str | None:
         bootstrap_servers=bootstrap, request_timeout_ms=int(CHECK_TIMEOUT * 1000), **security.client_options()
     )
     try:
-        await asyncio.wait_for(start_client(admin, bootstrap, security), CHECK_TIMEOUT)
-        await asyncio.wait_for(admin.list_topics(), CHECK_TIMEOUT)
+        async with asyncio.timeout(CHECK_TIMEOUT):  # not wait_for: it can swallow a cancellation (3.11)
+            await start_client(admin, bootstrap, security)
+        async with asyncio.timeout(CHECK_TIMEOUT):
+            await admin.list_topics()
     except ChronoqError as err:
         return str(err)
     except Exception as err:  # noqa: BLE001 - any failure is the answer to "does Kafka answer?"

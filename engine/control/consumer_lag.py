@@ -41,7 +41,8 @@ async def read_consumer_lag(
     security: KafkaSecurity = PLAINTEXT,
 ) -> list[GroupLag]:
     """Lag of every consumer group (or of ``groups``), per topic, sorted by group and topic."""
-    return await asyncio.wait_for(_read(bootstrap, groups, security), timeout)
+    async with asyncio.timeout(timeout):  # not wait_for: it can swallow a cancellation (Python 3.11)
+        return await _read(bootstrap, groups, security)
 
 
 async def _read(bootstrap: str, groups: Sequence[str] | None, security: KafkaSecurity) -> list[GroupLag]:

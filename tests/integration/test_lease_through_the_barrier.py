@@ -5,8 +5,9 @@ The answer to that `started` (the cancel barrier) can reach the worker late — 
 behind, a starved grant reader, a burst — and a worker that first heartbeats when its handler starts finds
 the engine's lease over by then: the reaper times a healthy attempt out (issue 16: "no healthy attempt is
 timed out"). Here the engine applies `started` at once and its answer is held back; the engine's clock is
-advanced past the first lease's end; nothing may be timed out. And a worker whose lease ran out while it
-waited (its heartbeats not acknowledged) must not call its handler when the answer finally comes.
+advanced past the first lease's end; nothing may be timed out. A worker whose lease ran out while it
+waited (its heartbeats not acknowledged) must not call its handler when the answer finally comes. And a
+`started` the broker wrote but acknowledged late is sent again with its token, not claimed anew.
 """
 
 from __future__ import annotations
