@@ -3,19 +3,21 @@
 The engine starts a lease when it applies ``started`` (its clock plus the lease ttl) and ends it a ttl after
 the last heartbeat it applied, judging by every event produced before then (docs/consumer-runtime.md, "The
 reaper judges leases by what the engine has read"). So a worker renews from the moment it sends ``started``,
-not from the moment its handler runs: the engine's answer to ``started`` (the cancel barrier)
-can come late — an attempt processor far behind in a burst, a grant reader starved of CPU — and a worker
-that first heartbeats in its handler can find the engine's lease already over. The reaper then times out a
-healthy attempt and a retry runs the delivery again (the dedupe row keeps the effect single, but the work,
-the attempt and a second round of events are spent).
+not from the moment its handler runs: the engine's answer to ``started`` (the cancel barrier) can come late
+— an attempt processor far behind in a burst, a grant reader starved of CPU — and a worker that first
+heartbeats in its handler can find the engine's lease already over. The reaper then times out a healthy
+attempt and a retry runs the delivery again (the dedupe row keeps the effect single, but the work, the
+attempt and a second round of events are spent).
 
 The worker's own view of the lease (``LocalLease``) counts from just before ``started`` was sent: the engine
 cannot have started it earlier, so the worker never acts on a lease the engine may already have ended. A lease
 lost that way (the process was paused or starved, or the broker took no heartbeat for a ttl) is not renewed
 again, and the runners do not call a handler under it.
 
-Heartbeats stop before the attempt's outcome is reported (``LeaseKeeper.stop`` waits for one in flight), so an
-outcome is never followed by a heartbeat of its own lease on the partition.
+Heartbeats stop before the attempt's outcome is reported (a heartbeat already handed to the producer goes out
+ahead of it), so an outcome is never followed by a heartbeat of its own lease on the partition. A lease the
+runner releases mid-batch (refused, obsolete) may still be named by a heartbeat being sent at that moment;
+the engine fences it, changing nothing.
 """
 
 from __future__ import annotations
