@@ -37,8 +37,9 @@ class ConsumerConfig:
         short-lived consumers there use a short session (see docs/broker.md).
     lease_ttl: seconds an attempt's lease lasts without a heartbeat (default 30).
         The engine times out an attempt whose lease expired and retries it.
-    lease_renew_interval: seconds between the automatic lease heartbeats of a
-        running handler (default lease_ttl / 3).
+    lease_renew_interval: seconds between the automatic lease heartbeats of an
+        attempt, from sending its ``started`` (through the wait for the engine's
+        answer and the handler) to its commit (default lease_ttl / 3).
     handler_timeout: default per-target handler timeout in seconds (default 300);
         a handler that overruns fails transiently ("HandlerTimeout").
     concurrency: default per-target limit of handlers running at once in this
@@ -58,7 +59,9 @@ class ConsumerConfig:
         (default lease_ttl).
     report_attempts: send attempt events to the engine (default True). Turn it off
         for a second group that only observes a target another app owns.
-    report_timeout: seconds to wait for the broker to acknowledge an attempt event.
+    report_timeout: seconds to wait for the broker to acknowledge an attempt event (default 10). A
+        ``started`` not acknowledged in time is sent again with the same lease token (the broker may have
+        written it) for up to ``attempt_grant_timeout``; an outcome is sent again until it is acknowledged.
     attempt_barrier: call a handler only after the engine answered its ``started`` with ``granted``
         (default True; docs/state-machine.md, "Cancel as a barrier"): a cancel the engine committed first
         is never applied, even when the schedule-state view has not read it yet. Off, the runtime falls
