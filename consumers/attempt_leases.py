@@ -100,7 +100,6 @@ class LeaseKeeper:
         self.lease = LocalLease(ttl, monotonic)
         self.reporter = reporter
         self.target = target
-        self.ttl = ttl
         self.renew_interval = renew_interval
         self._held = {held.lease_token: held for held in leases}
         self._task: asyncio.Task[None] | None = None
@@ -157,7 +156,9 @@ class LeaseKeeper:
             try:
                 await self.reporter.send_many(
                     [
-                        AttemptEvent.heartbeat(h.occurrence_id, h.attempt, h.lease_token, self.ttl, h.scheduled_for)
+                        AttemptEvent.heartbeat(
+                            h.occurrence_id, h.attempt, h.lease_token, self.lease.ttl, h.scheduled_for
+                        )
                         for h in self._held.values()
                     ],
                     self.target,

@@ -22,7 +22,7 @@ import asyncpg
 import pytest
 from opentelemetry.metrics import NoOpMeter
 
-from consumers import ConsumerApp, ConsumerConfig, Occurrence
+from consumers import ConsumerApp, Occurrence
 from consumers.attempt_reports import AttemptReporter
 from consumers.errors import InfrastructureError
 from engine.loops.attempt_grants import GrantPublisher
@@ -30,7 +30,10 @@ from engine.loops.attempt_processor import AttemptProcessor, AttemptProcessorCon
 from engine.loops.reaper import Reaper
 from schemas.attempt_events import HEARTBEAT, STARTED, AttemptEvent
 from schemas.attempt_grants import AttemptGrant
+from schemas.messages import OccurrenceMessage
 from schemas.topics import ATTEMPT_GRANTS_TOPIC, create_missing_topics, occurrence_topic
+from tests.integration.test_attempts_runtime import state_is
+from tests.integration.test_cancel_barrier import app_for
 from tests.support.kafka import produce
 from tests.support.rows import attempt_rows, due_occurrence, occurrence_row
 from tests.support.services import Running
@@ -100,7 +103,14 @@ def app_recording(
     kafka_bootstrap: str, consumer_db: str, target: str, batch: int | None
 ) -> tuple[ConsumerApp, list[tuple[int, uuid.UUID | None]]]:
     """An app whose handler (single or batch) records each call's (attempt, lease token) and inserts effects."""
-    app = app_for(kafka_bootstrap, consumer_db)
+    app = app_for(
+        kafka_bootstrap,
+        consumer_db,
+        shutdown_grace=2.0,
+        lease_ttl=TTL,
+        lease_renew_interval=0.3,
+        attempt_grant_timeout=60.0,
+    )
     calls: list[tuple[int, uuid.UUID | None]] = []
 
     async def effect(occurrences: list[Occurrence], conn: asyncpg.Connection) -> None:
@@ -124,27 +134,10 @@ def app_recording(
     return app, calls
 
 
-async def state_is(pool: asyncpg.Pool, occurrence_id: uuid.UUID, state: str) -> bool:
-    return await pool.fetchval("SELECT state = $2 FROM occurrences WHERE occurrence_id = $1", occurrence_id, state)
-
-
-def app_for(kafka_bootstrap: str, consumer_db: str, **config: object) -> ConsumerApp:
-    return ConsumerApp(
-        ConsumerConfig(
-            f"lease-{uuid.uuid4().hex[:8]}",
-            kafka_bootstrap,
-            consumer_db,
-            session_timeout=2.0,
-            heartbeat_interval=0.4,
-            redelivery_backoff=0.05,
-            redelivery_backoff_max=0.2,
-            shutdown_grace=2.0,
-            lease_ttl=TTL,
-            lease_renew_interval=0.3,
-            attempt_grant_timeout=60.0,
-            **config,  # type: ignore[arg-type]
-        )
-    )
+async def started_by_the_worker(pool: asyncpg.Pool, kafka_bootstrap: str, target: str, sent: OccurrenceMessage) -> None:
+    """Publish the occurrence as the relay would and wait until the engine applied the worker's `started`."""
+    await produce(kafka_bootstrap, occurrence_topic(target), [sent.encode()])
+    await wait_for(lambda: state_is(pool, sent.occurrence_id, "RUNNING"), timeout=30)
 
 
 async def heartbeat_applied_after(pool: asyncpg.Pool, occurrence_id: uuid.UUID, at) -> bool:
@@ -163,13 +156,7 @@ async def test_a_worker_waiting_for_its_answer_heartbeats_and_no_lease_is_timed_
     app, calls = app_recording(kafka_bootstrap, consumer_db, target, batch)
 
     async with EngineSide(pool, kafka_bootstrap, clock) as engine, Running(app):
-        await produce(kafka_bootstrap, occurrence_topic(target), [sent.encode()])  # as the relay would
-        await wait_for(
-            lambda: pool.fetchval(
-                "SELECT state = 'RUNNING' FROM occurrences WHERE occurrence_id = $1", sent.occurrence_id
-            ),
-            timeout=30,
-        )
+        await started_by_the_worker(pool, kafka_bootstrap, target, sent)
         first_end = (await occurrence_row(pool, sent.occurrence_id))["lease_expires_at"]
         clock.advance(timedelta(seconds=TTL - 1))  # inside the first lease
         renewed_at = clock.now()
@@ -210,13 +197,7 @@ async def test_a_lease_that_ran_out_during_the_wait_is_not_used_when_the_answer_
     app, calls = app_recording(kafka_bootstrap, consumer_db, target, batch)
 
     async with EngineSide(pool, kafka_bootstrap, clock) as engine, Running(app):
-        await produce(kafka_bootstrap, occurrence_topic(target), [sent.encode()])  # as the relay would
-        await wait_for(
-            lambda: pool.fetchval(
-                "SELECT state = 'RUNNING' FROM occurrences WHERE occurrence_id = $1", sent.occurrence_id
-            ),
-            timeout=30,
-        )
+        await started_by_the_worker(pool, kafka_bootstrap, target, sent)
         first_token = (await occurrence_row(pool, sent.occurrence_id))["lease_token"]
         await wait_for(lambda: app.stats.leases_lost >= 1, timeout=30)  # its own view: a ttl after `started`
         heartbeats_fail[0] = False
