@@ -1,4 +1,5 @@
-"""``chronoq tenant create``: onboard a tenant and print its secrets once."""
+"""``chronoq tenant create``: onboard a tenant and print its secrets once; ``chronoq tenant usage``: what
+counts against its quotas (and a recount of it)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import fields
 
 from engine.cli import print_json
 from engine.cli.endpoints import resolve_database_url
-from engine.control.quotas import TenantQuotas
+from engine.control.quotas import TenantQuotas, usage_of
 from engine.control.tenants import create_tenant
 from schemas.connections import create_pool
 
@@ -22,6 +23,18 @@ def cmd_create(args: argparse.Namespace) -> int:
         pool = await create_pool(resolve_database_url(), min_size=1, max_size=1)
         try:
             return (await create_tenant(pool, args.name, quotas)).to_json()
+        finally:
+            await pool.close()
+
+    print_json(asyncio.run(main()), args.json)
+    return 0
+
+
+def cmd_usage(args: argparse.Namespace) -> int:
+    async def main() -> dict:
+        pool = await create_pool(resolve_database_url(), min_size=1, max_size=1)
+        try:
+            return await usage_of(pool, args.name, recount=args.recount)
         finally:
             await pool.close()
 
@@ -46,3 +59,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         )
     create.add_argument("--json", action="store_true", help="print compact JSON")
     create.set_defaults(func=cmd_create)
+
+    usage = actions.add_parser("usage", help="a tenant's live schedules and trigger rate beside its quotas")
+    usage.add_argument("name", help="tenant id")
+    usage.add_argument(
+        "--recount",
+        action="store_true",
+        help="count the tenant's schedules again and store that as its usage (after a restore that bypassed"
+        " triggers); prints the drift it corrected",
+    )
+    usage.add_argument("--json", action="store_true", help="print compact JSON")
+    usage.set_defaults(func=cmd_usage)

@@ -1,6 +1,7 @@
 """Tenant quotas: the limits a tenant's schedules must fit in, and the check made on every change.
 
-Enforced today, when a schedule is created or updated (:func:`check_quotas`)
+Enforced today, when a schedule is created or updated (:func:`check_quotas`, against the tenant's
+usage counter, :func:`tenant_usage`)
 or attempts are retried: ``max_active_schedules``, ``max_fires_per_minute``,
 ``max_payload_bytes`` and ``retry_budget_per_hour``; ``catch_up_per_minute``
 paces backfills (:mod:`engine.rules.catch_up_pacing`) and the
@@ -12,6 +13,7 @@ order as the tenant's occurrences finish).
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -19,8 +21,10 @@ from typing import Any
 
 import asyncpg
 
-from schemas.errors import InvalidInput, QuotaExceeded
+from schemas.errors import InvalidInput, NotFound, QuotaExceeded
 from schemas.queries import QUERIES
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -64,16 +68,85 @@ class TenantQuotas:
 DEFAULT_RETRY_BUDGET = TenantQuotas.retry_budget_per_hour
 
 
+@dataclass(frozen=True)
+class TenantUsage:
+    """What counts against a tenant's quotas: live (active or paused) schedules and their summed trigger rate."""
+
+    schedules: int
+    fires_per_minute: float
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> TenantUsage:
+        return cls(row["schedules"], row["fires_per_minute"])
+
+
+async def tenant_usage(conn: asyncpg.Connection, tenant_id: str, exclude: uuid.UUID | None = None) -> TenantUsage:
+    """The tenant's usage without schedule ``exclude`` (the one being updated), from its counter.
+
+    Costs the changes logged since the tenant's last check, not its schedules (migration 0024). Call it
+    holding the tenant's row lock (``lock_tenant``): that serializes one tenant's folds of the change log.
+    """
+    return TenantUsage.from_row(
+        await conn.fetchrow(*QUERIES.tenant_usage(tenant_id=tenant_id, exclude_schedule_id=exclude))
+    )
+
+
+async def usage_of(pool: asyncpg.Pool, tenant_id: str, *, recount: bool = False) -> dict[str, Any]:
+    """The tenant's usage beside its quotas, as ``chronoq tenant usage`` prints it.
+
+    ``recount``: count the tenant's live schedules and store that as its counter, reporting the counter it
+    replaced. The counter is kept by triggers on ``schedules``; writes that bypass triggers (a restore with
+    ``--disable-triggers``, ``session_replication_role = replica``) would make it drift, and this repairs it.
+    Either way the tenant's row is locked meanwhile, as a create or update of the tenant locks it.
+    """
+    async with pool.acquire() as conn, conn.transaction():
+        row = await conn.fetchrow(*QUERIES.lock_tenant(tenant_id=tenant_id))
+        if row is None:
+            raise NotFound("tenant", f"{tenant_id} (list tenants in the console, or create it: chronoq tenant create)")
+        quotas = TenantQuotas.from_row(row)
+        usage = await tenant_usage(conn, tenant_id)
+        report: dict[str, Any] = {
+            "tenant_id": tenant_id,
+            "schedules": usage.schedules,
+            "max_active_schedules": quotas.max_active_schedules,
+            "fires_per_minute": round(usage.fires_per_minute, 6),
+            "max_fires_per_minute": quotas.max_fires_per_minute,
+        }
+        if not recount:
+            return report
+        counted = TenantUsage.from_row(await conn.fetchrow(*QUERIES.recount_tenant_usage(tenant_id=tenant_id)))
+    drift = {
+        "schedules": counted.schedules - usage.schedules,
+        "fires_per_minute": round(counted.fires_per_minute - usage.fires_per_minute, 6),
+    }
+    if any(drift.values()):
+        log.warning(
+            "tenant usage counter had drifted from the tenant's schedules; recounted",
+            extra={
+                "action": "tenant.usage_recounted",
+                "tenant_id": tenant_id,
+                **{f"drift_{k}": v for k, v in drift.items()},
+            },
+        )
+    return {
+        **report,
+        "schedules": counted.schedules,
+        "fires_per_minute": round(counted.fires_per_minute, 6),
+        "drift": drift,
+    }
+
+
 async def check_quotas(
     conn: asyncpg.Connection, tenant_id: str, quotas: TenantQuotas, rate: float, exclude: uuid.UUID | None
 ) -> None:
     """Raise QuotaExceeded if one more live schedule with this trigger rate does not fit.
 
-    ``exclude``: the schedule being updated (its current rate is replaced, not added).
+    ``exclude``: the schedule being updated (its current rate is replaced, not added). The caller holds the
+    tenant's row lock.
     """
-    usage = await conn.fetchrow(*QUERIES.tenant_usage(tenant_id=tenant_id, exclude_schedule_id=exclude))
-    if usage["schedules"] + 1 > quotas.max_active_schedules:
-        raise QuotaExceeded("max_active_schedules", quotas.max_active_schedules, usage["schedules"] + 1)
-    wanted = usage["fires_per_minute"] + rate
+    usage = await tenant_usage(conn, tenant_id, exclude)
+    if usage.schedules + 1 > quotas.max_active_schedules:
+        raise QuotaExceeded("max_active_schedules", quotas.max_active_schedules, usage.schedules + 1)
+    wanted = usage.fires_per_minute + rate
     if wanted > quotas.max_fires_per_minute:
         raise QuotaExceeded("max_fires_per_minute", quotas.max_fires_per_minute, round(wanted, 3))

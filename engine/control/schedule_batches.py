@@ -28,7 +28,7 @@ from typing import Any
 import asyncpg
 from opentelemetry import metrics
 
-from engine.control.quotas import TenantQuotas
+from engine.control.quotas import TenantQuotas, tenant_usage
 from engine.control.schedule_requests import (
     anchored,
     first_fire,
@@ -168,8 +168,8 @@ class ScheduleBatches:
         async with self.pool.acquire() as conn, conn.transaction():
             quotas: TenantQuotas = (await lock_tenant(conn, tenant_id)).quotas
             prepared = await _resolve_calendars(conn, tenant_id, prepared, results)
-            usage = await conn.fetchrow(*QUERIES.tenant_live_usage(tenant_id=tenant_id))
-            columns, order = _admit(prepared, quotas, usage["schedules"], usage["fires_per_minute"], results)
+            usage = await tenant_usage(conn, tenant_id)
+            columns, order = _admit(prepared, quotas, usage.schedules, usage.fires_per_minute, results)
             if not order:
                 return {}
             now_arg = self.control.clock.now()

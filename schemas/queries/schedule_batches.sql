@@ -5,12 +5,6 @@
 -- The schedules a tenant created with any of these idempotency keys.
 SELECT * FROM schedules WHERE tenant_id = :tenant_id AND created_by_key = ANY (:keys::text[]);
 
--- name: tenant_live_usage
--- What counts against a tenant's quotas: its live (active or paused) schedules and their trigger rate.
-SELECT count(*) AS schedules, coalesce(sum(fires_per_minute), 0)::double precision AS fires_per_minute
-FROM schedules
-WHERE tenant_id = :tenant_id AND state IN ('active', 'paused');
-
 -- name: insert_schedules
 -- Creates a batch of active schedules of one tenant from column arrays; a key already taken (a concurrent
 -- request with the same key) is skipped and returns nothing for that item.

@@ -23,8 +23,37 @@ SELECT * FROM tenants WHERE tenant_id = :tenant_id FOR UPDATE;
 
 -- name: tenant_usage
 -- What counts against a tenant's quotas: its live (active or paused) schedules and their trigger rate
--- (excluding schedule :exclude_schedule_id, the one being updated, if given).
-SELECT count(*) AS schedules, coalesce(sum(fires_per_minute), 0)::double precision AS fires_per_minute
-FROM schedules
-WHERE tenant_id = :tenant_id AND state IN ('active', 'paused')
-  AND (:exclude_schedule_id::uuid IS NULL OR schedule_id <> :exclude_schedule_id::uuid);
+-- (excluding schedule :exclude_schedule_id, the one being updated, if given). The tenant's counter, after
+-- folding into it the changes logged since its last fold (migration 0024): costs the changes, not the
+-- schedules. Run it holding the tenant's row lock (lock_tenant), which serializes one tenant's folds.
+WITH folded AS (
+    DELETE FROM tenant_usage_changes WHERE tenant_id = :tenant_id RETURNING schedules, fires_per_minute
+), counter AS (
+    INSERT INTO tenant_usage AS u (tenant_id, schedules, fires_per_minute)
+    SELECT :tenant_id, coalesce(sum(f.schedules), 0), coalesce(sum(f.fires_per_minute), 0) FROM folded f
+    ON CONFLICT (tenant_id) DO UPDATE
+    SET schedules = u.schedules + excluded.schedules, fires_per_minute = u.fires_per_minute + excluded.fires_per_minute
+    RETURNING u.schedules, u.fires_per_minute
+), excluded_schedule AS (
+    SELECT count(*) AS schedules, coalesce(sum(s.fires_per_minute::numeric), 0) AS fires_per_minute
+    FROM schedules s
+    WHERE s.schedule_id = :exclude_schedule_id::uuid AND s.tenant_id = :tenant_id AND s.state IN ('active', 'paused')
+)
+SELECT c.schedules - x.schedules AS schedules, (c.fires_per_minute - x.fires_per_minute)::double precision AS fires_per_minute
+FROM counter c CROSS JOIN excluded_schedule x;
+
+-- name: recount_tenant_usage
+-- Sets the tenant's counter to a count of its live schedules and their rate sum, dropping the changes logged
+-- before this statement's snapshot (the count includes them; changes committed later stay to be folded).
+-- Run it holding the tenant's row lock.
+WITH dropped AS (
+    DELETE FROM tenant_usage_changes WHERE tenant_id = :tenant_id
+), counted AS (
+    SELECT count(*) AS schedules, coalesce(sum(fires_per_minute::numeric), 0) AS fires_per_minute
+    FROM schedules
+    WHERE tenant_id = :tenant_id AND state IN ('active', 'paused')
+)
+INSERT INTO tenant_usage AS u (tenant_id, schedules, fires_per_minute)
+SELECT :tenant_id, c.schedules, c.fires_per_minute FROM counted c
+ON CONFLICT (tenant_id) DO UPDATE SET schedules = excluded.schedules, fires_per_minute = excluded.fires_per_minute
+RETURNING u.schedules, u.fires_per_minute::double precision AS fires_per_minute;

@@ -75,6 +75,15 @@ BEGIN
     RETURN NEXT;
 END
 $$;
+CREATE FUNCTION public.chronoq_clear_usage() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    DELETE FROM tenant_usage_changes;
+    DELETE FROM tenant_usage;
+    RETURN NULL;
+END
+$$;
 CREATE FUNCTION public.chronoq_day_kept_hot(part regclass, default_keep_s bigint, now timestamp with time zone) RETURNS TABLE(occurrence_id uuid, state text)
     LANGUAGE plpgsql STABLE
     AS $_$
@@ -135,6 +144,45 @@ BEGIN
         END LOOP;
     END LOOP;
     RETURN created;
+END
+$$;
+CREATE FUNCTION public.chronoq_log_usage_of_deleted() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    INSERT INTO tenant_usage_changes (tenant_id, schedules, fires_per_minute)
+    SELECT tenant_id, -count(*), -sum(fires_per_minute::numeric)
+    FROM deleted_schedules
+    WHERE state IN ('active', 'paused')
+    GROUP BY tenant_id;
+    RETURN NULL;
+END
+$$;
+CREATE FUNCTION public.chronoq_log_usage_of_inserted() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    INSERT INTO tenant_usage_changes (tenant_id, schedules, fires_per_minute)
+    SELECT tenant_id, count(*), sum(fires_per_minute::numeric)
+    FROM inserted_schedules
+    WHERE state IN ('active', 'paused')
+    GROUP BY tenant_id;
+    RETURN NULL;
+END
+$$;
+CREATE FUNCTION public.chronoq_log_usage_of_updated() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF OLD.state IN ('active', 'paused') THEN
+        INSERT INTO tenant_usage_changes (tenant_id, schedules, fires_per_minute)
+        VALUES (OLD.tenant_id, -1, -OLD.fires_per_minute::numeric);
+    END IF;
+    IF NEW.state IN ('active', 'paused') THEN
+        INSERT INTO tenant_usage_changes (tenant_id, schedules, fires_per_minute)
+        VALUES (NEW.tenant_id, 1, NEW.fires_per_minute::numeric);
+    END IF;
+    RETURN NULL;
 END
 $$;
 CREATE FUNCTION public.chronoq_settle_deferred(busy_here boolean, busy_s double precision, busy_rows bigint, busy_entries integer, max_defer_s double precision, at timestamp with time zone) RETURNS boolean
@@ -689,6 +737,16 @@ CREATE TABLE public.tenant_retry_usage (
     retries integer NOT NULL,
     CONSTRAINT tenant_retry_usage_retries_check CHECK ((retries >= 0))
 );
+CREATE TABLE public.tenant_usage (
+    tenant_id text NOT NULL,
+    schedules bigint DEFAULT 0 NOT NULL,
+    fires_per_minute numeric DEFAULT 0 NOT NULL
+);
+CREATE TABLE public.tenant_usage_changes (
+    tenant_id text NOT NULL,
+    schedules bigint NOT NULL,
+    fires_per_minute numeric NOT NULL
+);
 CREATE TABLE public.tenants (
     tenant_id text NOT NULL,
     api_token_hash bytea NOT NULL,
@@ -798,6 +856,8 @@ ALTER TABLE ONLY public.tenant_catch_up
     ADD CONSTRAINT tenant_catch_up_pkey PRIMARY KEY (tenant_id);
 ALTER TABLE ONLY public.tenant_retry_usage
     ADD CONSTRAINT tenant_retry_usage_pkey PRIMARY KEY (tenant_id, window_start);
+ALTER TABLE ONLY public.tenant_usage
+    ADD CONSTRAINT tenant_usage_pkey PRIMARY KEY (tenant_id);
 ALTER TABLE ONLY public.tenants
     ADD CONSTRAINT tenants_api_token_hash_key UNIQUE (api_token_hash);
 ALTER TABLE ONLY public.tenants
@@ -845,6 +905,7 @@ CREATE INDEX schedules_tenant ON public.schedules USING btree (tenant_id, create
 CREATE INDEX schedules_tenant_state ON public.schedules USING btree (tenant_id, state);
 CREATE INDEX stuck_occurrences_open ON public.stuck_occurrences USING btree (first_seen_at) WHERE (resolved_at IS NULL);
 CREATE INDEX target_grants_tenant ON public.target_grants USING btree (tenant_id);
+CREATE INDEX tenant_usage_changes_tenant ON public.tenant_usage_changes USING btree (tenant_id);
 ALTER INDEX archive.attempts_occurrence ATTACH PARTITION archive.attempts_default_occurrence_id_attempt_number_idx;
 ALTER INDEX archive.attempts_pkey ATTACH PARTITION archive.attempts_default_pkey;
 ALTER INDEX archive.occurrences_pkey ATTACH PARTITION archive.occurrences_default_pkey;
@@ -862,6 +923,18 @@ ALTER INDEX public.occurrences_dead ATTACH PARTITION public.occurrences_default_
 ALTER INDEX public.occurrences_tenant_open ATTACH PARTITION public.occurrences_default_tenant_id_idx;
 ALTER INDEX public.occurrences_tenant_time ATTACH PARTITION public.occurrences_default_tenant_id_scheduled_for_idx;
 ALTER INDEX public.occurrences_enqueued_since ATTACH PARTITION public.occurrences_default_updated_at_idx;
+CREATE TRIGGER schedules_usage_of_deleted AFTER DELETE ON public.schedules REFERENCING OLD TABLE AS deleted_schedules FOR EACH STATEMENT EXECUTE FUNCTION public.chronoq_log_usage_of_deleted();
+CREATE TRIGGER schedules_usage_of_inserted AFTER INSERT ON public.schedules REFERENCING NEW TABLE AS inserted_schedules FOR EACH STATEMENT EXECUTE FUNCTION public.chronoq_log_usage_of_inserted();
+CREATE TRIGGER schedules_usage_of_truncated AFTER TRUNCATE ON public.schedules FOR EACH STATEMENT EXECUTE FUNCTION public.chronoq_clear_usage();
+CREATE TRIGGER schedules_usage_of_updated AFTER UPDATE OF state, fires_per_minute, tenant_id ON public.schedules FOR EACH ROW WHEN (((((old.state = ANY (ARRAY['active'::text, 'paused'::text])) IS DISTINCT FROM (new.state = ANY (ARRAY['active'::text, 'paused'::text]))) OR (
+        CASE
+            WHEN (old.state = ANY (ARRAY['active'::text, 'paused'::text])) THEN old.fires_per_minute
+            ELSE NULL::double precision
+        END IS DISTINCT FROM
+        CASE
+            WHEN (new.state = ANY (ARRAY['active'::text, 'paused'::text])) THEN new.fires_per_minute
+            ELSE NULL::double precision
+        END)) OR (old.tenant_id IS DISTINCT FROM new.tenant_id))) EXECUTE FUNCTION public.chronoq_log_usage_of_updated();
 ALTER TABLE ONLY public.attempt_credentials
     ADD CONSTRAINT attempt_credentials_target_fkey FOREIGN KEY (target) REFERENCES public.targets(target);
 ALTER TABLE ONLY public.calendar_versions

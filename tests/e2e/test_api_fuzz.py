@@ -130,13 +130,18 @@ async def test_stateful_scenarios_along_the_links_produce_no_server_error(api_pr
         suppress_health_check=list(HealthCheck),
         phases=[Phase.generate],  # no replay: a replayed scenario meets a server whose state moved on
     )
-    try:
-        await asyncio.to_thread(Scenarios.run, settings=scenario_settings)
-    except FlakyStrategyDefinition:
-        # The scenarios draw from what the live server answered, so Hypothesis may find that a step
-        # drew differently than when it was first generated; that is the harness, not the server.
-        # Run once more; a 5xx is still recorded in either run.
-        await asyncio.to_thread(Scenarios.run, settings=scenario_settings)
+    # The scenarios draw from what the live server answered, so Hypothesis may find that a step drew
+    # differently than when it was first generated (its generation mutates earlier examples, replaying
+    # their prefixes against a server whose state moved on): that is the harness, not the server, and it
+    # came twice in a row in one suite run. Every step's answer was already checked for a 5xx when it came
+    # (`validate_response` records, never raises), so a run Hypothesis abandons still counts; run again,
+    # up to four runs, for the budget.
+    for _ in range(4):
+        try:
+            await asyncio.to_thread(Scenarios.run, settings=scenario_settings)
+            break
+        except FlakyStrategyDefinition:
+            continue
     assert steps["n"] > 0
     assert not failures, "\n".join(failures[:20])
 

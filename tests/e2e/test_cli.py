@@ -179,6 +179,16 @@ def test_up_serves_create_and_consume_then_sigterm_leaves_no_process(tmp_path, k
         # Delivered at its time, not a materializer horizon or a retry later (speed itself is the benchmarks'
         # job: on a loaded machine this run alone has seen 10 s).
         assert lag < timedelta(seconds=30)
+        usage = run(["tenant", "usage", "acme", "--json"], env)
+        assert usage.returncode == 0, usage.stderr
+        # The one-time schedule ran, so it is completed and no longer counts against the quota.
+        assert orjson.loads(usage.stdout) == {
+            "tenant_id": "acme",
+            "schedules": 0,
+            "max_active_schedules": 5,
+            "fires_per_minute": 0.0,
+            "max_fires_per_minute": 10000.0,
+        }
     finally:
         up.send_signal(signal.SIGTERM)
         output, _ = up.communicate(timeout=60)
