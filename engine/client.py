@@ -108,6 +108,10 @@ class ChronoqClient:
     async def get_occurrence(self, occurrence_id: str) -> dict[str, Any]:
         return await self.request("GET", f"/v1/occurrences/{_segment(occurrence_id)}")
 
+    async def get_tenant(self) -> dict[str, Any]:
+        """This token's tenant: its quotas and its usage of them (live schedules, summed trigger rate)."""
+        return await self.request("GET", "/v1/tenant")
+
     async def preview(self, body: dict[str, Any]) -> list[dict[str, str]]:
         """The next fires of a definition (``preview_exclusions`` for what its calendar removes too)."""
         return (await self.request("POST", "/v1/preview", body))["fires"]

@@ -28,6 +28,7 @@ from engine.api.openapi import openapi_document
 from engine.control import dead_letters
 from engine.control.calendar_requests import validate_calendar_name
 from engine.control.calendars import Calendars
+from engine.control.quotas import usage_of
 from engine.control.schedule_requests import PREVIEW_FIELDS, preview_fires
 from engine.control.schedules import ControlPlane
 from engine.control.tenants import Tenant, authenticate
@@ -160,6 +161,7 @@ class Api:
             ("POST", "/v1/calendars/{name}/import", self.import_calendar),
             ("GET", "/v1/calendars/{name}/versions", self.calendar_versions),
             ("GET", "/v1/dead-letters", self.list_dead_letters),
+            ("GET", "/v1/tenant", self.get_tenant),
             ("POST", "/v1/occurrences/{id}/replay", self.replay_dead_letter),
             *(extra_routes or []),
         ]
@@ -312,6 +314,10 @@ class Api:
             cursor=request.query.get("cursor"),
         )
         return Response(200, page)
+
+    async def get_tenant(self, request: Request) -> Response:
+        assert request.tenant is not None
+        return Response(200, await usage_of(self.pool, request.tenant.tenant_id))
 
     async def replay_dead_letter(self, request: Request) -> Response:
         assert request.tenant is not None

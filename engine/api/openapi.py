@@ -428,6 +428,7 @@ _OPERATION_IDS = {
     ("get", "/v1/schedules/{id}/versions"): "listVersions",
     ("get", "/v1/occurrences/{id}"): "getOccurrence",
     ("get", "/v1/dead-letters"): "listDeadLetters",
+    ("get", "/v1/tenant"): "getTenant",
     ("post", "/v1/occurrences/{id}/replay"): "replayOccurrence",
     ("post", "/v1/preview"): "preview",
 }
@@ -656,6 +657,38 @@ def _document() -> dict[str, Any]:
                     },
                 },
                 "DeadLetterPage": _page("DeadLetter"),
+                "Tenant": {
+                    "type": "object",
+                    "required": ["tenant_id", "quotas", "usage"],
+                    "properties": {
+                        "tenant_id": {"type": "string"},
+                        "quotas": {
+                            "type": "object",
+                            "description": "the tenant's limits (docs/control-plane.md, Tenants)",
+                            "properties": {
+                                name: {"type": "number" if name == "max_fires_per_minute" else "integer"}
+                                for name in (
+                                    "max_active_schedules",
+                                    "max_fires_per_minute",
+                                    "max_payload_bytes",
+                                    "max_running",
+                                    "catch_up_per_minute",
+                                    "retry_budget_per_hour",
+                                    "weight",
+                                )
+                            },
+                        },
+                        "usage": {
+                            "type": "object",
+                            "description": "what counts against max_active_schedules and max_fires_per_minute now",
+                            "required": ["schedules", "fires_per_minute"],
+                            "properties": {
+                                "schedules": {"type": "integer", "description": "live (active or paused)"},
+                                "fires_per_minute": {"type": "number", "description": "their summed trigger rate"},
+                            },
+                        },
+                    },
+                },
                 "Replay": {
                     "type": "object",
                     "required": ["occurrence_id", "state", "attempt"],
@@ -846,6 +879,12 @@ def _document() -> dict[str, Any]:
                     "summary": "DEAD occurrences of the tenant, oldest death first",
                     "parameters": _PAGING,
                     "responses": {"200": {"description": "a page", **_json("DeadLetterPage")}, **_errors(*_COMMON)},
+                }
+            },
+            "/v1/tenant": {
+                "get": {
+                    "summary": "The calling tenant's quotas and its usage of them",
+                    "responses": {"200": {"description": "the tenant", **_json("Tenant")}, **_errors(401, 503)},
                 }
             },
             "/v1/occurrences/{id}/replay": {

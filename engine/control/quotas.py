@@ -16,11 +16,12 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import asyncpg
 
+from schemas import observability as obs
 from schemas.errors import InvalidInput, NotFound, QuotaExceeded
 from schemas.queries import QUERIES
 
@@ -39,7 +40,7 @@ class TenantQuotas:
     max_running: occurrences of the tenant admitted at once (open: dispatched or due to be, and not
         finished); further first deliveries wait, held, until some finish (the tenant gate).
     catch_up_per_minute: past slots a backfill, and separately the misfire catch-up, may release per minute.
-    weight: the tenant's share in weighted fair dispatch — stored, NOT enforced yet.
+    weight: the tenant's share when a due backlog is served by weighted round-robin (engine.rules.fair_rounds).
     """
 
     max_active_schedules: int = 10000
@@ -92,10 +93,10 @@ async def tenant_usage(conn: asyncpg.Connection, tenant_id: str, exclude: uuid.U
 
 
 async def usage_of(pool: asyncpg.Pool, tenant_id: str, *, recount: bool = False) -> dict[str, Any]:
-    """The tenant's usage beside its quotas, as ``chronoq tenant usage`` prints it.
+    """The tenant's quotas and its usage of them (``GET /v1/tenant``, ``chronoq tenant usage``).
 
-    ``recount``: count the tenant's live schedules and store that as its counter, reporting the counter it
-    replaced. The counter is kept by triggers on ``schedules``; writes that bypass triggers (a restore with
+    ``recount``: count the tenant's live schedules and store that as its counter, reporting the ``drift``
+    corrected. The counter is kept by triggers on ``schedules``; writes that bypass triggers (a restore with
     ``--disable-triggers``, ``session_replication_role = replica``) would make it drift, and this repairs it.
     Either way the tenant's row is locked meanwhile, as a create or update of the tenant locks it.
     """
@@ -103,18 +104,19 @@ async def usage_of(pool: asyncpg.Pool, tenant_id: str, *, recount: bool = False)
         row = await conn.fetchrow(*QUERIES.lock_tenant(tenant_id=tenant_id))
         if row is None:
             raise NotFound("tenant", f"{tenant_id} (list tenants in the console, or create it: chronoq tenant create)")
-        quotas = TenantQuotas.from_row(row)
         usage = await tenant_usage(conn, tenant_id)
-        report: dict[str, Any] = {
-            "tenant_id": tenant_id,
-            "schedules": usage.schedules,
-            "max_active_schedules": quotas.max_active_schedules,
-            "fires_per_minute": round(usage.fires_per_minute, 6),
-            "max_fires_per_minute": quotas.max_fires_per_minute,
-        }
-        if not recount:
-            return report
-        counted = TenantUsage.from_row(await conn.fetchrow(*QUERIES.recount_tenant_usage(tenant_id=tenant_id)))
+        counted = (
+            TenantUsage.from_row(await conn.fetchrow(*QUERIES.recount_tenant_usage(tenant_id=tenant_id)))
+            if recount
+            else usage
+        )
+    report: dict[str, Any] = {
+        "tenant_id": tenant_id,
+        "quotas": asdict(TenantQuotas.from_row(row)),
+        "usage": {"schedules": counted.schedules, "fires_per_minute": round(counted.fires_per_minute, 6)},
+    }
+    if not recount:
+        return report
     drift = {
         "schedules": counted.schedules - usage.schedules,
         "fires_per_minute": round(counted.fires_per_minute - usage.fires_per_minute, 6),
@@ -128,12 +130,7 @@ async def usage_of(pool: asyncpg.Pool, tenant_id: str, *, recount: bool = False)
                 **{f"drift_{k}": v for k, v in drift.items()},
             },
         )
-    return {
-        **report,
-        "schedules": counted.schedules,
-        "fires_per_minute": round(counted.fires_per_minute, 6),
-        "drift": drift,
-    }
+    return {**report, "drift": drift}
 
 
 async def check_quotas(
@@ -145,8 +142,23 @@ async def check_quotas(
     tenant's row lock.
     """
     usage = await tenant_usage(conn, tenant_id, exclude)
-    if usage.schedules + 1 > quotas.max_active_schedules:
-        raise QuotaExceeded("max_active_schedules", quotas.max_active_schedules, usage.schedules + 1)
-    wanted = usage.fires_per_minute + rate
-    if wanted > quotas.max_fires_per_minute:
-        raise QuotaExceeded("max_fires_per_minute", quotas.max_fires_per_minute, round(wanted, 3))
+    refused = quota_refusal(tenant_id, quotas, usage.schedules, usage.fires_per_minute, rate)
+    if refused is not None:
+        raise refused
+
+
+def quota_refusal(
+    tenant_id: str, quotas: TenantQuotas, schedules: int, fires_per_minute: float, rate: float
+) -> QuotaExceeded | None:
+    """The refusal of one more live schedule with trigger rate ``rate`` beside a usage of ``schedules`` and
+    ``fires_per_minute`` (counted on ``chronoq.quota_refusals``), or None when it fits."""
+    if schedules + 1 > quotas.max_active_schedules:
+        refused = QuotaExceeded("max_active_schedules", quotas.max_active_schedules, schedules + 1)
+    elif fires_per_minute + rate > quotas.max_fires_per_minute:
+        refused = QuotaExceeded("max_fires_per_minute", quotas.max_fires_per_minute, round(fires_per_minute + rate, 3))
+    else:
+        return None
+    obs.get_meter("engine").create_counter(obs.QUOTA_REFUSALS, unit="1").add(
+        1, {"tenant_id": tenant_id, "quota": refused.field}
+    )
+    return refused

@@ -28,7 +28,7 @@ from typing import Any
 import asyncpg
 from opentelemetry import metrics
 
-from engine.control.quotas import TenantQuotas, tenant_usage
+from engine.control.quotas import TenantQuotas, quota_refusal, tenant_usage
 from engine.control.schedule_requests import (
     anchored,
     first_fire,
@@ -43,7 +43,7 @@ from engine.records import Schedule
 from engine.rules import timing
 from engine.rules.shards import shard_of
 from schemas import observability as obs
-from schemas.errors import ChronoqError, Conflict, InvalidInput, NotFound, QuotaExceeded
+from schemas.errors import ChronoqError, Conflict, InvalidInput, NotFound
 from schemas.messages import ScheduleStateMessage
 from schemas.queries import QUERIES
 from schemas.topics import SCHEDULE_STATES_TOPIC
@@ -169,7 +169,7 @@ class ScheduleBatches:
             quotas: TenantQuotas = (await lock_tenant(conn, tenant_id)).quotas
             prepared = await _resolve_calendars(conn, tenant_id, prepared, results)
             usage = await tenant_usage(conn, tenant_id)
-            columns, order = _admit(prepared, quotas, usage.schedules, usage.fires_per_minute, results)
+            columns, order = _admit(tenant_id, prepared, quotas, usage.schedules, usage.fires_per_minute, results)
             if not order:
                 return {}
             now_arg = self.control.clock.now()
@@ -307,19 +307,20 @@ def _prepare(
 
 
 def _admit(
-    prepared: list[Prepared], quotas: TenantQuotas, count: int, rate_sum: float, results: list[dict[str, Any] | None]
+    tenant_id: str,
+    prepared: list[Prepared],
+    quotas: TenantQuotas,
+    count: int,
+    rate_sum: float,
+    results: list[dict[str, Any] | None],
 ) -> tuple[dict[str, list[Any]], list[tuple[int, str]]]:
     """The items that fit the tenant's quotas, in order, as insert_schedules' column arrays; the others 429."""
     columns: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
     order: list[tuple[int, str]] = []
     for index, key, values, rate in prepared:
-        if count + 1 > quotas.max_active_schedules:
-            exceeded = QuotaExceeded("max_active_schedules", quotas.max_active_schedules, count + 1)
-            results[index] = _error(429, exceeded, index)
-            continue
-        if rate_sum + rate > quotas.max_fires_per_minute:
-            exceeded = QuotaExceeded("max_fires_per_minute", quotas.max_fires_per_minute, round(rate_sum + rate, 3))
-            results[index] = _error(429, exceeded, index)
+        refused = quota_refusal(tenant_id, quotas, count, rate_sum, rate)
+        if refused is not None:
+            results[index] = _error(429, refused, index)
             continue
         count, rate_sum = count + 1, rate_sum + rate
         for column, name in _COLUMNS.items():

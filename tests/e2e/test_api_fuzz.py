@@ -102,9 +102,10 @@ async def test_no_generated_request_produces_a_server_error(api_process):
         return operations
 
     operations = await asyncio.to_thread(run_all)
-    # The 13 of the control plane, the 4 operator routes (batch, backfill, trigger, timeline) and the 8 of
-    # calendars and previews (calendars: create, list, get, update, delete, import, versions; schedule preview).
-    assert operations == 25
+    # The 13 of the control plane, the 4 operator routes (batch, backfill, trigger, timeline), the 8 of
+    # calendars and previews (calendars: create, list, get, update, delete, import, versions; schedule preview)
+    # and the tenant's own quotas and usage.
+    assert operations == 26
     assert not failures, "\n".join(failures[:20])
 
 

@@ -108,6 +108,18 @@ async def test_another_tenants_schedule_is_a_404_on_every_path(clients):
     assert (await acme.get_schedule(sid))["version"] == 1
 
 
+async def test_a_tenant_reads_its_own_quotas_and_usage(clients):
+    acme, globex = clients
+    sid = (await acme.create_schedule(DAILY))["schedule_id"]
+    await acme.create_schedule({**DAILY, "kind": "rate", "expression": "30s"})
+    mine = await acme.get_tenant()
+    assert mine["tenant_id"] == "acme" and mine["quotas"]["max_active_schedules"] == 10_000
+    assert mine["usage"] == {"schedules": 2, "fires_per_minute": pytest.approx(2 + 1 / 1440)}
+    await acme.cancel_schedule(sid)
+    assert (await acme.get_tenant())["usage"] == {"schedules": 1, "fires_per_minute": 2.0}
+    assert (await globex.get_tenant())["usage"] == {"schedules": 0, "fires_per_minute": 0.0}
+
+
 async def test_requests_without_a_valid_token_are_401(api_url, clients):
     for token in ("", "cq_wrong", "Basic abc"):
         with pytest.raises(ApiError) as caught:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
+from dataclasses import asdict
 from datetime import timedelta
 
 import asyncpg
@@ -20,6 +21,7 @@ from engine.control.schedule_batches import BatchItem, ScheduleBatches
 from engine.control.schedules import ControlPlane
 from engine.control.tenants import create_tenant
 from engine.loops.materializer import Materializer, MaterializerConfig
+from schemas import observability as obs
 from schemas.errors import NotFound, QuotaExceeded
 from schemas.migrations import apply_migrations
 from schemas.queries import QUERIES
@@ -152,7 +154,8 @@ async def test_the_counter_follows_every_writer_of_a_schedule(pool, clock, seed)
     assert completed or seed != 7, "seed 7's walk completes a run-limited schedule (the materializer's writes)"
 
 
-async def test_the_check_of_an_update_leaves_out_the_schedule_it_replaces(pool, clock):
+async def test_the_check_of_an_update_leaves_out_the_schedule_it_replaces(pool, clock, telemetry, monkeypatch):
+    monkeypatch.setattr(obs.metrics, "get_meter_provider", lambda: telemetry.meter_provider)
     await create_tenant(pool, "small", TenantQuotas(max_active_schedules=2, max_fires_per_minute=3))
     control = ControlPlane(pool, clock)
     hourly = {"kind": "cron", "expression": "0 * * * *", "target": "x"}
@@ -173,6 +176,14 @@ async def test_the_check_of_an_update_leaves_out_the_schedule_it_replaces(pool, 
     await control.cancel_schedule("small", first)
     await control.create_schedule("small", hourly)
     assert_same(await usage(pool, "small"), await counted(pool, "small"))
+    batch = await ScheduleBatches(control).create_schedules("small", [BatchItem("k1", hourly)])
+    assert batch[0]["status"] == 429
+    refusals = {
+        point.attributes["quota"]: point.value
+        for point in telemetry.points(obs.QUOTA_REFUSALS)
+        if point.attributes["tenant_id"] == "small"
+    }
+    assert refusals == {"max_active_schedules": 3, "max_fires_per_minute": 1}
 
 
 async def test_a_change_committed_behind_a_fold_is_counted_by_the_next_fold_once(pool, clock, acme):
@@ -233,13 +244,13 @@ async def test_a_recount_repairs_a_counter_that_writes_bypassing_triggers_left_b
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute("SET LOCAL session_replication_role = replica")  # a restore's --disable-triggers
         await copy_schedule(conn, kept, 2)
-    assert (await usage_of(pool, "acme"))["schedules"] == 1  # the counter missed them
+    assert (await usage_of(pool, "acme"))["usage"]["schedules"] == 1  # the counter missed them
     report = await usage_of(pool, "acme", recount=True)
-    assert report["schedules"] == 3 and report["drift"] == {
+    assert report["usage"]["schedules"] == 3 and report["drift"] == {
         "schedules": 2,
         "fires_per_minute": pytest.approx(2 * 60 / 13),
     }
-    assert report["max_active_schedules"] == TenantQuotas().max_active_schedules
+    assert report["quotas"] == asdict(TenantQuotas())
     again = await usage_of(pool, "acme", recount=True)
     assert again["drift"] == {"schedules": 0, "fires_per_minute": 0.0}
     assert_same(await usage(pool, "acme"), await counted(pool, "acme"))
