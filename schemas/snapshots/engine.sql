@@ -902,7 +902,7 @@ CREATE INDEX schedules_calendar ON public.schedules USING btree (calendar_id) WH
 CREATE UNIQUE INDEX schedules_created_by_key ON public.schedules USING btree (tenant_id, created_by_key) WHERE (created_by_key IS NOT NULL);
 CREATE INDEX schedules_due ON public.schedules USING btree (shard, next_run_at) WHERE (state = 'active'::text);
 CREATE INDEX schedules_tenant ON public.schedules USING btree (tenant_id, created_at, schedule_id);
-CREATE INDEX schedules_tenant_state ON public.schedules USING btree (tenant_id, state);
+CREATE INDEX schedules_tenant_state ON public.schedules USING btree (tenant_id, state) WHERE (state <> 'active'::text);
 CREATE INDEX stuck_occurrences_open ON public.stuck_occurrences USING btree (first_seen_at) WHERE (resolved_at IS NULL);
 CREATE INDEX target_grants_tenant ON public.target_grants USING btree (tenant_id);
 CREATE INDEX tenant_usage_changes_tenant ON public.tenant_usage_changes USING btree (tenant_id);
