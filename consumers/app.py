@@ -379,20 +379,20 @@ class ConsumerApp:
         """Run a start-up step until it succeeds, retrying transient failures (a dropped connection, a
         database or broker restarting) with capped backoff: an app started while its database is
         unavailable waits for it instead of exiting. Anything else is a configuration error and raised."""
-        backoff = self.config.redelivery_backoff
+        delays = self.config.redelivery_delays()
         while True:
             try:
                 return await attempt()
             except Exception as err:
                 if not is_transient(err) or self._stopping.is_set():
                     raise
+                delay = next(delays)
                 log.warning(
                     "could not %s yet; retrying",
                     step,
-                    extra={"action": "consumer.start_retry", "step": step, "error": repr(err), "backoff": backoff},
+                    extra={"action": "consumer.start_retry", "step": step, "error": repr(err), "backoff": delay},
                 )
-            await pause(self._stopping, backoff)
-            backoff = min(backoff * 2, self.config.redelivery_backoff_max)
+            await pause(self._stopping, delay)
 
     async def stop(self) -> None:
         """Leave the group and close connections (offsets were committed as work finished).
@@ -951,7 +951,7 @@ class ConsumerApp:
 
     async def _dead_letter(self, record: ConsumerRecord, reason: str, field: str | None = None) -> Outcome:
         assert self._producer is not None
-        backoff = self.config.redelivery_backoff
+        delays = self.config.redelivery_delays()
         while True:
             try:
                 await send_to_dead_letters(self._producer, record, self.config.group, reason)
@@ -961,10 +961,9 @@ class ConsumerApp:
                     "could not dead-letter a poison message; retrying",
                     extra={"action": "poison.dlq_failed", "error": repr(err)},
                 )
-            await pause(self._stopping, backoff)
+            await pause(self._stopping, next(delays))
             if self._stopping.is_set():
                 return Outcome.ABANDONED
-            backoff = min(backoff * 2, self.config.redelivery_backoff_max)
         self.stats.dead_lettered += 1
         self.meters.poison.add(1, {"field": field or "value"})
         log.warning(

@@ -217,26 +217,26 @@ class AttemptRunner:
 
     async def deliver(self, message: OccurrenceMessage, registration: HandlerRegistration) -> Outcome:
         """Process one delivery to the end, retrying infrastructure errors in place until shutdown."""
-        backoff = self.config.redelivery_backoff
+        delays = self.config.redelivery_delays()
         while True:
             try:
                 outcome = await self._attempt(message, registration)
             except InfrastructureError as err:
                 self.stats.infrastructure_errors += 1
+                delay = next(delays)
                 log.warning(
                     "infrastructure error; the delivery is retried in place, no attempt consumed",
                     extra={
                         **ids(message),
                         "action": "occurrence.infrastructure_error",
                         "error": str(err),
-                        "retry_in_s": backoff,
+                        "retry_in_s": delay,
                     },
                 )
-                await pause(self.stopping, backoff)
+                await pause(self.stopping, delay)
                 if self.stopping.is_set():
                     outcome = Outcome.ABANDONED
                 else:
-                    backoff = min(backoff * 2, self.config.redelivery_backoff_max)
                     continue
             if outcome is Outcome.ABANDONED:
                 self.stats.abandoned += 1
@@ -443,7 +443,7 @@ class AttemptRunner:
         if self.grants is not None:
             self.grants.expect(tokens)  # before sending: the answers may come back at once
         keeper.start()  # the engine's leases may begin with the first try, acknowledged or not
-        backoff = self.config.redelivery_backoff
+        delays = self.config.redelivery_delays()
         give_up_at = time.monotonic() + self.config.grant_timeout
         while True:
             try:
@@ -460,8 +460,7 @@ class AttemptRunner:
                     "started not acknowledged in time; sending it again with the same lease tokens",
                     extra={"action": "attempt.started_resent", "occurrences": len(tokens), "error": str(err)},
                 )
-            await pause(self.stopping, backoff)
-            backoff = min(backoff * 2, self.config.redelivery_backoff_max)
+            await pause(self.stopping, next(delays))
 
     async def await_grants(self, lease_tokens: list[uuid.UUID], target: str) -> dict[uuid.UUID, AttemptGrant | None]:
         """The engine's answers to the ``started`` just sent for ``lease_tokens`` (registered with
@@ -648,7 +647,7 @@ class AttemptRunner:
         False if shutdown came first: the offset is then not committed and the
         redelivery reports again.
         """
-        backoff = self.config.redelivery_backoff
+        delays = self.config.redelivery_delays()
         while True:
             try:
                 await self.reporter.send(event, target)
@@ -664,10 +663,9 @@ class AttemptRunner:
                         "error": str(err),
                     },
                 )
-            await pause(self.stopping, backoff)
+            await pause(self.stopping, next(delays))
             if self.stopping.is_set():
                 return False
-            backoff = min(backoff * 2, self.config.redelivery_backoff_max)
 
     async def database_reachable(self) -> bool:
         try:

@@ -138,27 +138,27 @@ class BatchRunner:
         items = [_Item(i, m) for i, m in enumerate(messages)]
         self.meters.batch_size.record(len(items), {"target": messages[0].target if messages else ""})
         pending = self._collapse_copies(items, outcomes)
-        backoff = self.config.redelivery_backoff
+        delays = self.config.redelivery_delays()
         while pending:
             try:
                 pending = await self._attempt(pending, registration, outcomes)
-                backoff = self.config.redelivery_backoff
+                delays = self.config.redelivery_delays()  # progress: the next failure waits the first delay
             except InfrastructureError as err:
                 pending = [item for item in pending if item.index not in outcomes]  # what is settled stays so
                 self.stats.infrastructure_errors += 1
+                delay = next(delays)
                 log.warning(
                     "infrastructure error; the batch is retried in place, no attempt consumed",
                     extra={
                         "action": "batch.infrastructure_error",
                         "occurrences": len(pending),
                         "error": str(err),
-                        "retry_in_s": backoff,
+                        "retry_in_s": delay,
                     },
                 )
-                await pause(self.stopping, backoff)
+                await pause(self.stopping, delay)
                 if self.stopping.is_set():
                     break
-                backoff = min(backoff * 2, self.config.redelivery_backoff_max)
         result = []
         for item in items:
             outcome = outcomes.get(item.index, Outcome.ABANDONED)
@@ -604,7 +604,7 @@ class BatchRunner:
 
         False if shutdown came first: the offsets are then not committed and the redelivery reports again.
         """
-        backoff = self.config.redelivery_backoff
+        delays = self.config.redelivery_delays()
         while True:
             try:
                 await self.reporter.send_many(events, target)
@@ -615,10 +615,9 @@ class BatchRunner:
                     "attempt reports not delivered; retrying",
                     extra={"action": "attempt.report_failed", "events": len(events), "error": str(err)},
                 )
-            await pause(self.stopping, backoff)
+            await pause(self.stopping, next(delays))
             if self.stopping.is_set():
                 return False
-            backoff = min(backoff * 2, self.config.redelivery_backoff_max)
 
 
 def _as_exception(error: BaseException) -> Exception:

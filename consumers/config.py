@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from schemas.attempt_credentials import AttemptCredential
+from schemas.capped_backoff import capped_doubling
 from schemas.kafka_security import PLAINTEXT, KafkaSecurity
 from schemas.topics import DEFAULT_PARTITIONS
 
@@ -157,6 +158,11 @@ class ConsumerConfig:
             return self.transaction_idle_timeout
         # Room for a handler that idles in its transaction for its whole timeout, then commits.
         return self.handler_timeout + self.lease_ttl
+
+    def redelivery_delays(self) -> Iterator[float]:
+        """The waits between in-place retries of one step: ``redelivery_backoff`` doubled up to
+        ``redelivery_backoff_max`` (a new iterator starts again from the first)."""
+        return capped_doubling(self.redelivery_backoff, self.redelivery_backoff_max)
 
     @property
     def grant_timeout(self) -> float:

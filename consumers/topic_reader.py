@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from schemas.capped_backoff import capped_doubling
 from schemas.clock import pause
 from schemas.kafka_security import KafkaSecurity, start_client
 from schemas.topics import topic_partitions
@@ -62,13 +63,14 @@ async def keep_reading(
 ) -> None:
     """Call ``read`` while ``more()`` and ``stop`` is not set; an error (the broker away, a fetch refused)
     is logged (``action=consumer.view_read_failed``) and retried after a capped backoff."""
-    wait = backoff
+    delays = capped_doubling(backoff, backoff_max)
     while (stop is None or not stop.is_set()) and more():
         try:
             await read()
         except asyncio.CancelledError:
             raise
         except Exception as err:  # noqa: BLE001 - a reader must outlive any one failed read
+            wait = next(delays)
             log.warning(
                 "reading %s failed; retrying",
                 view,
@@ -78,6 +80,5 @@ async def keep_reading(
                 await asyncio.sleep(wait)
             else:
                 await pause(stop, wait)
-            wait = min(wait * 2, backoff_max)
         else:
-            wait = backoff
+            delays = capped_doubling(backoff, backoff_max)

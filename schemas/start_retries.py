@@ -14,6 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from schemas.capped_backoff import capped_doubling
 from schemas.clock import pause
 from schemas.error_classification import is_transient
 
@@ -34,18 +35,19 @@ async def retry_until_ready(
     ``schemas.error_classification``) after ``backoff`` seconds, doubled up to ``backoff_max``, each logged
     as a warning with ``action``. None when ``stop`` is set first; a failure that is not transient is raised.
     ``attempt`` must build what it starts afresh: a client whose start failed is closed, not restartable."""
+    delays = capped_doubling(backoff, backoff_max)
     while True:
         try:
             return await attempt()
         except Exception as err:
             if not is_transient(err):
                 raise
+            delay = next(delays)
             log.warning(
                 "could not %s yet; retrying",
                 step,
-                extra={"action": action, "step": step, "error": repr(err), "backoff": backoff},
+                extra={"action": action, "step": step, "error": repr(err), "backoff": delay},
             )
-        await pause(stop, backoff)
+        await pause(stop, delay)
         if stop.is_set():
             return None
-        backoff = min(backoff * 2, backoff_max)
