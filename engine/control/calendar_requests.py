@@ -87,9 +87,9 @@ def parse_calendar_changes(raw: Mapping[str, Any]) -> CalendarChanges:
     if not isinstance(raw, Mapping) or not (set(raw) - {"expected_version"}):
         raise InvalidInput("body", "give at least one of time_zone, description, dates", '{"dates": ["2026-12-25"]}')
     _reject_unknown(raw, CHANGE_FIELDS, "calendar update")
-    expected = raw.get("expected_version")
-    if expected is not None:
-        expected = expected_version(expected)
+    # Absent: unconditional. Present, it must be a version, null included: the document says so, a schedule
+    # update says so, and a condition that a client's null turned into no condition would overwrite silently.
+    expected = expected_version(raw["expected_version"]) if "expected_version" in raw else None
     return CalendarChanges(
         time_zone=_zone(raw.get("time_zone")) if "time_zone" in raw else None,
         time_zone_set="time_zone" in raw,

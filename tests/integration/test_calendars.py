@@ -82,6 +82,9 @@ async def test_create_read_update_with_versions_and_history(calendars):
     assert updated["description"] == "Berlin"  # fields not given stay
     with pytest.raises(Conflict, match="at version 2, not 1"):
         await calendars.update_calendar("acme", "de-holidays", {"dates": [], "expected_version": 1})
+    for not_a_version in (None, 0, "2", True):  # as for a schedule: a condition that is no version is refused
+        with pytest.raises(InvalidInput, match="expected_version"):
+            await calendars.update_calendar("acme", "de-holidays", {"dates": [], "expected_version": not_a_version})
     history = await calendars.calendar_history("acme", "de-holidays")
     assert [(v["version"], v["change"], len(v["dates"])) for v in history] == [(1, "create", 3), (2, "update", 1)]
     listed = await calendars.list_calendars("acme")
