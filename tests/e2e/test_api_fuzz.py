@@ -153,7 +153,11 @@ async def test_generated_requests_on_existing_schedules_produce_no_server_error(
     query and body meet a schedule that exists (and cancel its own, so the others stay live)."""
     base_url, token = api_process
     live, doomed = await existing_schedules(pool, 20)  # the long run's schedules, fewer
-    dead = await dead_occurrences(pool, live[:10])  # and dead letters for the occurrence paths (replay)
+    # Dead letters for the occurrence paths, of schedules the schedule operations never touch: a replay is
+    # refused once its schedule has a newer version (consumers would skip it), and pause, resume and update
+    # of the live ones make versions.
+    live, untouched = live[:14], live[14:]
+    dead = await dead_occurrences(pool, untouched)
     operations = [
         result.ok()
         for result in _schema().get_all_operations()
