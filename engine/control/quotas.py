@@ -92,34 +92,37 @@ async def tenant_usage(conn: asyncpg.Connection, tenant_id: str, exclude: uuid.U
     )
 
 
+async def current_usage(conn: asyncpg.Connection | asyncpg.Pool, tenant_id: str) -> TenantUsage:
+    """The tenant's usage now, read only (its counter plus the changes not folded yet): for display, never
+    for admission — a quota check folds under the tenant's lock (:func:`tenant_usage`)."""
+    return TenantUsage.from_row(await conn.fetchrow(*QUERIES.read_tenant_usage(tenant_id=tenant_id)))
+
+
 async def usage_of(pool: asyncpg.Pool, tenant_id: str, *, recount: bool = False) -> dict[str, Any]:
     """The tenant's quotas and its usage of them (``GET /v1/tenant``, ``chronoq tenant usage``).
 
-    ``recount``: count the tenant's live schedules and store that as its counter, reporting the ``drift``
-    corrected. The counter is kept by triggers on ``schedules``; writes that bypass triggers (a restore with
-    ``--disable-triggers``, ``session_replication_role = replica``) would make it drift, and this repairs it.
-    Either way the tenant's row is locked meanwhile, as a create or update of the tenant locks it.
+    Read only, without waiting for the tenant's creates. ``recount``: count the tenant's live schedules and
+    store that as its counter, reporting the ``drift`` corrected, under the tenant's row lock (no create or
+    update of the tenant meanwhile). The counter is kept by triggers on ``schedules``; writes that bypass
+    triggers (a restore with ``--disable-triggers``, ``session_replication_role = replica``) would make it
+    drift, and a recount repairs it.
     """
+    missing = NotFound("tenant", f"{tenant_id} (list tenants in the console, or create it: chronoq tenant create)")
+    if not recount:
+        async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+            row = await conn.fetchrow(*QUERIES.get_tenant(tenant_id=tenant_id))
+            if row is None:
+                raise missing
+            return _usage_report(tenant_id, row, await current_usage(conn, tenant_id))
     async with pool.acquire() as conn, conn.transaction():
         row = await conn.fetchrow(*QUERIES.lock_tenant(tenant_id=tenant_id))
         if row is None:
-            raise NotFound("tenant", f"{tenant_id} (list tenants in the console, or create it: chronoq tenant create)")
-        usage = await tenant_usage(conn, tenant_id)
-        counted = (
-            TenantUsage.from_row(await conn.fetchrow(*QUERIES.recount_tenant_usage(tenant_id=tenant_id)))
-            if recount
-            else usage
-        )
-    report: dict[str, Any] = {
-        "tenant_id": tenant_id,
-        "quotas": asdict(TenantQuotas.from_row(row)),
-        "usage": {"schedules": counted.schedules, "fires_per_minute": round(counted.fires_per_minute, 6)},
-    }
-    if not recount:
-        return report
+            raise missing
+        kept = await tenant_usage(conn, tenant_id)
+        counted = TenantUsage.from_row(await conn.fetchrow(*QUERIES.recount_tenant_usage(tenant_id=tenant_id)))
     drift = {
-        "schedules": counted.schedules - usage.schedules,
-        "fires_per_minute": round(counted.fires_per_minute - usage.fires_per_minute, 6),
+        "schedules": counted.schedules - kept.schedules,
+        "fires_per_minute": round(counted.fires_per_minute - kept.fires_per_minute, 6),
     }
     if any(drift.values()):
         log.warning(
@@ -130,7 +133,15 @@ async def usage_of(pool: asyncpg.Pool, tenant_id: str, *, recount: bool = False)
                 **{f"drift_{k}": v for k, v in drift.items()},
             },
         )
-    return {**report, "drift": drift}
+    return {**_usage_report(tenant_id, row, counted), "drift": drift}
+
+
+def _usage_report(tenant_id: str, row: Mapping[str, Any], usage: TenantUsage) -> dict[str, Any]:
+    return {
+        "tenant_id": tenant_id,
+        "quotas": asdict(TenantQuotas.from_row(row)),
+        "usage": {"schedules": usage.schedules, "fires_per_minute": round(usage.fires_per_minute, 6)},
+    }
 
 
 async def check_quotas(

@@ -42,6 +42,16 @@ WITH folded AS (
 SELECT c.schedules - x.schedules AS schedules, (c.fires_per_minute - x.fires_per_minute)::double precision AS fires_per_minute
 FROM counter c CROSS JOIN excluded_schedule x;
 
+-- name: read_tenant_usage
+-- The tenant's usage as the next fold would find it, read only: its counter plus the changes logged since
+-- its last fold (0 and 0 for a tenant with neither). One snapshot sees a fold entirely or not at all, so
+-- nothing is counted twice or missed; no lock, so a reader never waits for a create of the tenant.
+SELECT (coalesce(u.schedules, 0) + coalesce(c.schedules, 0))::bigint AS schedules,
+       (coalesce(u.fires_per_minute, 0) + coalesce(c.fires_per_minute, 0))::double precision AS fires_per_minute
+FROM (SELECT sum(schedules) AS schedules, sum(fires_per_minute) AS fires_per_minute
+      FROM tenant_usage_changes WHERE tenant_id = :tenant_id) c
+LEFT JOIN tenant_usage u ON u.tenant_id = :tenant_id;
+
 -- name: recount_tenant_usage
 -- Sets the tenant's counter to a count of its live schedules and their rate sum, dropping the changes logged
 -- before this statement's snapshot (the count includes them; changes committed later stay to be folded).

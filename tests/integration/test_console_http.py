@@ -272,3 +272,21 @@ async def test_a_dead_letter_is_replayed_from_the_console_with_its_id_and_not_by
         await pool.fetchval("SELECT state FROM occurrences WHERE occurrence_id = $1", message.occurrence_id)
         == "RETRY_WAIT"
     )
+
+
+async def test_a_tenant_sees_its_quota_usage_on_the_health_page_and_an_operator_does_not(site, tenants, pool, clock):
+    acme, _ = tenants
+    control = ControlPlane(pool, clock)
+    for _ in range(3):
+        await control.create_schedule("acme", {"kind": "cron", "expression": "0 * * * *", "target": "billing.x"})
+    await control.create_schedule("globex", {"kind": "cron", "expression": "0 * * * *", "target": "globex.x"})
+    browser = Browser(site)
+    await browser.sign_in(acme.api_token)
+    for path in ("/ui/health", "/ui/health?fragment=health"):
+        page = (await browser.get(path)).text
+        tile = re.search(r'id="quota-schedules"><div class="value">([^<]+)<', page)
+        assert tile is not None and tile.group(1) == "3 / 10,000", path  # acme's own, not globex's
+        assert 'id="quota-fires"' in page
+    operator = Browser(site)
+    await operator.sign_in((await create_operator_token(pool, "alice")).token)
+    assert 'id="quota-schedules"' not in (await operator.get("/ui/health")).text  # every tenant: no one quota

@@ -258,6 +258,18 @@ async def test_a_recount_repairs_a_counter_that_writes_bypassing_triggers_left_b
         await usage_of(pool, "nobody")
 
 
+async def test_reading_the_usage_neither_waits_for_a_create_nor_folds(pool, clock, acme):
+    await ControlPlane(pool, clock).create_schedule("acme", {**SHAPES[1], "target": "usage.t"})
+    pending = "SELECT count(*) FROM tenant_usage_changes WHERE tenant_id = 'acme'"
+    assert await pool.fetchval(pending) == 1  # the create's own change: folded by the next check
+    async with pool.acquire() as creating, creating.transaction():
+        await creating.execute("SELECT 1 FROM tenants WHERE tenant_id = 'acme' FOR UPDATE")  # a create, mid-way
+        async with asyncio.timeout(10):
+            report = await usage_of(pool, "acme")
+    assert report["usage"] == {"schedules": 1, "fires_per_minute": 0.15}  # */7: 9 fires an hour
+    assert await pool.fetchval(pending) == 1
+
+
 async def test_the_migration_counts_the_schedules_already_there(servers):
     name = f"chronoq_usage_{uuid.uuid4().hex[:10]}"
     conn = await asyncpg.connect(await create_database(servers, name))

@@ -32,6 +32,7 @@ from engine.control.calendars import calendar_by_id
 from engine.control.health import read_health
 from engine.control.identifiers import as_uuid
 from engine.control.pagination import decode_cursor, encode_cursor
+from engine.control.quotas import usage_of
 from engine.control.requested_occurrences import RequestedOccurrences
 from engine.control.schedules import ControlPlane
 from engine.control.timeline import schedule_timeline
@@ -252,9 +253,11 @@ class Console:
         session = request.session
         assert session is not None
         health = (await read_health(self.pool, session.principal.scope, await self.control.now())).to_json()
+        tenant_id = session.principal.tenant_id
+        quota = await usage_of(self.pool, tenant_id) if tenant_id is not None else None  # an operator: every tenant
         if request.query.get("fragment") == "health":
-            return html(200, pages.health_section(health))
-        return html(200, pages.health_page(health, session.principal, session.csrf_token))
+            return html(200, pages.health_section(health, quota))
+        return html(200, pages.health_page(health, session.principal, session.csrf_token, quota))
 
     # ----------------------------------------------------------------- sign-in
 

@@ -618,7 +618,8 @@ def dead_letters_page(page: Mapping[str, Any], principal: Principal, csrf: str, 
     return layout("Dead letters", body, principal, csrf, "/ui/dead-letters")
 
 
-def health_section(health: Mapping[str, Any]) -> Markup:
+def health_section(health: Mapping[str, Any], quota: Mapping[str, Any] | None = None) -> Markup:
+    """The health tiles and charts; with ``quota`` (a tenant's ``usage_of``), its usage beside its quotas."""
     lag = health["lag_seconds"]
     b = health["backlogs"]
 
@@ -646,6 +647,24 @@ def health_section(health: Mapping[str, Any]) -> Markup:
             tile("running", b["running"]),
             tile("retry wait", b["retry_wait"]),
             tile("dead letters", b["dead"], "", "dlq-size"),
+            *(
+                [
+                    tile(
+                        "live schedules / quota",
+                        f"{quota['usage']['schedules']:,} / {quota['quotas']['max_active_schedules']:,}",
+                        "",
+                        "quota-schedules",
+                    ),
+                    tile(
+                        "fires per minute / quota",
+                        f"{quota['usage']['fires_per_minute']:,.4g} / {quota['quotas']['max_fires_per_minute']:,.4g}",
+                        "",
+                        "quota-fires",
+                    ),
+                ]
+                if quota is not None
+                else []
+            ),
         ]
     )
     charts = join(
@@ -679,8 +698,10 @@ def health_section(health: Mapping[str, Any]) -> Markup:
     )
 
 
-def health_page(health: Mapping[str, Any], principal: Principal, csrf: str) -> Markup:
-    body = render('<div data-live="health" id="health-live">{section}</div>', section=health_section(health))
+def health_page(
+    health: Mapping[str, Any], principal: Principal, csrf: str, quota: Mapping[str, Any] | None = None
+) -> Markup:
+    body = render('<div data-live="health" id="health-live">{section}</div>', section=health_section(health, quota))
     return layout("Health", body, principal, csrf, "/ui/health")
 
 
