@@ -93,6 +93,15 @@ async def test_missing_target_is_named(engine_db, acme):
     assert result.returncode == 2 and "target: " in result.stderr
 
 
+async def test_tenant_usage_of_an_unknown_tenant_says_how_to_create_it(engine_db, acme):
+    env = control_env(engine_db)
+    result = await asyncio.to_thread(run, ["tenant", "usage", "nobody"], env)
+    assert result.returncode != 0 and "chronoq tenant create" in result.stderr, result.stderr
+    recount = await asyncio.to_thread(run, ["tenant", "usage", "acme", "--recount", "--json"], env)
+    assert recount.returncode == 0, recount.stderr
+    assert orjson.loads(recount.stdout)["drift"] == {"schedules": 0, "fires_per_minute": 0.0}
+
+
 def test_commands_explain_how_to_find_a_stack(tmp_path):
     result = run(
         ["schedule", "create", "--tenant", "acme", "--target", "x", "--cron", "0 9 * * *"],
