@@ -52,7 +52,8 @@ LIMIT :limit;
 -- advanced, inserts the staged occurrences (an existing one is left alone and gets no second delivery)
 -- and each SCHEDULED one's delivery: ahead-lane row when staged ahead, else an outbox row (held by the
 -- overlap gate with :gate_token, or for the tenant's max_running with :tenant_token, when flagged) with late_after and misfire_policy (lateness is judged again
--- at dispatch), and the missed_ranges rows (:range_*) of the advanced schedules. Returns the counts.
+-- at dispatch), the missed_ranges rows (:range_*) of the advanced schedules, and the quota usage change of
+-- the ones completed. Returns the counts.
 WITH advanced AS (
     UPDATE schedules s
     SET next_run_at = u.next_run_at,
@@ -64,7 +65,7 @@ WITH advanced AS (
          AS u (schedule_id, version, cursor, next_run_at, runs)
     WHERE s.schedule_id = u.schedule_id AND s.version = u.version AND s.state = 'active'
       AND s.next_run_at = u.cursor
-    RETURNING s.schedule_id
+    RETURNING s.schedule_id, s.tenant_id, s.state, s.fires_per_minute
 ), ranges AS (
     -- missed slots summarised, not listed (count NULL: more than can be counted)
     INSERT INTO missed_ranges (schedule_id, schedule_version, first_missed, last_missed, missed_count, recorded_at)
@@ -104,6 +105,16 @@ WITH advanced AS (
     FROM materialize_staging m
     JOIN inserted i ON i.occurrence_id = m.occurrence_id
     WHERE i.state = 'SCHEDULED' AND NOT m.ahead
+    RETURNING 1
+), completions AS (
+    -- Schedules completed here no longer count against their tenant's quotas: one usage change per tenant
+    -- (migration 0024's row trigger leaves active → completed to this statement, the only writer of it:
+    -- a trigger call per completion cost 5-9 µs, docs/benchmarks.md stop 44).
+    INSERT INTO tenant_usage_changes (tenant_id, schedules, fires_per_minute)
+    SELECT a.tenant_id, -count(*), -sum(a.fires_per_minute::numeric)
+    FROM advanced a
+    WHERE a.state = 'completed'
+    GROUP BY a.tenant_id
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM advanced) AS schedules, (SELECT count(*) FROM inserted) AS occurrences,

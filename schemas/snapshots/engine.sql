@@ -926,7 +926,7 @@ ALTER INDEX public.occurrences_enqueued_since ATTACH PARTITION public.occurrence
 CREATE TRIGGER schedules_usage_of_deleted AFTER DELETE ON public.schedules REFERENCING OLD TABLE AS deleted_schedules FOR EACH STATEMENT EXECUTE FUNCTION public.chronoq_log_usage_of_deleted();
 CREATE TRIGGER schedules_usage_of_inserted AFTER INSERT ON public.schedules REFERENCING NEW TABLE AS inserted_schedules FOR EACH STATEMENT EXECUTE FUNCTION public.chronoq_log_usage_of_inserted();
 CREATE TRIGGER schedules_usage_of_truncated AFTER TRUNCATE ON public.schedules FOR EACH STATEMENT EXECUTE FUNCTION public.chronoq_clear_usage();
-CREATE TRIGGER schedules_usage_of_updated AFTER UPDATE OF state, fires_per_minute, tenant_id ON public.schedules FOR EACH ROW WHEN (((((old.state = ANY (ARRAY['active'::text, 'paused'::text])) IS DISTINCT FROM (new.state = ANY (ARRAY['active'::text, 'paused'::text]))) OR (
+CREATE TRIGGER schedules_usage_of_updated AFTER UPDATE OF state, fires_per_minute, tenant_id ON public.schedules FOR EACH ROW WHEN ((((((old.state = ANY (ARRAY['active'::text, 'paused'::text])) IS DISTINCT FROM (new.state = ANY (ARRAY['active'::text, 'paused'::text]))) OR (
         CASE
             WHEN (old.state = ANY (ARRAY['active'::text, 'paused'::text])) THEN old.fires_per_minute
             ELSE NULL::double precision
@@ -934,7 +934,7 @@ CREATE TRIGGER schedules_usage_of_updated AFTER UPDATE OF state, fires_per_minut
         CASE
             WHEN (new.state = ANY (ARRAY['active'::text, 'paused'::text])) THEN new.fires_per_minute
             ELSE NULL::double precision
-        END)) OR (old.tenant_id IS DISTINCT FROM new.tenant_id))) EXECUTE FUNCTION public.chronoq_log_usage_of_updated();
+        END)) OR (old.tenant_id IS DISTINCT FROM new.tenant_id)) AND (NOT ((old.state = 'active'::text) AND (new.state = 'completed'::text) AND (old.tenant_id = new.tenant_id))))) EXECUTE FUNCTION public.chronoq_log_usage_of_updated();
 ALTER TABLE ONLY public.attempt_credentials
     ADD CONSTRAINT attempt_credentials_target_fkey FOREIGN KEY (target) REFERENCES public.targets(target);
 ALTER TABLE ONLY public.calendar_versions

@@ -21,6 +21,11 @@
 -- * Inserts and deletes log one row per tenant per statement (transition tables: a batch create of 1,000
 --   logs one row); updates log per row, and only when liveness, rate or tenant changed (the WHEN clause),
 --   so the materializer's cursor advance, which changes none of them, logs and calls nothing.
+-- * Except active → completed: only the materializer's statement completes a schedule (a one-time one
+--   fired, a run limit reached), and it logs its completions itself, one row per tenant (queries
+--   materializer.sql, materialize_staged). A trigger call per completion cost 5-9 µs of a ~55 µs row in a
+--   burst of one-time schedules (docs/benchmarks.md, stop 44). An operator's SQL that completes a schedule
+--   is not logged: `chronoq tenant usage --recount` repairs that, as for any write that bypasses triggers.
 CREATE TABLE tenant_usage (
     tenant_id        text PRIMARY KEY,
     schedules        bigint NOT NULL DEFAULT 0,
@@ -107,5 +112,6 @@ CREATE TRIGGER schedules_usage_of_updated AFTER UPDATE OF state, fires_per_minut
           IS DISTINCT FROM
           (NEW.state IN ('active', 'paused'),
            CASE WHEN NEW.state IN ('active', 'paused') THEN NEW.fires_per_minute END,
-           NEW.tenant_id))
+           NEW.tenant_id)
+          AND NOT (OLD.state = 'active' AND NEW.state = 'completed' AND OLD.tenant_id = NEW.tenant_id))
     EXECUTE FUNCTION chronoq_log_usage_of_updated();
