@@ -9,9 +9,10 @@ from dataclasses import fields
 
 from engine.cli import print_json
 from engine.cli.endpoints import resolve_database_url
-from engine.control.quotas import TenantQuotas, usage_of
+from engine.control.quotas import TenantQuotas, every_usage, usage_of
 from engine.control.tenants import create_tenant
 from schemas.connections import create_pool
+from schemas.errors import InvalidInput
 
 
 def cmd_create(args: argparse.Namespace) -> int:
@@ -31,9 +32,14 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 
 def cmd_usage(args: argparse.Namespace) -> int:
-    async def main() -> dict:
+    if args.recount and args.name is None:
+        raise InvalidInput("--recount", "name the tenant to recount", "chronoq tenant usage acme --recount")
+
+    async def main() -> dict | list[dict]:
         pool = await create_pool(resolve_database_url(), min_size=1, max_size=1)
         try:
+            if args.name is None:
+                return await every_usage(pool)
             return await usage_of(pool, args.name, recount=args.recount)
         finally:
             await pool.close()
@@ -60,8 +66,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     create.add_argument("--json", action="store_true", help="print compact JSON")
     create.set_defaults(func=cmd_create)
 
-    usage = actions.add_parser("usage", help="a tenant's live schedules and trigger rate beside its quotas")
-    usage.add_argument("name", help="tenant id")
+    usage = actions.add_parser(
+        "usage", help="a tenant's live schedules and trigger rate beside its quotas (every tenant's without a name)"
+    )
+    usage.add_argument("name", nargs="?", help="tenant id (none: every tenant, the nearest to its quota first)")
     usage.add_argument(
         "--recount",
         action="store_true",

@@ -136,6 +136,14 @@ async def usage_of(pool: asyncpg.Pool, tenant_id: str, *, recount: bool = False)
     return {**_usage_report(tenant_id, row, counted), "drift": drift}
 
 
+async def every_usage(pool: asyncpg.Pool) -> list[dict[str, Any]]:
+    """Every tenant's quotas and usage (``chronoq tenant usage`` without a name), read only, the tenants using
+    most of their ``max_active_schedules`` first: the ones about to be refused."""
+    async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+        rows = await conn.fetch(*QUERIES.read_every_tenant_usage())
+    return [_usage_report(row["tenant_id"], row, TenantUsage.from_row(row)) for row in rows]
+
+
 def _usage_report(tenant_id: str, row: Mapping[str, Any], usage: TenantUsage) -> dict[str, Any]:
     return {
         "tenant_id": tenant_id,

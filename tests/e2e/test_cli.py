@@ -100,6 +100,11 @@ async def test_tenant_usage_of_an_unknown_tenant_says_how_to_create_it(engine_db
     recount = await asyncio.to_thread(run, ["tenant", "usage", "acme", "--recount", "--json"], env)
     assert recount.returncode == 0, recount.stderr
     assert orjson.loads(recount.stdout)["drift"] == {"schedules": 0, "fires_per_minute": 0.0}
+    every = await asyncio.to_thread(run, ["tenant", "usage", "--json"], env)
+    assert every.returncode == 0, every.stderr
+    assert [t["tenant_id"] for t in orjson.loads(every.stdout)] == ["acme"]
+    unnamed = await asyncio.to_thread(run, ["tenant", "usage", "--recount"], env)
+    assert unnamed.returncode == 2 and "--recount: name the tenant" in unnamed.stderr, unnamed.stderr
 
 
 def test_commands_explain_how_to_find_a_stack(tmp_path):

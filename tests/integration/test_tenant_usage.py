@@ -16,7 +16,7 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
-from engine.control.quotas import TenantQuotas, usage_of
+from engine.control.quotas import TenantQuotas, every_usage, usage_of
 from engine.control.schedule_batches import BatchItem, ScheduleBatches
 from engine.control.schedules import ControlPlane
 from engine.control.tenants import create_tenant
@@ -268,6 +268,19 @@ async def test_reading_the_usage_neither_waits_for_a_create_nor_folds(pool, cloc
             report = await usage_of(pool, "acme")
     assert report["usage"] == {"schedules": 1, "fires_per_minute": 0.15}  # */7: 9 fires an hour
     assert await pool.fetchval(pending) == 1
+
+
+async def test_every_tenants_usage_lists_the_nearest_to_its_quota_first(pool, clock):
+    await create_tenant(pool, "roomy", TenantQuotas(max_active_schedules=100))
+    await create_tenant(pool, "tight", TenantQuotas(max_active_schedules=2))
+    await create_tenant(pool, "idle")
+    control = ControlPlane(pool, clock)
+    for tenant, count in (("roomy", 3), ("tight", 1)):
+        for _ in range(count):
+            await control.create_schedule(tenant, {**SHAPES[0], "target": f"usage.{tenant}"})
+    listed = await every_usage(pool)
+    assert [(t["tenant_id"], t["usage"]["schedules"]) for t in listed] == [("tight", 1), ("roomy", 3), ("idle", 0)]
+    assert listed[0] == await usage_of(pool, "tight")
 
 
 async def test_the_migration_counts_the_schedules_already_there(servers):
