@@ -6,16 +6,17 @@
 -- (docs/benchmarks.md, stop 42). Now:
 --
 -- * tenant_usage holds each tenant's count and rate sum as of its last fold; tenant_usage_changes logs
---   what changed since, one row per change, appended by triggers on schedules. Every writer of a schedule
---   is covered (the API, batches, the command processor, the materializer completing a one-time or
---   run-limited schedule, an operator's SQL) without each statement knowing about the counter.
+--   what changed since, appended by triggers on schedules. Every writer of a schedule is covered (the API,
+--   batches, the command processor, an operator's SQL) without each statement knowing about the counter;
+--   the one exception, the materializer's completions, is below.
 -- * Appending, not updating, is what keeps the writers apart: the materializer completes schedules of many
 --   tenants in one statement on two nodes at once, and a counter row updated in place would serialize their
 --   passes on the big tenant's row and could deadlock them against a create (row lock on the schedule,
 --   then the counter, in the other order). Inserts take no lock another writer waits for.
--- * The quota check (queries tenant_usage and tenant_live_usage) folds the tenant's logged changes into its
---   counter and reads it, under the tenant's row lock, so folds of one tenant never interleave. A change
---   committed after the fold's snapshot stays for the next fold (DELETE only takes the rows it sees).
+-- * The quota check of a create, an update or a batch (query tenant_usage) folds the tenant's logged
+--   changes into its counter and reads it, under the tenant's row lock, so folds of one tenant never
+--   interleave. A change committed after the fold's snapshot stays for the next fold (DELETE only takes
+--   the rows it sees). Readers that only display usage add the unfolded changes to the counter instead.
 -- * The rate sum is numeric: float8 rates converted exactly as the same decimal each time, so adding and
 --   later removing one schedule's rate leaves the sum as it was (float8 sums would drift).
 -- * Inserts and deletes log one row per tenant per statement (transition tables: a batch create of 1,000
