@@ -1,4 +1,5 @@
-"""A tenant's quota usage is a counter kept by the schedules' own triggers (migration 0024), not a count.
+"""A tenant's quota usage is a counter kept by triggers on schedules and by the materializer's statement for
+its completions (migration 0024), not a count.
 
 Each test attacks one way the counter could part from the truth — a writer that does not go through the
 control plane, a change committed behind a fold, two folds at once, a TRUNCATE, a database migrated with
@@ -16,7 +17,7 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
-from engine.control.quotas import TenantQuotas, every_usage, usage_of
+from engine.control.quotas import TenantQuotas, current_usage, every_usage, usage_of
 from engine.control.schedule_batches import BatchItem, ScheduleBatches
 from engine.control.schedules import ControlPlane
 from engine.control.tenants import create_tenant
@@ -149,7 +150,10 @@ async def test_the_counter_follows_every_writer_of_a_schedule(pool, clock, seed)
     for _ in range(40):
         await walk.step()
         for tenant in TENANTS:
-            assert_same(await usage(pool, tenant), await counted(pool, tenant))
+            truth = await counted(pool, tenant)
+            shown = await current_usage(pool, tenant)  # read only, before the fold: counter plus changes
+            assert_same((shown.schedules, shown.fires_per_minute), truth)
+            assert_same(await usage(pool, tenant), truth)
     completed = await pool.fetchval("SELECT count(*) FROM schedules WHERE state = 'completed'")
     assert completed or seed != 7, "seed 7's walk completes a run-limited schedule (the materializer's writes)"
 
