@@ -136,11 +136,12 @@ async def usage_of(pool: asyncpg.Pool, tenant_id: str, *, recount: bool = False)
     return {**_usage_report(tenant_id, row, counted), "drift": drift}
 
 
-async def every_usage(pool: asyncpg.Pool) -> list[dict[str, Any]]:
-    """Every tenant's quotas and usage (``chronoq tenant usage`` without a name), read only, the tenants using
-    most of their ``max_active_schedules`` first: the ones about to be refused."""
+async def every_usage(pool: asyncpg.Pool, limit: int | None = None) -> list[dict[str, Any]]:
+    """Every tenant's quotas and usage (``chronoq tenant usage`` without a name; the first ``limit`` on an
+    operator's console), read only, the tenants using most of their ``max_active_schedules`` first: the
+    ones about to be refused."""
     async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
-        rows = await conn.fetch(*QUERIES.read_every_tenant_usage())
+        rows = await conn.fetch(*QUERIES.read_every_tenant_usage(limit=limit))
     return [_usage_report(row["tenant_id"], row, TenantUsage.from_row(row)) for row in rows]
 
 

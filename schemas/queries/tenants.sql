@@ -54,7 +54,7 @@ LEFT JOIN tenant_usage u ON u.tenant_id = :tenant_id;
 
 -- name: read_every_tenant_usage
 -- Every tenant's quotas and usage (counter plus unfolded changes), read only in one snapshot, the tenants
--- using most of their max_active_schedules first.
+-- using most of their max_active_schedules first; at most :limit of them (NULL: all).
 SELECT t.*, (coalesce(u.schedules, 0) + coalesce(c.schedules, 0))::bigint AS schedules,
        (coalesce(u.fires_per_minute, 0) + coalesce(c.fires_per_minute, 0))::double precision AS fires_per_minute
 FROM tenants t
@@ -62,7 +62,8 @@ LEFT JOIN tenant_usage u ON u.tenant_id = t.tenant_id
 LEFT JOIN (SELECT tenant_id, sum(schedules) AS schedules, sum(fires_per_minute) AS fires_per_minute
            FROM tenant_usage_changes GROUP BY tenant_id) c ON c.tenant_id = t.tenant_id
 ORDER BY (coalesce(u.schedules, 0) + coalesce(c.schedules, 0))::float8 / greatest(t.max_active_schedules, 1) DESC,
-         t.tenant_id;
+         t.tenant_id
+LIMIT :limit;
 
 -- name: recount_tenant_usage
 -- Sets the tenant's counter to a count of its live schedules and their rate sum, dropping the changes logged

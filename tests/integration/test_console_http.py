@@ -289,4 +289,9 @@ async def test_a_tenant_sees_its_quota_usage_on_the_health_page_and_an_operator_
         assert 'id="quota-fires"' in page
     operator = Browser(site)
     await operator.sign_in((await create_operator_token(pool, "alice")).token)
-    assert 'id="quota-schedules"' not in (await operator.get("/ui/health")).text  # every tenant: no one quota
+    for path in ("/ui/health", "/ui/health?fragment=health"):
+        page = (await operator.get(path)).text
+        assert 'id="quota-schedules"' not in page  # every tenant: no one quota, but the tenants nearest theirs
+        rows = re.findall(r'<tr data-tenant="([^"]+)"><td>[^<]*</td><td>([^<]+)</td>', page)
+        assert rows == [("acme", "3 / 10,000"), ("globex", "1 / 10,000")], path
+    assert 'id="tenant-usage"' not in (await browser.get("/ui/health")).text  # a tenant sees no other tenant

@@ -32,7 +32,7 @@ from engine.control.calendars import calendar_by_id
 from engine.control.health import read_health
 from engine.control.identifiers import as_uuid
 from engine.control.pagination import decode_cursor, encode_cursor
-from engine.control.quotas import usage_of
+from engine.control.quotas import every_usage, usage_of
 from engine.control.requested_occurrences import RequestedOccurrences
 from engine.control.schedules import ControlPlane
 from engine.control.timeline import schedule_timeline
@@ -68,6 +68,7 @@ NOTICES = {
     "replayed": "Replayed with the same occurrence id.",
 }
 MAX_FORM_BYTES = 256 * 1024
+TENANTS_SHOWN = 20  # on an operator's health page, the tenants nearest their quotas
 _ID = r"([^/]+)"
 _ROOT = re.compile(r"/ui")
 _LOGOUT = re.compile(r"/ui/logout")
@@ -254,10 +255,12 @@ class Console:
         assert session is not None
         health = (await read_health(self.pool, session.principal.scope, await self.control.now())).to_json()
         tenant_id = session.principal.tenant_id
-        quota = await usage_of(self.pool, tenant_id) if tenant_id is not None else None  # an operator: every tenant
+        # A tenant sees its own usage beside its quotas; an operator, the tenants nearest their quotas.
+        quota = await usage_of(self.pool, tenant_id) if tenant_id is not None else None
+        tenants = await every_usage(self.pool, TENANTS_SHOWN) if tenant_id is None else None
         if request.query.get("fragment") == "health":
-            return html(200, pages.health_section(health, quota))
-        return html(200, pages.health_page(health, session.principal, session.csrf_token, quota))
+            return html(200, pages.health_section(health, quota, tenants))
+        return html(200, pages.health_page(health, session.principal, session.csrf_token, quota, tenants))
 
     # ----------------------------------------------------------------- sign-in
 

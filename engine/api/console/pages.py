@@ -618,8 +618,33 @@ def dead_letters_page(page: Mapping[str, Any], principal: Principal, csrf: str, 
     return layout("Dead letters", body, principal, csrf, "/ui/dead-letters")
 
 
-def health_section(health: Mapping[str, Any], quota: Mapping[str, Any] | None = None) -> Markup:
-    """The health tiles and charts; with ``quota`` (a tenant's ``usage_of``), its usage beside its quotas."""
+def _tenants_table(tenants: Sequence[Mapping[str, Any]]) -> Markup:
+    """Every tenant's usage beside its quotas (``every_usage``: the nearest to its quota first)."""
+    rows = join(
+        render(
+            '<tr data-tenant="{t}"><td>{t}</td><td>{n}</td><td>{share}</td><td>{f}</td></tr>',
+            t=tenant["tenant_id"],
+            n=f"{tenant['usage']['schedules']:,} / {tenant['quotas']['max_active_schedules']:,}",
+            share=f"{tenant['usage']['schedules'] / max(tenant['quotas']['max_active_schedules'], 1):.0%}",
+            f=f"{tenant['usage']['fires_per_minute']:,.4g} / {tenant['quotas']['max_fires_per_minute']:,.4g}",
+        )
+        for tenant in tenants
+    ) or Markup('<tr><td colspan="4" class="empty">No tenants.</td></tr>')
+    return render(
+        '<h2>Tenants nearest their quotas</h2><table class="list" id="tenant-usage"><thead><tr><th>Tenant</th>'
+        "<th>Live schedules / quota</th><th>Used</th><th>Fires per minute / quota</th></tr></thead>"
+        "<tbody>{rows}</tbody></table>",
+        rows=rows,
+    )
+
+
+def health_section(
+    health: Mapping[str, Any],
+    quota: Mapping[str, Any] | None = None,
+    tenants: Sequence[Mapping[str, Any]] | None = None,
+) -> Markup:
+    """The health tiles and charts; with ``quota`` (a tenant's ``usage_of``), its usage beside its quotas;
+    with ``tenants`` (an operator's view), the table of tenants nearest their quotas."""
     lag = health["lag_seconds"]
     b = health["backlogs"]
 
@@ -688,20 +713,26 @@ def health_section(health: Mapping[str, Any], quota: Mapping[str, Any] | None = 
         ]
     )
     return render(
-        '<div class="tiles">{tiles}</div><div class="charts">{charts}</div>'
+        '<div class="tiles">{tiles}</div><div class="charts">{charts}</div>{tenants}'
         '<p class="hint">As of {now}, over the last {m} minutes (by scheduled time), from the engine'
         " database.</p>",
         tiles=tiles,
         charts=charts,
+        tenants=_tenants_table(tenants) if tenants is not None else Markup(""),
         now=health["now"],
         m=health["minutes"],
     )
 
 
 def health_page(
-    health: Mapping[str, Any], principal: Principal, csrf: str, quota: Mapping[str, Any] | None = None
+    health: Mapping[str, Any],
+    principal: Principal,
+    csrf: str,
+    quota: Mapping[str, Any] | None = None,
+    tenants: Sequence[Mapping[str, Any]] | None = None,
 ) -> Markup:
-    body = render('<div data-live="health" id="health-live">{section}</div>', section=health_section(health, quota))
+    section = health_section(health, quota, tenants)
+    body = render('<div data-live="health" id="health-live">{section}</div>', section=section)
     return layout("Health", body, principal, csrf, "/ui/health")
 
 
