@@ -642,27 +642,30 @@ class AttemptRunner:
         return Outcome.CANCELED if await self._report(event, occurrence.target) else Outcome.ABANDONED
 
     async def _report(self, event: AttemptEvent, target: str) -> bool:
-        """Send an outcome, retrying in place (the effect is settled; only the report is missing).
+        """Send an outcome, retrying in place (:meth:`report_until_acknowledged`)."""
+        return await self.report_until_acknowledged(
+            lambda: self.reporter.send(event, target),
+            "attempt report not delivered; retrying",
+            {"occurrence_id": str(event.occurrence_id), "event": event.event},
+        )
 
-        False if shutdown came first: the offset is then not committed and the
-        redelivery reports again.
+    async def report_until_acknowledged(
+        self, send: Callable[[], Awaitable[None]], warning: str, about: dict[str, object]
+    ) -> bool:
+        """Send outcomes (``send``), retrying in place until the broker acknowledges them: the effects are
+        settled, only the reports are missing. Each failed try is an infrastructure error, logged as
+        ``warning`` with ``about``.
+
+        False if shutdown came first: the offsets are then not committed and the redelivery reports again.
         """
         delays = self.config.redelivery_delays()
         while True:
             try:
-                await self.reporter.send(event, target)
+                await send()
                 return True
             except InfrastructureError as err:
                 self.stats.infrastructure_errors += 1
-                log.warning(
-                    "attempt report not delivered; retrying",
-                    extra={
-                        "action": "attempt.report_failed",
-                        "occurrence_id": str(event.occurrence_id),
-                        "event": event.event,
-                        "error": str(err),
-                    },
-                )
+                log.warning(warning, extra={"action": "attempt.report_failed", **about, "error": str(err)})
             await pause(self.stopping, next(delays))
             if self.stopping.is_set():
                 return False

@@ -600,24 +600,13 @@ class BatchRunner:
             outcomes[item.index] = Outcome.CANCELED if reported else Outcome.ABANDONED
 
     async def _report(self, events: list[AttemptEvent], target: str) -> bool:
-        """Send outcomes, retrying in place (the effects are settled; only the reports are missing).
-
-        False if shutdown came first: the offsets are then not committed and the redelivery reports again.
-        """
-        delays = self.config.redelivery_delays()
-        while True:
-            try:
-                await self.reporter.send_many(events, target)
-                return True
-            except InfrastructureError as err:
-                self.stats.infrastructure_errors += 1
-                log.warning(
-                    "attempt reports not delivered; retrying",
-                    extra={"action": "attempt.report_failed", "events": len(events), "error": str(err)},
-                )
-            await pause(self.stopping, next(delays))
-            if self.stopping.is_set():
-                return False
+        """Send outcomes in one Kafka batch per partition, retrying in place
+        (``AttemptRunner.report_until_acknowledged``)."""
+        return await self.single.report_until_acknowledged(
+            lambda: self.reporter.send_many(events, target),
+            "attempt reports not delivered; retrying",
+            {"events": len(events)},
+        )
 
 
 def _as_exception(error: BaseException) -> Exception:
