@@ -93,9 +93,11 @@ async def tenant_usage(conn: asyncpg.Connection, tenant_id: str, exclude: uuid.U
 
 
 async def current_usage(conn: asyncpg.Connection | asyncpg.Pool, tenant_id: str) -> TenantUsage:
-    """The tenant's usage now, read only (its counter plus the changes not folded yet): for display, never
-    for admission — a quota check folds under the tenant's lock (:func:`tenant_usage`)."""
-    return TenantUsage.from_row(await conn.fetchrow(*QUERIES.read_tenant_usage(tenant_id=tenant_id)))
+    """The tenant's usage now, read only (its counter plus the changes not folded yet; none for an unknown
+    tenant): for display, never for admission — a quota check folds under the tenant's lock
+    (:func:`tenant_usage`)."""
+    row = await conn.fetchrow(*QUERIES.read_tenants_usage(tenant_id=tenant_id, limit=None))
+    return TenantUsage.from_row(row) if row is not None else TenantUsage(0, 0.0)
 
 
 async def usage_of(pool: asyncpg.Pool, tenant_id: str, *, recount: bool = False) -> dict[str, Any]:
@@ -109,11 +111,10 @@ async def usage_of(pool: asyncpg.Pool, tenant_id: str, *, recount: bool = False)
     """
     missing = NotFound("tenant", f"{tenant_id} (list tenants in the console, or create it: chronoq tenant create)")
     if not recount:
-        async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
-            row = await conn.fetchrow(*QUERIES.get_tenant(tenant_id=tenant_id))
-            if row is None:
-                raise missing
-            return _usage_report(tenant_id, row, await current_usage(conn, tenant_id))
+        row = await pool.fetchrow(*QUERIES.read_tenants_usage(tenant_id=tenant_id, limit=None))
+        if row is None:
+            raise missing
+        return _usage_report(tenant_id, row, TenantUsage.from_row(row))
     async with pool.acquire() as conn, conn.transaction():
         row = await conn.fetchrow(*QUERIES.lock_tenant(tenant_id=tenant_id))
         if row is None:
@@ -140,8 +141,7 @@ async def every_usage(pool: asyncpg.Pool, limit: int | None = None) -> list[dict
     """Every tenant's quotas and usage (``chronoq tenant usage`` without a name; the first ``limit`` on an
     operator's console), read only, the tenants using most of their ``max_active_schedules`` first: the
     ones about to be refused."""
-    async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
-        rows = await conn.fetch(*QUERIES.read_every_tenant_usage(limit=limit))
+    rows = await pool.fetch(*QUERIES.read_tenants_usage(tenant_id=None, limit=limit))
     return [_usage_report(row["tenant_id"], row, TenantUsage.from_row(row)) for row in rows]
 
 

@@ -42,25 +42,19 @@ WITH folded AS (
 SELECT c.schedules - x.schedules AS schedules, (c.fires_per_minute - x.fires_per_minute)::double precision AS fires_per_minute
 FROM counter c CROSS JOIN excluded_schedule x;
 
--- name: read_tenant_usage
--- The tenant's usage as the next fold would find it, read only: its counter plus the changes logged since
--- its last fold (0 and 0 for a tenant with neither). One snapshot sees a fold entirely or not at all, so
--- nothing is counted twice or missed; no lock, so a reader never waits for a create of the tenant.
-SELECT (coalesce(u.schedules, 0) + coalesce(c.schedules, 0))::bigint AS schedules,
-       (coalesce(u.fires_per_minute, 0) + coalesce(c.fires_per_minute, 0))::double precision AS fires_per_minute
-FROM (SELECT sum(schedules) AS schedules, sum(fires_per_minute) AS fires_per_minute
-      FROM tenant_usage_changes WHERE tenant_id = :tenant_id) c
-LEFT JOIN tenant_usage u ON u.tenant_id = :tenant_id;
-
--- name: read_every_tenant_usage
--- Every tenant's quotas and usage (counter plus unfolded changes), read only in one snapshot, the tenants
--- using most of their max_active_schedules first; at most :limit of them (NULL: all).
+-- name: read_tenants_usage
+-- Tenants with their quotas and usage as the next fold would find it, read only: each one's counter plus
+-- the changes logged since its last fold. Tenant :tenant_id (NULL: every tenant), the ones using most of
+-- their max_active_schedules first, at most :limit of them (NULL: all). One statement, one snapshot: it sees
+-- a fold entirely or not at all, so nothing is counted twice or missed; no lock, so a reader never waits
+-- for a create of the tenant.
 SELECT t.*, (coalesce(u.schedules, 0) + coalesce(c.schedules, 0))::bigint AS schedules,
        (coalesce(u.fires_per_minute, 0) + coalesce(c.fires_per_minute, 0))::double precision AS fires_per_minute
 FROM tenants t
 LEFT JOIN tenant_usage u ON u.tenant_id = t.tenant_id
-LEFT JOIN (SELECT tenant_id, sum(schedules) AS schedules, sum(fires_per_minute) AS fires_per_minute
-           FROM tenant_usage_changes GROUP BY tenant_id) c ON c.tenant_id = t.tenant_id
+CROSS JOIN LATERAL (SELECT sum(l.schedules) AS schedules, sum(l.fires_per_minute) AS fires_per_minute
+                    FROM tenant_usage_changes l WHERE l.tenant_id = t.tenant_id) c
+WHERE :tenant_id::text IS NULL OR t.tenant_id = :tenant_id
 ORDER BY (coalesce(u.schedules, 0) + coalesce(c.schedules, 0))::float8 / greatest(t.max_active_schedules, 1) DESC,
          t.tenant_id
 LIMIT :limit;
