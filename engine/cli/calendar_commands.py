@@ -19,20 +19,15 @@ from typing import Any
 import orjson
 
 from engine.cli import print_json
-from engine.cli.endpoints import resolve_database_url
+from engine.cli.endpoints import with_engine_pool
 from engine.control.calendars import Calendars
 from engine.control.icalendar_import import MAX_ICS_BYTES
-from schemas.connections import create_pool
 from schemas.errors import InvalidInput
 
 
 async def calendars_call(method: str, *call_args: Any, **call_kwargs: Any) -> Any:
     """Run one Calendars method against the configured engine database."""
-    pool = await create_pool(resolve_database_url(), min_size=1, max_size=2)
-    try:
-        return await getattr(Calendars(pool), method)(*call_args, **call_kwargs)
-    finally:
-        await pool.close()
+    return await with_engine_pool(lambda pool: getattr(Calendars(pool), method)(*call_args, **call_kwargs), max_size=2)
 
 
 def read_ics(path: str) -> bytes:

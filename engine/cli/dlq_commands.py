@@ -5,22 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from engine.cli import print_json
-from engine.cli.endpoints import resolve_database_url
+from engine.cli.endpoints import with_engine_pool
 from engine.control.dead_letters import list_dead_letters, replay_dead_letter
-from schemas.connections import create_pool
 from schemas.errors import InvalidInput
-
-
-async def _with_pool(call: Callable[[Any], Awaitable[Any]]) -> Any:
-    pool = await create_pool(resolve_database_url(), min_size=1, max_size=2)
-    try:
-        return await call(pool)
-    finally:
-        await pool.close()
 
 
 def _line(item: dict[str, Any]) -> str:
@@ -33,7 +23,9 @@ def _line(item: dict[str, Any]) -> str:
 
 def cmd_list(args: argparse.Namespace) -> int:
     page = asyncio.run(
-        _with_pool(lambda pool: list_dead_letters(pool, args.tenant, limit=args.limit, cursor=args.cursor))
+        with_engine_pool(
+            lambda pool: list_dead_letters(pool, args.tenant, limit=args.limit, cursor=args.cursor), max_size=2
+        )
     )
     if args.json:
         print_json(page, compact=True)
@@ -52,7 +44,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise InvalidInput(
             "tenant", "is required: --tenant NAME (the tenant that owns the occurrence)", "--tenant acme"
         )
-    replayed = asyncio.run(_with_pool(lambda pool: replay_dead_letter(pool, args.tenant, args.occurrence_id)))
+    replayed = asyncio.run(
+        with_engine_pool(lambda pool: replay_dead_letter(pool, args.tenant, args.occurrence_id), max_size=2)
+    )
     print_json(replayed, args.json)
     return 0
 

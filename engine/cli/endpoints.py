@@ -40,15 +40,20 @@ from __future__ import annotations
 import os
 import tempfile
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeVar
 
+import asyncpg
 import orjson
 import psutil
 
+from schemas.connections import create_pool
 from schemas.errors import StackError
 from schemas.kafka_security import PLAINTEXT, KafkaSecurity, KafkaSecurityError
+
+T = TypeVar("T")
 
 STATE_FILE = "stack.json"
 
@@ -257,6 +262,16 @@ def resolve_database_url(env: Mapping[str, str] | None = None) -> str:
     if database_url:
         return database_url
     return resolve_endpoints(env).database_url
+
+
+async def with_engine_pool(call: Callable[[asyncpg.Pool], Awaitable[T]], max_size: int = 1) -> T:
+    """``await call(pool)`` on a pool of the engine database (:func:`resolve_database_url`), closed after:
+    what a one-shot command (tenant, operator, dlq, history) needs."""
+    pool = await create_pool(resolve_database_url(), min_size=1, max_size=max_size)
+    try:
+        return await call(pool)
+    finally:
+        await pool.close()
 
 
 def resolve_kafka(env: Mapping[str, str] | None = None) -> tuple[str, KafkaSecurity]:

@@ -9,24 +9,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 from engine.cli import print_json
-from engine.cli.endpoints import resolve_database_url
+from engine.cli.endpoints import with_engine_pool
 from engine.control.history_retention import prune, retention_policy, set_retention
 from engine.rules.timing import parse_duration
-from schemas.connections import create_pool
 from schemas.errors import InvalidInput
 from schemas.observability import configure_telemetry, flush_telemetry
-
-
-async def _with_pool(call: Callable[[Any], Awaitable[Any]]) -> Any:
-    pool = await create_pool(resolve_database_url(), min_size=1, max_size=2)
-    try:
-        return await call(pool)
-    finally:
-        await pool.close()
 
 
 def _progress(tenant_id: str, occurrences: int, attempts: int) -> None:
@@ -38,7 +27,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     configure_telemetry("chronoq-history")
     try:
         report = asyncio.run(
-            _with_pool(
+            with_engine_pool(
                 lambda pool: prune(
                     pool,
                     dry_run=args.dry_run,
@@ -46,7 +35,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
                     max_batches=args.max_batches,
                     tenant_id=args.tenant,
                     on_batch=_progress if args.progress else None,
-                )
+                ),
+                max_size=2,
             )
         )
     finally:
@@ -65,9 +55,12 @@ def cmd_retention(args: argparse.Namespace) -> int:
         raise InvalidInput("tenant", "--clear removes a tenant's override: name the tenant", "--tenant acme --clear")
     if args.keep or args.clear:
         keep = parse_duration(args.keep, "keep") if args.keep else None
-        print_json(asyncio.run(_with_pool(lambda pool: set_retention(pool, keep, tenant_id=args.tenant))), args.json)
+        print_json(
+            asyncio.run(with_engine_pool(lambda pool: set_retention(pool, keep, tenant_id=args.tenant), max_size=2)),
+            args.json,
+        )
     else:
-        print_json(asyncio.run(_with_pool(retention_policy)), args.json)
+        print_json(asyncio.run(with_engine_pool(retention_policy, max_size=2)), args.json)
     return 0
 
 

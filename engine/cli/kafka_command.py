@@ -15,10 +15,9 @@ from pathlib import Path
 
 from engine.cli import print_json
 from engine.cli.embedded.apache_kafka import KAFKA_VERSION, fetch, fetched, jars_directory
-from engine.cli.endpoints import resolve_database_url, resolve_kafka
+from engine.cli.endpoints import resolve_kafka, with_engine_pool
 from engine.control import targets
 from engine.control.kafka_acls import apply_acls, consumer_acls
-from schemas.connections import create_pool
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
@@ -39,11 +38,7 @@ def cmd_acls(args: argparse.Namespace) -> int:
     async def main() -> None:
         names = list(args.target or [])
         if not names:  # the tenant's targets (owned or granted) from the engine database
-            pool = await create_pool(resolve_database_url(), min_size=1, max_size=1)
-            try:
-                names = [t.target for t in await targets.list_targets(pool, args.tenant)]
-            finally:
-                await pool.close()
+            names = [t.target for t in await with_engine_pool(lambda pool: targets.list_targets(pool, args.tenant))]
         bindings = consumer_acls(args.tenant, names, args.principal, args.group_prefix)
         bootstrap, security = resolve_kafka() if args.apply else ("BOOTSTRAP", None)
         if security is not None:

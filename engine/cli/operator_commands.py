@@ -6,27 +6,18 @@ import argparse
 import asyncio
 
 from engine.cli import print_json
-from engine.cli.endpoints import resolve_database_url
+from engine.cli.endpoints import with_engine_pool
 from engine.control.operators import create_operator_token, revoke_operator
-from schemas.connections import create_pool
-
-
-async def _with_pool(call):  # type: ignore[no-untyped-def]
-    pool = await create_pool(resolve_database_url(), min_size=1, max_size=1)
-    try:
-        return await call(pool)
-    finally:
-        await pool.close()
 
 
 def cmd_token(args: argparse.Namespace) -> int:
-    created = asyncio.run(_with_pool(lambda pool: create_operator_token(pool, args.name)))
+    created = asyncio.run(with_engine_pool(lambda pool: create_operator_token(pool, args.name)))
     print_json(created.to_json(), args.json)
     return 0
 
 
 def cmd_revoke(args: argparse.Namespace) -> int:
-    revoked = asyncio.run(_with_pool(lambda pool: revoke_operator(pool, args.name)))
+    revoked = asyncio.run(with_engine_pool(lambda pool: revoke_operator(pool, args.name)))
     print_json({"operator": args.name, "revoked_tokens": revoked}, args.json)
     return 0
 

@@ -10,13 +10,12 @@ from typing import Any
 
 from engine.cli import print_json
 from engine.cli.calendar_commands import calendars_call, read_ics
-from engine.cli.endpoints import resolve_database_url
+from engine.cli.endpoints import with_engine_pool
 from engine.control.icalendar_import import parse_icalendar_dates
 from engine.control.schedule_requests import preview_fires
 from engine.control.schedules import ControlPlane
 from engine.rules.exclusion_calendars import ExclusionCalendar
 from engine.rules.timing.zones import validate_zone
-from schemas.connections import create_pool
 from schemas.errors import InvalidInput
 from schemas.exact_json import field_json
 
@@ -74,11 +73,9 @@ def fields_from_flags(args: argparse.Namespace, *, create: bool) -> dict[str, An
 
 async def control_plane_call(method: str, *call_args: Any, **call_kwargs: Any) -> Any:
     """Run one ControlPlane method against the configured engine database."""
-    pool = await create_pool(resolve_database_url(), min_size=1, max_size=2)
-    try:
-        return await getattr(ControlPlane(pool), method)(*call_args, **call_kwargs)
-    finally:
-        await pool.close()
+    return await with_engine_pool(
+        lambda pool: getattr(ControlPlane(pool), method)(*call_args, **call_kwargs), max_size=2
+    )
 
 
 def cmd_create(args: argparse.Namespace) -> int:

@@ -24,13 +24,12 @@ from typing import Any
 import orjson
 
 from engine.cli import print_json
-from engine.cli.endpoints import resolve_database_url
+from engine.cli.endpoints import with_engine_pool
 from engine.cli.schedule_commands import parse_instant
 from engine.control.requested_occurrences import RequestedOccurrences
 from engine.control.schedule_batches import MAX_BATCH, BatchItem, ScheduleBatches
 from engine.control.schedules import ControlPlane
 from engine.control.timeline import schedule_timeline
-from schemas.connections import create_pool
 from schemas.errors import InvalidInput
 from schemas.exact_json import field_json
 
@@ -41,11 +40,7 @@ def requester() -> str:
 
 
 async def _with_control(call):  # type: ignore[no-untyped-def]
-    pool = await create_pool(resolve_database_url(), min_size=1, max_size=2)
-    try:
-        return await call(ControlPlane(pool))
-    finally:
-        await pool.close()
+    return await with_engine_pool(lambda pool: call(ControlPlane(pool)), max_size=2)
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:

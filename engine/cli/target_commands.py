@@ -23,10 +23,9 @@ from typing import Any
 import asyncpg
 
 from engine.cli import print_json
-from engine.cli.endpoints import resolve_database_url
+from engine.cli.endpoints import with_engine_pool
 from engine.control import attempt_credentials, attempt_owners, targets
 from schemas.clock import DatabaseClock
-from schemas.connections import create_pool
 from schemas.errors import InvalidInput
 
 _GRACE = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
@@ -34,14 +33,7 @@ _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def _run(action: Callable[[asyncpg.Pool], Awaitable[Any]], as_json: bool) -> int:
-    async def main() -> Any:
-        pool = await create_pool(resolve_database_url(), min_size=1, max_size=1)
-        try:
-            return await action(pool)
-        finally:
-            await pool.close()
-
-    print_json(asyncio.run(main()), as_json)
+    print_json(asyncio.run(with_engine_pool(action)), as_json)
     return 0
 
 

@@ -8,10 +8,9 @@ import asyncio
 from dataclasses import fields
 
 from engine.cli import print_json
-from engine.cli.endpoints import resolve_database_url
+from engine.cli.endpoints import with_engine_pool
 from engine.control.quotas import TenantQuotas, every_usage, usage_of
 from engine.control.tenants import create_tenant
-from schemas.connections import create_pool
 from schemas.errors import InvalidInput
 
 
@@ -20,14 +19,8 @@ def cmd_create(args: argparse.Namespace) -> int:
         **{f.name: getattr(args, f.name) for f in fields(TenantQuotas) if getattr(args, f.name) is not None}
     )
 
-    async def main() -> dict:
-        pool = await create_pool(resolve_database_url(), min_size=1, max_size=1)
-        try:
-            return (await create_tenant(pool, args.name, quotas)).to_json()
-        finally:
-            await pool.close()
-
-    print_json(asyncio.run(main()), args.json)
+    created = asyncio.run(with_engine_pool(lambda pool: create_tenant(pool, args.name, quotas)))
+    print_json(created.to_json(), args.json)
     return 0
 
 
@@ -35,16 +28,12 @@ def cmd_usage(args: argparse.Namespace) -> int:
     if args.recount and args.name is None:
         raise InvalidInput("--recount", "name the tenant to recount", "chronoq tenant usage acme --recount")
 
-    async def main() -> dict | list[dict]:
-        pool = await create_pool(resolve_database_url(), min_size=1, max_size=1)
-        try:
-            if args.name is None:
-                return await every_usage(pool)
-            return await usage_of(pool, args.name, recount=args.recount)
-        finally:
-            await pool.close()
-
-    print_json(asyncio.run(main()), args.json)
+    if args.name is None:
+        print_json(asyncio.run(with_engine_pool(every_usage)), args.json)
+    else:
+        print_json(
+            asyncio.run(with_engine_pool(lambda pool: usage_of(pool, args.name, recount=args.recount))), args.json
+        )
     return 0
 
 
