@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import shutil
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ from engine.cli.embedded.postgres import EmbeddedPostgres
 from engine.control.quotas import TenantQuotas
 from engine.control.schedules import ControlPlane
 from engine.control.tenants import create_tenant
+from load_tests.hour_top_figures import percentiles
 from schemas.connections import create_pool
 from schemas.migrations import apply_migrations
 
@@ -59,11 +59,9 @@ WHERE s.schedule_id = $1
 
 
 def _ms(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    return {
-        "p50_ms": round(statistics.median(ordered) * 1000, 2),
-        "p95_ms": round(ordered[max(0, int(len(ordered) * 0.95) - 1)] * 1000, 2),
-    }
+    """p50 and p95 in milliseconds (nearest rank, as every figure of ``hour_top``)."""
+    figures = percentiles(samples)
+    return {"p50_ms": round(figures["p50"] * 1000, 2), "p95_ms": round(figures["p95"] * 1000, 2)}
 
 
 async def _timed(count: int, call) -> list[float]:
