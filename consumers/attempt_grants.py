@@ -40,7 +40,7 @@ class GrantWaiter:
 
     def __init__(self, consumer_group: str, meter: metrics.Meter) -> None:
         self.consumer_group = consumer_group
-        self._waiting: dict[uuid.UUID, asyncio.Future[AttemptGrant]] = {}
+        self._waiting: dict[uuid.UUID, _Awaited] = {}
         self._consumer: AIOKafkaConsumer | None = None
         self.malformed = 0
         self._malformed = meter.create_counter(
@@ -50,21 +50,28 @@ class GrantWaiter:
     # -- the pure part ------------------------------------------------------------------------
 
     def expect(self, lease_tokens: Iterable[uuid.UUID]) -> None:
-        """Register tokens about to be announced in ``started`` (before sending: the answer may be quick)."""
-        loop = asyncio.get_running_loop()
+        """Register tokens about to be announced in ``started`` (before sending: the answer may be quick).
+        The tokens of one call are awaited together: :meth:`wait` for them as one set."""
+        awaited = _Awaited(asyncio.get_running_loop().create_future())
         for token in lease_tokens:
-            self._waiting[token] = loop.create_future()
+            self._waiting[token] = awaited
+            awaited.unanswered += 1
+        if not awaited.unanswered:
+            awaited.done.set_result(None)
 
     def forget(self, lease_tokens: Iterable[uuid.UUID]) -> None:
         """Stop waiting for these tokens (answered, timed out or rolled back)."""
         for token in lease_tokens:
-            future = self._waiting.pop(token, None)
-            if future is not None and not future.done():
-                future.cancel()
+            awaited = self._waiting.pop(token, None)
+            if awaited is not None and token not in awaited.answers:
+                awaited.unanswered -= 1
+                if not awaited.unanswered and not awaited.done.done():
+                    awaited.done.cancel()
 
     def receive(self, value: bytes | None, partition: int | None = None, offset: int | None = None) -> None:
-        """Take one record of the topic: an answer for a token this instance waits on resolves its wait;
-        any other answer is ignored; a malformed record is logged and counted."""
+        """Take one record of the topic: an answer for a token this instance waits on is kept (the first
+        one for a token), and ends the wait once every token of its :meth:`expect` has one; any other
+        answer is ignored; a malformed record is logged and counted."""
         try:
             grant = decode_attempt_grant(value)
         except MalformedMessage as err:
@@ -82,22 +89,24 @@ class GrantWaiter:
             return
         if grant.consumer_group != self.consumer_group:
             return  # another group sharing this partition
-        future = self._waiting.get(grant.lease_token)
-        if future is not None and not future.done():
-            future.set_result(grant)
+        awaited = self._waiting.get(grant.lease_token)
+        if awaited is None or grant.lease_token in awaited.answers:
+            return
+        awaited.answers[grant.lease_token] = grant
+        awaited.unanswered -= 1
+        if not awaited.unanswered and not awaited.done.done():
+            awaited.done.set_result(None)
 
     async def wait(self, lease_tokens: Iterable[uuid.UUID], timeout: float) -> dict[uuid.UUID, AttemptGrant | None]:
         """The answer for each token, None for those without one within ``timeout`` seconds; the tokens are
-        forgotten afterwards."""
+        forgotten afterwards. One wait for a whole batch: a future per :meth:`expect`, not per token."""
         tokens = list(lease_tokens)
-        futures = [self._waiting[t] for t in tokens if t in self._waiting]
+        awaited = {id(a): a for t in tokens if (a := self._waiting.get(t)) is not None}
         try:
-            if futures:
-                await asyncio.wait(futures, timeout=timeout)
-            return {
-                t: (f.result() if (f := self._waiting.get(t)) is not None and f.done() and not f.cancelled() else None)
-                for t in tokens
-            }
+            pending = [a.done for a in awaited.values() if not a.done.done()]
+            if pending:
+                await asyncio.wait(pending, timeout=timeout)
+            return {t: (a.answers.get(t) if (a := self._waiting.get(t)) is not None else None) for t in tokens}
         finally:
             self.forget(tokens)
 
@@ -148,3 +157,14 @@ class GrantWaiter:
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             await consumer.stop()
+
+
+class _Awaited:
+    """The answers to one :meth:`GrantWaiter.expect`: ``done`` resolves once every token has one."""
+
+    __slots__ = ("answers", "done", "unanswered")
+
+    def __init__(self, done: asyncio.Future[None]) -> None:
+        self.answers: dict[uuid.UUID, AttemptGrant] = {}
+        self.done = done
+        self.unanswered = 0

@@ -195,3 +195,36 @@ def test_a_grant_timeout_that_cannot_work_is_rejected(overrides, message) -> Non
     with pytest.raises(ValueError, match=message):
         config(**overrides).validate()
     config(attempt_barrier=False, attempt_grant_timeout=400.0).validate()  # no wait, nothing to bound
+
+
+async def test_a_batch_wait_ends_when_its_last_token_is_answered_and_keeps_the_first_answer_of_each() -> None:
+    waiter = GrantWaiter("billing", NoOpMeter("test"))
+    tokens = [uuid.uuid4() for _ in range(500)]
+    waiter.expect(tokens)
+    loop = asyncio.get_running_loop()
+    for token in tokens[:-1]:
+        waiter.receive(AttemptGrant(OCC, token, "billing", "granted").encode())
+    # A second answer for a token already answered changes nothing (the first one stands).
+    waiter.receive(AttemptGrant(OCC, tokens[0], "billing", "refused", "fenced").encode())
+    waiting = asyncio.ensure_future(waiter.wait(tokens, timeout=30))
+    await asyncio.sleep(0)
+    assert not waiting.done()  # one token still unanswered
+    loop.call_soon(waiter.receive, AttemptGrant(OCC, tokens[-1], "billing", "refused", "canceled").encode())
+    answers = await asyncio.wait_for(waiting, 5)  # returns at the last answer, not after 30 s
+    assert all(answers[t] is not None and answers[t].granted for t in tokens[:-1])
+    assert answers[tokens[-1]] == AttemptGrant(OCC, tokens[-1], "billing", "refused", "canceled")
+    # Everything is forgotten: a later expect of other tokens starts clean.
+    assert not waiter._waiting
+
+
+async def test_forgetting_part_of_a_batch_leaves_the_rest_waiting_and_a_wait_on_nothing_returns_at_once() -> None:
+    waiter = GrantWaiter("billing", NoOpMeter("test"))
+    waiter.expect([TOKEN, OTHER])
+    waiter.forget([OTHER])  # e.g. dropped before the wait
+    waiter.receive(AttemptGrant(OCC, OTHER, "billing", "granted").encode())  # nobody waits for it any more
+    loop = asyncio.get_running_loop()
+    loop.call_soon(waiter.receive, AttemptGrant(OCC, TOKEN, "billing", "granted").encode())
+    answers = await asyncio.wait_for(waiter.wait([TOKEN], timeout=30), 5)
+    assert answers[TOKEN] is not None and answers[TOKEN].granted
+    waiter.expect([])
+    assert await asyncio.wait_for(waiter.wait([], timeout=30), 5) == {}
