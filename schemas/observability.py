@@ -78,6 +78,7 @@ RECORDS_SKIPPED = "chronoq.records_skipped"  # counter, attr loop: records passe
 KAFKA_REFUSALS = "chronoq.kafka_refusals"  # counter, attr kind: authentication|authorization, setting
 TARGET_REFUSALS = "chronoq.target_refusals"  # counter: schedules refused on another tenant's target
 QUOTA_REFUSALS = "chronoq.quota_refusals"  # counter, attrs tenant_id, quota: creates/updates refused over a quota
+TENANT_USAGE_FOLDED = "chronoq.tenant_usage_folded"  # counter: usage change rows folded by the periodic fold
 # The sharded data plane (issue 12).
 TENANT_DISPATCHES = "chronoq.tenant_dispatches"  # counter, attrs tenant_id, lane: ahead-lane rows published
 AHEAD_BACKLOG = "chronoq.ahead_backlog"  # gauge, attr lane: due ahead-lane rows not yet published

@@ -315,6 +315,7 @@ CHRONOQ_KAFKA_BOOTSTRAP, or a running `chronoq up`) until SIGINT or SIGTERM:
   gauges         record the backlog gauges (due, outbox, queue age, overlap held, DLQ) every 5 s
   stuck-occurrences  republish (then flag) occurrences ENQUEUED without attempt
                  events for --stuck-after; export the attempt processor's lag
+  tenant-usage   fold tenants' quota-usage change logs into their counters every 30 s
 
 The relay (outbox -> Kafka) and the HTTP API run as their own processes:
 `chronoq relay` and `chronoq api`. Several engine processes may run at once.

@@ -92,6 +92,38 @@ async def tenant_usage(conn: asyncpg.Connection, tenant_id: str, exclude: uuid.U
     )
 
 
+@dataclass(frozen=True)
+class UsageFolds:
+    """What one pass of :func:`fold_usage_changes` did."""
+
+    tenants: int  # tenants whose logged changes were folded into their counter
+    changes: int  # change rows folded
+    busy: int  # tenants skipped: a create or update held the tenant's lock (and folds the log itself)
+    full: bool  # as many tenants had changes as the pass may take: more may be waiting
+
+
+async def fold_usage_changes(pool: asyncpg.Pool, limit: int) -> UsageFolds:
+    """Fold the change logs of up to ``limit`` tenants (the longest logs first) into their counters.
+
+    A create or update folds its tenant's log before its quota check; this pass does it for tenants that
+    change without creating (completions, pauses, cancels), so the log, and every read that sums it
+    (``GET /v1/tenant``, the console), stays short. Each tenant is folded in its own transaction under
+    its row lock, taken SKIP LOCKED: a tenant whose create is under way is left to that create, and folds
+    of one tenant never run at once (two deletes of one log in different orders could deadlock).
+    """
+    candidates = await pool.fetch(*QUERIES.tenants_with_usage_changes(limit=limit))
+    tenants = changes = busy = 0
+    for candidate in candidates:
+        async with pool.acquire() as conn, conn.transaction():
+            if await conn.fetchval(*QUERIES.lock_tenant_unless_busy(tenant_id=candidate["tenant_id"])) is None:
+                busy += 1
+                continue
+            await tenant_usage(conn, candidate["tenant_id"])
+        tenants += 1
+        changes += candidate["changes"]  # at least: changes logged since the count are folded too
+    return UsageFolds(tenants, changes, busy, full=len(candidates) >= limit)
+
+
 async def current_usage(conn: asyncpg.Connection | asyncpg.Pool, tenant_id: str) -> TenantUsage:
     """The tenant's usage now, read only (its counter plus the changes not folded yet; none for an unknown
     tenant): for display, never for admission — a quota check folds under the tenant's lock

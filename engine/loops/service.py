@@ -43,6 +43,7 @@ from engine.loops.reporting import SUMMARY_EVERY
 from engine.loops.shard_leases import LEASE_SERVER_SETTINGS, ShardLeaseConfig, ShardLeases, default_node_id
 from engine.loops.stuck_occurrences import StuckOccurrences, StuckOccurrencesConfig
 from engine.loops.tenant_gate import TenantGate
+from engine.loops.tenant_usage_folds import TenantUsageFolds
 from relay.ahead_lane import AheadLaneStore
 from relay.ahead_relay import AheadRelay, AheadRelayConfig, AheadRelayHooks
 from relay.dispatcher import Relay, RelayConfig
@@ -125,6 +126,7 @@ class Role(Enum):
     API = "api"  # the HTTP API, the console (/ui) and /metrics on ServiceConfig.api_socket
     GAUGES = "gauges"  # record the backlog gauges (due, outbox, queue age, held, DLQ) every few seconds
     PARTITIONS = "history-partitions"  # create the history tables' day partitions ahead (migration 0016)
+    USAGE = "tenant-usage"  # fold tenants' quota-usage change logs into their counters (migration 0024)
 
     @property
     def needs_kafka(self) -> bool:
@@ -145,6 +147,7 @@ ENGINE_ROLES = frozenset(
         Role.GAUGES,
         Role.STUCK,
         Role.PARTITIONS,
+        Role.USAGE,
     }
 )
 #: What ``chronoq api`` runs: the site and the backlog gauges its /metrics shows.
@@ -161,6 +164,7 @@ PIPELINE_ROLES = frozenset(
         Role.RELAY,
         Role.STUCK,
         Role.PARTITIONS,
+        Role.USAGE,
     }
 )
 #: What ``chronoq up`` runs.
@@ -345,6 +349,9 @@ def pool_loops(
     if Role.PARTITIONS in roles:
         partitions = HistoryPartitions(pool, clock)
         runs[Role.PARTITIONS] = lambda: partitions.run(stop, every)
+    if Role.USAGE in roles:
+        folds = TenantUsageFolds(pool)
+        runs[Role.USAGE] = lambda: folds.run(stop, every)
     return runs
 
 

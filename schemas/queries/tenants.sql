@@ -42,6 +42,23 @@ WITH folded AS (
 SELECT c.schedules - x.schedules AS schedules, (c.fires_per_minute - x.fires_per_minute)::double precision AS fires_per_minute
 FROM counter c CROSS JOIN excluded_schedule x;
 
+-- name: tenants_with_usage_changes
+-- Tenants with changes logged since their last fold, the longest logs first, at most :limit of them (the
+-- periodic fold, engine/loops/tenant_usage_folds.py: a tenant that never creates again still gets its
+-- completions, pauses and cancels folded, so the log and every read that sums it stay short).
+-- Only tenants that exist: a fold locks the tenant's row (tenants are never deleted; a schedule needs one).
+SELECT c.tenant_id, count(*) AS changes
+FROM tenant_usage_changes c
+JOIN tenants t ON t.tenant_id = c.tenant_id
+GROUP BY c.tenant_id
+ORDER BY count(*) DESC, c.tenant_id
+LIMIT :limit;
+
+-- name: lock_tenant_unless_busy
+-- Locks the tenant row unless another transaction holds it (a create or update folds the log itself); no
+-- row: busy, or no such tenant.
+SELECT tenant_id FROM tenants WHERE tenant_id = :tenant_id FOR UPDATE SKIP LOCKED;
+
 -- name: read_tenants_usage
 -- Tenants with their quotas and usage as the next fold would find it, read only: each one's counter plus
 -- the changes logged since its last fold. Tenant :tenant_id (NULL: every tenant), the ones using most of

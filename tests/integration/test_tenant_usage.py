@@ -22,6 +22,7 @@ from engine.control.schedule_batches import BatchItem, ScheduleBatches
 from engine.control.schedules import ControlPlane
 from engine.control.tenants import create_tenant
 from engine.loops.materializer import Materializer, MaterializerConfig
+from engine.loops.tenant_usage_folds import TenantUsageFolds
 from schemas import observability as obs
 from schemas.errors import NotFound, QuotaExceeded
 from schemas.migrations import apply_migrations
@@ -285,6 +286,71 @@ async def test_every_tenants_usage_lists_the_nearest_to_its_quota_first(pool, cl
     listed = await every_usage(pool)
     assert [(t["tenant_id"], t["usage"]["schedules"]) for t in listed] == [("tight", 1), ("roomy", 3), ("idle", 0)]
     assert listed[0] == await usage_of(pool, "tight")
+
+
+async def pending_changes(pool: asyncpg.Pool, tenant_id: str) -> int:
+    return await pool.fetchval("SELECT count(*) FROM tenant_usage_changes WHERE tenant_id = $1", tenant_id)
+
+
+async def test_the_periodic_fold_empties_the_log_of_a_tenant_that_stopped_creating(pool, clock, telemetry):
+    """Cancels and the materializer's completions append to the log with no create to fold it: the
+    periodic pass does, and what a reader sees (counter plus log) is the truth before and after."""
+    await create_tenant(pool, "quiet", ROOM)
+    control = ControlPlane(pool, clock)
+    ids = [
+        (await control.create_schedule("quiet", {**shape, "target": "usage.quiet"}))["schedule_id"]
+        for shape in SHAPES * 3
+    ]
+    await usage(pool, "quiet")  # the creates' own changes folded, as the last create's check would
+    for schedule_id in ids[:3]:
+        await control.cancel_schedule("quiet", schedule_id)
+    await control.pause_schedule("quiet", ids[4])  # a paused schedule still counts: nothing logged
+    materializer = Materializer(pool, MaterializerConfig(horizon=timedelta(seconds=90)), clock)
+    for _ in range(3):  # the run-limited ones (max_runs 2) complete: the materializer's statement logs it
+        clock.advance(timedelta(seconds=61))
+        await materializer.run_once()
+    assert await pool.fetchval("SELECT count(*) FROM schedules WHERE state = 'completed'") >= 1
+    before = await pending_changes(pool, "quiet")
+    assert before >= 4  # three cancels and at least one pass's completions
+    shown = await current_usage(pool, "quiet")
+    assert_same((shown.schedules, shown.fires_per_minute), await counted(pool, "quiet"))
+
+    folds = TenantUsageFolds(pool, meter=telemetry.meter_provider.get_meter("test"))
+    outcome = await folds.run_pass()
+    assert outcome.counts == {"tenants": 1, "changes": before, "busy": 0} and not outcome.more
+    assert await pending_changes(pool, "quiet") == 0
+    shown = await current_usage(pool, "quiet")
+    assert_same((shown.schedules, shown.fires_per_minute), await counted(pool, "quiet"))
+    assert_same(await usage(pool, "quiet"), await counted(pool, "quiet"))
+    assert sum(point.value for point in telemetry.points(obs.TENANT_USAGE_FOLDED)) == before
+    assert (await folds.run_pass()).counts == {"tenants": 0, "changes": 0, "busy": 0}  # nothing left
+
+
+async def test_the_periodic_fold_leaves_a_busy_tenant_to_its_create_and_takes_the_longest_logs_first(pool, clock):
+    control = ControlPlane(pool, clock)
+    for tenant, creates, cancels in (("small", 1, 0), ("large", 3, 2), ("busy", 2, 1)):
+        await create_tenant(pool, tenant, ROOM)
+        ids = [
+            (await control.create_schedule(tenant, {**SHAPES[2], "target": f"usage.{tenant}"}))["schedule_id"]
+            for _ in range(creates)
+        ]
+        for schedule_id in ids[:cancels]:  # a create folds what came before it; a cancel folds nothing
+            await control.cancel_schedule(tenant, schedule_id)
+    assert [await pending_changes(pool, t) for t in ("small", "large", "busy")] == [1, 3, 2]
+    folds = TenantUsageFolds(pool, batch=2)
+    async with pool.acquire() as creating, creating.transaction():
+        await creating.execute("SELECT 1 FROM tenants WHERE tenant_id = 'busy' FOR UPDATE")  # a create, mid-way
+        async with asyncio.timeout(10):  # never waits for it
+            outcome = await folds.run_pass()
+        # The two longest logs were taken (large: 3, busy: 2); busy was skipped, so a pass runs again at once.
+        assert outcome.counts == {"tenants": 1, "changes": 3, "busy": 1} and outcome.more
+        assert [await pending_changes(pool, t) for t in ("small", "large", "busy")] == [1, 0, 2]
+    outcome = await folds.run_pass()
+    assert outcome.counts == {"tenants": 2, "changes": 3, "busy": 0} and outcome.more  # a full batch
+    assert (await folds.run_pass()).counts == {"tenants": 0, "changes": 0, "busy": 0}
+    for tenant in ("small", "large", "busy"):
+        assert await pending_changes(pool, tenant) == 0
+        assert_same(await usage(pool, tenant), await counted(pool, tenant))
 
 
 async def test_the_migration_counts_the_schedules_already_there(servers):

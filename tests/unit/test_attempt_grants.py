@@ -211,7 +211,7 @@ async def test_a_batch_wait_ends_when_its_last_token_is_answered_and_keeps_the_f
     assert not waiting.done()  # one token still unanswered
     loop.call_soon(waiter.receive, AttemptGrant(OCC, tokens[-1], "billing", "refused", "canceled").encode())
     answers = await asyncio.wait_for(waiting, 5)  # returns at the last answer, not after 30 s
-    assert all(answers[t] is not None and answers[t].granted for t in tokens[:-1])
+    assert all((grant := answers[t]) is not None and grant.granted for t in tokens[:-1])
     assert answers[tokens[-1]] == AttemptGrant(OCC, tokens[-1], "billing", "refused", "canceled")
     # Everything is forgotten: a later expect of other tokens starts clean.
     assert not waiter._waiting
@@ -225,6 +225,7 @@ async def test_forgetting_part_of_a_batch_leaves_the_rest_waiting_and_a_wait_on_
     loop = asyncio.get_running_loop()
     loop.call_soon(waiter.receive, AttemptGrant(OCC, TOKEN, "billing", "granted").encode())
     answers = await asyncio.wait_for(waiter.wait([TOKEN], timeout=30), 5)
-    assert answers[TOKEN] is not None and answers[TOKEN].granted
+    grant = answers[TOKEN]
+    assert grant is not None and grant.granted
     waiter.expect([])
     assert await asyncio.wait_for(waiter.wait([], timeout=30), 5) == {}
