@@ -31,6 +31,7 @@ from schemas.topics import (
     COMMAND_RESULTS_TOPIC,
     COMMANDS_TOPIC,
     DEFAULT_PARTITIONS,
+    FETCH_WAIT_MS,
     command_results_topic,
     create_missing_topics,
     topic_partitions,
@@ -254,7 +255,10 @@ class CommandResults:
         from aiokafka import AIOKafkaConsumer
 
         self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=kafka_bootstrap, enable_auto_commit=False, **security.client_options()
+            bootstrap_servers=kafka_bootstrap,
+            enable_auto_commit=False,
+            fetch_max_wait_ms=FETCH_WAIT_MS,
+            **security.client_options(),
         )
         self.kafka_bootstrap, self.security = kafka_bootstrap, security
         self.topics = [command_results_topic(tenant_id), COMMAND_RESULTS_TOPIC]

@@ -38,6 +38,7 @@ DEAD_LETTER_TOPIC = "chronoq.dead-letters"
 COMMANDS_TOPIC = "chronoq.commands"
 COMMAND_RESULTS_TOPIC = "chronoq.command-results"
 ATTEMPTS_TOPIC = "chronoq.attempts"
+
 #: The engine's answers to ``started`` (granted / refused), one partition per consumer group
 #: (``schemas.attempt_grants.grant_partition``); only the engine writes it.
 ATTEMPT_GRANTS_TOPIC = "chronoq.attempt-grants"
@@ -52,6 +53,17 @@ TOPIC_CONFIGS: dict[str, dict[str, str]] = {
     SCHEDULE_STATES_TOPIC: {"cleanup.policy": "compact"},
     TARGET_BINDINGS_TOPIC: {"cleanup.policy": "compact"},
 }
+
+#: How long a fetch may wait at the broker for records to arrive (aiokafka's ``fetch_max_wait_ms``, default
+#: 500), for every reader whose delay someone waits on: the attempt and command processors, a consumer app
+#: and its views, the service client's command results. Apache Kafka answers a waiting fetch as soon as a
+#: record arrives on any of its partitions; tansu 0.6 does so for a fetch of one partition but answers a
+#: fetch of several only when the wait runs out (~350 ms at 500: 216 ms from produce to consume, against
+#: 3 ms at 50, eight partitions; docs/broker.md). At 500 every hop of an occurrence that arrives alone cost up to
+#: half a second on the embedded broker: a single-handler app waited ~240 ms for the engine's answer to
+#: each ``started`` (16 occurrences/s at four in flight). An idle reader now asks twenty times a second,
+#: an empty fetch each; with records flowing nothing changes (a fetch returns as soon as it has any).
+FETCH_WAIT_MS = 50
 
 #: Partitions of the topics chronoq creates. Partitions bound a consumer
 #: group's parallelism; Kafka cannot shrink them later, so err on more.
