@@ -30,7 +30,7 @@ from schemas import observability as obs
 from schemas.attempt_grants import AttemptGrant, decode_attempt_grant, grant_partition
 from schemas.errors import MalformedMessage
 from schemas.kafka_security import PLAINTEXT, KafkaSecurity, start_client
-from schemas.topics import ATTEMPT_GRANTS_TOPIC, FETCH_WAIT_MS, topic_partitions
+from schemas.topics import ATTEMPT_GRANTS_TOPIC, topic_partitions
 
 log = logging.getLogger("chronoq.consumer.attempt_grants")
 
@@ -129,7 +129,7 @@ class GrantWaiter:
             bootstrap_servers=bootstrap,
             enable_auto_commit=False,
             auto_offset_reset="latest",
-            fetch_max_wait_ms=FETCH_WAIT_MS,
+            fetch_max_wait_ms=100,
             **security.client_options(),
         )
         await start_client(consumer, bootstrap, security)

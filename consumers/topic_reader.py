@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from schemas.capped_backoff import capped_doubling
 from schemas.clock import pause
 from schemas.kafka_security import KafkaSecurity, start_client
-from schemas.topics import FETCH_WAIT_MS, topic_partitions
+from schemas.topics import topic_partitions
 
 
 async def open_from_beginning(
@@ -35,7 +35,6 @@ async def open_from_beginning(
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
-        fetch_max_wait_ms=FETCH_WAIT_MS,
         **security.client_options(),
     )
     await start_client(consumer, bootstrap, security)

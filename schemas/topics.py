@@ -54,15 +54,16 @@ TOPIC_CONFIGS: dict[str, dict[str, str]] = {
     TARGET_BINDINGS_TOPIC: {"cleanup.policy": "compact"},
 }
 
-#: How long a fetch may wait at the broker for records to arrive (aiokafka's ``fetch_max_wait_ms``, default
-#: 500), for every reader whose delay someone waits on: the attempt and command processors, a consumer app
-#: and its views, the service client's command results. Apache Kafka answers a waiting fetch as soon as a
-#: record arrives on any of its partitions; tansu 0.6 does so for a fetch of one partition but answers a
-#: fetch of several only when the wait runs out (~350 ms at 500: 216 ms from produce to consume, against
-#: 3 ms at 50, eight partitions; docs/broker.md). At 500 every hop of an occurrence that arrives alone cost up to
-#: half a second on the embedded broker: a single-handler app waited ~240 ms for the engine's answer to
-#: each ``started`` (16 occurrences/s at four in flight). An idle reader now asks twenty times a second,
-#: an empty fetch each; with records flowing nothing changes (a fetch returns as soon as it has any).
+#: How long a fetch of the engine's processors (attempt events, commands) and of the service client's command
+#: results may wait at the broker for records (aiokafka's ``fetch_max_wait_ms``, default 500): someone waits on
+#: each of them — a consumer app's ``started`` waits for the attempt processor's answer (the cancel barrier), a
+#: caller for its command's result. Apache Kafka answers a waiting fetch as soon as a record arrives on any of
+#: its partitions; tansu 0.6 does so for a fetch of one partition but answers a fetch of several only when the
+#: wait runs out (~350 ms at 500: 216 ms from produce to consume, against 3 ms at 50, eight partitions;
+#: docs/broker.md). At 500 a single-handler app on the embedded broker waited ~240 ms for each answer (16
+#: occurrences/s at four in flight; 97 at 50). The price is an empty fetch twenty times a second per idle
+#: reader: one per processor and engine node, so it is not paid per consumer instance — a consumer app's own
+#: readers keep the default (its grants reader assigns one partition, which tansu answers at once).
 FETCH_WAIT_MS = 50
 
 #: Partitions of the topics chronoq creates. Partitions bound a consumer
