@@ -58,7 +58,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     usage = actions.add_parser(
         "usage", help="a tenant's live schedules and trigger rate beside its quotas (every tenant's without a name)"
     )
-    usage.add_argument("name", nargs="?", help="tenant id (none: every tenant, the nearest to its quota first)")
+    usage.add_argument("name", nargs="?", help="tenant id (none: every tenant, the nearest to a quota first)")
     usage.add_argument(
         "--recount",
         action="store_true",

@@ -106,7 +106,7 @@ async def fold_usage_changes(pool: asyncpg.Pool, limit: int) -> UsageFolds:
     """Fold the change logs of up to ``limit`` tenants (the longest logs first) into their counters.
 
     A create or update folds its tenant's log before its quota check; this pass does it for tenants that
-    change without creating (completions, pauses, cancels), so the log, and every read that sums it
+    change without creating (completions, cancels, writes by SQL), so the log, and every read that sums it
     (``GET /v1/tenant``, the console), stays short. Each tenant is folded in its own transaction under
     its row lock, taken SKIP LOCKED: a tenant whose create is under way is left to that create, and folds
     of one tenant never run at once (two deletes of one log in different orders could deadlock).
@@ -114,13 +114,14 @@ async def fold_usage_changes(pool: asyncpg.Pool, limit: int) -> UsageFolds:
     candidates = await pool.fetch(*QUERIES.tenants_with_usage_changes(limit=limit))
     tenants = changes = busy = 0
     for candidate in candidates:
+        tenant_id = candidate["tenant_id"]
         async with pool.acquire() as conn, conn.transaction():
-            if await conn.fetchval(*QUERIES.lock_tenant_unless_busy(tenant_id=candidate["tenant_id"])) is None:
+            if await conn.fetchval(*QUERIES.lock_tenant_unless_busy(tenant_id=tenant_id)) is None:
                 busy += 1
                 continue
-            await tenant_usage(conn, candidate["tenant_id"])
+            folded = await conn.fetchrow(*QUERIES.tenant_usage(tenant_id=tenant_id, exclude_schedule_id=None))
         tenants += 1
-        changes += candidate["changes"]  # at least: changes logged since the count are folded too
+        changes += folded["folded"]  # a create may have folded some since the candidates were read
     return UsageFolds(tenants, changes, busy, full=len(candidates) >= limit)
 
 
@@ -171,8 +172,8 @@ async def usage_of(pool: asyncpg.Pool, tenant_id: str, *, recount: bool = False)
 
 async def every_usage(pool: asyncpg.Pool, limit: int | None = None) -> list[dict[str, Any]]:
     """Every tenant's quotas and usage (``chronoq tenant usage`` without a name; the first ``limit`` on an
-    operator's console), read only, the tenants using most of their ``max_active_schedules`` first: the
-    ones about to be refused."""
+    operator's console), read only, the tenants nearest a quota first (the larger of their shares of
+    ``max_active_schedules`` and ``max_fires_per_minute``): the ones about to be refused."""
     rows = await pool.fetch(*QUERIES.read_tenants_usage(tenant_id=None, limit=limit))
     return [_usage_report(row["tenant_id"], row, TenantUsage.from_row(row)) for row in rows]
 

@@ -2,8 +2,8 @@
 
 Triggers on ``schedules`` append every change of a schedule's liveness or rate to
 ``tenant_usage_changes`` (migration 0024), and a create or update folds its tenant's log under the tenant's
-lock before its quota check. A tenant whose schedules complete, pause or get cancelled without new creates
-would otherwise grow its log for ever (the materializer alone appends a row per pass that completes any of
+lock before its quota check. A tenant whose schedules complete or get cancelled without new creates would
+otherwise grow its log for ever (the materializer alone appends a row per pass that completes any of
 its one-time schedules), and every read of its usage (``GET /v1/tenant``, ``chronoq tenant usage``, the
 console) sums the whole log. This loop folds the longest logs every ``interval`` seconds
 (:func:`engine.control.quotas.fold_usage_changes`).

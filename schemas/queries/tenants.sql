@@ -24,8 +24,8 @@ SELECT * FROM tenants WHERE tenant_id = :tenant_id FOR UPDATE;
 -- name: tenant_usage
 -- What counts against a tenant's quotas: its live (active or paused) schedules and their trigger rate
 -- (excluding schedule :exclude_schedule_id, the one being updated, if given). The tenant's counter, after
--- folding into it the changes logged since its last fold (migration 0024): costs the changes, not the
--- schedules. Run it holding the tenant's row lock (lock_tenant), which serializes one tenant's folds.
+-- folding into it the changes logged since its last fold (migration 0024), and how many it folded: costs
+-- the changes, not the schedules. Run it holding the tenant's row lock (lock_tenant), which serializes one tenant's folds.
 WITH folded AS (
     DELETE FROM tenant_usage_changes WHERE tenant_id = :tenant_id RETURNING schedules, fires_per_minute
 ), counter AS (
@@ -39,7 +39,8 @@ WITH folded AS (
     FROM schedules s
     WHERE s.schedule_id = :exclude_schedule_id::uuid AND s.tenant_id = :tenant_id AND s.state IN ('active', 'paused')
 )
-SELECT c.schedules - x.schedules AS schedules, (c.fires_per_minute - x.fires_per_minute)::double precision AS fires_per_minute
+SELECT c.schedules - x.schedules AS schedules, (c.fires_per_minute - x.fires_per_minute)::double precision AS fires_per_minute,
+       (SELECT count(*) FROM folded) AS folded
 FROM counter c CROSS JOIN excluded_schedule x;
 
 -- name: tenants_with_usage_changes
@@ -61,8 +62,9 @@ SELECT tenant_id FROM tenants WHERE tenant_id = :tenant_id FOR UPDATE SKIP LOCKE
 
 -- name: read_tenants_usage
 -- Tenants with their quotas and usage as the next fold would find it, read only: each one's counter plus
--- the changes logged since its last fold. Tenant :tenant_id (NULL: every tenant), the ones using most of
--- their max_active_schedules first, at most :limit of them (NULL: all). One statement, one snapshot: it sees
+-- the changes logged since its last fold. Tenant :tenant_id (NULL: every tenant), the ones nearest a quota
+-- first (the larger of their shares of max_active_schedules and max_fires_per_minute: either refuses the
+-- next create), at most :limit of them (NULL: all). One statement, one snapshot: it sees
 -- a fold entirely or not at all, so nothing is counted twice or missed; no lock, so a reader never waits
 -- for a create of the tenant.
 SELECT t.*, (coalesce(u.schedules, 0) + coalesce(c.schedules, 0))::bigint AS schedules,
@@ -72,7 +74,9 @@ LEFT JOIN tenant_usage u ON u.tenant_id = t.tenant_id
 CROSS JOIN LATERAL (SELECT sum(l.schedules) AS schedules, sum(l.fires_per_minute) AS fires_per_minute
                     FROM tenant_usage_changes l WHERE l.tenant_id = t.tenant_id) c
 WHERE :tenant_id::text IS NULL OR t.tenant_id = :tenant_id
-ORDER BY (coalesce(u.schedules, 0) + coalesce(c.schedules, 0))::float8 / greatest(t.max_active_schedules, 1) DESC,
+ORDER BY greatest((coalesce(u.schedules, 0) + coalesce(c.schedules, 0))::float8 / greatest(t.max_active_schedules, 1),
+                  (coalesce(u.fires_per_minute, 0) + coalesce(c.fires_per_minute, 0))::float8
+                  / greatest(t.max_fires_per_minute, 1e-9)) DESC,
          t.tenant_id
 LIMIT :limit;
 

@@ -279,13 +279,21 @@ async def test_every_tenants_usage_lists_the_nearest_to_its_quota_first(pool, cl
     await create_tenant(pool, "roomy", TenantQuotas(max_active_schedules=100))
     await create_tenant(pool, "tight", TenantQuotas(max_active_schedules=2))
     await create_tenant(pool, "idle")
+    # One schedule of 100: far from max_active_schedules, but 4.6 of its 5 fires a minute (13 s rate).
+    await create_tenant(pool, "hot", TenantQuotas(max_active_schedules=100, max_fires_per_minute=5))
     control = ControlPlane(pool, clock)
     for tenant, count in (("roomy", 3), ("tight", 1)):
         for _ in range(count):
             await control.create_schedule(tenant, {**SHAPES[0], "target": f"usage.{tenant}"})
+    await control.create_schedule("hot", {**SHAPES[2], "target": "usage.hot"})
     listed = await every_usage(pool)
-    assert [(t["tenant_id"], t["usage"]["schedules"]) for t in listed] == [("tight", 1), ("roomy", 3), ("idle", 0)]
-    assert listed[0] == await usage_of(pool, "tight")
+    assert [(t["tenant_id"], t["usage"]["schedules"]) for t in listed] == [
+        ("hot", 1),  # nearest a quota (92 % of its rate), though 1 % of its schedules
+        ("tight", 1),
+        ("roomy", 3),
+        ("idle", 0),
+    ]
+    assert listed[1] == await usage_of(pool, "tight")
 
 
 async def pending_changes(pool: asyncpg.Pool, tenant_id: str) -> int:

@@ -619,7 +619,7 @@ def dead_letters_page(page: Mapping[str, Any], principal: Principal, csrf: str, 
 
 
 def _tenants_table(tenants: Sequence[Mapping[str, Any]]) -> Markup:
-    """Every tenant's usage beside its quotas (``every_usage``: the nearest to its quota first)."""
+    """Every tenant's usage beside its quotas (``every_usage``: the nearest to a quota first)."""
     rows = join(
         render(
             '<tr data-tenant="{t}"><td>{t}</td><td>{n}</td><td>{share}</td><td>{f}</td></tr>',
