@@ -38,7 +38,6 @@ DEAD_LETTER_TOPIC = "chronoq.dead-letters"
 COMMANDS_TOPIC = "chronoq.commands"
 COMMAND_RESULTS_TOPIC = "chronoq.command-results"
 ATTEMPTS_TOPIC = "chronoq.attempts"
-
 #: The engine's answers to ``started`` (granted / refused), one partition per consumer group
 #: (``schemas.attempt_grants.grant_partition``); only the engine writes it.
 ATTEMPT_GRANTS_TOPIC = "chronoq.attempt-grants"

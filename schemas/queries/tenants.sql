@@ -25,7 +25,8 @@ SELECT * FROM tenants WHERE tenant_id = :tenant_id FOR UPDATE;
 -- What counts against a tenant's quotas: its live (active or paused) schedules and their trigger rate
 -- (excluding schedule :exclude_schedule_id, the one being updated, if given). The tenant's counter, after
 -- folding into it the changes logged since its last fold (migration 0024), and how many it folded: costs
--- the changes, not the schedules. Run it holding the tenant's row lock (lock_tenant), which serializes one tenant's folds.
+-- the changes, not the schedules. Run it holding the tenant's row lock (lock_tenant), which serializes one
+-- tenant's folds.
 WITH folded AS (
     DELETE FROM tenant_usage_changes WHERE tenant_id = :tenant_id RETURNING schedules, fires_per_minute
 ), counter AS (
@@ -46,7 +47,7 @@ FROM counter c CROSS JOIN excluded_schedule x;
 -- name: tenants_with_usage_changes
 -- Tenants with changes logged since their last fold, the longest logs first, at most :limit of them (the
 -- periodic fold, engine/loops/tenant_usage_folds.py: a tenant that never creates again still gets its
--- completions, pauses and cancels folded, so the log and every read that sums it stay short).
+-- completions and cancels folded, so the log and every read that sums it stay short).
 -- Only tenants that exist: a fold locks the tenant's row (tenants are never deleted; a schedule needs one).
 SELECT c.tenant_id, count(*) AS changes
 FROM tenant_usage_changes c
