@@ -361,6 +361,7 @@ class ConsumerApp:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_poll_records=cfg.max_poll_records,
+            fetch_max_wait_ms=max(1, round(cfg.fetch_wait * 1000)),
             metadata_max_age_ms=int(cfg.metadata_refresh * 1000),
             session_timeout_ms=int(cfg.session_timeout * 1000),
             heartbeat_interval_ms=int(cfg.heartbeat_interval * 1000),

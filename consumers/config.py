@@ -24,6 +24,11 @@ class ConsumerConfig:
     database_url: the app's own PostgreSQL (holds the dedupe table and the effects).
     max_poll_records: messages fetched per poll, and buffered per partition before
         fetching from it pauses (default 100).
+    fetch_wait: seconds a fetch of the app's occurrence topics may wait at the broker for records
+        (aiokafka's ``fetch_max_wait_ms``; default 0.5, Kafka's). Apache Kafka answers as soon as a record
+        arrives; the embedded tansu broker answers a fetch of several partitions only when the wait runs
+        out, so there a lone occurrence waits up to ~0.35 s for the app to see it (docs/broker.md). The
+        CLI's consumers on tansu use 0.05, at the price of an empty fetch twenty times a second while idle.
     redelivery_backoff / redelivery_backoff_max: seconds between in-place retries of a
         delivery that hit an infrastructure error (app database or broker
         unavailable), doubling up to the maximum. Handler failures are not retried
@@ -111,6 +116,7 @@ class ConsumerConfig:
     kafka_bootstrap: str
     database_url: str
     max_poll_records: int = 100
+    fetch_wait: float = 0.5
     redelivery_backoff: float = 0.2
     redelivery_backoff_max: float = 10.0
     partitions: int = DEFAULT_PARTITIONS
@@ -192,6 +198,7 @@ class ConsumerConfig:
     def validate(self) -> None:
         positive = (
             "max_poll_records",
+            "fetch_wait",
             "redelivery_backoff",
             "session_timeout",
             "heartbeat_interval",

@@ -61,8 +61,8 @@ TOPIC_CONFIGS: dict[str, dict[str, str]] = {
 #: wait runs out (~350 ms at 500: 216 ms from produce to consume, against 3 ms at 50, eight partitions;
 #: docs/broker.md). At 500 a single-handler app on the embedded broker waited ~240 ms for each answer (16
 #: occurrences/s at four in flight; 73-97 at 50). The price is an empty fetch twenty times a second per idle
-#: reader: one per processor and engine node, so it is not paid per consumer instance — a consumer app's own
-#: readers keep the default (its grants reader assigns one partition, which tansu answers at once).
+#: reader: one per processor and engine node, so it is not paid per consumer instance — a consumer app chooses
+#: its own (``ConsumerConfig.fetch_wait``; its grants reader assigns one partition, which tansu answers at once).
 FETCH_WAIT_MS = 50
 
 #: Partitions of the topics chronoq creates. Partitions bound a consumer

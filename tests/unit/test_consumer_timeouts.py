@@ -72,3 +72,10 @@ def test_registration_gives_the_target_its_own_idle_limit():
     assert slow_registration is not None and quick_registration is not None
     assert slow_registration.idle_limit(app.config) == 930.0
     assert quick_registration.idle_limit(app.config) == app.config.idle_timeout == 330.0
+
+
+@pytest.mark.parametrize("wait", [0.0, -0.05])
+def test_a_fetch_wait_that_is_not_positive_is_rejected(wait: float) -> None:
+    with pytest.raises(ValueError, match="fetch_wait must be positive"):
+        config(fetch_wait=wait).validate()
+    config(fetch_wait=0.05).validate()  # what the CLI's consumers use on tansu

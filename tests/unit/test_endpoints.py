@@ -88,3 +88,17 @@ def test_an_external_broker_is_idempotent_only_when_told():
     assert plain.kafka_kind == "external"
     with pytest.raises(StackError, match="CHRONOQ_KAFKA_IDEMPOTENT is 'sometimes': use 1 or 0"):
         stack_endpoints.external_endpoints({**external, "CHRONOQ_KAFKA_IDEMPOTENT": "sometimes"})
+
+
+@pytest.mark.parametrize(
+    "kind, session, fetch_wait", [("tansu", 2.0, 0.05), ("apache", 10.0, 0.5), ("external", 10.0, 0.5)]
+)
+def test_the_cli_consumers_wait_briefly_at_a_tansu_broker_only(kind, session, fetch_wait):
+    """tansu answers a waiting fetch of several partitions only when the wait runs out (docs/broker.md): the
+    CLI's consumers (``chronoq consume``, the demo) ask for a short one there; Kafka's default elsewhere."""
+    from engine.cli.consume_command import consumer_config
+
+    endpoints = stack_endpoints.Endpoints("postgresql://a", "b:1", "postgresql://c", kafka_kind=kind)
+    cfg = consumer_config(endpoints, "printer")
+    cfg.validate()
+    assert (cfg.session_timeout, cfg.fetch_wait) == (session, fetch_wait)
