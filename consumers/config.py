@@ -29,6 +29,7 @@ class ConsumerConfig:
         arrives; the embedded tansu broker answers a fetch of several partitions only when the wait runs
         out, so there a lone occurrence waits up to ~0.35 s for the app to see it (docs/broker.md). The
         CLI's consumers on tansu use 0.05, at the price of an empty fetch twenty times a second while idle.
+        At most 10.
     redelivery_backoff / redelivery_backoff_max: seconds between in-place retries of a
         delivery that hit an infrastructure error (app database or broker
         unavailable), doubling up to the maximum. Handler failures are not retried
@@ -195,7 +196,8 @@ class ConsumerConfig:
     def lock_timeout(self) -> float:
         return self.dedupe_lock_timeout if self.dedupe_lock_timeout is not None else self.lease_ttl
 
-    def validate(self) -> None:
+    def _check_ranges(self) -> None:
+        """ValueError for a setting outside its own range (the relations between settings: validate)."""
         positive = (
             "max_poll_records",
             "fetch_wait",
@@ -212,9 +214,17 @@ class ConsumerConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.fetch_wait > 10:
+            raise ValueError(
+                f"fetch_wait ({self.fetch_wait:g} s) must be at most 10 s: a fetch that waits longer outlives the"
+                " client's request timeout and holds up shutdown (0.5, Kafka's default, suits Apache Kafka)"
+            )
         for name in ("binding_wait", "binding_behind_timeout", "shutdown_grace"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
+
+    def validate(self) -> None:
+        self._check_ranges()
         if self.heartbeat_interval >= self.session_timeout:
             raise ValueError("heartbeat_interval must be shorter than session_timeout")
         if not 0 < self.renew_interval <= self.lease_ttl / 2:

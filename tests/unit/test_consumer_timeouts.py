@@ -74,8 +74,11 @@ def test_registration_gives_the_target_its_own_idle_limit():
     assert quick_registration.idle_limit(app.config) == app.config.idle_timeout == 330.0
 
 
-@pytest.mark.parametrize("wait", [0.0, -0.05])
-def test_a_fetch_wait_that_is_not_positive_is_rejected(wait: float) -> None:
-    with pytest.raises(ValueError, match="fetch_wait must be positive"):
+@pytest.mark.parametrize(
+    ("wait", "message"), [(0.0, "fetch_wait must be positive"), (-0.05, "must be positive"), (60.0, "at most 10 s")]
+)
+def test_a_fetch_wait_out_of_range_is_rejected(wait: float, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
         config(fetch_wait=wait).validate()
     config(fetch_wait=0.05).validate()  # what the CLI's consumers use on tansu
+    config(fetch_wait=10.0).validate()
