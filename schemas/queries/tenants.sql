@@ -68,16 +68,17 @@ SELECT tenant_id FROM tenants WHERE tenant_id = :tenant_id FOR UPDATE SKIP LOCKE
 -- next create), at most :limit of them (NULL: all). One statement, one snapshot: it sees
 -- a fold entirely or not at all, so nothing is counted twice or missed; no lock, so a reader never waits
 -- for a create of the tenant.
-SELECT t.*, (coalesce(u.schedules, 0) + coalesce(c.schedules, 0))::bigint AS schedules,
-       (coalesce(u.fires_per_minute, 0) + coalesce(c.fires_per_minute, 0))::double precision AS fires_per_minute
+SELECT t.*, n.schedules, n.fires_per_minute
 FROM tenants t
 LEFT JOIN tenant_usage u ON u.tenant_id = t.tenant_id
 CROSS JOIN LATERAL (SELECT sum(l.schedules) AS schedules, sum(l.fires_per_minute) AS fires_per_minute
                     FROM tenant_usage_changes l WHERE l.tenant_id = t.tenant_id) c
+CROSS JOIN LATERAL (SELECT (coalesce(u.schedules, 0) + coalesce(c.schedules, 0))::bigint AS schedules,
+                           (coalesce(u.fires_per_minute, 0) + coalesce(c.fires_per_minute, 0))::double precision
+                               AS fires_per_minute) n
 WHERE :tenant_id::text IS NULL OR t.tenant_id = :tenant_id
-ORDER BY greatest((coalesce(u.schedules, 0) + coalesce(c.schedules, 0))::float8 / greatest(t.max_active_schedules, 1),
-                  (coalesce(u.fires_per_minute, 0) + coalesce(c.fires_per_minute, 0))::float8
-                  / greatest(t.max_fires_per_minute, 1e-9)) DESC,
+ORDER BY greatest(n.schedules::float8 / greatest(t.max_active_schedules, 1),
+                  n.fires_per_minute / greatest(t.max_fires_per_minute, 1e-9)) DESC,
          t.tenant_id
 LIMIT :limit;
 
