@@ -1,16 +1,18 @@
-"""The attempt processor: consume ``chronoq.attempts`` and apply the events, a partition's batch at a time.
+"""The attempt processor: consume ``chronoq.attempts`` and apply the events, a poll's batch at a time.
 
-Each fetched partition's events are one unit: decoded (an undecodable record is counted as poison and
-skipped), authenticated (:class:`EventVerifier`, by default :class:`CredentialVerifier`: an event not
-signed by the consumer side of its occurrence's target, when that target has a credential, is rejected,
-counted as ``chronoq.attempt_events_rejected`` and changes nothing), then applied set-based in one
-transaction by :meth:`AttemptLedger.apply_batch` — one statement per kind of write for the batch,
-fencing per occurrence. Everything the batch changes is written in that
-transaction; the Kafka offset is committed after it, so a crash in between re-applies events, which are
+Each fetched partition's events are one unit, or, while a poll's partitions hold few events (at most
+``merge_records`` together: single handlers' traffic, a few events per partition and poll), several
+partitions' events are one (:class:`engine.loops.kafka_processor.KafkaLoopSettings`). A unit is decoded
+(an undecodable record is counted as poison and skipped), authenticated (:class:`EventVerifier`, by
+default :class:`CredentialVerifier`: an event not signed by the consumer side of its occurrence's target,
+when that target has a credential, is rejected, counted as ``chronoq.attempt_events_rejected`` and changes
+nothing), then applied set-based in one transaction by :meth:`AttemptLedger.apply_batch` — one statement
+per kind of write for the batch, fencing per occurrence. Everything the batch changes is written in that
+transaction; the Kafka offsets are committed after it, so a crash in between re-applies events, which are
 idempotent.
 
 Errors. A transient database error (the backend terminated, a deadlock, the database away) fails the
-unit: its partition is rewound and read again, and the other partitions of the fetch are still processed
+unit: its partitions are rewound and read again, and the other units of the fetch are still processed
 (the skeleton's rule, :mod:`engine.loops.kafka_processor`), so a fetched event is always applied or read
 again. Any other database error in the set-based statements (a bug, or a constraint one event violates)
 makes the batch fall back to one event at a time, each in a savepoint: the event that fails is logged and
@@ -79,11 +81,14 @@ class AttemptProcessorConfig:
     session_timeout / heartbeat_interval: group membership timing (s); the embedded broker's first
         join takes about half the session timeout (docs/broker.md).
     max_poll_records: events fetched per poll, all partitions together (default 4000); each partition's
-        share is applied in one transaction.
+        share is applied in one transaction (or several small shares together, see merge_records).
     partitions: of the attempts topic, if this processor creates it.
     error_backoff: seconds to wait after a failed batch before reading it again.
-    parallel_partitions: partitions of one poll applied at once, each in its own transaction (default 4: the
+    parallel_partitions: units of one poll applied at once, each in its own transaction (default 4: the
         database works on one while this process decides the next; their occurrences are disjoint).
+    merge_records: partitions of one poll are applied in one transaction while their events add up to at most
+        this many (default 256): a transaction costs a fixed dozen statements whatever its size, so a light load
+        spread over the partitions (a few events each) would otherwise pay them per partition. 0: never.
     """
 
     group: str | None = None
@@ -93,12 +98,15 @@ class AttemptProcessorConfig:
     partitions: int = DEFAULT_PARTITIONS
     error_backoff: float = 1.0
     parallel_partitions: int = 4
+    merge_records: int = 256
 
     def validate(self) -> None:
         if self.heartbeat_interval >= self.session_timeout:
             raise ValueError("heartbeat_interval must be shorter than session_timeout")
         if self.max_poll_records < 1:
             raise ValueError("max_poll_records must be at least 1")
+        if self.merge_records < 0:
+            raise ValueError("merge_records must be 0 (never merge) or more")
 
 
 class AttemptProcessor:
@@ -164,6 +172,7 @@ class AttemptProcessor:
         """
         with self.tracer.start_as_current_span(obs.SPAN_ATTEMPT_EVENTS) as span:
             span.set_attribute("chronoq.events", len(received))
+            span.set_attribute("chronoq.partitions", len({r.partition for r in received}))
             async with self.pool.acquire() as conn, conn.transaction():
                 now: datetime = await conn.fetchval(*QUERIES.current_instant(now=self.clock.now()))
                 rejections = await self.verifier.verify(conn, received, now)
@@ -236,7 +245,8 @@ class AttemptProcessor:
         return Verdict.REJECTED
 
     async def handle_records(self, records: Sequence[ConsumerRecord]) -> dict[str, int]:
-        """Decode a partition's records (undecodable ones are counted as poison and skipped) and apply them.
+        """Decode a unit's records (one partition's, or several partitions' one after the other; undecodable
+        ones are counted as poison and skipped) and apply them.
 
         A partition's progress row exists before its first event is applied (see :meth:`_known`)."""
         await self._known({record.partition for record in records})
@@ -352,6 +362,7 @@ class AttemptProcessor:
             cfg.error_backoff,
             summary_every,
             cfg.parallel_partitions,
+            cfg.merge_records,
         )
         try:
             await KafkaProcessorLoop(

@@ -12,7 +12,13 @@ in the engine database and return counts for the summary.
 * **units**: ``unit="batch"`` hands a partition's fetched records to
   ``handle`` at once (the attempt processor applies them in one
   transaction); ``unit="record"`` hands them one by one (the command
-  processor applies each command in its own transaction);
+  processor applies each command in its own transaction). With
+  ``merge_records``, the batches of several partitions of one poll that
+  add up to at most that many records are one unit, committed in one
+  request: light traffic spread over many partitions (single handlers'
+  events, a few per partition and poll) then costs one transaction per poll
+  instead of one per partition. Records of one key share a partition, so
+  merging keeps their order;
 * **offsets after the database**: a partition's offset is committed only
   past the units ``handle`` returned from, so a crash in between re-applies
   them (handlers are idempotent). A refused commit (a rebalance) is logged;
@@ -89,8 +95,11 @@ class KafkaLoopSettings:
     ``partitions``). session_timeout / heartbeat_interval: group membership timing (s).
     max_poll_records: records fetched at most per partition and poll (None: aiokafka's default).
     error_backoff: seconds before a failed unit is read again. summary_every: seconds between summary lines.
-    parallel_partitions: partitions of one poll handled at once (each unit its own transaction; the units of
-    one partition stay in order). 1: one after the other.
+    parallel_partitions: units of one poll handled at once (each its own transaction; the units of one
+    partition stay in order). 1: one after the other.
+    merge_records: ``unit="batch"`` only: partitions of one poll are handed to ``handle`` together while their
+    records add up to at most this many (one unit, one offset commit); a partition with more is a unit of its
+    own. 0: every partition is a unit of its own.
     """
 
     group: str
@@ -103,6 +112,11 @@ class KafkaLoopSettings:
     error_backoff: float = 1.0
     summary_every: float = SUMMARY_EVERY
     parallel_partitions: int = 1
+    merge_records: int = 0
+
+
+#: One poll's records of one partition.
+PartitionBatch = tuple[TopicPartition, Sequence[ConsumerRecord]]
 
 
 class _Rewind(Exception):
@@ -223,19 +237,64 @@ class KafkaProcessorLoop:
         fetched: Mapping[TopicPartition, Sequence[ConsumerRecord]],
         stop: asyncio.Event,
     ) -> None:
-        """Every partition of a poll: one after the other, or up to ``parallel_partitions`` at once (their
-        records are independent: a partition's units still go in order, and its failure rewinds only it)."""
-        if self.settings.parallel_partitions <= 1 or len(fetched) <= 1:
-            for tp, records in fetched.items():
-                await self.process(consumer, tp, records, stop)
+        """Every unit of a poll (:meth:`units_of_poll`): one after the other, or up to ``parallel_partitions``
+        at once (their records are independent: a partition's units still go in order, and a failure rewinds
+        only the partitions of its unit)."""
+        units = self.units_of_poll(fetched)
+        if self.settings.parallel_partitions <= 1 or len(units) <= 1:
+            for batches in units:
+                await self._process_unit(consumer, batches, stop)
             return
         limit = asyncio.Semaphore(self.settings.parallel_partitions)
 
-        async def one(tp: TopicPartition, records: Sequence[ConsumerRecord]) -> None:
+        async def one(batches: list[PartitionBatch]) -> None:
             async with limit:
-                await self.process(consumer, tp, records, stop)
+                await self._process_unit(consumer, batches, stop)
 
-        await asyncio.gather(*(one(tp, records) for tp, records in fetched.items()))
+        await asyncio.gather(*(one(batches) for batches in units))
+
+    def units_of_poll(self, fetched: Mapping[TopicPartition, Sequence[ConsumerRecord]]) -> list[list[PartitionBatch]]:
+        """The poll's partitions grouped into units, in poll order: consecutive partitions share one while their
+        records add up to at most ``merge_records`` (``unit="batch"`` only); every other partition is alone."""
+        limit = self.settings.merge_records if self.unit == "batch" else 0
+        units: list[list[PartitionBatch]] = []
+        size = 0
+        for tp, records in fetched.items():
+            if not records:
+                continue
+            if not units or size + len(records) > limit:
+                units.append([])
+                size = 0
+            units[-1].append((tp, records))
+            size += len(records)
+        return units
+
+    async def _process_unit(
+        self, consumer: AIOKafkaConsumer, batches: list[PartitionBatch], stop: asyncio.Event
+    ) -> None:
+        if len(batches) == 1:
+            await self.process(consumer, *batches[0], stop)
+        else:
+            await self.process_merged(consumer, batches, stop)
+
+    async def process_merged(
+        self, consumer: AIOKafkaConsumer, batches: Sequence[PartitionBatch], stop: asyncio.Event
+    ) -> None:
+        """Several partitions' records as one unit: handled together, their offsets committed in one request.
+        A transient failure rewinds every one of them to its first record and commits nothing (what a
+        record-by-record fallback applied before the failure is applied again, idempotently)."""
+        unit = [record for _, records in batches for record in records]
+        try:
+            counts = await self._handle(unit)
+        except _Rewind as rewind:
+            self.summary.add({"errors": 1})
+            log_failure(self.log, self.name, rewind.error, self.settings.error_backoff)
+            for tp, records in batches:
+                consumer.seek(tp, records[0].offset)
+            await pause(stop, self.settings.error_backoff)
+            return
+        self.summary.add({"records": len(unit), **counts})
+        await self._commit(consumer, {tp: records[-1].offset + 1 for tp, records in batches})
 
     async def _after_round(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
         assert self.after_round is not None
@@ -265,10 +324,13 @@ class KafkaProcessorLoop:
                 break
             self.summary.add({"records": len(unit), **counts})
             done = unit[-1].offset + 1
-        if done is None:
-            return
+        if done is not None:
+            await self._commit(consumer, {tp: done})
+
+    async def _commit(self, consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, int]) -> None:
+        """Commit past what was handled; a refused commit (a rebalance) is logged, and the next owner re-reads."""
         try:
-            await consumer.commit({tp: done})
+            await consumer.commit(offsets)
         except (CommitFailedError, KafkaError) as err:
             self.log.warning(
                 "%s offset commit refused (rebalance); the records will be re-applied, idempotently",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import pytest
 from aiokafka import AIOKafkaProducer
 
 from engine.loops.attempt_processor import AttemptProcessor, AttemptProcessorConfig
@@ -49,9 +50,12 @@ async def produce_events(bootstrap: str, events: list[AttemptEvent]) -> None:
         await producer.stop()
 
 
+@pytest.mark.parametrize("merge_records", [0, 256], ids=["unit-per-partition", "partitions-merged"])
 async def test_a_batch_whose_backend_is_terminated_mid_transaction_drops_no_event_of_any_partition(
-    pool, clock, target, kafka_bootstrap
+    pool, clock, target, kafka_bootstrap, merge_records
 ):
+    """With partitions merged, the 96 events of the fetch (a dozen per partition) are one transaction: the
+    termination rewinds every partition of it; without, only the partition whose batch it hit."""
     occurrences = [await due_occurrence(pool, "acme", target, clock.now()) for _ in range(48)]
     await pool.execute(TERMINATE_ONCE)
     events = []
@@ -68,7 +72,11 @@ async def test_a_batch_whose_backend_is_terminated_mid_transaction_drops_no_even
         pool,
         kafka_bootstrap,
         AttemptProcessorConfig(
-            session_timeout=2.0, heartbeat_interval=0.4, max_poll_records=100_000, error_backoff=0.05
+            session_timeout=2.0,
+            heartbeat_interval=0.4,
+            max_poll_records=100_000,
+            error_backoff=0.05,
+            merge_records=merge_records,
         ),
         clock=clock,
     )

@@ -272,3 +272,81 @@ async def test_partitions_of_one_poll_run_at_once_and_a_failing_one_rewinds_only
     assert sorted(handled) == [0, 1, 10, 11]
     assert consumer.seeks == [(tps[2], 20)]  # only the failed partition is read again
     assert sorted((tp.partition, o) for c in consumer.commits for tp, o in c.items()) == [(0, 2), (1, 12)]
+
+
+def merging_loop(
+    calls: list[list[tuple[int, int]]],
+    merge_records: int,
+    fail_at: int | None = None,
+    error: Exception = GONE,
+    unit: Literal["batch", "record"] = "batch",
+) -> KafkaProcessorLoop:
+    """A loop over chronoq.attempts that records each handle call as (partition, offset) pairs."""
+
+    async def handle(records) -> dict[str, int]:
+        if fail_at is not None and any(r.offset == fail_at for r in records):
+            raise error
+        calls.append([(r.partition, r.offset) for r in records])
+        return {"applied": len(records)}
+
+    settings = dataclasses.replace(SETTINGS, merge_records=merge_records)
+    return KafkaProcessorLoop("attempts", "unused:9092", settings, handle, logging.getLogger("test.loop"), unit=unit)
+
+
+ATTEMPT_TPS = [TopicPartition("chronoq.attempts", n) for n in range(4)]
+
+
+def poll(*sizes: int) -> dict[TopicPartition, list[Record]]:
+    """One poll: partition n holds sizes[n] records at offsets 100 * n onwards."""
+    return {
+        ATTEMPT_TPS[n]: [Record(100 * n + i, partition=n) for i in range(size)] for n, size in enumerate(sizes) if size
+    }
+
+
+async def test_light_partitions_of_one_poll_are_one_unit_committed_in_one_request() -> None:
+    """Single handlers' events come a few per partition and poll: one transaction per poll, not per partition.
+    A partition with more records than the limit stays a unit of its own, and units keep the poll's order."""
+    calls: list[list[tuple[int, int]]] = []
+    consumer = FakeConsumer()
+    loop = merging_loop(calls, merge_records=5)
+    await loop._process_all(consumer, poll(2, 2, 6, 1), asyncio.Event())
+    assert calls == [
+        [(0, 0), (0, 1), (1, 100), (1, 101)],
+        [(2, i) for i in range(200, 206)],
+        [(3, 300)],
+    ]
+    assert consumer.commits == [
+        {ATTEMPT_TPS[0]: 2, ATTEMPT_TPS[1]: 102},
+        {ATTEMPT_TPS[2]: 206},
+        {ATTEMPT_TPS[3]: 301},
+    ]
+    assert loop.summary.counts == {"records": 11, "applied": 11}
+
+
+async def test_without_merging_every_partition_is_its_own_unit() -> None:
+    calls: list[list[tuple[int, int]]] = []
+    await merging_loop(calls, merge_records=0)._process_all(FakeConsumer(), poll(1, 1, 1), asyncio.Event())
+    assert calls == [[(0, 0)], [(1, 100)], [(2, 200)]]
+    record_units = merging_loop(calls, merge_records=100, unit="record").units_of_poll(poll(1, 1, 1))
+    assert [len(unit) for unit in record_units] == [1, 1, 1]  # record loops (commands) never merge
+
+
+async def test_a_merged_unit_that_fails_transiently_rewinds_each_of_its_partitions_and_commits_nothing() -> None:
+    calls: list[list[tuple[int, int]]] = []
+    consumer = FakeConsumer()
+    loop = merging_loop(calls, merge_records=4, fail_at=101)
+    await loop._process_all(consumer, poll(2, 2, 3), asyncio.Event())
+    assert calls == [[(2, 200), (2, 201), (2, 202)]]  # the other unit of the poll is still applied
+    assert sorted(consumer.seeks, key=lambda s: s[0].partition) == [(ATTEMPT_TPS[0], 0), (ATTEMPT_TPS[1], 100)]
+    assert consumer.commits == [{ATTEMPT_TPS[2]: 203}]
+    assert loop.summary.counts["errors"] == 1
+
+
+async def test_a_poison_record_in_a_merged_unit_is_skipped_and_both_partitions_move_past_it() -> None:
+    calls: list[list[tuple[int, int]]] = []
+    consumer = FakeConsumer()
+    loop = merging_loop(calls, merge_records=10, fail_at=100, error=POISON)
+    await loop._process_all(consumer, poll(2, 2), asyncio.Event())
+    assert calls == [[(0, 0)], [(0, 1)], [(1, 101)]]  # the batch failed: record by record, 100 skipped
+    assert consumer.seeks == [] and consumer.commits == [{ATTEMPT_TPS[0]: 2, ATTEMPT_TPS[1]: 102}]
+    assert loop.summary.counts["skipped"] == 1
