@@ -80,6 +80,14 @@ class TenantUsage:
     def from_row(cls, row: Mapping[str, Any]) -> TenantUsage:
         return cls(row["schedules"], row["fires_per_minute"])
 
+    def nearest_share(self, quotas: TenantQuotas) -> float:
+        """The larger of this usage's shares of ``max_active_schedules`` and ``max_fires_per_minute`` (either
+        quota refuses the next create): the order ``read_tenants_usage`` ranks tenants in."""
+        return max(
+            self.schedules / max(quotas.max_active_schedules, 1),
+            self.fires_per_minute / max(quotas.max_fires_per_minute, 1e-9),
+        )
+
 
 async def tenant_usage(conn: asyncpg.Connection, tenant_id: str, exclude: uuid.UUID | None = None) -> TenantUsage:
     """The tenant's usage without schedule ``exclude`` (the one being updated), from its counter.

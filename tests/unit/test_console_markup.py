@@ -13,6 +13,7 @@ from engine.api.console.charts import line_chart
 from engine.api.console.markup import Markup, join, query, render
 from engine.api.console.preview import dst_change, preview_with_dst
 from engine.api.console.sessions import Principal
+from engine.control.quotas import TenantQuotas, TenantUsage
 
 HOSTILE = '<script>alert("x")</script>\'"&'
 
@@ -87,3 +88,24 @@ def test_dst_days_are_marked_in_the_preview():
     )
     assert [f["utc"] for f in fires] == ["2027-10-30T00:30:00Z", "2027-10-31T00:30:00Z", "2027-11-01T01:30:00Z"]
     assert [f["dst"] for f in fires] == [None, "DST day: clocks fall back 1h", None]
+
+
+def _tenant(tenant_id: str, schedules: int, fires: float) -> dict:
+    quotas = {"max_active_schedules": 1000, "max_fires_per_minute": 100.0, "max_payload_bytes": 65536,
+              "max_running": 100, "catch_up_per_minute": 1000, "retry_budget_per_hour": 1000, "weight": 1}  # fmt: skip
+    return {"tenant_id": tenant_id, "quotas": quotas, "usage": {"schedules": schedules, "fires_per_minute": fires}}
+
+
+def test_the_tenant_table_shows_the_share_of_the_quota_each_tenant_is_nearest_to():
+    """Ranked by the larger share (read_tenants_usage): the column shows that share, so a tenant near its rate
+    quota with few schedules does not read 1 % at the top of the table."""
+    html = str(pages._tenants_table([_tenant("hot", 10, 95.0), _tenant("many", 900, 1.0)]))
+    hot, many = html.split('data-tenant="hot"')[1], html.split('data-tenant="many"')[1]
+    assert "<td>95%</td>" in hot.split("</tr>")[0] and "<td>90%</td>" in many.split("</tr>")[0]
+
+
+@given(st.integers(0, 10**6), st.floats(0, 1e6), st.integers(0, 10**6), st.floats(0, 1e6))
+def test_the_nearest_share_is_the_larger_of_the_two(schedules, fires, max_schedules, max_fires):
+    share = TenantUsage(schedules, fires).nearest_share(TenantQuotas(max_schedules, max_fires))
+    assert share >= schedules / max(max_schedules, 1) and share >= fires / max(max_fires, 1e-9)
+    assert share in (schedules / max(max_schedules, 1), fires / max(max_fires, 1e-9))

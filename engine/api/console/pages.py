@@ -16,6 +16,7 @@ import orjson
 from engine.api.console.charts import line_chart
 from engine.api.console.markup import Markup, join, query, render
 from engine.api.console.sessions import Principal
+from engine.control.quotas import TenantQuotas, TenantUsage
 
 NAV = (("/ui/schedules", "Schedules"), ("/ui/dead-letters", "Dead letters"), ("/ui/health", "Health"))
 STATES = ("active", "paused", "canceled", "completed")
@@ -619,20 +620,21 @@ def dead_letters_page(page: Mapping[str, Any], principal: Principal, csrf: str, 
 
 
 def _tenants_table(tenants: Sequence[Mapping[str, Any]]) -> Markup:
-    """Every tenant's usage beside its quotas (``every_usage``: the nearest to a quota first)."""
+    """Every tenant's usage beside its quotas (``every_usage``: the nearest to a quota first), with the share
+    of the quota it is nearest to, by which the rows are ranked."""
     rows = join(
         render(
             '<tr data-tenant="{t}"><td>{t}</td><td>{n}</td><td>{share}</td><td>{f}</td></tr>',
             t=tenant["tenant_id"],
             n=f"{tenant['usage']['schedules']:,} / {tenant['quotas']['max_active_schedules']:,}",
-            share=f"{tenant['usage']['schedules'] / max(tenant['quotas']['max_active_schedules'], 1):.0%}",
+            share=f"{TenantUsage(**tenant['usage']).nearest_share(TenantQuotas(**tenant['quotas'])):.0%}",
             f=f"{tenant['usage']['fires_per_minute']:,.4g} / {tenant['quotas']['max_fires_per_minute']:,.4g}",
         )
         for tenant in tenants
     ) or Markup('<tr><td colspan="4" class="empty">No tenants.</td></tr>')
     return render(
         '<h2>Tenants nearest their quotas</h2><table class="list" id="tenant-usage"><thead><tr><th>Tenant</th>'
-        "<th>Live schedules / quota</th><th>Used</th><th>Fires per minute / quota</th></tr></thead>"
+        "<th>Live schedules / quota</th><th>Nearest quota used</th><th>Fires per minute / quota</th></tr></thead>"
         "<tbody>{rows}</tbody></table>",
         rows=rows,
     )
