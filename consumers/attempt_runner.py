@@ -21,7 +21,9 @@ For a decoded occurrence message the runner:
    confirmed, after this dedupe insert, that the occurrence is live and the
    lease this worker's; ``refused`` (canceled, fenced, ...) rolls back: no
    effect, the handler is not called, nothing more is reported (the engine
-   knows). No answer within ``attempt_grant_timeout`` rolls back and retries in
+   knows). No answer within ``attempt_grant_timeout`` asks again: the same
+   ``started`` (a duplicate the engine answers from its state), while the lease
+   lasts, up to ``GRANT_ASKS`` waits in all; then it rolls back and retries in
    place: a new claim, a new ``started``, no attempt consumed;
 5. re-checks the view right before calling the handler (a fast path, and the
    only check with the barrier off);
@@ -151,7 +153,8 @@ class ConsumerStats:
     abandoned: int = 0
     batch_failures: int = 0  # batches whose failure sent their occurrences through one by one
     refused: int = 0  # deliveries the engine refused (the barrier): rolled back, the handler not called
-    grant_timeouts: int = 0  # waits for the engine's answer to started that ran out (retried in place)
+    grant_timeouts: int = 0  # deliveries whose asks for the engine's answer all ran out (retried in place)
+    grants_asked_again: int = 0  # `started` sent again with its token because no answer came in time
     leases_lost: int = 0  # attempts whose lease ran out by the worker's clock before they finished
     binding_behind: int = 0  # records parked because the target-binding view was older than their version
     consumer_restarts: int = 0  # Kafka consumers recreated because they stalled (ConsumerConfig.stall_timeout)
@@ -187,6 +190,13 @@ class ConsumerMetrics:
         self.grant_wait = meter.create_histogram(
             obs.ATTEMPT_GRANT_WAIT, unit="s", description="from sending started to the engine's answer"
         )
+
+
+#: Waits for the engine's answer to one ``started`` before its claim is given up: the first, and two more each
+#: after sending the same ``started`` again (:meth:`AttemptRunner.await_grants`).
+GRANT_ASKS = 3
+#: Asking again ends at these (the database or the broker away); the delivery then goes back to its retry in place.
+ASK_AGAIN_ERRORS: tuple[type[BaseException], ...] = (InfrastructureError, *DATABASE_ERRORS)
 
 
 def limit_ms(seconds: float) -> str:
@@ -305,7 +315,7 @@ class AttemptRunner:
         applied_at = claimed["applied_at"]
         keeper = self.lease_keeper(message.target, [HeldLease.of(message, token)])
         try:
-            refusal = await self._start(message, token, claimed["claim_order"], transaction, keeper)
+            refusal = await self._start(message, token, claimed["claim_order"], conn, transaction, keeper)
             if refusal is not None:
                 return refusal
             await self.ensure_lease(keeper, transaction)
@@ -386,15 +396,16 @@ class AttemptRunner:
         message: OccurrenceMessage,
         token: uuid.UUID,
         claim_order: int | None,
+        conn: asyncpg.Connection,
         transaction: asyncpg.transaction.Transaction,
         keeper: LeaseKeeper,
     ) -> Outcome | None:
         """Send ``started`` inside the dedupe transaction (:meth:`announce`) and, with the barrier, await the
-        engine's answer.
+        engine's answer (:meth:`await_grants`, asking again while the lease lasts).
 
         None: go ahead (granted, or no barrier). An Outcome: the engine refused, rolled back. Raises
         InfrastructureError (rolled back) when the broker does not take ``started`` within the lease or no
-        answer comes within ``attempt_grant_timeout``: the delivery is retried in place with a new claim.
+        answer comes after asking ``GRANT_ASKS`` times: the delivery is retried in place with a new claim.
         """
         cfg = self.config
         started = AttemptEvent.started(
@@ -410,12 +421,16 @@ class AttemptRunner:
         await self.announce(lambda: self.reporter.send(started, message.target), keeper, transaction, [token])
         if self.grants is None:
             return None
-        grant = (await self.await_grants([token], message.target))[token]
+        grant = (
+            await self.await_grants(
+                [token], message.target, lambda _: self.reporter.send(started, message.target), keeper, conn
+            )
+        )[token]
         if grant is None:
             await rollback(transaction)
             raise InfrastructureError(
-                f"no answer from the engine to started within {cfg.grant_timeout:g} s (attempt processor"
-                " down or behind); rolled back, retrying with a new claim"
+                f"no answer from the engine to started after asking {GRANT_ASKS} times, {cfg.grant_timeout:g} s"
+                " each (attempt processor down or behind); rolled back, retrying with a new claim"
             )
         if not grant.granted and grant.reason != FOREIGN_GROUP:
             await rollback(transaction)
@@ -463,13 +478,44 @@ class AttemptRunner:
                 )
             await pause(self.stopping, next(delays))
 
-    async def await_grants(self, lease_tokens: list[uuid.UUID], target: str) -> dict[uuid.UUID, AttemptGrant | None]:
-        """The engine's answers to the ``started`` just sent for ``lease_tokens`` (registered with
-        ``expect`` before sending), awaited together within ``attempt_grant_timeout``; None: no answer."""
+    async def await_grants(
+        self,
+        lease_tokens: list[uuid.UUID],
+        target: str,
+        ask_again: Callable[[list[uuid.UUID]], Awaitable[None]],
+        keeper: LeaseKeeper,
+        conn: asyncpg.Connection,
+    ) -> dict[uuid.UUID, AttemptGrant | None]:
+        """The engine's answers to the ``started`` just sent for ``lease_tokens`` (registered with ``expect``
+        before sending); None: no answer after ``GRANT_ASKS`` waits of ``attempt_grant_timeout``.
+
+        An answer late is not a reason to give the claim up: the attempt processor may be behind (the answer
+        is on its way) or its answer lost (a reply the broker did not take is dropped). While the lease lasts
+        by the worker's clock, ``ask_again(tokens)`` sends the same ``started`` for the tokens still unanswered
+        — a duplicate, answered from the engine's state — and the wait starts again; the transaction (on
+        ``conn``) is touched first, so PostgreSQL does not end it for sitting idle. A new claim instead would
+        make each delivery a takeover (a new attempt row, the old one fenced) for an engine already behind.
+        """
         assert self.grants is not None
-        began = time.perf_counter()
-        answers = await self.grants.wait(lease_tokens, self.config.grant_timeout)
-        self.meters.grant_wait.record(time.perf_counter() - began, {"target": target})
+        answers = await self._wait_for_grants(lease_tokens, target)
+        for _ in range(GRANT_ASKS - 1):
+            missing = [token for token, grant in answers.items() if grant is None]
+            if not missing or self.stopping.is_set() or not keeper.alive():
+                break
+            self.stats.grants_asked_again += len(missing)
+            self.meters.grants.add(len(missing), {"target": target, "result": "asked_again"})
+            log.warning(
+                "no answer from the engine to started in time; sending it again with the same lease tokens",
+                extra={"action": "attempt.grant_asked_again", "target": target, "occurrences": len(missing)},
+            )
+            self.grants.expect(missing)  # before sending: the answers may come back at once
+            try:
+                await conn.fetchval(*CONSUMER_QUERIES.ping())
+                await ask_again(missing)
+            except ASK_AGAIN_ERRORS:
+                self.grants.forget(missing)
+                break  # the broker or the database is away: the caller rolls back and retries in place
+            answers.update(await self._wait_for_grants(missing, target))
         # One add per result, not per answer: the SDK's add costs ~10 µs, a batch has thousands of answers.
         results = Counter("timeout" if grant is None else grant.result for grant in answers.values())
         for result, count in results.items():
@@ -478,9 +524,20 @@ class AttemptRunner:
         if timeouts:
             self.stats.grant_timeouts += timeouts
             log.warning(
-                "no answer from the engine to started in time; the delivery is rolled back and retried in place",
+                "no answer from the engine to started after asking again; the delivery is rolled back and retried"
+                " in place",
                 extra={"action": "attempt.grant_timeout", "target": target, "occurrences": timeouts},
             )
+        return answers
+
+    async def _wait_for_grants(
+        self, lease_tokens: list[uuid.UUID], target: str
+    ) -> dict[uuid.UUID, AttemptGrant | None]:
+        """One wait of ``attempt_grant_timeout`` for the answers to tokens registered with ``expect``."""
+        assert self.grants is not None
+        began = time.perf_counter()
+        answers = await self.grants.wait(lease_tokens, self.config.grant_timeout)
+        self.meters.grant_wait.record(time.perf_counter() - began, {"target": target})
         return answers
 
     def refused(self, occurrence: OccurrenceMessage | Occurrence, grant: AttemptGrant) -> Outcome:

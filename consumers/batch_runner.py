@@ -56,6 +56,7 @@ import asyncpg
 from consumers.attempt_leases import HeldLease, LeaseKeeper, LocalLease
 from consumers.attempt_reports import AttemptReporter
 from consumers.attempt_runner import (
+    GRANT_ASKS,
     LEASE_EXPIRED,
     AttemptRunner,
     BatchHandler,
@@ -264,10 +265,10 @@ class BatchRunner:
         duplicates = self._already_applied_events(before, earlier)
         keeper = self.single.lease_keeper(fresh[0].message.target, [HeldLease.of(i.message, i.lease) for i in fresh])
         try:
-            await self._announce(transaction, duplicates, fresh, claim_order, keeper)
+            started = await self._announce(transaction, duplicates, fresh, claim_order, keeper)
             self._count_duplicates(before, outcomes)
             if self.single.grants is not None:
-                fresh = await self._granted(conn, transaction, fresh, outcomes, keeper)
+                fresh = await self._granted(conn, transaction, fresh, started, outcomes, keeper)
                 if not fresh:
                     await rollback(transaction)
                     return []
@@ -299,12 +300,13 @@ class BatchRunner:
         fresh: list[_Item],
         claim_order: dict[uuid.UUID, int | None],
         keeper: LeaseKeeper,
-    ) -> None:
+    ) -> list[AttemptEvent]:
         """``started`` for every fresh occurrence (and the duplicates' reports) in one Kafka batch per
         partition, sent again with the same tokens while the broker does not acknowledge and the leases last
-        (``AttemptRunner.announce``); rolled back and raised (InfrastructureError) once they do not."""
+        (``AttemptRunner.announce``); rolled back and raised (InfrastructureError) once they do not. Returns
+        the ``started`` events sent."""
         cfg = self.config
-        events = duplicates + [
+        started = [
             AttemptEvent.started(
                 i.message.occurrence_id,
                 i.message.attempt,
@@ -319,24 +321,33 @@ class BatchRunner:
         ]
         target = fresh[0].message.target
         await self.single.announce(
-            lambda: self.reporter.send_many(events, target), keeper, transaction, [i.lease for i in fresh]
+            lambda: self.reporter.send_many(duplicates + started, target), keeper, transaction, [i.lease for i in fresh]
         )
+        return started
 
     async def _granted(
         self,
         conn: asyncpg.Connection,
         transaction: asyncpg.transaction.Transaction,
         items: list[_Item],
+        started: list[AttemptEvent],
         outcomes: dict[int, Outcome],
         keeper: LeaseKeeper,
     ) -> list[_Item]:
-        """The barrier for the whole batch: one wait for the engine's answers to every ``started``.
+        """The barrier for the whole batch: one wait for the engine's answers to every ``started``, asking
+        again for the unanswered ones while the leases last (``AttemptRunner.await_grants``).
 
         Refused occurrences lose their (uncommitted) dedupe row and are settled as canceled, unreported (the
-        engine knows); the granted ones go on. Any occurrence without an answer in time rolls the batch back
+        engine knows); the granted ones go on. Any occurrence still without an answer rolls the batch back
         and raises InfrastructureError: the unsettled rest is retried in place with new claims.
         """
-        answers = await self.single.await_grants([i.lease for i in items], items[0].message.target)
+        target = items[0].message.target
+
+        def ask_again(tokens: list[uuid.UUID]) -> Awaitable[None]:
+            unanswered = set(tokens)
+            return self.reporter.send_many([e for e in started if e.lease_token in unanswered], target)
+
+        answers = await self.single.await_grants([i.lease for i in items], target, ask_again, keeper, conn)
         refused = [
             (i, g) for i in items if (g := answers[i.lease]) is not None and not g.granted and g.reason != FOREIGN_GROUP
         ]
@@ -345,8 +356,9 @@ class BatchRunner:
             for item, grant in refused:
                 outcomes[item.index] = self.single.refused(item.message, grant)
             raise InfrastructureError(
-                f"no answer from the engine to started within {self.config.grant_timeout:g} s for part of the"
-                " batch (attempt processor down or behind); rolled back, retrying with new claims"
+                f"no answer from the engine to started after asking {GRANT_ASKS} times, {self.config.grant_timeout:g} s"
+                " each, for part of the batch (attempt processor down or behind); rolled back, retrying with new"
+                " claims"
             )
         if not refused:
             return items

@@ -77,9 +77,10 @@ class ConsumerConfig:
         occurrence the engine does not know is refused (``unknown``), and with no attempt processor running
         nothing is granted, so an app run without an engine (a test harness) turns it off.
     attempt_grant_timeout: seconds to wait for that answer (default lease_ttl, or half of
-        transaction_idle_timeout if that is shorter). No answer in time: the
-        attempt's transaction is rolled back and the delivery retried in place with a new ``started``
-        (no attempt consumed). It must be below transaction_idle_timeout: the transaction waits idle.
+        transaction_idle_timeout if that is shorter). No answer in time: while the lease lasts, the same
+        ``started`` is sent again and the wait starts again (three waits in all); then the attempt's
+        transaction is rolled back and the delivery retried in place with a new claim (no attempt
+        consumed). It must be below transaction_idle_timeout: the transaction waits idle.
     state_catch_up_timeout: seconds to read the schedule-state topic at start-up
         before handling occurrences (default 30; the app starts anyway after it).
     worker: this process's name in attempt events (default host:pid).

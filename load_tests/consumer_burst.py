@@ -131,6 +131,7 @@ async def consumer_worker(args: argparse.Namespace) -> None:
                 "failures": app.stats.failures,
                 "abandoned": app.stats.abandoned,
                 "grant_timeouts": app.stats.grant_timeouts,
+                "grants_asked_again": app.stats.grants_asked_again,
                 "leases_lost": app.stats.leases_lost,
                 "retried_in_place": app.stats.infrastructure_errors,
                 "grant_wait_buckets": waits.buckets(),
@@ -480,9 +481,11 @@ class ConsumerSide:
                 "applied": sum(r["applied"] for r in reports),
                 "handler_calls_recorded": len(starts),
                 "duplicates": sum(r["duplicates"] for r in reports),
-                # Why deliveries went round again: answers later than the grant timeout, leases run out by
-                # the worker's clock, and every infrastructure error retried in place (those included).
+                # Why deliveries went round again: no answer after asking three times, leases run out by
+                # the worker's clock, and every infrastructure error retried in place (those included);
+                # and how often an answer later than the grant timeout was asked for again.
                 "grant_timeouts": sum(r.get("grant_timeouts", 0) for r in reports),
+                "grants_asked_again": sum(r.get("grants_asked_again", 0) for r in reports),
                 "leases_lost": sum(r.get("leases_lost", 0) for r in reports),
                 "retried_in_place": sum(r.get("retried_in_place", 0) for r in reports),
                 "grant_wait_buckets": _summed([r.get("grant_wait_buckets") or {} for r in reports]),

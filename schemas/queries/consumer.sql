@@ -29,7 +29,8 @@ SELECT applied_at, attempt, lease_token FROM chronoq_consumer_dedupe
 WHERE consumer_group = :consumer_group AND occurrence_id = :occurrence_id;
 
 -- name: ping
--- Whether the app database answers (tells an outage from a session that ended on its own).
+-- Whether the app database answers (tells an outage from a session that ended on its own). In an open
+-- transaction it also restarts the idle-in-transaction timer (a delivery asking the engine again).
 SELECT 1;
 
 -- name: effects_in_window

@@ -7,7 +7,8 @@ the engine's lease over by then: the reaper times a healthy attempt out (issue 1
 timed out"). Here the engine applies `started` at once and its answer is held back; the engine's clock is
 advanced past the first lease's end; nothing may be timed out. A worker whose lease ran out while it
 waited (its heartbeats not acknowledged) must not call its handler when the answer finally comes. And a
-`started` the broker wrote but acknowledged late is sent again with its token, not claimed anew.
+`started` the broker wrote but acknowledged late, or whose answer is later than the grant timeout, is sent
+again with its token, not claimed anew.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ class EngineSide:
 
 
 def app_recording(
-    kafka_bootstrap: str, consumer_db: str, target: str, batch: int | None
+    kafka_bootstrap: str, consumer_db: str, target: str, batch: int | None, grant_timeout: float = 60.0
 ) -> tuple[ConsumerApp, list[tuple[int, uuid.UUID | None]]]:
     """An app whose handler (single or batch) records each call's (attempt, lease token) and inserts effects."""
     app = app_for(
@@ -109,7 +110,7 @@ def app_recording(
         shutdown_grace=2.0,
         lease_ttl=TTL,
         lease_renew_interval=0.3,
-        attempt_grant_timeout=60.0,
+        attempt_grant_timeout=grant_timeout,
     )
     calls: list[tuple[int, uuid.UUID | None]] = []
 
@@ -249,5 +250,31 @@ async def test_a_started_written_but_not_acknowledged_in_time_is_sent_again_not_
     assert (row["state"], row["attempt_count"]) == ("SUCCEEDED", 1)
     assert [(a["lease_token"], a["result"]) for a in await attempt_rows(pool, sent.occurrence_id)] == [
         (calls[0][1], "succeeded")
+    ]
+    assert await effects.fetchval("SELECT count(*) FROM effects") == 1
+
+
+@pytest.mark.parametrize("batch", [None, 10], ids=["single", "batch"])
+async def test_an_answer_later_than_the_grant_timeout_is_asked_for_again_not_claimed_anew(
+    pool, clock, kafka_bootstrap, consumer_db, effects, target, batch
+):
+    """The attempt processor applied `started` but its answer is late (a backlog) or lost: past
+    attempt_grant_timeout the worker, its lease alive, sends the same `started` again (a duplicate the engine
+    answers from its state) and waits again, instead of rolling back and claiming anew — a takeover per
+    delivery (a new attempt row, the old one fenced) for an engine already behind. One attempt, one effect."""
+    sent = await due_occurrence(pool, "acme", target, clock.now(), max_attempts=3)
+    app, calls = app_recording(kafka_bootstrap, consumer_db, target, batch, grant_timeout=1.0)
+
+    async with EngineSide(pool, kafka_bootstrap, clock) as engine, Running(app):
+        await started_by_the_worker(pool, kafka_bootstrap, target, sent)
+        first_token = (await occurrence_row(pool, sent.occurrence_id))["lease_token"]
+        await wait_for(lambda: app.stats.grants_asked_again >= 1, timeout=30)
+        assert calls == [] and app.stats.grant_timeouts == 0
+        await engine.answers.release()
+        await wait_for(lambda: state_is(pool, sent.occurrence_id, "SUCCEEDED"), timeout=30)
+    assert calls == [(1, first_token)]
+    assert app.stats.grant_timeouts == 0
+    assert [(a["lease_token"], a["result"]) for a in await attempt_rows(pool, sent.occurrence_id)] == [
+        (first_token, "succeeded")
     ]
     assert await effects.fetchval("SELECT count(*) FROM effects") == 1
