@@ -429,8 +429,9 @@ class AttemptRunner:
         if grant is None:
             await rollback(transaction)
             raise InfrastructureError(
-                f"no answer from the engine to started after asking {GRANT_ASKS} times, {cfg.grant_timeout:g} s"
-                " each (attempt processor down or behind); rolled back, retrying with a new claim"
+                f"no answer from the engine to started in {GRANT_ASKS} waits of {cfg.grant_timeout:g} s, or"
+                " before the lease ran out (attempt processor down or behind); rolled back, retrying with a new"
+                " claim"
             )
         if not grant.granted and grant.reason != FOREIGN_GROUP:
             await rollback(transaction)
@@ -524,8 +525,8 @@ class AttemptRunner:
         if timeouts:
             self.stats.grant_timeouts += timeouts
             log.warning(
-                "no answer from the engine to started after asking again; the delivery is rolled back and retried"
-                " in place",
+                "no answer from the engine to started, asked again while the lease lasted; the delivery is rolled"
+                " back and retried in place",
                 extra={"action": "attempt.grant_timeout", "target": target, "occurrences": timeouts},
             )
         return answers

@@ -356,9 +356,9 @@ class BatchRunner:
             for item, grant in refused:
                 outcomes[item.index] = self.single.refused(item.message, grant)
             raise InfrastructureError(
-                f"no answer from the engine to started after asking {GRANT_ASKS} times, {self.config.grant_timeout:g} s"
-                " each, for part of the batch (attempt processor down or behind); rolled back, retrying with new"
-                " claims"
+                f"no answer from the engine to started in {GRANT_ASKS} waits of {self.config.grant_timeout:g} s, or"
+                " before the leases ran out, for part of the batch (attempt processor down or behind); rolled back,"
+                " retrying with new claims"
             )
         if not refused:
             return items
