@@ -14,6 +14,7 @@ commands that name no authenticated tenant (malformed, unsigned, forged) go to
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import uuid
@@ -64,6 +65,17 @@ TOPIC_CONFIGS: dict[str, dict[str, str]] = {
 #: reader: one per processor and engine node, so it is not paid per consumer instance — a consumer app chooses
 #: its own (``ConsumerConfig.fetch_wait``; its grants reader assigns one partition, which tansu answers at once).
 FETCH_WAIT_MS = 50
+
+#: Seconds between a long-lived group consumer's metadata refreshes (aiokafka's default is five minutes). A group
+#: joined while a subscribed topic is missing from the leader's metadata assigns nobody its partitions, and
+#: aiokafka rejoins only once a refresh shows them: found by the suite, where `chronoq up --kafka apache`'s
+#: attempt processor joined before the broker's metadata had the topic it had just created, and read nothing
+#: for minutes. A refresh is one small request; the consumer apps use the same period
+#: (``ConsumerConfig.metadata_refresh``).
+METADATA_REFRESH_S = 5.0
+
+#: Seconds ``ensure_topics`` waits for topics it created to be described by the broker before it returns.
+TOPIC_VISIBLE_WAIT_S = 10.0
 
 #: Partitions of the topics chronoq creates. Partitions bound a consumer
 #: group's parallelism; Kafka cannot shrink them later, so err on more.
@@ -125,7 +137,10 @@ async def ensure_topics(
     replication_factor: int = 1,
     configs: dict[str, str] | None = None,
 ) -> None:
-    """Create the topics that do not exist; an existing topic is left as it is."""
+    """Create the topics that do not exist; an existing topic is left as it is. Returns once the broker
+    describes the created topics with their partitions (within ``TOPIC_VISIBLE_WAIT_S``): Apache Kafka accepts a
+    creation before its metadata shows the topic, and a consumer group joined in that window is assigned
+    nothing (``METADATA_REFRESH_S``)."""
     existing = set(await admin.list_topics())
     new = [
         NewTopic(
@@ -158,6 +173,27 @@ async def ensure_topics(
             # can tell a topic that can never be created from a broker that is briefly unable to.
             raise for_code(code)(f"could not create topic {topic}: error code {code}")
     log.info("created topics", extra={"action": "topics.created", "topics": [t.name for t in new]})
+    await _until_described(admin, [t.name for t in new])
+
+
+async def _until_described(admin: AIOKafkaAdminClient, topics: list[str]) -> None:
+    """Wait (at most ``TOPIC_VISIBLE_WAIT_S``) until the broker describes every one of ``topics`` with partitions;
+    past that, log and return: the consumers' metadata refresh catches up later."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + TOPIC_VISIBLE_WAIT_S
+    pending = list(topics)
+    while pending:
+        described = await admin.describe_topics(pending)
+        pending = [d["topic"] for d in described if d["error_code"] != 0 or not d["partitions"]]
+        if not pending:
+            return
+        if loop.time() >= deadline:
+            log.warning(
+                "created topics not yet described by the broker; going on",
+                extra={"action": "topics.not_yet_visible", "topics": pending},
+            )
+            return
+        await asyncio.sleep(0.05)
 
 
 async def create_missing_topics(

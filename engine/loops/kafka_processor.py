@@ -61,7 +61,7 @@ from schemas.clock import pause
 from schemas.error_classification import is_transient
 from schemas.kafka_security import AUTHORIZATION_ERRORS, PLAINTEXT, KafkaSecurity, refused, start_client
 from schemas.queries import QUERIES
-from schemas.topics import DEFAULT_PARTITIONS, FETCH_WAIT_MS, create_missing_topics
+from schemas.topics import DEFAULT_PARTITIONS, FETCH_WAIT_MS, METADATA_REFRESH_S, create_missing_topics
 
 Handle = Callable[[Sequence[ConsumerRecord]], Awaitable[Mapping[str, int]]]
 AfterRound = Callable[[AIOKafkaConsumer], Awaitable[None]]
@@ -163,6 +163,7 @@ class KafkaProcessorLoop:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             fetch_max_wait_ms=FETCH_WAIT_MS,
+            metadata_max_age_ms=int(METADATA_REFRESH_S * 1000),
             session_timeout_ms=int(cfg.session_timeout * 1000),
             heartbeat_interval_ms=int(cfg.heartbeat_interval * 1000),
             **options,
