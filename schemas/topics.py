@@ -183,7 +183,14 @@ async def _until_described(admin: AIOKafkaAdminClient, topics: list[str]) -> Non
     deadline = loop.time() + TOPIC_VISIBLE_WAIT_S
     pending = list(topics)
     while pending:
-        described = await admin.describe_topics(pending)
+        try:
+            described = await admin.describe_topics(pending)
+        except KafkaError as err:  # best effort: the topics are created; a refresh shows them later
+            log.warning(
+                "could not describe the topics just created; going on",
+                extra={"action": "topics.not_yet_visible", "topics": pending, "error": repr(err)},
+            )
+            return
         pending = [d["topic"] for d in described if d["error_code"] != 0 or not d["partitions"]]
         if not pending:
             return
