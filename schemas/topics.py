@@ -157,6 +157,8 @@ async def ensure_topics(
     try:
         response = await admin.create_topics(new)
     except TopicAlreadyExistsError:
+        # Created by another process a moment ago: it may not be described yet either.
+        await _until_described(admin, [t.name for t in new])
         return
     for topic, code, *_ in getattr(response, "topic_errors", []):
         if code == TopicAuthorizationFailedError.errno:
