@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -91,8 +92,8 @@ def test_dst_days_are_marked_in_the_preview():
 
 
 def _tenant(tenant_id: str, schedules: int, fires: float) -> dict:
-    quotas = {"max_active_schedules": 1000, "max_fires_per_minute": 100.0, "max_payload_bytes": 65536,
-              "max_running": 100, "catch_up_per_minute": 1000, "retry_budget_per_hour": 1000, "weight": 1}  # fmt: skip
+    """A row of ``every_usage``: quotas of 1,000 schedules and 100 fires per minute."""
+    quotas = asdict(TenantQuotas(max_active_schedules=1000, max_fires_per_minute=100.0))
     return {"tenant_id": tenant_id, "quotas": quotas, "usage": {"schedules": schedules, "fires_per_minute": fires}}
 
 
