@@ -17,6 +17,8 @@ import logging
 import uuid
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 
 from engine.loops.kafka_processor import KafkaLoopSettings, KafkaProcessorLoop
 from schemas.topics import METADATA_REFRESH_S, create_missing_topics, topic_partitions
@@ -24,6 +26,21 @@ from tests.support.kafka import produce
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.on_broker("apache")
+
+
+async def group_is_stable(bootstrap: str, group: str) -> bool:
+    """Whether the broker reports ``group`` joined and settled (its first assignment made); not yet while its
+    coordinator is still being chosen."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        (response,) = await admin.describe_consumer_groups([group])
+    except KafkaError:
+        return False
+    finally:
+        await admin.close()
+    (described,) = response.to_object()["groups"]
+    return bool(described["state"] == "Stable")
 
 
 async def test_a_loop_subscribed_before_its_topic_existed_reads_it_once_created(kafka_bootstrap):
@@ -34,12 +51,14 @@ async def test_a_loop_subscribed_before_its_topic_existed_reads_it_once_created(
         handled.extend(r.value for r in records)
         return {"applied": len(records)}
 
-    settings = KafkaLoopSettings(f"late-{uuid.uuid4().hex[:8]}", topic, (), 6.0, 1.0, error_backoff=0.1)
+    group = f"late-{uuid.uuid4().hex[:8]}"
+    settings = KafkaLoopSettings(group, topic, (), 6.0, 1.0, error_backoff=0.1)
     loop = KafkaProcessorLoop("late", kafka_bootstrap, settings, handle, logging.getLogger("test.late"))
     stop = asyncio.Event()
     task = asyncio.create_task(loop.run(stop))
     try:
-        await asyncio.sleep(8)  # the group joins with the topic unknown: nothing assigned
+        # The group joins with the topic unknown: it is stable with nothing assigned.
+        await wait_for(lambda: group_is_stable(kafka_bootstrap, group), timeout=30)
         assert not task.done()
         await create_missing_topics(kafka_bootstrap, [topic])
         await produce(kafka_bootstrap, topic, [b"after"])
