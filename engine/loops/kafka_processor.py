@@ -227,9 +227,7 @@ class KafkaProcessorLoop:
         except AUTHORIZATION_ERRORS:
             raise  # an ACL refusal is not a failed poll: retrying cannot succeed (run() says so)
         except Exception as err:  # noqa: BLE001 - a failed poll must not end the loop
-            self.summary.add({"errors": 1})
-            log_failure(self.log, self.name, err, self.settings.error_backoff)
-            await pause(stop, self.settings.error_backoff)
+            await self._back_off(err, stop)
             return None
 
     async def _process_all(
@@ -288,11 +286,9 @@ class KafkaProcessorLoop:
         try:
             counts = await self._handle(unit)
         except _Rewind as rewind:
-            self.summary.add({"errors": 1})
-            log_failure(self.log, self.name, rewind.error, self.settings.error_backoff)
             for tp, records in batches:
                 consumer.seek(tp, records[0].offset)
-            await pause(stop, self.settings.error_backoff)
+            await self._back_off(rewind.error, stop)
             return
         self.summary.add({"records": len(unit), **counts})
         await self._commit(consumer, {tp: records[-1].offset + 1 for tp, records in batches})
@@ -302,9 +298,13 @@ class KafkaProcessorLoop:
         try:
             await self.after_round(consumer)
         except Exception as err:  # noqa: BLE001 - bookkeeping after a poll must not end the loop
-            self.summary.add({"errors": 1})
-            log_failure(self.log, self.name, err, self.settings.error_backoff)
-            await pause(stop, self.settings.error_backoff)
+            await self._back_off(err, stop)
+
+    async def _back_off(self, err: BaseException, stop: asyncio.Event) -> None:
+        """After a failed step: count and log it, then wait ``error_backoff`` (or until stop)."""
+        self.summary.add({"errors": 1})
+        log_failure(self.log, self.name, err, self.settings.error_backoff)
+        await pause(stop, self.settings.error_backoff)
 
     async def process(
         self, consumer: AIOKafkaConsumer, tp: TopicPartition, records: Sequence[ConsumerRecord], stop: asyncio.Event
@@ -316,12 +316,10 @@ class KafkaProcessorLoop:
             try:
                 counts = await self._handle(unit)
             except _Rewind as rewind:
-                self.summary.add({"errors": 1})
-                log_failure(self.log, self.name, rewind.error, self.settings.error_backoff)
                 consumer.seek(tp, rewind.offset)
                 if rewind.offset > unit[0].offset:
                     done = rewind.offset  # the records before it were applied: commit past them
-                await pause(stop, self.settings.error_backoff)
+                await self._back_off(rewind.error, stop)
                 break
             self.summary.add({"records": len(unit), **counts})
             done = unit[-1].offset + 1
