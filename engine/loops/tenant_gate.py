@@ -89,14 +89,29 @@ async def hold_beyond_max_running(
         r["tenant_id"]: r["room"]
         for r in await conn.fetch(*QUERIES.tenant_room(tenant_ids=tenants, token=TENANT_GATE_TOKEN))
     }
+    return hold_rows(staged, candidates, room, c)
+
+
+def hold_rows(
+    staged: Sequence[tuple[Any, ...]], candidates: list[int], room: dict[str, int], c: StagedColumns
+) -> tuple[list[tuple[Any, ...]], Counter[str]]:
+    """The staging rows with the ``candidates`` (indexes of first deliveries) beyond their tenant's ``room``
+    marked held, the earliest due (then lowest id) admitted first; a tenant without room known is not held.
+    Pure: tests/unit/test_tenant_hold.py compares it with sorting every candidate."""
     held: Counter[str] = Counter()
     out = list(staged)
-    for i in sorted(candidates, key=lambda i: (staged[i][c.available_at], staged[i][0])):
+    # Only a tenant with more candidates than room has any held: the order is sorted for those alone (a
+    # burst's tenants are mostly far from their max_running; sorting every row of a pass by a Python key was
+    # ~5 % of its time).
+    wanted = Counter(staged[i][c.tenant_id] for i in candidates)
+    left = {tenant: room[tenant] for tenant, count in wanted.items() if tenant in room and count > room[tenant]}
+    if not left:
+        return out, held
+    beyond = [i for i in candidates if staged[i][c.tenant_id] in left]
+    for i in sorted(beyond, key=lambda i: (staged[i][c.available_at], staged[i][0])):
         tenant = staged[i][c.tenant_id]
-        if tenant not in room:  # an unknown tenant (no row): nothing to enforce
-            continue
-        if room[tenant] > 0:
-            room[tenant] -= 1
+        if left[tenant] > 0:
+            left[tenant] -= 1
             continue
         row = list(staged[i])
         row[c.ahead], row[c.late_after], row[c.misfire_policy], row[c.tenant_held] = False, None, None, True
