@@ -38,6 +38,7 @@ DstGap = Literal["skip", "shift"]
 
 
 _COLUMNS: dict[type, tuple[str, ...]] = {}
+_MEMBER_BUILDER: dict[str, Callable[..., Any]] = {}
 _BUILDERS: dict[type, Callable[[Mapping[str, Any]], Any]] = {}
 
 
@@ -49,9 +50,11 @@ def _columns(cls: type) -> tuple[str, ...]:
     return names
 
 
-def _builder(cls: type[R]) -> Callable[[Mapping[str, Any]], R]:
+def _builder(cls: type[R], shared: tuple[str, ...] = ()) -> Callable[..., R]:
     """A function building ``cls`` from a row: ``cls(**{name: row[name] for name in its fields})``, with the same
-    instance as the result (tests/unit/test_records.py compares the two for every record class).
+    instance as the result (tests/unit/test_records.py compares the two for every record class). With
+    ``shared``, it takes a second argument, those fields' values in that order, read from it instead of the
+    row (a cohort member: its own row and its cohort's values).
 
     A frozen dataclass's ``__init__`` sets each field with ``object.__setattr__``, and the call by keyword
     first builds a dict: ~5.7 µs for the 25 fields of a due schedule, which the materializer pays per due
@@ -64,12 +67,13 @@ def _builder(cls: type[R]) -> Callable[[Mapping[str, Any]], R]:
     if any(item.default is not MISSING or item.default_factory is not MISSING for item in fields(cls)):  # type: ignore[arg-type]
         raise TypeError(f"{cls.__name__}: the row builder takes records without field defaults")
     namespace: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
-    lines = ["def build(row):\n    record = _new(_cls)\n"]
+    lines = ["def build(row, shared=()):\n    record = _new(_cls)\n"]
     for index, name in enumerate(names):
         namespace[f"_set{index}"] = getattr(cls, name).__set__  # the slot's member descriptor
-        lines.append(f"    _set{index}(record, row[{name!r}])\n")
+        source = f"shared[{shared.index(name)}]" if name in shared else f"row[{name!r}]"
+        lines.append(f"    _set{index}(record, {source})\n")
     exec("".join(lines) + "    return record\n", namespace)  # noqa: S102 -- source built from field names only
-    built: Callable[[Mapping[str, Any]], R] = namespace["build"]
+    built: Callable[..., R] = namespace["build"]
     return built
 
 
@@ -144,6 +148,14 @@ class _TimedSchedule(_Record):
         return self.overlap_policy != "allow"
 
 
+#: A cohort member's DueSchedule fields that are its cohort's (lock_due_cohorts returns them once per cohort;
+#: cohort_members only the others).
+COHORT_FIELDS = (
+    "kind", "expression", "time_zone", "dst_repeat", "dst_gap", "anchor", "end_at", "misfire_policy",
+    "max_lateness_s", "calendar_id", "max_runs", "next_run_at", "shard", "cohort_id", "cohort_version",
+)  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class DueSchedule(_TimedSchedule):
     """A schedule as the materializer reads it (``due_schedules_of_shards``): with its shard, its tenant's
@@ -174,6 +186,17 @@ class DueSchedule(_TimedSchedule):
     runs: int
     shard: int
     weight: int
+    cohort_id: uuid.UUID | None  # its cohort (migration 0026): next_run_at is then the cohort's cursor
+    cohort_version: int | None  # the cohort's members_version as read (the pass's compare-and-set)
+
+    @classmethod
+    def of_member(cls, row: Mapping[str, Any], shared: tuple[Any, ...]) -> DueSchedule:
+        """A cohort member from its row (``cohort_members``) and its cohort's values of COHORT_FIELDS."""
+        build = _MEMBER_BUILDER.get("build")
+        if build is None:
+            build = _MEMBER_BUILDER["build"] = _builder(cls, COHORT_FIELDS)
+        member: DueSchedule = build(row, shared)
+        return member
 
     @property
     def runs_left(self) -> int | None:
@@ -197,7 +220,7 @@ class Schedule(_TimedSchedule):
     end_at: datetime | None
     version: int
     state: str
-    next_run_at: datetime | None
+    next_run_at: datetime | None  # a cohort member's own is frozen: reads go through chronoq_effective_schedule
     target: str
     payload: Any
     priority: str
@@ -218,7 +241,9 @@ class Schedule(_TimedSchedule):
     calendar_id: uuid.UUID | None
     calendar_name: str | None
     max_runs: int | None
-    runs: int
+    runs: int  # a cohort member's own is frozen too (its cohort's fires since cohort_base add to it)
+    cohort_id: uuid.UUID | None  # its cohort (migration 0026), or None: its own cursor
+    cohort_base: int | None  # its cohort's fires when it joined
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,6 +57,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from engine.loops.materializer import MaterializerConfig
+from engine.rules.cohorts import COHORT_CAP
 from load_tests import pg_statements
 from load_tests.hour_top_figures import analyze, lease_health, loop_stalls
 from load_tests.partition_warmup import warm_partitions
@@ -71,7 +72,9 @@ SMALL_PREFIX = "small-"
 
 
 def shape(kind: str, expression: str, priority: str, window_s: int, now: datetime) -> dict[str, Any]:
-    """The stored columns of a schedule, from the control plane's own parsing and first-fire rule."""
+    """The stored columns of a schedule, from the control plane's own parsing and first-fire rule, with the
+    cohort key its create would file it under (None: it keeps its own cursor)."""
+    from engine.control.cohort_membership import cohort_spec_of
     from engine.control.schedule_requests import first_fire, parse_schedule_request
     from engine.control.schedules import definition_columns
     from engine.rules import timing
@@ -80,23 +83,44 @@ def shape(kind: str, expression: str, priority: str, window_s: int, now: datetim
     if priority == "flexible":
         raw["flexible_window"] = f"{window_s}s"
     request = parse_schedule_request(raw)
-    return {
+    columns = {
         **definition_columns(request),
         "next_run_at": first_fire(request, now),
         "fires_per_minute": timing.fires_per_minute(request.spec, now),
     }
+    spec = cohort_spec_of(columns)
+    return {**columns, "spec_key": spec.key if spec is not None and spec.anchor is None else None}
 
 
+# What the control plane's creates write, set-based: the schedules and, for those that may share a cursor
+# ($22, the cohort key; NULL: none), their cohorts of up to $23 members per tenant and shard
+# (engine/control/cohort_membership.py claim_cohorts), each cohort's id derived from the key, shard, tenant,
+# this chunk and its place in it.
 _SEED = """
-INSERT INTO schedules (schedule_id, tenant_id, kind, expression, time_zone, dst_repeat, dst_gap, version, state,
-                       next_run_at, target, payload, priority, flexible_window_s, misfire_policy, max_lateness_s,
-                       overlap_policy, retry_max_attempts, retry_base_s, retry_cap_s, shard, fires_per_minute)
-SELECT id, tenant, $3, $4, $5, $6, $7, 1, 'active', $8, 'load.target-' || (i % $9), jsonb_build_object('n', i), $10,
-       $11, $12, $13, $14, $15, $16, $17, (('x' || left(replace(id::text, '-', ''), 8))::bit(32)::bigint % $18)::int,
-       $19
-FROM (SELECT gen_random_uuid() AS id, i,
-             CASE WHEN i % 1000 < $20 THEN 'big' ELSE 'small-' || (i % $21) END AS tenant
-      FROM generate_series($1::bigint, $2::bigint) AS i) AS g
+WITH inserted AS (
+    INSERT INTO schedules (schedule_id, tenant_id, kind, expression, time_zone, dst_repeat, dst_gap, version, state,
+                           next_run_at, target, payload, priority, flexible_window_s, misfire_policy, max_lateness_s,
+                           overlap_policy, retry_max_attempts, retry_base_s, retry_cap_s, shard, fires_per_minute,
+                           cohort_id, cohort_base)
+    SELECT id, tenant, $3, $4, $5, $6, $7, 1, 'active', $8, 'load.target-' || (i % $9), jsonb_build_object('n', i),
+           $10, $11, $12, $13, $14, $15, $16, $17, shard, $19,
+           CASE WHEN $22::text IS NOT NULL THEN
+               md5(concat_ws(':', $22::text, shard, tenant, $1::bigint,
+                             (row_number() OVER (PARTITION BY shard, tenant ORDER BY i) - 1) / $23::int))::uuid
+           END,
+           CASE WHEN $22::text IS NOT NULL THEN 0 END
+    FROM (SELECT id, i, tenant, (('x' || left(replace(id::text, '-', ''), 8))::bit(32)::bigint % $18)::int AS shard
+          FROM (SELECT gen_random_uuid() AS id, i,
+                       CASE WHEN i % 1000 < $20 THEN 'big' ELSE 'small-' || (i % $21) END AS tenant
+                FROM generate_series($1::bigint, $2::bigint) AS i) AS ids) AS g
+    RETURNING cohort_id, shard, tenant_id
+)
+INSERT INTO schedule_cohorts (cohort_id, shard, tenant_id, spec_key, kind, expression, time_zone, dst_repeat, dst_gap,
+                              misfire_policy, max_lateness_s, next_run_at, fires, members, members_version)
+SELECT cohort_id, shard, tenant_id, $22::text, $3, $4, $5, $6, $7, $12, $13, $8, 0, count(*), 0
+FROM inserted
+WHERE cohort_id IS NOT NULL
+GROUP BY cohort_id, shard, tenant_id
 """
 
 
@@ -125,7 +149,10 @@ async def seed_schedules(
     big_share: float,
     tenants: int,
     chunk: int = 250_000,
+    cohorts: bool = True,
 ) -> None:
+    """``count`` schedules of one definition, from number ``first`` on, spread over tenants and shards; with
+    ``cohorts``, filed in cohorts as the control plane's creates would file them."""
     c = columns
     big_per_mille = round(big_share * 1000)
     for start in range(first, first + count, chunk):
@@ -153,6 +180,8 @@ async def seed_schedules(
             c["fires_per_minute"],
             big_per_mille,
             max(tenants - 1, 1),
+            c["spec_key"] if cohorts else None,
+            COHORT_CAP,
         )
 
 

@@ -62,6 +62,14 @@ def _product_inserts() -> str:
     if query.params[0] != "now":
         raise RuntimeError("materialize_staged no longer takes :now first: update load_tests/materialize_parts.py")
     inserts = query.sql.split("), inserted AS (", 1)[1].split("), late AS (", 1)[0]
+    # The variants' schedules have their own cursors: the rows of the schedules advanced, no cohort's.
+    product = (
+        "WHERE m.schedule_id IN (SELECT schedule_id FROM moved)\n"
+        "       OR m.cohort_id IN (SELECT cohort_id FROM cohorts_advanced)"
+    )
+    if product not in inserts:
+        raise RuntimeError("materialize_staged's insert condition changed: update load_tests/materialize_parts.py")
+    inserts = inserts.replace(product, "WHERE m.schedule_id IN (SELECT schedule_id FROM advanced)")
     return "inserted AS (" + inserts + ")\nSELECT (SELECT count(*) FROM inserted) AS written"
 
 
@@ -123,9 +131,11 @@ async def seed(conn: asyncpg.Connection, background: int, due: int) -> datetime:
     and the narrow cursor table, a copy of the cursor columns."""
     now: datetime = await conn.fetchval("SELECT now()")
     await seed_tenants(conn, 100)
-    await seed_schedules(conn, 1, background, shape("cron", "30 * * * *", "strict", 0, now), 1, 256, 0.5, 100)
+    await seed_schedules(
+        conn, 1, background, shape("cron", "30 * * * *", "strict", 0, now), 1, 256, 0.5, 100, cohorts=False
+    )
     columns = shape("cron", "0 * * * *", "strict", 0, now)
-    await seed_schedules(conn, background + 1, due, columns, 1, 256, 0.5, 100)
+    await seed_schedules(conn, background + 1, due, columns, 1, 256, 0.5, 100, cohorts=False)
     await conn.execute("ANALYZE schedules")
     await conn.execute(_NARROW_TABLE)
     await conn.execute("CHECKPOINT")
@@ -152,6 +162,9 @@ async def _run(conn: asyncpg.Connection, variant: str, ids: list[uuid.UUID], fir
         written = await conn.fetchrow(
             *QUERIES.materialize_staged(
                 schedule_ids=ids, versions=[1] * n, cursors=[fire] * n, next_run_ats=[nxt] * n, runs=[1] * n,
+                join_cohort_ids=[None] * n, join_cohort_bases=[None] * n, cohort_ids=[], cohort_versions=[],
+                cohort_cursors=[], cohort_next_run_ats=[], cohort_fires=[], dissolve_ids=[], dissolve_versions=[],
+                dissolve_cursors=[], released_ids=[], released_next_run_ats=[], released_runs=[],
                 range_schedule_ids=[], range_versions=[], range_firsts=[], range_lasts=[], range_counts=[],
                 gate_token=uuid.uuid4(), tenant_token=uuid.uuid4(), now=None,
             )

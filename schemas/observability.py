@@ -33,6 +33,7 @@ OUTBOX_PUBLISH_FAILURES = "chronoq.outbox_publish_failures"  # counter
 OUTBOX_FENCED_MARKS = "chronoq.outbox_fenced_marks"  # counter: mark-sent refused, claim lost
 OUTBOX_BACKLOG = "chronoq.outbox_backlog"  # gauge: due, unsent rows
 DUE_BACKLOG = "chronoq.due_backlog"  # gauge: schedules past next_run_at
+COHORTS = "chronoq.cohorts"  # counter, attr result: advanced|dissolved|joined (a schedule joined one at its advance)
 DUPLICATE_DELIVERIES = "chronoq.duplicate_deliveries"  # counter: consumer dedupe hits
 OCCURRENCES_APPLIED = "chronoq.occurrences_applied"  # counter
 HANDLER_FAILURES = "chronoq.handler_failures"  # counter

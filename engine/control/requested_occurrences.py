@@ -32,6 +32,7 @@ import asyncpg
 from opentelemetry import metrics
 
 from engine.control.calendars import calendar_by_id
+from engine.control.cohort_membership import leave_cohort
 from engine.control.identifiers import as_uuid
 from engine.control.targets import binding_versions
 from engine.control.views import instant, occurrence_to_json
@@ -293,9 +294,11 @@ class RequestedOccurrences:
         return {**occurrence_to_json(occurrence), "created": bool(created)}
 
     async def _lock(self, conn: asyncpg.Connection, tenant_id: str, schedule_id: uuid.UUID | str) -> Schedule:
-        row = await conn.fetchrow(
-            *QUERIES.lock_requested_schedule(schedule_id=as_uuid(schedule_id, "schedule"), tenant_id=tenant_id)
-        )
+        """The schedule, out of any cohort (engine/control/cohort_membership.py) and locked while occurrences
+        are requested for it."""
+        schedule_id = as_uuid(schedule_id, "schedule")
+        await leave_cohort(conn, tenant_id, schedule_id, self.clock.now())
+        row = await conn.fetchrow(*QUERIES.lock_requested_schedule(schedule_id=schedule_id, tenant_id=tenant_id))
         if row is None:
             raise NotFound("schedule", schedule_id)
         return Schedule.from_row(row)

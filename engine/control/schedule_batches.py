@@ -28,6 +28,7 @@ from typing import Any
 import asyncpg
 from opentelemetry import metrics
 
+from engine.control.cohort_membership import claim_cohorts, cohort_spec_of
 from engine.control.quotas import TenantQuotas, quota_refusal, tenant_usage
 from engine.control.schedule_requests import (
     anchored,
@@ -173,6 +174,7 @@ class ScheduleBatches:
             if not order:
                 return {}
             now_arg = self.control.clock.now()
+            columns.update(await _cohorts_of(conn, tenant_id, columns, now_arg))
             rows = [
                 Schedule.from_row(r)
                 for r in await conn.fetch(*QUERIES.insert_schedules(tenant_id=tenant_id, now=now_arg, **columns))
@@ -327,6 +329,18 @@ def _admit(
             columns[column].append(values[name])
         order.append((index, key))
     return columns, order
+
+
+async def _cohorts_of(
+    conn: asyncpg.Connection, tenant_id: str, columns: Mapping[str, list[Any]], now: datetime | None
+) -> dict[str, list[Any]]:
+    """insert_schedules' cohort arrays for the admitted items (engine/control/cohort_membership.py)."""
+    count = len(columns["schedule_ids"])
+    rows = [{name: columns[column][i] for column, name in _COLUMNS.items()} for i in range(count)]
+    claimed = await claim_cohorts(
+        conn, [(tenant_id, row["shard"], cohort_spec_of(row), row["next_run_at"]) for row in rows], now
+    )
+    return {"cohort_ids": [c for c, _ in claimed], "cohort_bases": [b for _, b in claimed]}
 
 
 def summary_of(schedule: Schedule) -> dict[str, Any]:

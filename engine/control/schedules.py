@@ -22,6 +22,7 @@ import orjson
 
 from engine.control import targets
 from engine.control.calendars import calendar_by_id, reference_calendar
+from engine.control.cohort_membership import claim_cohorts, cohort_spec_of, leave_cohort
 from engine.control.identifiers import as_uuid
 from engine.control.pagination import decode_cursor, key_of, page_size, split_page, text_filter
 from engine.control.quotas import check_quotas
@@ -122,16 +123,22 @@ class ControlPlane:
             rate = timing.fires_per_minute(request.spec, now)
             await check_quotas(conn, tenant_id, tenant.quotas, rate, exclude=None)
             schedule_id = uuid.uuid4()
+            columns = {**definition_columns(request), **calendar}
+            shard = shard_of(schedule_id)
+            [(cohort_id, cohort_base)] = await claim_cohorts(
+                conn, [(tenant_id, shard, cohort_spec_of(columns), next_run_at)], self.clock.now()
+            )
             created = _schedule(
                 await conn.fetchrow(
                     *QUERIES.insert_schedule(
                         schedule_id=schedule_id,
                         tenant_id=tenant_id,
-                        **definition_columns(request),
-                        **calendar,
+                        **columns,
                         next_run_at=next_run_at,
                         state="active",
-                        shard=shard_of(schedule_id),
+                        shard=shard,
+                        cohort_id=cohort_id,
+                        cohort_base=cohort_base,
                         created_by_key=idempotency_key,
                         fires_per_minute=rate,
                         request_hash=body_hash,
@@ -380,11 +387,10 @@ class ControlPlane:
         return _change_report(updated, invalidation)
 
     async def _lock(self, conn: asyncpg.Connection, tenant_id: str, schedule_id: uuid.UUID | str) -> Schedule:
-        schedule = _schedule(
-            await conn.fetchrow(
-                *QUERIES.lock_schedule(schedule_id=as_uuid(schedule_id, "schedule"), tenant_id=tenant_id)
-            )
-        )
+        """The schedule, out of any cohort (engine/control/cohort_membership.py) and locked for a change."""
+        schedule_id = as_uuid(schedule_id, "schedule")
+        await leave_cohort(conn, tenant_id, schedule_id, self.clock.now())
+        schedule = _schedule(await conn.fetchrow(*QUERIES.lock_schedule(schedule_id=schedule_id, tenant_id=tenant_id)))
         if schedule is None:
             raise NotFound("schedule", schedule_id)
         return schedule

@@ -1,8 +1,9 @@
 """The materializer: turns due schedules into occurrences and their deliveries, set-based, ahead of time.
 
 Guarantee: for each schedule it processes, ONE statement advances
-``next_run_at`` — only if the schedule's version and cursor are still the
-ones it read — and, for exactly the schedules it advanced, inserts the
+``next_run_at`` (its own, or its cohort's) — only if the schedule's version
+and cursor (the cohort's membership and cursor) are still the ones it read —
+and, for exactly the schedules it advanced, inserts the
 occurrences (SCHEDULED, or MISSED per the misfire policy) and a delivery for
 every SCHEDULED occurrence it actually inserted. Occurrence ids are
 deterministic and unique per (schedule, version, scheduled_for), so two
@@ -20,6 +21,15 @@ Deliveries go to one of two lanes:
 - the **late lane** (the outbox, per-row claims) otherwise: due before the
   seal (the relay has already read past that instant), held by the overlap
   gate, or written by a node without shard leases (tests, tools).
+
+Schedules that fire alike share a **cohort** (migration 0026,
+engine/rules/cohorts.py): its one cursor advances instead of each member's
+row. A pass locks its due cohorts (skipping any another transaction holds)
+and reads their members after the lock, so a member's change either commits
+before (the member is not in the pass) or waits for the pass to commit (and
+then sees, and cancels, what it wrote). A cohort whose fire is not plain
+on-time work dissolves in the pass: each member advances alone, with its own
+cursor from then on, and joins a cohort again at a later plain advance.
 
 Work is set-based: due schedules are read per shard with an index range scan,
 fire instants are computed once per (time spec, cursor, misfire policy), the
@@ -48,13 +58,15 @@ import orjson
 from asyncpg.pgproto.pgproto import UUID as FastUUID
 from opentelemetry import metrics, trace
 
+from engine.control.cohort_membership import claim_cohorts
 from engine.control.targets import binding_versions
 from engine.loops.overlap_gate import OVERLAP_GATE_TOKEN
 from engine.loops.periodic import LoopTiming, PassOutcome, PeriodicLoop
 from engine.loops.reporting import SUMMARY_EVERY
 from engine.loops.tenant_gate import TENANT_GATE_TOKEN, StagedColumns, hold_beyond_max_running
-from engine.records import DueSchedule
+from engine.records import COHORT_FIELDS, DueSchedule
 from engine.rules import timing
+from engine.rules.cohorts import CohortSpec, cohort_spec, plain_on_time
 from engine.rules.exclusion_calendars import ExclusionCalendar, entries_from_stored
 from engine.rules.fair_rounds import RoundCounter
 from engine.rules.token_bucket import TokenBucket, full_bucket, reserve, take
@@ -90,6 +102,7 @@ _STAGING_COLUMNS = (
     "late_after",
     "misfire_policy",
     "tenant_held",
+    "cohort_id",
 )
 _TENANT_HOLD_COLUMNS = StagedColumns(
     **{name: _STAGING_COLUMNS.index(name) for name in (
@@ -150,10 +163,14 @@ class MaterializerConfig:
 class MaterializerHooks:
     """Awaited at the materializer's handoffs; tests stop or kill the process exactly there.
 
+    after_read: inside the transaction, the due schedules and cohorts read, nothing locked or written yet.
     after_lock: inside the transaction, the shards' seals are held FOR SHARE, nothing written yet.
+    after_write: inside the transaction, the batch written (cursors, cohorts and rows), not committed.
     """
 
+    after_read: Callable[[], Awaitable[None]] | None = None
     after_lock: Callable[[], Awaitable[None]] | None = None
+    after_write: Callable[[], Awaitable[None]] | None = None
 
 
 @dataclass
@@ -174,6 +191,9 @@ class MaterializeReport:
     throttled: int = 0  # of those, released after now by the tenant's token bucket
     catch_up_refused: int = 0  # catch-ups recorded MISSED: the tenant's catch_up_per_minute is 0
     tenant_held: Counter[str] = field(default_factory=Counter)  # first deliveries held for max_running, by tenant
+    cohorts: int = 0  # cohorts advanced (their members are in `schedules`)
+    dissolved: int = 0  # cohorts dissolved: their members advanced alone, on their own cursors from then on
+    joined: int = 0  # schedules with their own cursor that joined a cohort at their advance
     notes: list[str] = field(default_factory=list)
 
 
@@ -185,6 +205,44 @@ class _Decided(NamedTuple):
     calendar: ExclusionCalendar | None
     decision: timing.MisfireDecision
     threshold: timedelta
+
+
+class _CohortRead(NamedTuple):
+    """A due cohort as locked: its shard, members_version and cursor (the compare-and-set), its active members."""
+
+    shard: int
+    version: int
+    cursor: datetime
+    members: int
+
+
+@dataclass
+class _Cohorts:
+    """The batch's due cohorts as locked, those to dissolve, each advancing one's new cursor and fires, and the
+    dissolving ones' members with their own new cursor and runs."""
+
+    read: dict[uuid.UUID, _CohortRead] = field(default_factory=dict)
+    dissolve: set[uuid.UUID] = field(default_factory=set)
+    advance: dict[uuid.UUID, tuple[datetime | None, int]] = field(default_factory=dict)
+    released: list[tuple[uuid.UUID, datetime | None, int]] = field(default_factory=list)
+
+    def arrays(self) -> dict[str, list[Any]]:
+        """materialize_staged's cohort parameters."""
+        advancing = [c for c in self.advance if c not in self.dissolve]
+        gone = sorted(self.dissolve)
+        return {
+            "cohort_ids": advancing,
+            "cohort_versions": [self.read[c].version for c in advancing],
+            "cohort_cursors": [self.read[c].cursor for c in advancing],
+            "cohort_next_run_ats": [self.advance[c][0] for c in advancing],
+            "cohort_fires": [self.advance[c][1] for c in advancing],
+            "dissolve_ids": gone,
+            "dissolve_versions": [self.read[c].version for c in gone],
+            "dissolve_cursors": [self.read[c].cursor for c in gone],
+            "released_ids": [r[0] for r in self.released],
+            "released_next_run_ats": [r[1] for r in self.released],
+            "released_runs": [r[2] for r in self.released],
+        }
 
 
 @dataclass
@@ -223,6 +281,31 @@ class OccurrenceIds:
 def _topic_of(target: str) -> str:
     # Targets were validated when stored; the regex check runs once per target, not per due schedule.
     return occurrence_topic(target)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cohort_spec(
+    kind: str, expression: str, time_zone: str, dst_repeat: str, dst_gap: str, anchor: datetime | None,
+    misfire_policy: str, max_lateness_s: int, overlap_policy: str,
+) -> CohortSpec | None:  # fmt: skip
+    return cohort_spec(
+        kind=kind, expression=expression, time_zone=time_zone, dst_repeat=dst_repeat, dst_gap=dst_gap,
+        anchor=anchor, misfire_policy=misfire_policy, max_lateness_s=max_lateness_s, end_at=None, calendar_id=None,
+        max_runs=None, overlap_policy=overlap_policy,
+    )  # fmt: skip
+
+
+def join_spec(schedule: DueSchedule, decision: timing.MisfireDecision) -> CohortSpec | None:
+    """The cohort spec a schedule with its own cursor joins under at this advance, or None: only plain
+    on-time work of a schedule that may share a cursor joins (engine/rules/cohorts.py)."""
+    if schedule.end_at is not None or schedule.calendar_id is not None or schedule.max_runs is not None:
+        return None
+    if not plain_on_time(decision):
+        return None
+    return _cohort_spec(
+        schedule.kind, schedule.expression, schedule.time_zone, schedule.dst_repeat, schedule.dst_gap,
+        schedule.anchor, schedule.misfire_policy, schedule.max_lateness_s, schedule.overlap_policy,
+    )  # fmt: skip
 
 
 @functools.lru_cache(maxsize=65536)
@@ -333,6 +416,7 @@ class Materializer:
         self._completed = meter.create_counter(obs.SCHEDULES_COMPLETED, unit="1")
         self._catch_up = meter.create_counter(obs.CATCH_UP_ENQUEUED, unit="1")
         self._throttled = meter.create_counter(obs.CATCH_UP_THROTTLED, unit="1")
+        self._cohorts = meter.create_counter(obs.COHORTS, unit="1")
         self._rounds = RoundCounter()
 
     async def run_once(self, share: tuple[int, int] = (0, 1)) -> MaterializeReport:
@@ -351,21 +435,32 @@ class Materializer:
                         return report
                 # Read what is due first, without locks (an idle pass writes nothing); then lock only the
                 # shards that have work, and keep only rows of shards still held at the known epoch.
-                rows = await self._due(conn, now, epochs)
-                if not rows:
+                rows, due_cohorts = await self._due(conn, now, epochs)
+                if not rows and not due_cohorts:
                     return report
-                seals = await self._lock_shards(conn, {r.shard for r in rows}, epochs)
+                if self.hooks.after_read:
+                    await self.hooks.after_read()
+                members, cohorts = await self._lock_cohorts(conn, now, due_cohorts)
+                rows.extend(members)
+                if not rows and not cohorts.read:
+                    return report
+                shards = {r.shard for r in rows} | {c.shard for c in cohorts.read.values()}
+                seals = await self._lock_shards(conn, shards, epochs)
                 if self.hooks.after_lock and seals:
                     await self.hooks.after_lock()
                 if seals is not None:
                     rows = [r for r in rows if (r.shard, "strict") in seals]
-                    if not rows:
+                    cohorts.read = {c: v for c, v in cohorts.read.items() if (v.shard, "strict") in seals}
+                    cohorts.dissolve &= cohorts.read.keys()
+                    if not rows and not cohorts.read:
                         return report
                 calendars = await self._calendars.for_batch(conn, rows)
-                decided = self._decide(rows, now, calendars)
+                decided = self._judge_cohorts(self._decide(rows, now, calendars), cohorts)
                 pacing = await self._pace_catch_up(conn, decided, now, report)
                 versions = await binding_versions(conn, (r.target for r in rows))
-                staged, cursors, ranges = self._plan_batch(decided, now, seals, report, pacing, versions)
+                staged, cursors, ranges = self._plan_batch(decided, now, seals, report, pacing, versions, cohorts)
+                # Schedules with their own cursor whose advance is plain on-time work join a cohort in it.
+                joins = await claim_cohorts(conn, cursors[5], self.clock.now())
                 # A tenant at its max_running gets its further first deliveries held in the outbox.
                 staged, tenant_held = await hold_beyond_max_running(conn, staged, _TENANT_HOLD_COLUMNS)
                 await conn.execute(*QUERIES.create_staging())
@@ -378,6 +473,8 @@ class Materializer:
                         cursors=cursors[2],
                         next_run_ats=cursors[3],
                         runs=cursors[4],
+                        join_cohort_ids=[c for c, _ in joins],
+                        join_cohort_bases=[b for _, b in joins],
                         range_schedule_ids=ranges[0],
                         range_versions=ranges[1],
                         range_firsts=ranges[2],
@@ -386,24 +483,45 @@ class Materializer:
                         gate_token=OVERLAP_GATE_TOKEN,
                         tenant_token=TENANT_GATE_TOKEN,
                         now=self.clock.now(),
+                        **cohorts.arrays(),
                     )
                 )
-            report.schedules = written["schedules"]
-            report.skipped = len(rows) - written["schedules"]
-            report.ahead, report.late = written["ahead"], written["late"]
-            report.ranges = written["ranges"]
+                if self.hooks.after_write:
+                    await self.hooks.after_write()
+            self._note_written(report, written, len(rows), len(staged), cohorts)
             report.tenant_held = tenant_held
-            report.occurrences = report.ahead + report.late
-            if not report.skipped:  # every staged row belonged to an advanced schedule
-                report.conflicts = len(staged) - written["occurrences"]
             span.set_attribute("chronoq.schedules", report.schedules)
             span.set_attribute("chronoq.occurrences", report.occurrences)
         self._count(report)
         return report
 
+    @staticmethod
+    def _note_written(
+        report: MaterializeReport, written: asyncpg.Record, rows: int, staged: int, cohorts: _Cohorts
+    ) -> None:
+        """The pass's counts from what its statement wrote (``rows`` due schedules read, ``staged`` rows)."""
+        advanced_members = sum(cohorts.read[c].members for c in written["cohorts"])
+        report.cohorts, report.dissolved = len(written["cohorts"]), len(cohorts.dissolve)
+        report.joined = written["joined"]
+        if written["unplanned"]:  # members are read with their cohorts locked: none should exist
+            log.error(
+                "members of a dissolved cohort the pass had not read; judged by a later pass",
+                extra={"action": "materializer.unplanned_members", "count": written["unplanned"]},
+            )
+        report.schedules = written["schedules"] + advanced_members
+        report.skipped = rows - report.schedules
+        report.ahead, report.late = written["ahead"], written["late"]
+        report.ranges = written["ranges"]
+        report.occurrences = report.ahead + report.late
+        if not report.skipped:  # every staged row belonged to an advanced schedule
+            report.conflicts = staged - written["occurrences"]
+
     def _count(self, report: MaterializeReport) -> None:
         """Metrics and logs of one pass."""
         self._materialized.add(report.occurrences)
+        for result, count in (("advanced", report.cohorts), ("dissolved", report.dissolved), ("joined", report.joined)):
+            if count:
+                self._cohorts.add(count, {"result": result})
         for tenant_id, count in report.tenant_held.items():
             self._tenant_throttled.add(count, {"tenant_id": tenant_id})
             log.info(
@@ -443,19 +561,72 @@ class Materializer:
         )
         return {(r["shard"], r["lane"]): aware(r["sealed_until"]) for r in rows}
 
-    async def _due(self, conn: asyncpg.Connection, now: datetime, epochs: dict[int, int] | None) -> list[DueSchedule]:
-        """Due schedules: an equal share of batch_size per shard (one statement), or any shard without leases."""
+    async def _due(
+        self, conn: asyncpg.Connection, now: datetime, epochs: dict[int, int] | None
+    ) -> tuple[list[DueSchedule], list[uuid.UUID]]:
+        """Due schedules with their own cursor: an equal share of batch_size per shard (one statement), or any
+        shard without leases; and the due cohorts, whole, about the same share of members (a pass may exceed
+        batch_size by less than one cohort per shard: COHORT_CAP members at most). Nothing is locked."""
         cfg = self.config
         horizon = cfg.horizon.total_seconds()
         if epochs is None and cfg.shards is None:
             rows = await conn.fetch(*QUERIES.due_schedules_any_shard(now=now, horizon_s=horizon, limit=cfg.batch_size))
+            due_cohorts = await conn.fetch(
+                *QUERIES.due_cohorts_any_shard(now=now, horizon_s=horizon, limit=cfg.batch_size)
+            )
         else:
             shards = sorted(epochs) if epochs is not None else sorted(cfg.shards or ())
             per_shard = max(-(-cfg.batch_size // max(len(shards), 1)), 16)
             rows = await conn.fetch(
                 *QUERIES.due_schedules_of_shards(now=now, horizon_s=horizon, per_shard=per_shard, shards=shards)
             )
-        return [DueSchedule.from_row(row) for row in rows]
+            due_cohorts = await conn.fetch(
+                *QUERIES.due_cohorts_of_shards(now=now, horizon_s=horizon, per_shard=per_shard, shards=shards)
+            )
+        return [DueSchedule.from_row(row) for row in rows], [row["cohort_id"] for row in due_cohorts]
+
+    async def _lock_cohorts(
+        self, conn: asyncpg.Connection, now: datetime, cohort_ids: list[uuid.UUID]
+    ) -> tuple[list[DueSchedule], _Cohorts]:
+        """Lock the due cohorts no other transaction holds, then read their members (a statement of its own,
+        so its snapshot is taken after the locks: every member that left before is gone, and none can leave
+        until this pass commits). Returns the members as due schedules (cursor: the cohort's) and the
+        cohorts as locked; empty ones are marked to dissolve (delete)."""
+        cohorts = _Cohorts()
+        if not cohort_ids:
+            return [], cohorts
+        locked = await conn.fetch(
+            *QUERIES.lock_due_cohorts(cohort_ids=cohort_ids, now=now, horizon_s=self.config.horizon.total_seconds())
+        )
+        if not locked:
+            return [], cohorts
+        members = await conn.fetch(*QUERIES.cohort_members(cohort_ids=[r["cohort_id"] for r in locked]))
+        shared = {r["cohort_id"]: tuple(r[name] for name in COHORT_FIELDS) for r in locked}
+        counts: Counter[uuid.UUID] = Counter()
+        due: list[DueSchedule] = []
+        of_member = DueSchedule.of_member
+        for row in members:
+            cohort_id = row["cohort_id"]
+            if row["schedule_id"] is not None:  # an empty cohort comes back once, without a member
+                counts[cohort_id] += 1
+                due.append(of_member(row, shared[cohort_id]))
+        for r in locked:
+            cohort_id = r["cohort_id"]
+            cohorts.read[cohort_id] = _CohortRead(r["shard"], r["cohort_version"], r["next_run_at"], counts[cohort_id])
+            if not counts[cohort_id]:
+                cohorts.dissolve.add(cohort_id)
+        return due, cohorts
+
+    @staticmethod
+    def _judge_cohorts(decided: list[_Decided], cohorts: _Cohorts) -> list[_Decided]:
+        """Cohorts whose members' decision is not plain on-time work are dissolved: in this same pass each
+        member is advanced as a schedule alone (missed slots, catch-up pacing and completion are per
+        schedule), and keeps its own cursor from then on. Returns ``decided``."""
+        for item in decided:
+            cohort_id = item.schedule.cohort_id
+            if cohort_id is not None and not plain_on_time(item.decision):
+                cohorts.dissolve.add(cohort_id)
+        return decided
 
     def _decide(
         self, rows: list[DueSchedule], now: datetime, calendars: dict[uuid.UUID, ExclusionCalendar] | None = None
@@ -465,7 +636,13 @@ class Materializer:
         cfg = self.config
         decisions: dict[tuple[Any, ...], tuple[timing.MisfireDecision, timedelta]] = {}
         out: list[_Decided] = []
+        of_cohort: dict[uuid.UUID, tuple[timing.MisfireDecision, timedelta]] = {}
         for schedule in rows:
+            if schedule.cohort_id is not None:  # members share one decision (engine/rules/cohorts.py)
+                shared = of_cohort.get(schedule.cohort_id)
+                if shared is not None:
+                    out.append(_Decided(schedule, None, shared[0], shared[1]))
+                    continue
             calendar = (calendars or {}).get(schedule.calendar_id) if schedule.calendar_id is not None else None
             runs_left = schedule.runs_left
             # The spec's own fields, not a TimeSpec: the record is built only once per group (a burst's
@@ -490,6 +667,8 @@ class Materializer:
                     ),
                     timing.late_threshold(policy, cfg.on_time_limit),
                 )
+            if schedule.cohort_id is not None:
+                of_cohort[schedule.cohort_id] = found
             out.append(_Decided(schedule, calendar, found[0], found[1]))
         for decision, _ in decisions.values():
             if decision.enqueue:
@@ -589,16 +768,19 @@ class Materializer:
         report: MaterializeReport,
         pacing: _Pacing | None = None,
         versions: dict[str, int] | None = None,
+        cohorts: _Cohorts | None = None,
     ) -> tuple[list[tuple[Any, ...]], tuple[list[Any], ...], tuple[list[Any], ...]]:
-        """Staged occurrence rows, the cursor arrays (ids, versions, cursors read, new cursors, new runs) and
+        """Staged occurrence rows, the cursor arrays (ids, versions, cursors read, new cursors, new runs, and
+        for claim_cohorts (tenant, shard, cohort spec or None, new cursor)) and
         the missed ranges (ids, versions, first, last, count). ``versions``: each target's binding version,
-        which its occurrence messages carry.
+        which its occurrence messages carry. A cohort member's cursor is its cohort's: the cohort's new cursor
+        and fires go to ``cohorts.advance`` once (its members share one decision: engine/rules/cohorts.py).
 
         The per-occurrence work is what a burst multiplies: ids, message bytes, bucket and round. Whatever
         depends only on the schedule or only on the instant is computed once.
         """
         staged: list[tuple[Any, ...]] = []
-        cursors: tuple[list[Any], ...] = ([], [], [], [], [])
+        cursors: tuple[list[Any], ...] = ([], [], [], [], [], [])
         ranges: tuple[list[Any], ...] = ([], [], [], [], [])
         instants: dict[datetime, tuple[bytes, datetime]] = {}
         pacing = pacing or _Pacing()
@@ -621,6 +803,12 @@ class Materializer:
                         "unlisted": decision.missed_unlisted,
                     },
                 )
+            runs = len(decision.enqueue) - refused  # its new runs (an existing occurrence cannot be here: the
+            # compare-and-set advance lets one materializer per cursor position write)
+            cohort_id = schedule.cohort_id
+            if cohort_id is not None and cohorts is not None and cohort_id not in cohorts.dissolve:
+                cohorts.advance[cohort_id] = (decision.next_run_at, runs)
+                continue
             summary = decision.missed_range
             if summary is not None:
                 ranges[0].append(schedule.schedule_id)
@@ -628,12 +816,17 @@ class Materializer:
                 ranges[2].append(summary.first)
                 ranges[3].append(summary.last)
                 ranges[4].append(summary.count)
-            cursors[0].append(schedule.schedule_id)
-            cursors[1].append(schedule.version)
-            cursors[2].append(schedule.next_run_at)
-            cursors[3].append(decision.next_run_at)
-            cursors[4].append(len(decision.enqueue) - refused)  # its new runs (an existing occurrence cannot
-            # be here: the compare-and-set advance lets one materializer per cursor position write)
+            if cohort_id is not None and cohorts is not None:  # its cohort dissolves: it leaves with its own advance
+                cohorts.released.append((schedule.schedule_id, decision.next_run_at, runs))
+            else:
+                cursors[0].append(schedule.schedule_id)
+                cursors[1].append(schedule.version)
+                cursors[2].append(schedule.next_run_at)
+                cursors[3].append(decision.next_run_at)
+                cursors[4].append(runs)
+                cursors[5].append(
+                    (schedule.tenant_id, schedule.shard, join_spec(schedule, decision), decision.next_run_at)
+                )  # where it may join a cohort (claim_cohorts)
             self._note_outcome(schedule, decision, item.calendar, report)
             report.completed += decision.next_run_at is None
         return staged, cursors, ranges
@@ -689,12 +882,13 @@ class Materializer:
         capacity, apart from on-time strict work.
         """
         schedule, decision = item.schedule, item.decision
-        schedule_id, version, tenant, target, shard = (
+        schedule_id, version, tenant, target, shard, cohort_id = (
             schedule.schedule_id,
             schedule.version,
             schedule.tenant_id,
             schedule.target,
             schedule.shard,
+            schedule.cohort_id,
         )
         topic = _topic_of(target)
         ids = OccurrenceIds(schedule_id, version)
@@ -739,13 +933,13 @@ class Materializer:
             out.append(
                 (occ_id, schedule_id, version, tenant, target, scheduled_for, available_at, "SCHEDULED", topic,
                  message_key, message, held, ahead, shard, lane, bucket, wrr_round, late_after,
-                 policy_text if late_after is not None else None, False)
+                 policy_text if late_after is not None else None, False, cohort_id)
             )  # fmt: skip
         for scheduled_for in [*decision.missed, *refused] if decision.missed or refused else ():
             out.append(
                 (ids.of(micros_text(scheduled_for)), schedule_id, version, tenant, target, scheduled_for,
                  scheduled_for, "MISSED", topic, message_key, b"", held, False, shard, lane,
-                 bucket_of(scheduled_for), 0, None, None, False)
+                 bucket_of(scheduled_for), 0, None, None, False, cohort_id)
             )  # fmt: skip
         return out, len(refused)
 

@@ -1,8 +1,10 @@
 -- What the console and the timeline read. A :tenant_id that is NULL means an operator: every tenant.
 
 -- name: scoped_schedule
--- One schedule of one tenant (any tenant's when :tenant_id is NULL: an operator).
-SELECT * FROM schedules WHERE schedule_id = :schedule_id AND (:tenant_id::text IS NULL OR tenant_id = :tenant_id);
+-- One schedule of one tenant (any tenant's when :tenant_id is NULL: an operator); a cohort member's cursor
+-- and runs from its cohort.
+SELECT e.* FROM schedules s CROSS JOIN LATERAL chronoq_effective_schedule(s) e
+WHERE s.schedule_id = :schedule_id AND (:tenant_id::text IS NULL OR s.tenant_id = :tenant_id);
 
 -- name: schedule_versions_of
 -- The version history of one schedule (its tenant was checked by the caller).
@@ -29,16 +31,17 @@ SELECT catch_up_per_minute FROM tenants WHERE tenant_id = :tenant_id;
 -- name: console_schedules
 -- A page of schedules, newest first, after the cursor (created_at, schedule_id), of :tenant_id, filtered by
 -- :state and :target and searched by :pattern (a LIKE pattern, wildcards escaped) in target, expression,
--- tenant and id.
-SELECT *
-FROM schedules
-WHERE (:tenant_id::text IS NULL OR tenant_id = :tenant_id)
-  AND (:state::text IS NULL OR state = :state)
-  AND (:target::text IS NULL OR target = :target)
-  AND (:pattern::text IS NULL OR target ILIKE :pattern OR expression ILIKE :pattern OR tenant_id ILIKE :pattern
-       OR schedule_id::text ILIKE :pattern)
-  AND (:after_at::timestamptz IS NULL OR (created_at, schedule_id) < (:after_at, :after_id::uuid))
-ORDER BY created_at DESC, schedule_id DESC
+-- tenant and id. A cohort member's cursor and runs from its cohort.
+SELECT e.*
+FROM schedules s
+CROSS JOIN LATERAL chronoq_effective_schedule(s) e
+WHERE (:tenant_id::text IS NULL OR s.tenant_id = :tenant_id)
+  AND (:state::text IS NULL OR s.state = :state)
+  AND (:target::text IS NULL OR s.target = :target)
+  AND (:pattern::text IS NULL OR s.target ILIKE :pattern OR s.expression ILIKE :pattern
+       OR s.tenant_id ILIKE :pattern OR s.schedule_id::text ILIKE :pattern)
+  AND (:after_at::timestamptz IS NULL OR (s.created_at, s.schedule_id) < (:after_at, :after_id::uuid))
+ORDER BY s.created_at DESC, s.schedule_id DESC
 LIMIT :limit;
 
 -- name: console_state_counts

@@ -38,8 +38,11 @@ WHERE (:tenant_id::text IS NULL OR tenant_id = :tenant_id)
 -- rows held by the overlap gate (some of them due), and occurrences running, waiting for a retry, or DEAD.
 SELECT
     (SELECT count(*) FROM schedules
-     WHERE state = 'active' AND next_run_at <= coalesce(:now::timestamptz, now())
-       AND (:tenant_id::text IS NULL OR tenant_id = :tenant_id)) AS due_schedules,
+     WHERE state = 'active' AND cohort_id IS NULL AND next_run_at <= coalesce(:now::timestamptz, now())
+       AND (:tenant_id::text IS NULL OR tenant_id = :tenant_id))
+    + (SELECT count(*) FROM schedule_cohorts c JOIN schedules s ON s.cohort_id = c.cohort_id
+       WHERE s.state = 'active' AND c.next_run_at <= coalesce(:now::timestamptz, now())
+         AND (:tenant_id::text IS NULL OR c.tenant_id = :tenant_id)) AS due_schedules,
     (SELECT count(*) FROM outbox
      WHERE sent_at IS NULL AND discarded_at IS NULL AND available_at <= coalesce(:now::timestamptz, now())
        AND (:tenant_id::text IS NULL OR tenant_id = :tenant_id)) AS outbox_due,

@@ -8,7 +8,7 @@ CREATE TEMP TABLE IF NOT EXISTS materialize_staging (
     occurrence_id uuid, schedule_id uuid, schedule_version integer, tenant_id text, target text,
     scheduled_for timestamptz, available_at timestamptz, state text, topic text, message_key bytea,
     message bytea, held boolean, ahead boolean, shard integer, lane text, bucket timestamptz, wrr_round integer,
-    late_after timestamptz, misfire_policy text, tenant_held boolean
+    late_after timestamptz, misfire_policy text, tenant_held boolean, cohort_id uuid
 ) ON COMMIT DELETE ROWS;
 
 -- name: due_schedules_of_shards
@@ -20,12 +20,13 @@ CREATE TEMP TABLE IF NOT EXISTS materialize_staging (
 SELECT s.schedule_id, s.tenant_id, s.kind, s.expression, s.time_zone, s.dst_repeat, s.dst_gap, s.anchor,
        s.start_at, s.end_at, s.version, s.next_run_at, s.target, s.payload::text AS payload_json, s.priority,
        s.flexible_window_s, s.misfire_policy, s.max_lateness_s, s.deadline_s, s.overlap_policy, s.calendar_id,
-       s.max_runs, s.runs, s.shard, coalesce(t.weight, 1) AS weight
+       s.max_runs, s.runs, s.shard, coalesce(t.weight, 1) AS weight, NULL::uuid AS cohort_id,
+       NULL::bigint AS cohort_version
 FROM unnest(:shards::int[]) AS sh (shard)
 CROSS JOIN LATERAL (
     SELECT *
     FROM schedules s
-    WHERE s.shard = sh.shard AND s.state = 'active'
+    WHERE s.shard = sh.shard AND s.state = 'active' AND s.cohort_id IS NULL
       AND s.next_run_at <= coalesce(:now::timestamptz, now()) + make_interval(secs => :horizon_s)
     ORDER BY s.next_run_at
     LIMIT :per_shard
@@ -34,38 +35,152 @@ LEFT JOIN tenants t ON t.tenant_id = s.tenant_id;
 
 -- name: due_schedules_any_shard
 -- Up to :limit due schedules of any shard, oldest cursor first (a node without shard leases: tests, tools).
+-- Schedules in a cohort are read with it (due_cohorts_*, lock_due_cohorts, cohort_members): their own
+-- cursor is frozen.
 SELECT s.schedule_id, s.tenant_id, s.kind, s.expression, s.time_zone, s.dst_repeat, s.dst_gap, s.anchor,
        s.start_at, s.end_at, s.version, s.next_run_at, s.target, s.payload::text AS payload_json, s.priority,
        s.flexible_window_s, s.misfire_policy, s.max_lateness_s, s.deadline_s, s.overlap_policy, s.calendar_id,
-       s.max_runs, s.runs, s.shard, coalesce(t.weight, 1) AS weight
+       s.max_runs, s.runs, s.shard, coalesce(t.weight, 1) AS weight, NULL::uuid AS cohort_id,
+       NULL::bigint AS cohort_version
 FROM schedules s
 LEFT JOIN tenants t ON t.tenant_id = s.tenant_id
-WHERE s.state = 'active' AND s.next_run_at <= coalesce(:now::timestamptz, now()) + make_interval(secs => :horizon_s)
+WHERE s.state = 'active' AND s.cohort_id IS NULL
+  AND s.next_run_at <= coalesce(:now::timestamptz, now()) + make_interval(secs => :horizon_s)
 ORDER BY s.next_run_at
 LIMIT :limit;
+
+-- name: due_cohorts_of_shards
+-- Due cohorts per shard of :shards (cursor within the horizon, oldest first), whole, up to about :per_shard
+-- members per shard (at least one cohort; counted by their members column). No lock: lock_due_cohorts next.
+SELECT d.cohort_id
+FROM unnest(:shards::int[]) AS sh (shard)
+CROSS JOIN LATERAL (
+    SELECT f.cohort_id, f.members, sum(f.members) OVER (ORDER BY f.next_run_at, f.cohort_id) AS upto
+    FROM (
+        SELECT c.cohort_id, c.next_run_at, c.members
+        FROM schedule_cohorts c
+        WHERE c.shard = sh.shard
+          AND c.next_run_at <= coalesce(:now::timestamptz, now()) + make_interval(secs => :horizon_s)
+        ORDER BY c.next_run_at, c.cohort_id
+        LIMIT :per_shard
+    ) f
+) d
+WHERE d.upto - d.members < :per_shard;
+
+-- name: due_cohorts_any_shard
+-- Due cohorts of any shard, oldest cursor first, whole, up to about :limit members (at least one cohort).
+SELECT d.cohort_id
+FROM (
+    SELECT f.cohort_id, f.members, sum(f.members) OVER (ORDER BY f.next_run_at, f.cohort_id) AS upto
+    FROM (
+        SELECT c.cohort_id, c.next_run_at, c.members
+        FROM schedule_cohorts c
+        WHERE c.next_run_at <= coalesce(:now::timestamptz, now()) + make_interval(secs => :horizon_s)
+        ORDER BY c.next_run_at, c.cohort_id
+        LIMIT :limit
+    ) f
+) d
+WHERE d.upto - d.members < :limit;
+
+-- name: lock_due_cohorts
+-- Locks the cohorts :cohort_ids still due (within the horizon) for this pass, in id order, skipping any
+-- another transaction holds (a member leaving, another pass: a later pass takes it). From here until the
+-- pass commits no member can leave (leave_cohort waits) and no create joins (claim_cohorts skips it), so
+-- the members read next, in a statement of its own (a snapshot taken after the locks), are the cohort's.
+-- Returns each locked cohort with what its members share (a member's DueSchedule fields: spec, cursor, shard;
+-- no end, calendar or run limit) and its members_version.
+SELECT c.cohort_id, c.shard, c.next_run_at, c.members_version AS cohort_version, c.kind, c.expression,
+       c.time_zone, c.dst_repeat, c.dst_gap, c.anchor, c.misfire_policy, c.max_lateness_s,
+       NULL::timestamptz AS end_at, NULL::uuid AS calendar_id, NULL::integer AS max_runs
+FROM schedule_cohorts c
+WHERE c.cohort_id = ANY (:cohort_ids::uuid[])
+  AND c.next_run_at <= coalesce(:now::timestamptz, now()) + make_interval(secs => :horizon_s)
+ORDER BY c.cohort_id
+FOR UPDATE SKIP LOCKED;
+
+-- name: cohort_members
+-- The active members of the locked cohorts :cohort_ids: only what differs between members (the rest of a
+-- member's DueSchedule is its cohort's, from lock_due_cohorts: engine/records.py COHORT_FIELDS), with their
+-- tenant's weight. A cohort without an active member comes back once with a NULL schedule_id (the pass
+-- deletes it). LATERAL with OFFSET 0 (not flattened into a join): one range scan of schedules_cohort per
+-- cohort; the planner's hash join read the whole table, ~160 ms per pass at 300,000 schedules.
+SELECT c.cohort_id, s.schedule_id, s.tenant_id, s.start_at, s.version, s.target, s.payload::text AS payload_json,
+       s.priority, s.flexible_window_s, s.deadline_s, s.overlap_policy, s.runs, coalesce(t.weight, 1) AS weight
+FROM unnest(:cohort_ids::uuid[]) AS c (cohort_id)
+LEFT JOIN LATERAL (
+    SELECT * FROM schedules s WHERE s.cohort_id = c.cohort_id AND s.state = 'active' OFFSET 0
+) s ON true
+LEFT JOIN tenants t ON t.tenant_id = s.tenant_id;
 
 -- name: materialize_staged
 -- One statement per batch. First advances each schedule's cursor (:schedule_ids, :versions, :cursors as
 -- read, :next_run_ats; NULL = no further fires or no run left: completed) and adds its new runs (:runs, the
--- SCHEDULED occurrences staged for it) only if version and cursor are still the ones read
+-- SCHEDULED occurrences staged for it), joining it to cohort :join_cohort_ids (from its fires
+-- :join_cohort_bases; NULL: it keeps its own cursor), only if version and cursor are still the ones read
 -- (a concurrent update or pause wins and nothing is written for that schedule). Then, for the schedules
 -- advanced, inserts the staged occurrences (an existing one is left alone and gets no second delivery)
 -- and each SCHEDULED one's delivery: ahead-lane row when staged ahead, else an outbox row (held by the
 -- overlap gate with :gate_token, or for the tenant's max_running with :tenant_token, when flagged) with late_after and misfire_policy (lateness is judged again
 -- at dispatch), the missed_ranges rows (:range_*) of the advanced schedules, and the quota usage change of
--- the ones completed. Returns the counts.
+-- the ones completed. Cohorts (:cohort_ids, :cohort_versions = members_version as read, :cohort_cursors,
+-- :cohort_next_run_ats, :cohort_fires) advance likewise, once for all their members, only if neither their
+-- cursor nor their membership moved; their members' staged rows (cohort_id set) are inserted for the
+-- cohorts advanced. Cohorts :dissolve_ids (:dissolve_versions, :dissolve_cursors; same condition) are
+-- deleted (their fire is not plain on-time work, or they have no member left) and their members get their
+-- own cursor and runs: each one planned (:released_ids) advanced as a schedule alone would be
+-- (:released_next_run_ats, :released_runs; its staged rows inserted), any other at the cohort's cursor.
+-- Returns the counts and the cohorts advanced.
 WITH advanced AS (
     UPDATE schedules s
     SET next_run_at = u.next_run_at,
         runs = s.runs + u.runs,
         state = CASE WHEN u.next_run_at IS NULL THEN 'completed' ELSE s.state END,
+        cohort_id = u.cohort_id, cohort_base = u.cohort_base,
         updated_at = coalesce(:now::timestamptz, now())
     FROM unnest(:schedule_ids::uuid[], :versions::int[], :cursors::timestamptz[], :next_run_ats::timestamptz[],
-                :runs::int[])
-         AS u (schedule_id, version, cursor, next_run_at, runs)
+                :runs::int[], :join_cohort_ids::uuid[], :join_cohort_bases::bigint[])
+         AS u (schedule_id, version, cursor, next_run_at, runs, cohort_id, cohort_base)
     WHERE s.schedule_id = u.schedule_id AND s.version = u.version AND s.state = 'active'
-      AND s.next_run_at = u.cursor
-    RETURNING s.schedule_id, s.tenant_id, s.state, s.fires_per_minute
+      AND s.next_run_at = u.cursor AND s.cohort_id IS NULL
+    RETURNING s.schedule_id, s.tenant_id, s.state, s.fires_per_minute, s.cohort_id
+), cohorts_advanced AS (
+    UPDATE schedule_cohorts c
+    SET next_run_at = u.next_run_at, fires = c.fires + u.fires, updated_at = coalesce(:now::timestamptz, now())
+    FROM unnest(:cohort_ids::uuid[], :cohort_versions::bigint[], :cohort_cursors::timestamptz[],
+                :cohort_next_run_ats::timestamptz[], :cohort_fires::int[])
+         AS u (cohort_id, members_version, cursor, next_run_at, fires)
+    WHERE c.cohort_id = u.cohort_id AND c.members_version = u.members_version AND c.next_run_at = u.cursor
+    RETURNING c.cohort_id
+), dissolved AS (
+    DELETE FROM schedule_cohorts c
+    USING unnest(:dissolve_ids::uuid[], :dissolve_versions::bigint[], :dissolve_cursors::timestamptz[])
+          AS d (cohort_id, members_version, cursor)
+    WHERE c.cohort_id = d.cohort_id AND c.members_version = d.members_version AND c.next_run_at = d.cursor
+    RETURNING c.cohort_id, c.next_run_at, c.fires
+), released AS (
+    UPDATE schedules s
+    SET cohort_id = NULL, cohort_base = NULL, next_run_at = r.next_run_at,
+        runs = s.runs + (d.fires - s.cohort_base)::integer + r.runs,
+        state = CASE WHEN r.next_run_at IS NULL THEN 'completed' ELSE s.state END,
+        updated_at = coalesce(:now::timestamptz, now())
+    FROM dissolved d,
+         unnest(:released_ids::uuid[], :released_next_run_ats::timestamptz[], :released_runs::int[])
+         AS r (schedule_id, next_run_at, runs)
+    WHERE s.cohort_id = d.cohort_id AND s.schedule_id = r.schedule_id
+    RETURNING s.schedule_id, s.tenant_id, s.state, s.fires_per_minute, s.cohort_id
+), unplanned AS (
+    -- A member the pass did not read (none should exist: members_version moves with every join) is never
+    -- left pointing at a deleted cohort: it gets the cohort's cursor and is judged by a later pass.
+    UPDATE schedules s
+    SET cohort_id = NULL, cohort_base = NULL, next_run_at = d.next_run_at,
+        runs = s.runs + (d.fires - s.cohort_base)::integer
+    FROM dissolved d
+    WHERE s.cohort_id = d.cohort_id AND s.schedule_id <> ALL (:released_ids::uuid[])
+    RETURNING 1
+), moved AS (
+    SELECT * FROM advanced
+    UNION ALL
+    SELECT * FROM released
 ), ranges AS (
     -- missed slots summarised, not listed (count NULL: more than can be counted)
     INSERT INTO missed_ranges (schedule_id, schedule_version, first_missed, last_missed, missed_count, recorded_at)
@@ -74,7 +189,7 @@ WITH advanced AS (
     FROM unnest(:range_schedule_ids::uuid[], :range_versions::int[], :range_firsts::timestamptz[],
                 :range_lasts::timestamptz[], :range_counts::bigint[])
          AS r (schedule_id, version, first_missed, last_missed, missed_count)
-    JOIN advanced a ON a.schedule_id = r.schedule_id
+    JOIN moved a ON a.schedule_id = r.schedule_id
     ON CONFLICT DO NOTHING
     RETURNING 1
 ), inserted AS (
@@ -83,7 +198,8 @@ WITH advanced AS (
     SELECT m.occurrence_id, m.schedule_id, m.schedule_version, m.tenant_id, m.target, m.scheduled_for,
            m.available_at, m.state, coalesce(:now::timestamptz, now()), coalesce(:now::timestamptz, now())
     FROM materialize_staging m
-    JOIN advanced a ON a.schedule_id = m.schedule_id
+    WHERE m.schedule_id IN (SELECT schedule_id FROM moved)
+       OR m.cohort_id IN (SELECT cohort_id FROM cohorts_advanced)
     ON CONFLICT DO NOTHING
     RETURNING occurrence_id, state
 ), ahead AS (
@@ -112,18 +228,25 @@ WITH advanced AS (
     -- a trigger call per completion cost 5-9 µs, docs/benchmarks.md stop 44).
     INSERT INTO tenant_usage_changes (tenant_id, schedules, fires_per_minute)
     SELECT a.tenant_id, -count(*), -sum(a.fires_per_minute::numeric)
-    FROM advanced a
+    FROM moved a
     WHERE a.state = 'completed'
     GROUP BY a.tenant_id
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM advanced) AS schedules, (SELECT count(*) FROM inserted) AS occurrences,
+SELECT (SELECT count(*) FROM moved) AS schedules, (SELECT count(*) FROM inserted) AS occurrences,
        (SELECT count(*) FROM ahead) AS ahead, (SELECT count(*) FROM late) AS late,
-       (SELECT count(*) FROM ranges) AS ranges;
+       (SELECT count(*) FROM ranges) AS ranges,
+       coalesce((SELECT array_agg(cohort_id) FROM cohorts_advanced), '{}') AS cohorts,
+       (SELECT count(*) FROM unplanned) AS unplanned,
+       (SELECT count(*) FROM advanced WHERE cohort_id IS NOT NULL) AS joined;
 
 -- name: due_backlog
--- Active schedules whose cursor is already in the past (work the materializer has not caught up with).
-SELECT count(*) FROM schedules WHERE state = 'active' AND next_run_at <= coalesce(:now::timestamptz, now());
+-- Active schedules whose cursor is already in the past (work the materializer has not caught up with): those
+-- with their own cursor, and the active members of cohorts whose cursor is.
+SELECT (SELECT count(*) FROM schedules
+        WHERE state = 'active' AND cohort_id IS NULL AND next_run_at <= coalesce(:now::timestamptz, now()))
+     + (SELECT count(*) FROM schedule_cohorts c JOIN schedules s ON s.cohort_id = c.cohort_id
+        WHERE c.next_run_at <= coalesce(:now::timestamptz, now()) AND s.state = 'active') AS count;
 
 -- name: create_catch_up_buckets
 -- The catch-up token buckets of :tenant_ids that have none yet, full (catch_up_per_minute tokens at now).

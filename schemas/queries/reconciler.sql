@@ -134,7 +134,9 @@ SELECT a.schedule_id, a.version, a.tenant_id, a.definition, a.cursor, a.ended_at
        coalesce(a.definition ->> 'misfire_policy', 'fire_once') AS misfire_policy,
        coalesce((a.definition ->> 'max_lateness')::bigint, 60) AS max_lateness_s,
        false AS filtered,
-       s.version AS current_version, s.state AS current_state, s.next_run_at AS current_cursor
+       s.version AS current_version, s.state AS current_state,
+       coalesce((SELECT c.next_run_at FROM schedule_cohorts c WHERE c.cohort_id = s.cohort_id), s.next_run_at)
+           AS current_cursor
 FROM active a
 JOIN schedules s ON s.schedule_id = a.schedule_id
 WHERE a.cursor IS NOT NULL AND a.cursor < :window_to

@@ -3,6 +3,7 @@
 
 -- name: lock_requested_schedule
 -- One schedule of one tenant, locked while occurrences are requested for it (the materializer skips it).
+-- The caller has taken it out of any cohort first (leave_cohort): its row holds its own cursor.
 SELECT * FROM schedules WHERE schedule_id = :schedule_id AND tenant_id = :tenant_id FOR UPDATE;
 
 -- name: lock_refire_candidates

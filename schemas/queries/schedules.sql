@@ -4,31 +4,36 @@
 -- tenant's schedule is simply not found.
 
 -- name: insert_schedule
--- Creates a schedule; with a created_by_key, a second create with the same key is a no-op (returns nothing).
+-- Creates a schedule (in cohort :cohort_id from its fires :cohort_base, or NULL: its own cursor); with a
+-- created_by_key, a second create with the same key is a no-op (returns nothing).
 INSERT INTO schedules (
     schedule_id, tenant_id, kind, expression, time_zone, dst_repeat, dst_gap, anchor, start_at, end_at,
     next_run_at, state, target, payload, priority, flexible_window_s, misfire_policy, max_lateness_s,
     overlap_policy, retry_max_attempts, retry_base_s, retry_cap_s, deadline_s, shard, created_by_key,
-    fires_per_minute, request_hash, calendar_id, calendar_name, max_runs, created_at, updated_at)
+    fires_per_minute, request_hash, calendar_id, calendar_name, max_runs, cohort_id, cohort_base, created_at,
+    updated_at)
 VALUES (:schedule_id, :tenant_id, :kind, :expression, :time_zone, :dst_repeat, :dst_gap, :anchor, :start_at,
         :end_at, :next_run_at, :state, :target, :payload, :priority, :flexible_window_s, :misfire_policy,
         :max_lateness_s, :overlap_policy, :retry_max_attempts, :retry_base_s, :retry_cap_s, :deadline_s, :shard,
         :created_by_key, :fires_per_minute, :request_hash, :calendar_id, :calendar_name, :max_runs,
-        coalesce(:now::timestamptz, now()), coalesce(:now::timestamptz, now()))
+        :cohort_id::uuid, :cohort_base::bigint, coalesce(:now::timestamptz, now()), coalesce(:now::timestamptz, now()))
 ON CONFLICT (tenant_id, created_by_key) WHERE created_by_key IS NOT NULL DO NOTHING
 RETURNING *;
 
 -- name: get_schedule
--- One schedule of one tenant.
-SELECT * FROM schedules WHERE schedule_id = :schedule_id AND tenant_id = :tenant_id;
+-- One schedule of one tenant (a cohort member's cursor and runs from its cohort).
+SELECT e.* FROM schedules s CROSS JOIN LATERAL chronoq_effective_schedule(s) e
+WHERE s.schedule_id = :schedule_id AND s.tenant_id = :tenant_id;
 
 -- name: lock_schedule
--- One schedule of one tenant, locked for a lifecycle change (the materializer skips it meanwhile).
+-- One schedule of one tenant, locked for a lifecycle change (the materializer skips it meanwhile). The
+-- caller has taken it out of any cohort first (leave_cohort): its row holds its own cursor.
 SELECT * FROM schedules WHERE schedule_id = :schedule_id AND tenant_id = :tenant_id FOR UPDATE;
 
 -- name: get_schedule_by_key
--- The schedule a tenant created with an idempotency key.
-SELECT * FROM schedules WHERE tenant_id = :tenant_id AND created_by_key = :created_by_key;
+-- The schedule a tenant created with an idempotency key (a cohort member's cursor and runs from its cohort).
+SELECT e.* FROM schedules s CROSS JOIN LATERAL chronoq_effective_schedule(s) e
+WHERE s.tenant_id = :tenant_id AND s.created_by_key = :created_by_key;
 
 -- name: replace_schedule
 -- Writes a new version of a locked schedule: definition, state and cursor.
@@ -149,14 +154,16 @@ VALUES (:schedule_id, :version, :tenant_id, :change, :state, :definition, :next_
         coalesce(:now::timestamptz, now()));
 
 -- name: list_schedules
--- A page of a tenant's schedules in creation order, after the cursor (created_at, schedule_id).
-SELECT *
-FROM schedules
-WHERE tenant_id = :tenant_id
-  AND (:state::text IS NULL OR state = :state)
-  AND (:target::text IS NULL OR target = :target)
-  AND (:after_at::timestamptz IS NULL OR (created_at, schedule_id) > (:after_at, :after_id::uuid))
-ORDER BY created_at, schedule_id
+-- A page of a tenant's schedules in creation order, after the cursor (created_at, schedule_id); a cohort
+-- member's cursor and runs from its cohort.
+SELECT e.*
+FROM schedules s
+CROSS JOIN LATERAL chronoq_effective_schedule(s) e
+WHERE s.tenant_id = :tenant_id
+  AND (:state::text IS NULL OR s.state = :state)
+  AND (:target::text IS NULL OR s.target = :target)
+  AND (:after_at::timestamptz IS NULL OR (s.created_at, s.schedule_id) > (:after_at, :after_id::uuid))
+ORDER BY s.created_at, s.schedule_id
 LIMIT :limit;
 
 -- name: list_schedule_occurrences

@@ -25,7 +25,7 @@ ORDER BY owner NULLS LAST;
 
 -- name: materialization_backlog
 -- Active schedules whose cursor is due, by how long it has been due, plus those due within :horizon_s seconds
--- (the materializer's horizon) and the oldest due cursor.
+-- (the materializer's horizon) and the oldest due cursor. Cohort members count with their cohort's cursor.
 SELECT count(*) FILTER (WHERE next_run_at <= :now::timestamptz - interval '1 hour') AS over_1h,
        count(*) FILTER (WHERE next_run_at > :now::timestamptz - interval '1 hour'
                           AND next_run_at <= :now::timestamptz - interval '5 minutes') AS from_5m_to_1h,
@@ -35,8 +35,14 @@ SELECT count(*) FILTER (WHERE next_run_at <= :now::timestamptz - interval '1 hou
                           AND next_run_at <= :now::timestamptz) AS under_1m,
        count(*) FILTER (WHERE next_run_at > :now::timestamptz) AS within_horizon,
        min(next_run_at) AS oldest_cursor
-FROM schedules
-WHERE state = 'active' AND next_run_at <= :now::timestamptz + make_interval(secs => :horizon_s);
+FROM (
+    SELECT next_run_at FROM schedules
+    WHERE state = 'active' AND cohort_id IS NULL
+      AND next_run_at <= :now::timestamptz + make_interval(secs => :horizon_s)
+    UNION ALL
+    SELECT c.next_run_at FROM schedule_cohorts c JOIN schedules s ON s.cohort_id = c.cohort_id
+    WHERE s.state = 'active' AND c.next_run_at <= :now::timestamptz + make_interval(secs => :horizon_s)
+) cursors;
 
 -- name: schedule_counts
 -- Schedules per state.

@@ -100,6 +100,74 @@ BEGIN
     USING now, default_keep_s;
 END
 $_$;
+CREATE TABLE public.schedules (
+    schedule_id uuid NOT NULL,
+    tenant_id text NOT NULL,
+    kind text NOT NULL,
+    expression text NOT NULL,
+    time_zone text DEFAULT 'UTC'::text NOT NULL,
+    dst_repeat text DEFAULT 'first'::text NOT NULL,
+    dst_gap text DEFAULT 'skip'::text NOT NULL,
+    anchor timestamp with time zone,
+    start_at timestamp with time zone,
+    end_at timestamp with time zone,
+    version integer DEFAULT 1 NOT NULL,
+    state text DEFAULT 'active'::text NOT NULL,
+    next_run_at timestamp with time zone,
+    target text NOT NULL,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    priority text DEFAULT 'strict'::text NOT NULL,
+    flexible_window_s integer DEFAULT 0 NOT NULL,
+    misfire_policy text DEFAULT 'fire_once'::text NOT NULL,
+    max_lateness_s integer DEFAULT 60 NOT NULL,
+    overlap_policy text DEFAULT 'allow'::text NOT NULL,
+    retry_max_attempts integer DEFAULT 3 NOT NULL,
+    retry_base_s double precision DEFAULT 1 NOT NULL,
+    retry_cap_s double precision DEFAULT 300 NOT NULL,
+    deadline_s integer,
+    shard integer NOT NULL,
+    created_by_key text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    fires_per_minute double precision DEFAULT 0 NOT NULL,
+    request_hash text,
+    calendar_id uuid,
+    calendar_name text,
+    max_runs integer,
+    runs integer DEFAULT 0 NOT NULL,
+    cohort_id uuid,
+    cohort_base bigint,
+    CONSTRAINT schedules_dst_gap_check CHECK ((dst_gap = ANY (ARRAY['skip'::text, 'shift'::text]))),
+    CONSTRAINT schedules_dst_repeat_check CHECK ((dst_repeat = ANY (ARRAY['first'::text, 'both'::text]))),
+    CONSTRAINT schedules_flexible_window_s_check CHECK ((flexible_window_s >= 0)),
+    CONSTRAINT schedules_kind_check CHECK ((kind = ANY (ARRAY['once'::text, 'cron'::text, 'rate'::text]))),
+    CONSTRAINT schedules_max_lateness_s_check CHECK ((max_lateness_s >= 0)),
+    CONSTRAINT schedules_max_runs_check CHECK (((max_runs IS NULL) OR (max_runs >= 1))),
+    CONSTRAINT schedules_overlap_policy_check CHECK ((overlap_policy = ANY (ARRAY['allow'::text, 'skip_if_running'::text, 'queue_one'::text]))),
+    CONSTRAINT schedules_priority_check CHECK ((priority = ANY (ARRAY['strict'::text, 'flexible'::text]))),
+    CONSTRAINT schedules_retry_base_s_check CHECK ((retry_base_s > (0)::double precision)),
+    CONSTRAINT schedules_retry_cap_s_check CHECK ((retry_cap_s > (0)::double precision)),
+    CONSTRAINT schedules_retry_max_attempts_check CHECK ((retry_max_attempts >= 1)),
+    CONSTRAINT schedules_runs_check CHECK ((runs >= 0)),
+    CONSTRAINT schedules_state_check CHECK ((state = ANY (ARRAY['active'::text, 'paused'::text, 'canceled'::text, 'completed'::text]))),
+    CONSTRAINT schedules_version_check CHECK ((version >= 1))
+);
+CREATE FUNCTION public.chronoq_effective_schedule(s public.schedules) RETURNS public.schedules
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    c record;
+BEGIN
+    IF s.cohort_id IS NOT NULL THEN
+        SELECT next_run_at, fires INTO c FROM schedule_cohorts WHERE cohort_id = s.cohort_id;
+        IF FOUND THEN
+            s.next_run_at := c.next_run_at;
+            s.runs := s.runs + (c.fires - s.cohort_base)::integer;
+        END IF;
+    END IF;
+    RETURN s;
+END
+$$;
 CREATE FUNCTION public.chronoq_ensure_day_partitions(from_day date, to_day date) RETURNS integer
     LANGUAGE plpgsql
     AS $$
@@ -620,6 +688,27 @@ ALTER TABLE public.reconcile_runs ALTER COLUMN run_id ADD GENERATED ALWAYS AS ID
     NO MAXVALUE
     CACHE 1
 );
+CREATE TABLE public.schedule_cohorts (
+    cohort_id uuid NOT NULL,
+    shard integer NOT NULL,
+    tenant_id text NOT NULL,
+    spec_key text NOT NULL,
+    kind text NOT NULL,
+    expression text NOT NULL,
+    time_zone text NOT NULL,
+    dst_repeat text NOT NULL,
+    dst_gap text NOT NULL,
+    anchor timestamp with time zone,
+    misfire_policy text NOT NULL,
+    max_lateness_s integer NOT NULL,
+    next_run_at timestamp with time zone NOT NULL,
+    fires bigint DEFAULT 0 NOT NULL,
+    members integer DEFAULT 0 NOT NULL,
+    members_version bigint DEFAULT 0 NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
+)
+WITH (fillfactor='70');
 CREATE TABLE public.schedule_versions (
     schedule_id uuid NOT NULL,
     version integer NOT NULL,
@@ -631,56 +720,45 @@ CREATE TABLE public.schedule_versions (
     changed_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT schedule_versions_change_check CHECK ((change = ANY (ARRAY['create'::text, 'update'::text, 'pause'::text, 'resume'::text, 'cancel'::text])))
 );
-CREATE TABLE public.schedules (
-    schedule_id uuid NOT NULL,
-    tenant_id text NOT NULL,
-    kind text NOT NULL,
-    expression text NOT NULL,
-    time_zone text DEFAULT 'UTC'::text NOT NULL,
-    dst_repeat text DEFAULT 'first'::text NOT NULL,
-    dst_gap text DEFAULT 'skip'::text NOT NULL,
-    anchor timestamp with time zone,
-    start_at timestamp with time zone,
-    end_at timestamp with time zone,
-    version integer DEFAULT 1 NOT NULL,
-    state text DEFAULT 'active'::text NOT NULL,
-    next_run_at timestamp with time zone,
-    target text NOT NULL,
-    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
-    priority text DEFAULT 'strict'::text NOT NULL,
-    flexible_window_s integer DEFAULT 0 NOT NULL,
-    misfire_policy text DEFAULT 'fire_once'::text NOT NULL,
-    max_lateness_s integer DEFAULT 60 NOT NULL,
-    overlap_policy text DEFAULT 'allow'::text NOT NULL,
-    retry_max_attempts integer DEFAULT 3 NOT NULL,
-    retry_base_s double precision DEFAULT 1 NOT NULL,
-    retry_cap_s double precision DEFAULT 300 NOT NULL,
-    deadline_s integer,
-    shard integer NOT NULL,
-    created_by_key text,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    fires_per_minute double precision DEFAULT 0 NOT NULL,
-    request_hash text,
-    calendar_id uuid,
-    calendar_name text,
-    max_runs integer,
-    runs integer DEFAULT 0 NOT NULL,
-    CONSTRAINT schedules_dst_gap_check CHECK ((dst_gap = ANY (ARRAY['skip'::text, 'shift'::text]))),
-    CONSTRAINT schedules_dst_repeat_check CHECK ((dst_repeat = ANY (ARRAY['first'::text, 'both'::text]))),
-    CONSTRAINT schedules_flexible_window_s_check CHECK ((flexible_window_s >= 0)),
-    CONSTRAINT schedules_kind_check CHECK ((kind = ANY (ARRAY['once'::text, 'cron'::text, 'rate'::text]))),
-    CONSTRAINT schedules_max_lateness_s_check CHECK ((max_lateness_s >= 0)),
-    CONSTRAINT schedules_max_runs_check CHECK (((max_runs IS NULL) OR (max_runs >= 1))),
-    CONSTRAINT schedules_overlap_policy_check CHECK ((overlap_policy = ANY (ARRAY['allow'::text, 'skip_if_running'::text, 'queue_one'::text]))),
-    CONSTRAINT schedules_priority_check CHECK ((priority = ANY (ARRAY['strict'::text, 'flexible'::text]))),
-    CONSTRAINT schedules_retry_base_s_check CHECK ((retry_base_s > (0)::double precision)),
-    CONSTRAINT schedules_retry_cap_s_check CHECK ((retry_cap_s > (0)::double precision)),
-    CONSTRAINT schedules_retry_max_attempts_check CHECK ((retry_max_attempts >= 1)),
-    CONSTRAINT schedules_runs_check CHECK ((runs >= 0)),
-    CONSTRAINT schedules_state_check CHECK ((state = ANY (ARRAY['active'::text, 'paused'::text, 'canceled'::text, 'completed'::text]))),
-    CONSTRAINT schedules_version_check CHECK ((version >= 1))
-);
+CREATE VIEW public.schedules_effective AS
+ SELECT e.schedule_id,
+    e.tenant_id,
+    e.kind,
+    e.expression,
+    e.time_zone,
+    e.dst_repeat,
+    e.dst_gap,
+    e.anchor,
+    e.start_at,
+    e.end_at,
+    e.version,
+    e.state,
+    e.next_run_at,
+    e.target,
+    e.payload,
+    e.priority,
+    e.flexible_window_s,
+    e.misfire_policy,
+    e.max_lateness_s,
+    e.overlap_policy,
+    e.retry_max_attempts,
+    e.retry_base_s,
+    e.retry_cap_s,
+    e.deadline_s,
+    e.shard,
+    e.created_by_key,
+    e.created_at,
+    e.updated_at,
+    e.fires_per_minute,
+    e.request_hash,
+    e.calendar_id,
+    e.calendar_name,
+    e.max_runs,
+    e.runs,
+    e.cohort_id,
+    e.cohort_base
+   FROM (public.schedules s
+     CROSS JOIN LATERAL public.chronoq_effective_schedule(s.*) e(schedule_id, tenant_id, kind, expression, time_zone, dst_repeat, dst_gap, anchor, start_at, end_at, version, state, next_run_at, target, payload, priority, flexible_window_s, misfire_policy, max_lateness_s, overlap_policy, retry_max_attempts, retry_base_s, retry_cap_s, deadline_s, shard, created_by_key, created_at, updated_at, fires_per_minute, request_hash, calendar_id, calendar_name, max_runs, runs, cohort_id, cohort_base));
 CREATE TABLE public.shard_leases (
     shard integer NOT NULL,
     owner text,
@@ -836,6 +914,8 @@ ALTER TABLE ONLY public.processed_commands
     ADD CONSTRAINT processed_commands_pkey PRIMARY KEY (tenant_id, command_id);
 ALTER TABLE ONLY public.reconcile_runs
     ADD CONSTRAINT reconcile_runs_pkey PRIMARY KEY (run_id);
+ALTER TABLE ONLY public.schedule_cohorts
+    ADD CONSTRAINT schedule_cohorts_pkey PRIMARY KEY (cohort_id);
 ALTER TABLE ONLY public.schedule_versions
     ADD CONSTRAINT schedule_versions_pkey PRIMARY KEY (schedule_id, version);
 ALTER TABLE ONLY public.schedules
@@ -898,9 +978,12 @@ CREATE INDEX outbox_pending ON public.outbox USING btree (available_at) WHERE ((
 CREATE INDEX outbox_tenant_held ON public.outbox USING btree (tenant_id, available_at) WHERE ((claim_expires_at = 'infinity'::timestamp with time zone) AND (sent_at IS NULL) AND (discarded_at IS NULL));
 CREATE INDEX outbox_unsent_keyed ON public.outbox USING btree (topic, message_key, id) WHERE ((occurrence_id IS NULL) AND (sent_at IS NULL) AND (discarded_at IS NULL));
 CREATE INDEX reconcile_runs_recent ON public.reconcile_runs USING btree (finished_at);
+CREATE INDEX schedule_cohorts_due ON public.schedule_cohorts USING btree (shard, next_run_at);
+CREATE INDEX schedule_cohorts_key ON public.schedule_cohorts USING btree (shard, tenant_id, spec_key, next_run_at);
 CREATE INDEX schedules_calendar ON public.schedules USING btree (calendar_id) WHERE ((calendar_id IS NOT NULL) AND (state = ANY (ARRAY['active'::text, 'paused'::text])));
+CREATE INDEX schedules_cohort ON public.schedules USING btree (cohort_id) WHERE (cohort_id IS NOT NULL);
 CREATE UNIQUE INDEX schedules_created_by_key ON public.schedules USING btree (tenant_id, created_by_key) WHERE (created_by_key IS NOT NULL);
-CREATE INDEX schedules_due ON public.schedules USING btree (shard, next_run_at) WHERE (state = 'active'::text);
+CREATE INDEX schedules_due ON public.schedules USING btree (shard, next_run_at) WHERE ((state = 'active'::text) AND (cohort_id IS NULL));
 CREATE INDEX schedules_tenant ON public.schedules USING btree (tenant_id, created_at, schedule_id);
 CREATE INDEX schedules_tenant_state ON public.schedules USING btree (tenant_id, state) WHERE (state <> 'active'::text);
 CREATE INDEX stuck_occurrences_open ON public.stuck_occurrences USING btree (first_seen_at) WHERE (resolved_at IS NULL);

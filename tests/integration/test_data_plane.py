@@ -249,7 +249,7 @@ async def test_an_insert_held_open_across_a_seal_is_published_not_lost(engine_db
         )
         materializer = Materializer(pool, MaterializerConfig(), clock, ownership=ownership)
         materializing = asyncio.create_task(materializer.run_once())
-        await wait_for(lambda: waiting_on_lock(pool, "WITH advanced AS"))
+        await wait_for(lambda: waiting_on_lock(pool, "One statement per batch. First advances"))
         clock.set(AT - timedelta(seconds=0.8))
         relay = relay_of(pool, publisher, ownership, clock)
         relaying = asyncio.create_task(relay.run_once())

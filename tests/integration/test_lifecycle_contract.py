@@ -164,8 +164,17 @@ async def test_possibly_published(kind, control, pool, clock, target):
         return
     await then_materialize(control, pool, clock, kind, schedule_id)
     assert await slot_holders(pool, schedule_id) == [(1, "CANCELED")]
-    # Even a cursor moved back over the slot cannot materialize it again: the slot index holds it.
-    await pool.execute("UPDATE schedules SET next_run_at = $2 WHERE schedule_id = $1::uuid", schedule_id, SLOT)
+    # Even a cursor moved back over the slot cannot materialize it again: the slot index holds it. (The
+    # schedule's own cursor, or its cohort's once it joined one again: migration 0026.)
+    await pool.execute(
+        "UPDATE schedules SET next_run_at = $2 WHERE schedule_id = $1::uuid AND cohort_id IS NULL", schedule_id, SLOT
+    )
+    await pool.execute(
+        "UPDATE schedule_cohorts c SET next_run_at = $2 FROM schedules s"
+        " WHERE s.schedule_id = $1::uuid AND c.cohort_id = s.cohort_id",
+        schedule_id,
+        SLOT,
+    )
     assert (await materializer(pool, clock).run_once()).conflicts >= 1
     assert await slot_holders(pool, schedule_id) == [(1, "CANCELED")]
 

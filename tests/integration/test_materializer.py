@@ -53,7 +53,7 @@ async def test_a_cron_schedule_yields_consecutive_occurrences_with_distinct_ids(
     outbox = await pool.fetch("SELECT message FROM outbox WHERE occurrence_id IS NOT NULL ORDER BY scheduled_for")
     assert [decode_occurrence(r["message"]).scheduled_for for r in outbox] == [at(10, 1), at(10, 2), at(10, 3)]
     assert decode_occurrence(outbox[0]["message"]).payload == {"k": 1}
-    assert await pool.fetchval("SELECT next_run_at FROM schedules") == at(10, 4)
+    assert await pool.fetchval("SELECT next_run_at FROM schedules_effective") == at(10, 4)
 
 
 async def test_overlapping_materializers_never_duplicate_an_occurrence(pool, clock, target):
@@ -63,7 +63,8 @@ async def test_overlapping_materializers_never_duplicate_an_occurrence(pool, clo
     clock.set(at(10, 0, 45))
     assert (await materializer.run_once()).occurrences == 1
     # An old node that read the schedule before the cursor moved replays the same fire.
-    await pool.execute("UPDATE schedules SET next_run_at = $1", at(10, 1))
+    # (the schedule shares its cohort's cursor, migration 0026: the cohort is what moves back)
+    await pool.execute("UPDATE schedule_cohorts SET next_run_at = $1", at(10, 1))
     report = await materializer.run_once()
     assert (report.occurrences, report.conflicts) == (0, 1)
     assert await pool.fetchval("SELECT count(*) FROM outbox WHERE occurrence_id IS NOT NULL") == 1
@@ -106,7 +107,7 @@ async def test_an_outage_is_resolved_by_the_misfire_policy_from_the_durable_curs
     assert dict(states) == {k: v for k, v in {"SCHEDULED": enqueued, "MISSED": missed}.items() if v}
     assert report.missed == missed
     assert await pool.fetchval("SELECT count(*) FROM outbox WHERE occurrence_id IS NOT NULL") == enqueued
-    assert await pool.fetchval("SELECT next_run_at FROM schedules") == at(11, 1)
+    assert await pool.fetchval("SELECT next_run_at FROM schedules_effective") == at(11, 1)
 
 
 async def test_idempotent_create_returns_the_same_schedule_and_rejects_a_different_body(pool, clock, target):

@@ -7,6 +7,7 @@ from dataclasses import fields
 import pytest
 
 from engine.records import (
+    COHORT_FIELDS,
     Attempt,
     DeadLetter,
     DueSchedule,
@@ -39,3 +40,14 @@ async def test_a_record_declares_exactly_the_columns_its_query_returns(engine_db
     finally:
         await conn.close()
     assert sorted(item.name for item in fields(record)) == sorted(columns)
+
+
+async def test_a_cohort_member_is_its_row_and_its_cohorts_shared_fields(engine_db):
+    conn = await connect(engine_db)
+    try:
+        member = [a.name for a in (await conn.prepare(QUERIES.cohort_members.sql)).get_attributes()]
+        cohort = [a.name for a in (await conn.prepare(QUERIES.lock_due_cohorts.sql)).get_attributes()]
+    finally:
+        await conn.close()
+    assert set(COHORT_FIELDS) <= set(cohort)
+    assert sorted({*member, *COHORT_FIELDS}) == sorted(item.name for item in fields(DueSchedule))

@@ -43,6 +43,8 @@ def due_row(**overrides):
         "runs": 0,
         "shard": 7,
         "weight": 2,
+        "cohort_id": None,
+        "cohort_version": None,
         "column_added_later": "ignored",
     }
     return {**row, **overrides}
@@ -92,6 +94,13 @@ def test_from_row_builds_what_the_dataclass_builds(cls):
     del missing[dataclasses.fields(cls)[-1].name]
     with pytest.raises(KeyError):
         cls.from_row(missing)
+
+
+def test_a_cohort_member_is_built_from_its_row_and_its_cohorts_values():
+    row = due_row(cohort_id=uuid.uuid4(), cohort_version=3, next_run_at=AT + timedelta(hours=1), shard=7)
+    shared = tuple(row[name] for name in records.COHORT_FIELDS)
+    own = {name: value for name, value in row.items() if name not in records.COHORT_FIELDS}
+    assert DueSchedule.of_member(own, shared) == DueSchedule.from_row(row)
 
 
 def test_the_row_builder_refuses_records_it_would_build_wrongly():
