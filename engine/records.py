@@ -38,8 +38,7 @@ DstGap = Literal["skip", "shift"]
 
 
 _COLUMNS: dict[type, tuple[str, ...]] = {}
-_MEMBER_BUILDER: dict[str, Callable[..., Any]] = {}
-_BUILDERS: dict[type, Callable[[Mapping[str, Any]], Any]] = {}
+_BUILDERS: dict[tuple[type, tuple[str, ...]], Callable[..., Any]] = {}  # by (class, the fields shared)
 
 
 def _columns(cls: type) -> tuple[str, ...]:
@@ -84,9 +83,9 @@ class _Record:
 
     @classmethod
     def from_row(cls: type[R], row: Mapping[str, Any]) -> R:
-        build = _BUILDERS.get(cls)
+        build = _BUILDERS.get((cls, ()))
         if build is None:
-            build = _BUILDERS[cls] = _builder(cls)
+            build = _BUILDERS[cls, ()] = _builder(cls)
         record: R = build(row)
         return record
 
@@ -192,9 +191,9 @@ class DueSchedule(_TimedSchedule):
     @classmethod
     def of_member(cls, row: Mapping[str, Any], shared: tuple[Any, ...]) -> DueSchedule:
         """A cohort member from its row (``cohort_members``) and its cohort's values of COHORT_FIELDS."""
-        build = _MEMBER_BUILDER.get("build")
+        build = _BUILDERS.get((cls, COHORT_FIELDS))
         if build is None:
-            build = _MEMBER_BUILDER["build"] = _builder(cls, COHORT_FIELDS)
+            build = _BUILDERS[cls, COHORT_FIELDS] = _builder(cls, COHORT_FIELDS)
         member: DueSchedule = build(row, shared)
         return member
 

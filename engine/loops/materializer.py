@@ -283,28 +283,19 @@ def _topic_of(target: str) -> str:
     return occurrence_topic(target)
 
 
-@functools.lru_cache(maxsize=4096)
-def _cohort_spec(
-    kind: str, expression: str, time_zone: str, dst_repeat: str, dst_gap: str, anchor: datetime | None,
-    misfire_policy: str, max_lateness_s: int, overlap_policy: str,
-) -> CohortSpec | None:  # fmt: skip
-    return cohort_spec(
-        kind=kind, expression=expression, time_zone=time_zone, dst_repeat=dst_repeat, dst_gap=dst_gap,
-        anchor=anchor, misfire_policy=misfire_policy, max_lateness_s=max_lateness_s, end_at=None, calendar_id=None,
-        max_runs=None, overlap_policy=overlap_policy,
-    )  # fmt: skip
+_cohort_spec = functools.lru_cache(maxsize=4096)(cohort_spec)  # a burst's schedules share a few specs
 
 
 def join_spec(schedule: DueSchedule, decision: timing.MisfireDecision) -> CohortSpec | None:
     """The cohort spec a schedule with its own cursor joins under at this advance, or None: only plain
     on-time work of a schedule that may share a cursor joins (engine/rules/cohorts.py)."""
-    if schedule.end_at is not None or schedule.calendar_id is not None or schedule.max_runs is not None:
-        return None
     if not plain_on_time(decision):
         return None
     return _cohort_spec(
-        schedule.kind, schedule.expression, schedule.time_zone, schedule.dst_repeat, schedule.dst_gap,
-        schedule.anchor, schedule.misfire_policy, schedule.max_lateness_s, schedule.overlap_policy,
+        kind=schedule.kind, expression=schedule.expression, time_zone=schedule.time_zone,
+        dst_repeat=schedule.dst_repeat, dst_gap=schedule.dst_gap, anchor=schedule.anchor,
+        misfire_policy=schedule.misfire_policy, max_lateness_s=schedule.max_lateness_s, end_at=schedule.end_at,
+        calendar_id=schedule.calendar_id, max_runs=schedule.max_runs, overlap_policy=schedule.overlap_policy,
     )  # fmt: skip
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from engine.rules import timing
 
@@ -79,12 +79,6 @@ def cohort_spec(
     if overlap_policy != "allow":
         return None
     return CohortSpec(kind, expression, time_zone, dst_repeat, dst_gap, anchor, misfire_policy, max_lateness_s)
-
-
-def cohort_key(**fields: Any) -> str | None:
-    """``cohort_spec(**fields).key``, or None for a schedule that keeps its own cursor."""
-    spec = cohort_spec(**fields)
-    return spec.key if spec is not None else None
 
 
 def plain_on_time(decision: timing.MisfireDecision) -> bool:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.rules import timing
-from engine.rules.cohorts import cohort_key, plain_on_time
+from engine.rules.cohorts import cohort_spec, plain_on_time
 
 EXPRESSIONS = {"cron": ["* * * * *", "0 * * * *", "30 2 * * *", "*/7 * * * *"], "rate": ["1m", "15m", "1h"]}
 ZONES = ["UTC", "Europe/Berlin", "America/New_York"]
@@ -39,7 +39,8 @@ def schedules(draw):
 
 
 def key(schedule: dict) -> str | None:
-    return cohort_key(**{k: v for k, v in schedule.items() if k != "start_at"})
+    spec = cohort_spec(**{k: v for k, v in schedule.items() if k != "start_at"})
+    return spec.key if spec is not None else None
 
 
 def decide(schedule: dict, cursor: datetime, now: datetime) -> timing.MisfireDecision:
@@ -103,9 +104,9 @@ def test_an_anchor_is_keyed_by_its_instant_not_its_zone():
 
     berlin = BASE.astimezone(ZoneInfo("Europe/Berlin"))
     keys = [
-        cohort_key(kind="rate", expression="15m", time_zone="UTC", dst_repeat="first", dst_gap="skip", anchor=anchor,
-                   misfire_policy="skip", max_lateness_s=60, end_at=None, calendar_id=None, max_runs=None,
-                   overlap_policy="allow")
+        key({"kind": "rate", "expression": "15m", "time_zone": "UTC", "dst_repeat": "first", "dst_gap": "skip",
+             "anchor": anchor, "misfire_policy": "skip", "max_lateness_s": 60, "end_at": None, "calendar_id": None,
+             "max_runs": None, "overlap_policy": "allow"})
         for anchor in (BASE, berlin)
     ]  # fmt: skip
     assert keys[0] == keys[1] is not None

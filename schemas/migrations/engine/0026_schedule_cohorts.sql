@@ -21,7 +21,7 @@ CREATE TABLE schedule_cohorts (
     cohort_id       uuid PRIMARY KEY,
     shard           integer NOT NULL,
     tenant_id       text NOT NULL,
-    spec_key        text NOT NULL,         -- engine/rules/cohorts.py cohort_key: the time spec and misfire policy
+    spec_key        text NOT NULL,         -- engine/rules/cohorts.py CohortSpec.key: the time spec and misfire policy
     -- The fields the key is made of, as every member has them (a pass reads them once per cohort).
     kind            text NOT NULL,
     expression      text NOT NULL,
