@@ -7,7 +7,7 @@ Guarantees (migration 0026; docs/dispatch.md "Cohorts"):
   schedule with its own cursor, which so joins, or joins again after a change), never waiting for a cohort
   another transaction holds (a pass, a member's change): it makes a new cohort instead. The schedule is
   written with the cohort and the cohort's fires so far (its base), so nothing is written twice.
-* ``leave_cohort`` runs before any change of a schedule (it is the first statement of ``_lock``): a member
+* ``leave_cohort`` runs before any change of a schedule (the first statement of ``lock_for_change``): a member
   leaves with the cursor and runs it would have had alone, after any pass holding its cohort committed (a
   pass locks its cohorts before it reads their members), so the change's later statements see everything
   that pass wrote, and no later pass reads it as a member.
@@ -22,7 +22,10 @@ from typing import Any
 
 import asyncpg
 
+from engine.control.identifiers import as_uuid
+from engine.records import Schedule
 from engine.rules.cohorts import COHORT_CAP, CohortSpec, cohort_spec
+from schemas.errors import NotFound
 from schemas.queries import QUERIES
 
 
@@ -99,3 +102,17 @@ async def leave_cohort(conn: asyncpg.Connection, tenant_id: str, schedule_id: uu
     whether it was a member."""
     left: bool = await conn.fetchval(*QUERIES.leave_cohort(schedule_id=schedule_id, tenant_id=tenant_id, now=now))
     return left
+
+
+async def lock_for_change(
+    conn: asyncpg.Connection, tenant_id: str, schedule_id: uuid.UUID | str, now: datetime | None
+) -> Schedule:
+    """A tenant's schedule out of any cohort and locked ``FOR UPDATE`` for a change (a lifecycle change, a
+    backfill, a run now), in the caller's transaction: its row holds its own cursor and runs. NotFound for
+    another tenant's or an unknown schedule."""
+    schedule_id = as_uuid(schedule_id, "schedule")
+    await leave_cohort(conn, tenant_id, schedule_id, now)
+    row = await conn.fetchrow(*QUERIES.lock_schedule(schedule_id=schedule_id, tenant_id=tenant_id))
+    if row is None:
+        raise NotFound("schedule", schedule_id)
+    return Schedule.from_row(row)

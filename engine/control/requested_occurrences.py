@@ -32,8 +32,7 @@ import asyncpg
 from opentelemetry import metrics
 
 from engine.control.calendars import calendar_by_id
-from engine.control.cohort_membership import leave_cohort
-from engine.control.identifiers import as_uuid
+from engine.control.cohort_membership import lock_for_change
 from engine.control.targets import binding_versions
 from engine.control.views import instant, occurrence_to_json
 from engine.loops.overlap_gate import OVERLAP_GATE_TOKEN
@@ -44,7 +43,7 @@ from engine.rules.catch_up_pacing import pace
 from engine.rules.occurrence_states import Event, transition
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock
-from schemas.errors import Conflict, InvalidInput, NotFound, QuotaExceeded
+from schemas.errors import Conflict, InvalidInput, QuotaExceeded
 from schemas.identity import occurrence_id as slot_occurrence_id
 from schemas.messages import OccurrenceMessage
 from schemas.queries import QUERIES
@@ -294,14 +293,7 @@ class RequestedOccurrences:
         return {**occurrence_to_json(occurrence), "created": bool(created)}
 
     async def _lock(self, conn: asyncpg.Connection, tenant_id: str, schedule_id: uuid.UUID | str) -> Schedule:
-        """The schedule, out of any cohort (engine/control/cohort_membership.py) and locked while occurrences
-        are requested for it."""
-        schedule_id = as_uuid(schedule_id, "schedule")
-        await leave_cohort(conn, tenant_id, schedule_id, self.clock.now())
-        row = await conn.fetchrow(*QUERIES.lock_requested_schedule(schedule_id=schedule_id, tenant_id=tenant_id))
-        if row is None:
-            raise NotFound("schedule", schedule_id)
-        return Schedule.from_row(row)
+        return await lock_for_change(conn, tenant_id, schedule_id, self.clock.now())
 
 
 class _Rows:

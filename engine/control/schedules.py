@@ -22,7 +22,7 @@ import orjson
 
 from engine.control import targets
 from engine.control.calendars import calendar_by_id, reference_calendar
-from engine.control.cohort_membership import claim_cohorts, cohort_spec_of, leave_cohort
+from engine.control.cohort_membership import claim_cohorts, cohort_spec_of, lock_for_change
 from engine.control.identifiers import as_uuid
 from engine.control.pagination import decode_cursor, key_of, page_size, split_page, text_filter
 from engine.control.quotas import check_quotas
@@ -387,13 +387,7 @@ class ControlPlane:
         return _change_report(updated, invalidation)
 
     async def _lock(self, conn: asyncpg.Connection, tenant_id: str, schedule_id: uuid.UUID | str) -> Schedule:
-        """The schedule, out of any cohort (engine/control/cohort_membership.py) and locked for a change."""
-        schedule_id = as_uuid(schedule_id, "schedule")
-        await leave_cohort(conn, tenant_id, schedule_id, self.clock.now())
-        schedule = _schedule(await conn.fetchrow(*QUERIES.lock_schedule(schedule_id=schedule_id, tenant_id=tenant_id)))
-        if schedule is None:
-            raise NotFound("schedule", schedule_id)
-        return schedule
+        return await lock_for_change(conn, tenant_id, schedule_id, self.clock.now())
 
     async def _invalidate_older_versions(
         self, conn: asyncpg.Connection, schedule_id: uuid.UUID, new_version: int

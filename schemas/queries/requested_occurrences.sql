@@ -1,11 +1,6 @@
 -- Occurrences a principal asks for outside the schedule's own firing: backfill and trigger now
 -- (engine/control/requested_occurrences.py). :now is NULL in production, a fixed instant in tests.
 
--- name: lock_requested_schedule
--- One schedule of one tenant, locked while occurrences are requested for it (the materializer skips it).
--- The caller has taken it out of any cohort first (leave_cohort): its row holds its own cursor.
-SELECT * FROM schedules WHERE schedule_id = :schedule_id AND tenant_id = :tenant_id FOR UPDATE;
-
 -- name: lock_refire_candidates
 -- Locks the hot occurrences of one schedule at the given instants that a backfill may fire again (MISSED,
 -- SKIPPED_OVERLAP): the history pruner skips locked rows, so none of them moves to the archive between the

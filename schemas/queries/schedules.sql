@@ -26,8 +26,9 @@ SELECT e.* FROM schedules s CROSS JOIN LATERAL chronoq_effective_schedule(s) e
 WHERE s.schedule_id = :schedule_id AND s.tenant_id = :tenant_id;
 
 -- name: lock_schedule
--- One schedule of one tenant, locked for a lifecycle change (the materializer skips it meanwhile). The
--- caller has taken it out of any cohort first (leave_cohort): its row holds its own cursor.
+-- One schedule of one tenant, locked for a change: a lifecycle change, a backfill, a run now (the materializer
+-- skips it meanwhile). The caller has taken it out of any cohort first (cohort_membership.lock_for_change):
+-- its row holds its own cursor.
 SELECT * FROM schedules WHERE schedule_id = :schedule_id AND tenant_id = :tenant_id FOR UPDATE;
 
 -- name: get_schedule_by_key
