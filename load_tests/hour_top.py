@@ -89,6 +89,7 @@ def shape(kind: str, expression: str, priority: str, window_s: int, now: datetim
         "fires_per_minute": timing.fires_per_minute(request.spec, now),
     }
     spec = cohort_spec_of(columns)
+    # _SEED writes no anchor (its cohorts store none): an anchored spec keeps its schedules on their own cursors.
     return {**columns, "spec_key": spec.key if spec is not None and spec.anchor is None else None}
 
 

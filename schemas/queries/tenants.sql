@@ -65,9 +65,9 @@ SELECT tenant_id FROM tenants WHERE tenant_id = :tenant_id FOR UPDATE SKIP LOCKE
 -- Tenants with their quotas and usage as the next fold would find it, read only: each one's counter plus
 -- the changes logged since its last fold. Tenant :tenant_id (NULL: every tenant), the ones nearest a quota
 -- first (the larger of their shares of max_active_schedules and max_fires_per_minute: either refuses the
--- next create; the console shows the same share, TenantUsage.nearest_share), at most :limit of them (NULL: all). One statement, one snapshot: it sees
--- a fold entirely or not at all, so nothing is counted twice or missed; no lock, so a reader never waits
--- for a create of the tenant.
+-- next create; the console shows the same share, TenantUsage.nearest_share), at most :limit of them (NULL:
+-- all). One statement, one snapshot: it sees a fold entirely or not at all, so nothing is counted twice or
+-- missed; no lock, so a reader never waits for a create of the tenant.
 SELECT t.*, n.schedules, n.fires_per_minute
 FROM tenants t
 LEFT JOIN tenant_usage u ON u.tenant_id = t.tenant_id

@@ -12,6 +12,7 @@ import pytest
 
 from engine.control.schedule_batches import BatchItem, ScheduleBatches
 from engine.control.schedules import ControlPlane
+from engine.control.tenants import create_tenant
 from engine.loops.materializer import Materializer, MaterializerConfig, MaterializerHooks
 from schemas import observability as obs
 from schemas.identity import occurrence_id
@@ -20,12 +21,7 @@ HORIZON = timedelta(seconds=30)
 BATCH = 100_000  # every due cohort of a test in one pass
 
 
-@pytest.fixture(autouse=True)
-async def tenants(pool):
-    from engine.control.tenants import create_tenant
-
-    for name in ("acme", "globex"):
-        await create_tenant(pool, name)
+pytestmark = pytest.mark.usefixtures("acme")
 
 
 def at(hour: int, minute: int, second: int = 0) -> datetime:
@@ -34,6 +30,11 @@ def at(hour: int, minute: int, second: int = 0) -> datetime:
 
 def every_minute(target: str, **extra) -> dict:
     return {"kind": "cron", "expression": "* * * * *", "target": target, "payload": {"k": 1}, **extra}
+
+
+def materializer_of(pool, clock, **extra) -> Materializer:
+    """A materializer without shard leases taking every due cohort of a test in one pass."""
+    return Materializer(pool, MaterializerConfig(horizon=HORIZON, batch_size=BATCH), clock, **extra)
 
 
 async def create_many(control: ControlPlane, tenant: str, count: int, definition: dict) -> list[uuid.UUID]:
@@ -70,7 +71,7 @@ async def test_schedules_that_fire_alike_share_one_cursor_and_their_rows_are_not
     assert len(cohorts) == len({m["shard"] for m in members}) < 300
     assert sum(c["members"] for c in cohorts) == 300 and {c["next_run_at"] for c in cohorts} == {at(10, 1)}
 
-    materializer = Materializer(pool, MaterializerConfig(horizon=HORIZON, batch_size=BATCH), clock)
+    materializer = materializer_of(pool, clock)
     for minute in (1, 2):
         await materialize_minute(materializer, clock, minute)
 
@@ -103,6 +104,7 @@ async def test_only_schedules_judged_alike_share_a_cohort(pool, clock, target):
         ),
     ]
     other_policy = await control.create_schedule("acme", every_minute(target, misfire_policy="skip"))
+    await create_tenant(pool, "globex")
     other_tenant = await control.create_schedule("globex", every_minute(f"{target}.globex"))
 
     async def cohort_of(schedule):
@@ -136,12 +138,7 @@ async def test_a_change_committed_before_a_pass_locks_the_cohort_takes_the_sched
         if not updates:  # the first pass only: it has read which cohorts are due, not yet locked them
             updates.append(await control.update_schedule("acme", changed, {"payload": {"k": 2}}))
 
-    materializer = Materializer(
-        pool,
-        MaterializerConfig(horizon=HORIZON, batch_size=BATCH),
-        clock,
-        hooks=MaterializerHooks(after_read=update_meanwhile),
-    )
+    materializer = materializer_of(pool, clock, hooks=MaterializerHooks(after_read=update_meanwhile))
     clock.set(at(10, 1) - timedelta(seconds=20))
     first = await materializer.run_once()
     assert updates and updates[0]["version"] == 2
@@ -191,12 +188,7 @@ async def test_a_change_waits_for_a_pass_holding_the_cohort_then_cancels_what_it
             await asyncio.sleep(0.01)
         assert waiting == 1 and not change[0].done()
 
-    materializer = Materializer(
-        pool,
-        MaterializerConfig(horizon=HORIZON, batch_size=BATCH),
-        clock,
-        hooks=MaterializerHooks(after_write=change_while_written),
-    )
+    materializer = materializer_of(pool, clock, hooks=MaterializerHooks(after_write=change_while_written))
     clock.set(at(10, 1) - timedelta(seconds=20))
     await materializer.run_once()
     updated = await change[0]
@@ -216,9 +208,7 @@ async def test_a_cohort_that_falls_behind_dissolves_and_its_members_are_judged_a
     control = ControlPlane(pool, clock)
     member = await control.create_schedule("acme", every_minute(target))
     alone = await control.create_schedule("acme", every_minute(target, max_runs=1000))  # same firing, own cursor
-    materializer = Materializer(
-        pool, MaterializerConfig(horizon=HORIZON, batch_size=BATCH), clock, **telemetry.instruments("engine")
-    )
+    materializer = materializer_of(pool, clock, **telemetry.instruments("engine"))
     await materialize_minute(materializer, clock, 1)
     # An outage of ten minutes: the cohort's next fire is long past; fire_once enqueues one, records the rest.
     clock.set(at(10, 11, 10))
@@ -249,7 +239,7 @@ async def test_a_member_paused_resumed_updated_and_canceled_behaves_as_a_schedul
     control = ControlPlane(pool, clock)
     member = (await create_many(control, "acme", 300, every_minute(target)))[0]
     twin = uuid.UUID((await control.create_schedule("acme", every_minute(target, max_runs=1000)))["schedule_id"])
-    materializer = Materializer(pool, MaterializerConfig(horizon=HORIZON, batch_size=BATCH), clock)
+    materializer = materializer_of(pool, clock)
 
     async def alike() -> None:
         views = [await control.get_schedule("acme", s) for s in (member, twin)]
@@ -288,7 +278,7 @@ async def test_a_member_paused_resumed_updated_and_canceled_behaves_as_a_schedul
 async def test_an_empty_cohort_is_deleted_at_its_next_due_pass(pool, clock, target):
     control = ControlPlane(pool, clock)
     await create_many(control, "acme", 300, every_minute(target))
-    materializer = Materializer(pool, MaterializerConfig(horizon=HORIZON, batch_size=BATCH), clock)
+    materializer = materializer_of(pool, clock)
     await materialize_minute(materializer, clock, 1)
     lonely = await pool.fetchrow("SELECT cohort_id, members FROM schedule_cohorts ORDER BY members, cohort_id LIMIT 1")
     for row in await pool.fetch("SELECT schedule_id FROM schedules WHERE cohort_id = $1", lonely["cohort_id"]):
