@@ -42,7 +42,6 @@ NON_HOT_INDEXES = (
     "occurrences_enqueued_since",
     "occurrences_lease_expiry",
     "occurrences_open",
-    "occurrences_tenant_open",
 )
 LAYOUTS = {"indexed": None, "hot80": 80, "hot50": 50}
 

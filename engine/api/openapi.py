@@ -680,11 +680,17 @@ def _document() -> dict[str, Any]:
                         },
                         "usage": {
                             "type": "object",
-                            "description": "what counts against max_active_schedules and max_fires_per_minute now",
-                            "required": ["schedules", "fires_per_minute"],
+                            "description": "what counts against max_active_schedules, max_fires_per_minute and "
+                            "max_running now",
+                            "required": ["schedules", "fires_per_minute", "open_occurrences"],
                             "properties": {
                                 "schedules": {"type": "integer", "description": "live (active or paused)"},
                                 "fires_per_minute": {"type": "number", "description": "their summed trigger rate"},
+                                "open_occurrences": {
+                                    "type": "integer",
+                                    "description": "occurrences SCHEDULED, ENQUEUED, RUNNING or RETRY_WAIT "
+                                    "(max_running bounds them; further first deliveries wait, held)",
+                                },
                             },
                         },
                     },

@@ -71,14 +71,16 @@ DEFAULT_RETRY_BUDGET = TenantQuotas.retry_budget_per_hour
 
 @dataclass(frozen=True)
 class TenantUsage:
-    """What counts against a tenant's quotas: live (active or paused) schedules and their summed trigger rate."""
+    """What counts against a tenant's quotas: live (active or paused) schedules and their summed trigger rate,
+    and its open occurrences (SCHEDULED, ENQUEUED, RUNNING, RETRY_WAIT: what ``max_running`` bounds)."""
 
     schedules: int
     fires_per_minute: float
+    open_occurrences: int = 0
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> TenantUsage:
-        return cls(row["schedules"], row["fires_per_minute"])
+        return cls(row["schedules"], row["fires_per_minute"], row["open_occurrences"])
 
     def nearest_share(self, quotas: TenantQuotas) -> float:
         """The larger of this usage's shares of ``max_active_schedules`` and ``max_fires_per_minute`` (either
@@ -145,8 +147,9 @@ async def usage_of(pool: asyncpg.Pool, tenant_id: str, *, recount: bool = False)
     """The tenant's quotas and its usage of them (``GET /v1/tenant``, ``chronoq tenant usage``).
 
     Read only, without waiting for the tenant's creates. ``recount``: count the tenant's live schedules and
-    store that as its counter, reporting the ``drift`` corrected, under the tenant's row lock (no create or
-    update of the tenant meanwhile). The counter is kept by triggers on ``schedules``; writes that bypass
+    open occurrences and store that as its counter, reporting the ``drift`` corrected, under the tenant's row
+    lock (no create or update of the tenant meanwhile). The counter is kept by triggers on ``schedules`` and
+    ``occurrences`` (migrations 0024 and 0027); writes that bypass
     triggers (a restore with ``--disable-triggers``, ``session_replication_role = replica``) would make it
     drift, and a recount repairs it.
     """
@@ -165,6 +168,7 @@ async def usage_of(pool: asyncpg.Pool, tenant_id: str, *, recount: bool = False)
     drift = {
         "schedules": counted.schedules - kept.schedules,
         "fires_per_minute": round(counted.fires_per_minute - kept.fires_per_minute, 6),
+        "open_occurrences": counted.open_occurrences - kept.open_occurrences,
     }
     if any(drift.values()):
         log.warning(
@@ -190,7 +194,11 @@ def _usage_report(tenant_id: str, row: Mapping[str, Any], usage: TenantUsage) ->
     return {
         "tenant_id": tenant_id,
         "quotas": asdict(TenantQuotas.from_row(row)),
-        "usage": {"schedules": usage.schedules, "fires_per_minute": round(usage.fires_per_minute, 6)},
+        "usage": {
+            "schedules": usage.schedules,
+            "fires_per_minute": round(usage.fires_per_minute, 6),
+            "open_occurrences": usage.open_occurrences,
+        },
     }
 
 

@@ -23,25 +23,29 @@ SELECT * FROM tenants WHERE tenant_id = :tenant_id FOR UPDATE;
 
 -- name: tenant_usage
 -- What counts against a tenant's quotas: its live (active or paused) schedules and their trigger rate
--- (excluding schedule :exclude_schedule_id, the one being updated, if given). The tenant's counter, after
+-- (excluding schedule :exclude_schedule_id, the one being updated, if given), and its open occurrences
+-- (against max_running; migration 0027). The tenant's counter, after
 -- folding into it the changes logged since its last fold (migration 0024), and how many it folded: costs
 -- the changes, not the schedules. Run it holding the tenant's row lock (lock_tenant), which serializes one
 -- tenant's folds.
 WITH folded AS (
-    DELETE FROM tenant_usage_changes WHERE tenant_id = :tenant_id RETURNING schedules, fires_per_minute
+    DELETE FROM tenant_usage_changes WHERE tenant_id = :tenant_id RETURNING schedules, fires_per_minute, open_occurrences
 ), counter AS (
-    INSERT INTO tenant_usage AS u (tenant_id, schedules, fires_per_minute)
-    SELECT :tenant_id, coalesce(sum(f.schedules), 0), coalesce(sum(f.fires_per_minute), 0) FROM folded f
+    INSERT INTO tenant_usage AS u (tenant_id, schedules, fires_per_minute, open_occurrences)
+    SELECT :tenant_id, coalesce(sum(f.schedules), 0), coalesce(sum(f.fires_per_minute), 0),
+           coalesce(sum(f.open_occurrences), 0)
+    FROM folded f
     ON CONFLICT (tenant_id) DO UPDATE
-    SET schedules = u.schedules + excluded.schedules, fires_per_minute = u.fires_per_minute + excluded.fires_per_minute
-    RETURNING u.schedules, u.fires_per_minute
+    SET schedules = u.schedules + excluded.schedules, fires_per_minute = u.fires_per_minute + excluded.fires_per_minute,
+        open_occurrences = u.open_occurrences + excluded.open_occurrences
+    RETURNING u.schedules, u.fires_per_minute, u.open_occurrences
 ), excluded_schedule AS (
     SELECT count(*) AS schedules, coalesce(sum(s.fires_per_minute::numeric), 0) AS fires_per_minute
     FROM schedules s
     WHERE s.schedule_id = :exclude_schedule_id::uuid AND s.tenant_id = :tenant_id AND s.state IN ('active', 'paused')
 )
 SELECT c.schedules - x.schedules AS schedules, (c.fires_per_minute - x.fires_per_minute)::double precision AS fires_per_minute,
-       (SELECT count(*) FROM folded) AS folded
+       c.open_occurrences, (SELECT count(*) FROM folded) AS folded
 FROM counter c CROSS JOIN excluded_schedule x;
 
 -- name: tenants_with_usage_changes
@@ -68,14 +72,17 @@ SELECT tenant_id FROM tenants WHERE tenant_id = :tenant_id FOR UPDATE SKIP LOCKE
 -- next create; the console shows the same share, TenantUsage.nearest_share), at most :limit of them (NULL:
 -- all). One statement, one snapshot: it sees a fold entirely or not at all, so nothing is counted twice or
 -- missed; no lock, so a reader never waits for a create of the tenant.
-SELECT t.*, n.schedules, n.fires_per_minute
+SELECT t.*, n.schedules, n.fires_per_minute, n.open_occurrences
 FROM tenants t
 LEFT JOIN tenant_usage u ON u.tenant_id = t.tenant_id
-CROSS JOIN LATERAL (SELECT sum(l.schedules) AS schedules, sum(l.fires_per_minute) AS fires_per_minute
+CROSS JOIN LATERAL (SELECT sum(l.schedules) AS schedules, sum(l.fires_per_minute) AS fires_per_minute,
+                           sum(l.open_occurrences) AS open_occurrences
                     FROM tenant_usage_changes l WHERE l.tenant_id = t.tenant_id) c
 CROSS JOIN LATERAL (SELECT (coalesce(u.schedules, 0) + coalesce(c.schedules, 0))::bigint AS schedules,
                            (coalesce(u.fires_per_minute, 0) + coalesce(c.fires_per_minute, 0))::double precision
-                               AS fires_per_minute) n
+                               AS fires_per_minute,
+                           (coalesce(u.open_occurrences, 0) + coalesce(c.open_occurrences, 0))::bigint
+                               AS open_occurrences) n
 WHERE :tenant_id::text IS NULL OR t.tenant_id = :tenant_id
 ORDER BY greatest(n.schedules::float8 / greatest(t.max_active_schedules, 1),
                   n.fires_per_minute / greatest(t.max_fires_per_minute, 1e-9)) DESC,
@@ -83,17 +90,24 @@ ORDER BY greatest(n.schedules::float8 / greatest(t.max_active_schedules, 1),
 LIMIT :limit;
 
 -- name: recount_tenant_usage
--- Sets the tenant's counter to a count of its live schedules and their rate sum, dropping the changes logged
--- before this statement's snapshot (the count includes them; changes committed later stay to be folded).
--- Run it holding the tenant's row lock.
+-- Sets the tenant's counter to a count of its live schedules, their rate sum and its open occurrences,
+-- dropping the changes logged before this statement's snapshot (the counts include them; changes committed
+-- later stay to be folded). Run it holding the tenant's row lock. Costs a scan of the tenant's hot
+-- occurrences (an operator's repair, never a hot path).
 WITH dropped AS (
     DELETE FROM tenant_usage_changes WHERE tenant_id = :tenant_id
 ), counted AS (
     SELECT count(*) AS schedules, coalesce(sum(fires_per_minute::numeric), 0) AS fires_per_minute
     FROM schedules
     WHERE tenant_id = :tenant_id AND state IN ('active', 'paused')
+), open AS (
+    SELECT count(*) AS open_occurrences
+    FROM occurrences
+    WHERE tenant_id = :tenant_id AND state IN ('SCHEDULED', 'ENQUEUED', 'RUNNING', 'RETRY_WAIT')
 )
-INSERT INTO tenant_usage AS u (tenant_id, schedules, fires_per_minute)
-SELECT :tenant_id, c.schedules, c.fires_per_minute FROM counted c
-ON CONFLICT (tenant_id) DO UPDATE SET schedules = excluded.schedules, fires_per_minute = excluded.fires_per_minute
-RETURNING u.schedules, u.fires_per_minute::double precision AS fires_per_minute;
+INSERT INTO tenant_usage AS u (tenant_id, schedules, fires_per_minute, open_occurrences)
+SELECT :tenant_id, c.schedules, c.fires_per_minute, o.open_occurrences FROM counted c CROSS JOIN open o
+ON CONFLICT (tenant_id) DO UPDATE
+SET schedules = excluded.schedules, fires_per_minute = excluded.fires_per_minute,
+    open_occurrences = excluded.open_occurrences
+RETURNING u.schedules, u.fires_per_minute::double precision AS fires_per_minute, u.open_occurrences;

@@ -5,6 +5,21 @@ CREATE SCHEMA archive;
 CREATE FUNCTION public.chronoq_archive_day(day date, default_keep_s bigint, now timestamp with time zone) RETURNS TABLE(occurrences bigint, attempts bigint, kept bigint)
     LANGUAGE plpgsql
     AS $$
+BEGIN
+    RETURN QUERY SELECT m.occurrences, m.attempts, m.kept
+                 FROM chronoq_archive_day_uncounted(day, default_keep_s, now) m;
+    INSERT INTO tenant_usage_changes (tenant_id, open_occurrences)
+    SELECT o.tenant_id, -count(*)
+    FROM public.occurrences_default o
+    WHERE o.scheduled_for >= day::timestamp AT TIME ZONE 'UTC'
+      AND o.scheduled_for < (day + 1)::timestamp AT TIME ZONE 'UTC'
+      AND o.state IN ('SCHEDULED', 'ENQUEUED', 'RUNNING', 'RETRY_WAIT')
+    GROUP BY o.tenant_id;
+END
+$$;
+CREATE FUNCTION public.chronoq_archive_day_uncounted(day date, default_keep_s bigint, now timestamp with time zone) RETURNS TABLE(occurrences bigint, attempts bigint, kept bigint)
+    LANGUAGE plpgsql
+    AS $$
 DECLARE
     lower_bound timestamptz := day::timestamp AT TIME ZONE 'UTC';
     upper_bound timestamptz := (day + 1)::timestamp AT TIME ZONE 'UTC';
@@ -73,6 +88,15 @@ BEGIN
     SET archived_before = greatest(archive.horizons.archived_before, excluded.archived_before),
         updated_at = excluded.updated_at;
     RETURN NEXT;
+END
+$$;
+CREATE FUNCTION public.chronoq_clear_open() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    DELETE FROM tenant_usage_changes WHERE open_occurrences <> 0;
+    UPDATE tenant_usage SET open_occurrences = 0 WHERE open_occurrences <> 0;
+    RETURN NULL;
 END
 $$;
 CREATE FUNCTION public.chronoq_clear_usage() RETURNS trigger
@@ -214,6 +238,46 @@ BEGIN
     RETURN created;
 END
 $$;
+CREATE FUNCTION public.chronoq_log_open_of_deleted() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    INSERT INTO tenant_usage_changes (tenant_id, open_occurrences)
+    SELECT tenant_id, -count(*)
+    FROM deleted_occurrences
+    WHERE state IN ('SCHEDULED', 'ENQUEUED', 'RUNNING', 'RETRY_WAIT')
+    GROUP BY tenant_id;
+    RETURN NULL;
+END
+$$;
+CREATE FUNCTION public.chronoq_log_open_of_inserted() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    INSERT INTO tenant_usage_changes (tenant_id, open_occurrences)
+    SELECT tenant_id, count(*)
+    FROM inserted_occurrences
+    WHERE state IN ('SCHEDULED', 'ENQUEUED', 'RUNNING', 'RETRY_WAIT')
+    GROUP BY tenant_id;
+    RETURN NULL;
+END
+$$;
+CREATE FUNCTION public.chronoq_log_open_of_updated() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    INSERT INTO tenant_usage_changes (tenant_id, open_occurrences)
+    SELECT tenant_id, sum(change)
+    FROM (SELECT tenant_id, 1 AS change FROM new_occurrences
+          WHERE state IN ('SCHEDULED', 'ENQUEUED', 'RUNNING', 'RETRY_WAIT')
+          UNION ALL
+          SELECT tenant_id, -1 FROM old_occurrences
+          WHERE state IN ('SCHEDULED', 'ENQUEUED', 'RUNNING', 'RETRY_WAIT')) c
+    GROUP BY tenant_id
+    HAVING sum(change) <> 0;
+    RETURN NULL;
+END
+$$;
 CREATE FUNCTION public.chronoq_log_usage_of_deleted() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -252,6 +316,13 @@ BEGIN
     END IF;
     RETURN NULL;
 END
+$$;
+CREATE FUNCTION public.chronoq_open_occurrences(tenant text) RETURNS bigint
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT (coalesce((SELECT u.open_occurrences FROM tenant_usage u WHERE u.tenant_id = tenant), 0)
+            + coalesce((SELECT sum(l.open_occurrences) FROM tenant_usage_changes l WHERE l.tenant_id = tenant), 0)
+           )::bigint
 $$;
 CREATE FUNCTION public.chronoq_settle_deferred(busy_here boolean, busy_s double precision, busy_rows bigint, busy_entries integer, max_defer_s double precision, at timestamp with time zone) RETURNS boolean
     LANGUAGE sql STABLE
@@ -818,12 +889,14 @@ CREATE TABLE public.tenant_retry_usage (
 CREATE TABLE public.tenant_usage (
     tenant_id text NOT NULL,
     schedules bigint DEFAULT 0 NOT NULL,
-    fires_per_minute numeric DEFAULT 0 NOT NULL
+    fires_per_minute numeric DEFAULT 0 NOT NULL,
+    open_occurrences bigint DEFAULT 0 NOT NULL
 );
 CREATE TABLE public.tenant_usage_changes (
     tenant_id text NOT NULL,
-    schedules bigint NOT NULL,
-    fires_per_minute numeric NOT NULL
+    schedules bigint DEFAULT 0 NOT NULL,
+    fires_per_minute numeric DEFAULT 0 NOT NULL,
+    open_occurrences bigint DEFAULT 0 NOT NULL
 );
 CREATE TABLE public.tenants (
     tenant_id text NOT NULL,
@@ -966,8 +1039,6 @@ CREATE INDEX occurrences_default_schedule_id_scheduled_for_idx ON public.occurre
 CREATE UNIQUE INDEX occurrences_slot_holder ON ONLY public.occurrences USING btree (schedule_id, scheduled_for) WHERE ((slot_released_at IS NULL) AND (origin <> 'manual'::text));
 CREATE UNIQUE INDEX occurrences_default_schedule_id_scheduled_for_idx1 ON public.occurrences_default USING btree (schedule_id, scheduled_for) WHERE ((slot_released_at IS NULL) AND (origin <> 'manual'::text));
 CREATE INDEX occurrences_default_tenant_id_finished_at_occurrence_id_idx ON public.occurrences_default USING btree (tenant_id, finished_at, occurrence_id) WHERE (state = 'DEAD'::text);
-CREATE INDEX occurrences_tenant_open ON ONLY public.occurrences USING btree (tenant_id) WHERE (state = ANY (ARRAY['SCHEDULED'::text, 'ENQUEUED'::text, 'RUNNING'::text, 'RETRY_WAIT'::text]));
-CREATE INDEX occurrences_default_tenant_id_idx ON public.occurrences_default USING btree (tenant_id) WHERE (state = ANY (ARRAY['SCHEDULED'::text, 'ENQUEUED'::text, 'RUNNING'::text, 'RETRY_WAIT'::text]));
 CREATE INDEX occurrences_tenant_time ON ONLY public.occurrences USING btree (tenant_id, scheduled_for);
 CREATE INDEX occurrences_default_tenant_id_scheduled_for_idx ON public.occurrences_default USING btree (tenant_id, scheduled_for);
 CREATE INDEX occurrences_enqueued_since ON ONLY public.occurrences USING btree (updated_at) WHERE (state = 'ENQUEUED'::text);
@@ -1003,9 +1074,12 @@ ALTER INDEX public.occurrences_open ATTACH PARTITION public.occurrences_default_
 ALTER INDEX public.occurrences_schedule ATTACH PARTITION public.occurrences_default_schedule_id_scheduled_for_idx;
 ALTER INDEX public.occurrences_slot_holder ATTACH PARTITION public.occurrences_default_schedule_id_scheduled_for_idx1;
 ALTER INDEX public.occurrences_dead ATTACH PARTITION public.occurrences_default_tenant_id_finished_at_occurrence_id_idx;
-ALTER INDEX public.occurrences_tenant_open ATTACH PARTITION public.occurrences_default_tenant_id_idx;
 ALTER INDEX public.occurrences_tenant_time ATTACH PARTITION public.occurrences_default_tenant_id_scheduled_for_idx;
 ALTER INDEX public.occurrences_enqueued_since ATTACH PARTITION public.occurrences_default_updated_at_idx;
+CREATE TRIGGER occurrences_open_of_deleted AFTER DELETE ON public.occurrences REFERENCING OLD TABLE AS deleted_occurrences FOR EACH STATEMENT EXECUTE FUNCTION public.chronoq_log_open_of_deleted();
+CREATE TRIGGER occurrences_open_of_inserted AFTER INSERT ON public.occurrences REFERENCING NEW TABLE AS inserted_occurrences FOR EACH STATEMENT EXECUTE FUNCTION public.chronoq_log_open_of_inserted();
+CREATE TRIGGER occurrences_open_of_truncated AFTER TRUNCATE ON public.occurrences FOR EACH STATEMENT EXECUTE FUNCTION public.chronoq_clear_open();
+CREATE TRIGGER occurrences_open_of_updated AFTER UPDATE ON public.occurrences REFERENCING OLD TABLE AS old_occurrences NEW TABLE AS new_occurrences FOR EACH STATEMENT EXECUTE FUNCTION public.chronoq_log_open_of_updated();
 CREATE TRIGGER schedules_usage_of_deleted AFTER DELETE ON public.schedules REFERENCING OLD TABLE AS deleted_schedules FOR EACH STATEMENT EXECUTE FUNCTION public.chronoq_log_usage_of_deleted();
 CREATE TRIGGER schedules_usage_of_inserted AFTER INSERT ON public.schedules REFERENCING NEW TABLE AS inserted_schedules FOR EACH STATEMENT EXECUTE FUNCTION public.chronoq_log_usage_of_inserted();
 CREATE TRIGGER schedules_usage_of_truncated AFTER TRUNCATE ON public.schedules FOR EACH STATEMENT EXECUTE FUNCTION public.chronoq_clear_usage();

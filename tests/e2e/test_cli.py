@@ -99,7 +99,7 @@ async def test_tenant_usage_of_an_unknown_tenant_says_how_to_create_it(engine_db
     assert result.returncode != 0 and "chronoq tenant create" in result.stderr, result.stderr
     recount = await asyncio.to_thread(run, ["tenant", "usage", "acme", "--recount", "--json"], env)
     assert recount.returncode == 0, recount.stderr
-    assert orjson.loads(recount.stdout)["drift"] == {"schedules": 0, "fires_per_minute": 0.0}
+    assert orjson.loads(recount.stdout)["drift"] == {"schedules": 0, "fires_per_minute": 0.0, "open_occurrences": 0}
     every = await asyncio.to_thread(run, ["tenant", "usage", "--json"], env)
     assert every.returncode == 0, every.stderr
     assert [t["tenant_id"] for t in orjson.loads(every.stdout)] == ["acme"]
@@ -197,7 +197,7 @@ def test_up_serves_create_and_consume_then_sigterm_leaves_no_process(tmp_path, k
         assert usage.returncode == 0, usage.stderr
         # The one-time schedule ran, so it is completed and no longer counts against the quota.
         printed = orjson.loads(usage.stdout)
-        assert printed["usage"] == {"schedules": 0, "fires_per_minute": 0.0}
+        assert printed["usage"] == {"schedules": 0, "fires_per_minute": 0.0, "open_occurrences": 0}
         assert printed["quotas"]["max_active_schedules"] == 5
     finally:
         up.send_signal(signal.SIGTERM)

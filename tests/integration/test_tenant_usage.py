@@ -254,10 +254,11 @@ async def test_a_recount_repairs_a_counter_that_writes_bypassing_triggers_left_b
     assert report["usage"]["schedules"] == 3 and report["drift"] == {
         "schedules": 2,
         "fires_per_minute": pytest.approx(2 * 60 / 13),
+        "open_occurrences": 0,
     }
     assert report["quotas"] == asdict(TenantQuotas())
     again = await usage_of(pool, "acme", recount=True)
-    assert again["drift"] == {"schedules": 0, "fires_per_minute": 0.0}
+    assert again["drift"] == {"schedules": 0, "fires_per_minute": 0.0, "open_occurrences": 0}
     assert_same(await usage(pool, "acme"), await counted(pool, "acme"))
     with pytest.raises(NotFound, match="chronoq tenant create"):
         await usage_of(pool, "nobody")
@@ -271,7 +272,7 @@ async def test_reading_the_usage_neither_waits_for_a_create_nor_folds(pool, cloc
         await creating.execute("SELECT 1 FROM tenants WHERE tenant_id = 'acme' FOR UPDATE")  # a create, mid-way
         async with asyncio.timeout(10):
             report = await usage_of(pool, "acme")
-    assert report["usage"] == {"schedules": 1, "fires_per_minute": 0.15}  # */7: 9 fires an hour
+    assert report["usage"] == {"schedules": 1, "fires_per_minute": 0.15, "open_occurrences": 0}  # */7: 9 an hour
     assert await pool.fetchval(pending) == 1
 
 
