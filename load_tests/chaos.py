@@ -29,8 +29,9 @@ For ``--minutes`` it injects, every 1-4 s, one of:
 
 Then it resumes everything, restarts what is down, waits for every occurrence
 of the window to reach a final state, runs ``chronoq reconcile`` (with the
-consumer database) over the window, and checks ``chaos_effects`` for doubled
-and missing effects. The report lists every fault injected, every process
+consumer database) over the window, checks ``chaos_effects`` for doubled
+and missing effects, and compares every tenant's open-occurrence counter (the
+tenant gate's, migration 0027) with a count. The report lists every fault injected, every process
 that exited on its own, every occurrence not final, and the figures.
 """
 
@@ -58,6 +59,7 @@ import asyncpg
 from engine.client import ChronoqClient
 from engine.control import targets as target_registry
 from schemas.clock import DatabaseClock
+from schemas.queries import QUERIES
 
 ROOT = Path(__file__).resolve().parents[1]
 CHRONOQ = [sys.executable, "-m", "engine.cli"]
@@ -170,6 +172,7 @@ class Report:
     reconcile_exit: int | None = None
     doubled_effects: list[dict[str, Any]] = field(default_factory=list)
     missing_effects: list[str] = field(default_factory=list)
+    open_count_drift: dict[str, list[int]] = field(default_factory=dict)  # tenant: [counter, counted]
     figures: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -179,6 +182,7 @@ class Report:
             and not self.not_final
             and not self.doubled_effects
             and not self.missing_effects
+            and not self.open_count_drift
             and self.reconcile_exit == 0
         )
 
@@ -192,6 +196,7 @@ class Report:
             "not_final": self.not_final,
             "doubled_effects": self.doubled_effects,
             "missing_effects": self.missing_effects,
+            "open_count_drift": self.open_count_drift,
             "reconcile_exit": self.reconcile_exit,
             "reconcile": self.reconcile,
         }
@@ -216,6 +221,7 @@ class Report:
             f" {counts.get('effects_applied_twice')}, applied although CANCELED (a pause raced the consumer)"
             f" {counts.get('effects_applied_after_cancel')}",
             f"  effects doubled: {len(self.doubled_effects)}; SUCCEEDED without an effect: {len(self.missing_effects)}",
+            f"  tenants whose open-occurrence counter parted from the count: {self.open_count_drift or 'none'}",
             "  faults:",
         ]
         out.extend(f"    {f.at_s:7.1f} s  {f.kind:<10} {f.target:<12} {f.detail}" for f in self.faults)
@@ -654,6 +660,10 @@ class Cluster:
             until,
         )
         report.missing_effects = [str(r["occurrence_id"]) for r in succeeded if r["occurrence_id"] not in applied]
+        # The tenant gate's open counter (migration 0027) survived every kill and terminated backend.
+        report.open_count_drift = {
+            r["tenant_id"]: [r["counter"], r["counted"]] for r in await self.pool.fetch(*QUERIES.open_count_drift())
+        }
         states = {
             r["state"]: r["n"]
             for r in await self.pool.fetch(

@@ -111,3 +111,22 @@ ON CONFLICT (tenant_id) DO UPDATE
 SET schedules = excluded.schedules, fires_per_minute = excluded.fires_per_minute,
     open_occurrences = excluded.open_occurrences
 RETURNING u.schedules, u.fires_per_minute::double precision AS fires_per_minute, u.open_occurrences;
+
+-- name: open_count_drift
+-- Tenants whose open-occurrence counter (chronoq_open_occurrences: counter plus unfolded changes) differs
+-- from a count of their open hot occurrences, with both numbers; none when all agree. One statement, one
+-- snapshot. A check for tests and the chaos run (it counts every open occurrence: not for a hot path).
+WITH counted AS (
+    SELECT tenant_id, count(*) AS n
+    FROM occurrences
+    WHERE state IN ('SCHEDULED', 'ENQUEUED', 'RUNNING', 'RETRY_WAIT')
+    GROUP BY tenant_id
+), seen AS (
+    SELECT tenant_id FROM counted
+    UNION SELECT tenant_id FROM tenant_usage
+    UNION SELECT tenant_id FROM tenant_usage_changes
+)
+SELECT s.tenant_id, chronoq_open_occurrences(s.tenant_id) AS counter, coalesce(c.n, 0) AS counted
+FROM seen s LEFT JOIN counted c ON c.tenant_id = s.tenant_id
+WHERE chronoq_open_occurrences(s.tenant_id) <> coalesce(c.n, 0)
+ORDER BY s.tenant_id;

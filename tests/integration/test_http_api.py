@@ -114,10 +114,10 @@ async def test_a_tenant_reads_its_own_quotas_and_usage(clients):
     await acme.create_schedule({**DAILY, "kind": "rate", "expression": "30s"})
     mine = await acme.get_tenant()
     assert mine["tenant_id"] == "acme" and mine["quotas"]["max_active_schedules"] == 10_000
-    assert mine["usage"] == {"schedules": 2, "fires_per_minute": pytest.approx(2 + 1 / 1440)}
+    assert mine["usage"] == {"schedules": 2, "fires_per_minute": pytest.approx(2 + 1 / 1440), "open_occurrences": 0}
     await acme.cancel_schedule(sid)
-    assert (await acme.get_tenant())["usage"] == {"schedules": 1, "fires_per_minute": 2.0}
-    assert (await globex.get_tenant())["usage"] == {"schedules": 0, "fires_per_minute": 0.0}
+    assert (await acme.get_tenant())["usage"] == {"schedules": 1, "fires_per_minute": 2.0, "open_occurrences": 0}
+    assert (await globex.get_tenant())["usage"] == {"schedules": 0, "fires_per_minute": 0.0, "open_occurrences": 0}
 
 
 async def test_requests_without_a_valid_token_are_401(api_url, clients):
