@@ -287,6 +287,7 @@ async def test_a_tenant_sees_its_quota_usage_on_the_health_page_and_an_operator_
         tile = re.search(r'id="quota-schedules"><div class="value">([^<]+)<', page)
         assert tile is not None and tile.group(1) == "3 / 10,000", path  # acme's own, not globex's
         assert 'id="quota-fires"' in page
+        assert 'id="quota-running"><div class="value">0 / 100<' in page  # nothing materialized yet
     operator = Browser(site)
     await operator.sign_in((await create_operator_token(pool, "alice")).token)
     for path in ("/ui/health", "/ui/health?fragment=health"):

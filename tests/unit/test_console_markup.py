@@ -91,10 +91,11 @@ def test_dst_days_are_marked_in_the_preview():
     assert [f["dst"] for f in fires] == [None, "DST day: clocks fall back 1h", None]
 
 
-def _tenant(tenant_id: str, schedules: int, fires: float) -> dict:
-    """A row of ``every_usage``: quotas of 1,000 schedules and 100 fires per minute."""
-    quotas = asdict(TenantQuotas(max_active_schedules=1000, max_fires_per_minute=100.0))
-    return {"tenant_id": tenant_id, "quotas": quotas, "usage": {"schedules": schedules, "fires_per_minute": fires}}
+def _tenant(tenant_id: str, schedules: int, fires: float, open_occurrences: int = 0) -> dict:
+    """A row of ``every_usage``: quotas of 1,000 schedules, 100 fires per minute and 50 running."""
+    quotas = asdict(TenantQuotas(max_active_schedules=1000, max_fires_per_minute=100.0, max_running=50))
+    usage = {"schedules": schedules, "fires_per_minute": fires, "open_occurrences": open_occurrences}
+    return {"tenant_id": tenant_id, "quotas": quotas, "usage": usage}
 
 
 def test_the_tenant_table_shows_the_share_of_the_quota_each_tenant_is_nearest_to():
@@ -103,6 +104,12 @@ def test_the_tenant_table_shows_the_share_of_the_quota_each_tenant_is_nearest_to
     html = str(pages._tenants_table([_tenant("hot", 10, 95.0), _tenant("many", 900, 1.0)]))
     hot, many = html.split('data-tenant="hot"')[1], html.split('data-tenant="many"')[1]
     assert "<td>95%</td>" in hot.split("</tr>")[0] and "<td>90%</td>" in many.split("</tr>")[0]
+
+
+def test_the_tenant_table_shows_open_occurrences_against_max_running():
+    html = str(pages._tenants_table([_tenant("busy", 10, 1.0, open_occurrences=1234)]))
+    assert "<th>Open occurrences / max running</th>" in html
+    assert html.split('data-tenant="busy"')[1].split("</tr>")[0].endswith("<td>1,234 / 50</td>")
 
 
 @given(st.integers(0, 10**6), st.floats(0, 1e6), st.integers(0, 10**6), st.floats(0, 1e6))

@@ -624,18 +624,19 @@ def _tenants_table(tenants: Sequence[Mapping[str, Any]]) -> Markup:
     of the quota it is nearest to, by which the rows are ranked."""
     rows = join(
         render(
-            '<tr data-tenant="{t}"><td>{t}</td><td>{n}</td><td>{share}</td><td>{f}</td></tr>',
+            '<tr data-tenant="{t}"><td>{t}</td><td>{n}</td><td>{share}</td><td>{f}</td><td>{o}</td></tr>',
             t=tenant["tenant_id"],
             n=f"{tenant['usage']['schedules']:,} / {tenant['quotas']['max_active_schedules']:,}",
             share=f"{TenantUsage(**tenant['usage']).nearest_share(TenantQuotas(**tenant['quotas'])):.0%}",
             f=f"{tenant['usage']['fires_per_minute']:,.4g} / {tenant['quotas']['max_fires_per_minute']:,.4g}",
+            o=f"{tenant['usage']['open_occurrences']:,} / {tenant['quotas']['max_running']:,}",
         )
         for tenant in tenants
-    ) or Markup('<tr><td colspan="4" class="empty">No tenants.</td></tr>')
+    ) or Markup('<tr><td colspan="5" class="empty">No tenants.</td></tr>')
     return render(
         '<h2>Tenants nearest their quotas</h2><table class="list" id="tenant-usage"><thead><tr><th>Tenant</th>'
-        "<th>Live schedules / quota</th><th>Nearest quota used</th><th>Fires per minute / quota</th></tr></thead>"
-        "<tbody>{rows}</tbody></table>",
+        "<th>Live schedules / quota</th><th>Nearest quota used</th><th>Fires per minute / quota</th>"
+        "<th>Open occurrences / max running</th></tr></thead><tbody>{rows}</tbody></table>",
         rows=rows,
     )
 
@@ -687,6 +688,12 @@ def health_section(
                         f"{quota['usage']['fires_per_minute']:,.4g} / {quota['quotas']['max_fires_per_minute']:,.4g}",
                         "",
                         "quota-fires",
+                    ),
+                    tile(
+                        "open occurrences / max running",
+                        f"{quota['usage']['open_occurrences']:,} / {quota['quotas']['max_running']:,}",
+                        "",
+                        "quota-running",
                     ),
                 ]
                 if quota is not None
