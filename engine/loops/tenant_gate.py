@@ -21,6 +21,11 @@ lateness verdict applies to it, as for the overlap gate's rows). Retries and
 dead-letter replays are not held (they belong to an occurrence already
 admitted); rows the overlap gate holds are its to release and count as open.
 
+A tenant's open occurrences are read from a counter, not counted: triggers on
+``occurrences`` log every statement's change of the tenant's open set, the
+usage folds fold it (migration 0027, docs/control-plane.md), so a pass costs the
+changes since the last fold, not the tenant's open set.
+
 What is *not* exact, and why: materializer passes in flight at once (two
 nodes', or one node's ``passes_in_flight``) for the same tenant may both count
 the same room, so a tenant can exceed ``max_running`` by one batch's worth in
