@@ -58,8 +58,8 @@ import asyncpg
 
 from engine.client import ChronoqClient
 from engine.control import targets as target_registry
+from engine.control.quotas import open_count_drift
 from schemas.clock import DatabaseClock
-from schemas.queries import QUERIES
 
 ROOT = Path(__file__).resolve().parents[1]
 CHRONOQ = [sys.executable, "-m", "engine.cli"]
@@ -662,7 +662,7 @@ class Cluster:
         report.missing_effects = [str(r["occurrence_id"]) for r in succeeded if r["occurrence_id"] not in applied]
         # The tenant gate's open counter (migration 0027) survived every kill and terminated backend.
         report.open_count_drift = {
-            r["tenant_id"]: [r["counter"], r["counted"]] for r in await self.pool.fetch(*QUERIES.open_count_drift())
+            tenant: list(counts) for tenant, counts in (await open_count_drift(self.pool)).items()
         }
         states = {
             r["state"]: r["n"]

@@ -9,7 +9,7 @@ from dataclasses import fields
 
 from engine.cli import print_json
 from engine.cli.endpoints import with_engine_pool
-from engine.control.quotas import TenantQuotas, every_usage, usage_of
+from engine.control.quotas import TenantQuotas, every_usage, open_count_drift, usage_of
 from engine.control.tenants import create_tenant
 from schemas.errors import InvalidInput
 
@@ -27,7 +27,28 @@ def cmd_create(args: argparse.Namespace) -> int:
 def cmd_usage(args: argparse.Namespace) -> int:
     if args.recount and args.name is None:
         raise InvalidInput("--recount", "name the tenant to recount", "chronoq tenant usage acme --recount")
+    if args.drift and (args.name is not None or args.recount):
+        raise InvalidInput(
+            "--drift", "checks every tenant: give no name and no --recount", "chronoq tenant usage --drift"
+        )
 
+    if args.drift:
+        drift = asyncio.run(with_engine_pool(open_count_drift))
+        print_json(
+            {
+                "open_occurrences_drift": [
+                    {
+                        "tenant_id": tenant,
+                        "counter": counter,
+                        "counted": counted,
+                        "repair": f"chronoq tenant usage {tenant} --recount",
+                    }
+                    for tenant, (counter, counted) in drift.items()
+                ]
+            },
+            args.json,
+        )
+        return 1 if drift else 0
     if args.name is None:
         print_json(asyncio.run(with_engine_pool(every_usage)), args.json)
     else:
@@ -62,8 +83,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     usage.add_argument(
         "--recount",
         action="store_true",
-        help="count the tenant's schedules again and store that as its usage (after a restore that bypassed"
-        " triggers); prints the drift it corrected",
+        help="count the tenant's schedules and open occurrences again and store that as its usage (after a"
+        " restore that bypassed triggers); prints the drift it corrected",
+    )
+    usage.add_argument(
+        "--drift",
+        action="store_true",
+        help="list every tenant whose open-occurrence counter (max_running's) differs from a count of its open"
+        " occurrences; exits 1 if any does (counts every open occurrence: a check, not for monitoring loops)",
     )
     usage.add_argument("--json", action="store_true", help="print compact JSON")
     usage.set_defaults(func=cmd_usage)

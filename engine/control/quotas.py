@@ -190,6 +190,15 @@ async def every_usage(pool: asyncpg.Pool, limit: int | None = None) -> list[dict
     return [_usage_report(row["tenant_id"], row, TenantUsage.from_row(row)) for row in rows]
 
 
+async def open_count_drift(conn: asyncpg.Connection | asyncpg.Pool) -> dict[str, tuple[int, int]]:
+    """Every tenant whose open-occurrence counter (counter plus unfolded changes, what the tenant gate reads)
+    differs from a count of its open hot occurrences, as ``{tenant: (counter, counted)}``; empty when all
+    agree. One statement, one snapshot. Counts every open occurrence: an operator's check after writes that
+    bypassed triggers (``chronoq tenant usage --drift``; ``--recount`` repairs a tenant), never a hot path."""
+    rows = await conn.fetch(*QUERIES.open_count_drift())
+    return {r["tenant_id"]: (r["counter"], r["counted"]) for r in rows}
+
+
 def _usage_report(tenant_id: str, row: Mapping[str, Any], usage: TenantUsage) -> dict[str, Any]:
     return {
         "tenant_id": tenant_id,

@@ -11,6 +11,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import asyncpg
 import orjson
 import psutil
 import pytest
@@ -105,6 +106,35 @@ async def test_tenant_usage_of_an_unknown_tenant_says_how_to_create_it(engine_db
     assert [t["tenant_id"] for t in orjson.loads(every.stdout)] == ["acme"]
     unnamed = await asyncio.to_thread(run, ["tenant", "usage", "--recount"], env)
     assert unnamed.returncode == 2 and "--recount: name the tenant" in unnamed.stderr, unnamed.stderr
+
+
+async def test_tenant_usage_drift_names_the_tenants_whose_open_counter_a_restore_left_behind(engine_db, acme):
+    env = control_env(engine_db)
+    clean = await asyncio.to_thread(run, ["tenant", "usage", "--drift", "--json"], env)
+    assert clean.returncode == 0 and orjson.loads(clean.stdout) == {"open_occurrences_drift": []}, clean.stderr
+    conn = await asyncpg.connect(engine_db)
+    try:
+        async with conn.transaction():
+            await conn.execute("SET LOCAL session_replication_role = replica")  # a restore's --disable-triggers
+            await conn.execute(
+                "INSERT INTO occurrences (occurrence_id, schedule_id, schedule_version, tenant_id, target,"
+                " scheduled_for, available_at) SELECT gen_random_uuid(), gen_random_uuid(), 1, 'acme', 'cli.t',"
+                " now(), now() FROM generate_series(1, 3)"
+            )
+    finally:
+        await conn.close()
+    drifted = await asyncio.to_thread(run, ["tenant", "usage", "--drift", "--json"], env)
+    assert drifted.returncode == 1, drifted.stderr
+    assert orjson.loads(drifted.stdout) == {
+        "open_occurrences_drift": [
+            {"tenant_id": "acme", "counter": 0, "counted": 3, "repair": "chronoq tenant usage acme --recount"}
+        ]
+    }
+    repaired = await asyncio.to_thread(run, ["tenant", "usage", "acme", "--recount", "--json"], env)
+    assert orjson.loads(repaired.stdout)["drift"]["open_occurrences"] == 3, repaired.stderr
+    assert (await asyncio.to_thread(run, ["tenant", "usage", "--drift"], env)).returncode == 0
+    named = await asyncio.to_thread(run, ["tenant", "usage", "acme", "--drift"], env)
+    assert named.returncode == 2 and "--drift: checks every tenant" in named.stderr, named.stderr
 
 
 def test_commands_explain_how_to_find_a_stack(tmp_path):

@@ -17,13 +17,13 @@ import orjson
 import pytest
 
 from engine.control.history_retention import prune, set_retention
+from engine.control.quotas import open_count_drift
 from engine.control.reconciler import Window, reconcile
 from engine.loops.history_partitions import HistoryPartitions
 from schemas import observability as obs
 from schemas.clock import ManualClock
 from schemas.migrations import load_migrations
 from tests.integration.test_history_retention import START, expected_to_go, ids, simulated_days
-from tests.support.open_counts import open_count_drift
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import random
 import uuid
 from datetime import UTC, datetime, timedelta
 
+from engine.control.quotas import open_count_drift
 from engine.control.schedules import ControlPlane
 from engine.loops.attempt_processor import AttemptProcessor
 from engine.loops.materializer import Materializer, MaterializerConfig
@@ -17,7 +18,6 @@ from schemas import observability as obs
 from schemas.attempt_events import AttemptEvent as Ev
 from schemas.identity import occurrence_id
 from schemas.shard_ownership import ShardOwnership
-from tests.support.open_counts import open_count_drift
 
 SLOT = datetime(2026, 11, 29, 10, 1, tzinfo=UTC)
 TTL = 30.0

@@ -17,12 +17,11 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from engine.control.quotas import usage_of
+from engine.control.quotas import open_count_drift, usage_of
 from engine.loops.tenant_usage_folds import TenantUsageFolds
 from schemas.migrations import apply_migrations
 from tests.integration.test_target_migration import apply_up_to
 from tests.support.databases import create_database, drop_database
-from tests.support.open_counts import open_count_drift
 
 DAY = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 TENANTS = ("acme", "globex", "initech")
