@@ -172,7 +172,7 @@ async def usage_of(pool: asyncpg.Pool, tenant_id: str, *, recount: bool = False)
     }
     if any(drift.values()):
         log.warning(
-            "tenant usage counter had drifted from the tenant's schedules; recounted",
+            "tenant usage counters had drifted from the tenant's schedules or open occurrences; recounted",
             extra={
                 "action": "tenant.usage_recounted",
                 "tenant_id": tenant_id,
