@@ -121,6 +121,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         conn = await asyncpg.connect(url)
         pool = await asyncpg.create_pool(url, min_size=2, max_size=6, server_settings=DATA_PLANE_SERVER_SETTINGS)
         publisher = LibrdkafkaPublisher(LibrdkafkaConfig(bootstrap, partitions=8, linger=args.linger))
+        scratch = tempfile.TemporaryDirectory(prefix="dispatch-burst-")  # the no-op consumer's report
         try:
             await apply_migrations(conn, "engine")
             topics = [f"chronoq.occurrences.load.target-{i}" for i in range(TOPICS)]
@@ -131,7 +132,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             # share of serving it are what a burst costs on a machine that also consumes.
             consumer = None
             if args.consumer:
-                received = Path(tempfile.mkdtemp(prefix="dispatch-burst-")) / "received.json"
+                received = Path(scratch.name) / "received.json"
                 command = [sys.executable, "-m", "load_tests.hour_top", "--consume", "--bootstrap", bootstrap]
                 consumer = subprocess.Popen([*command, "--out", str(received)], stdout=subprocess.DEVNULL)
             started = time.perf_counter()
@@ -182,6 +183,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await publisher.stop()
             await pool.close()
             await conn.close()
+            scratch.cleanup()
     return report
 
 
