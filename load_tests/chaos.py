@@ -31,8 +31,9 @@ Then it resumes everything, restarts what is down, waits for every occurrence
 of the window to reach a final state, runs ``chronoq reconcile`` (with the
 consumer database) over the window, checks ``chaos_effects`` for doubled
 and missing effects, and compares every tenant's open-occurrence counter (the
-tenant gate's, migration 0027) with a count. The report lists every fault injected, every process
-that exited on its own, every occurrence not final, and the figures.
+tenant gate's, migration 0027) with a count. The report lists every fault
+injected, every process that exited on its own, every occurrence not final,
+and the figures.
 """
 
 from __future__ import annotations
