@@ -125,8 +125,8 @@ WITH counted AS (
     SELECT tenant_id FROM counted
     UNION SELECT tenant_id FROM tenant_usage
     UNION SELECT tenant_id FROM tenant_usage_changes
+), compared AS (
+    SELECT s.tenant_id, chronoq_open_occurrences(s.tenant_id) AS counter, coalesce(c.n, 0) AS counted
+    FROM seen s LEFT JOIN counted c ON c.tenant_id = s.tenant_id
 )
-SELECT s.tenant_id, chronoq_open_occurrences(s.tenant_id) AS counter, coalesce(c.n, 0) AS counted
-FROM seen s LEFT JOIN counted c ON c.tenant_id = s.tenant_id
-WHERE chronoq_open_occurrences(s.tenant_id) <> coalesce(c.n, 0)
-ORDER BY s.tenant_id;
+SELECT tenant_id, counter, counted FROM compared WHERE counter <> counted ORDER BY tenant_id;

@@ -238,30 +238,6 @@ BEGIN
     RETURN created;
 END
 $$;
-CREATE FUNCTION public.chronoq_log_open_of_deleted() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    INSERT INTO tenant_usage_changes (tenant_id, open_occurrences)
-    SELECT tenant_id, -count(*)
-    FROM deleted_occurrences
-    WHERE state IN ('SCHEDULED', 'ENQUEUED', 'RUNNING', 'RETRY_WAIT')
-    GROUP BY tenant_id;
-    RETURN NULL;
-END
-$$;
-CREATE FUNCTION public.chronoq_log_open_of_inserted() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    INSERT INTO tenant_usage_changes (tenant_id, open_occurrences)
-    SELECT tenant_id, count(*)
-    FROM inserted_occurrences
-    WHERE state IN ('SCHEDULED', 'ENQUEUED', 'RUNNING', 'RETRY_WAIT')
-    GROUP BY tenant_id;
-    RETURN NULL;
-END
-$$;
 CREATE FUNCTION public.chronoq_log_open_of_updated() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -275,6 +251,18 @@ BEGIN
           WHERE state IN ('SCHEDULED', 'ENQUEUED', 'RUNNING', 'RETRY_WAIT')) c
     GROUP BY tenant_id
     HAVING sum(change) <> 0;
+    RETURN NULL;
+END
+$$;
+CREATE FUNCTION public.chronoq_log_open_of_written() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    INSERT INTO tenant_usage_changes (tenant_id, open_occurrences)
+    SELECT tenant_id, CASE TG_OP WHEN 'DELETE' THEN -count(*) ELSE count(*) END
+    FROM written_occurrences
+    WHERE state IN ('SCHEDULED', 'ENQUEUED', 'RUNNING', 'RETRY_WAIT')
+    GROUP BY tenant_id;
     RETURN NULL;
 END
 $$;
@@ -1076,8 +1064,8 @@ ALTER INDEX public.occurrences_slot_holder ATTACH PARTITION public.occurrences_d
 ALTER INDEX public.occurrences_dead ATTACH PARTITION public.occurrences_default_tenant_id_finished_at_occurrence_id_idx;
 ALTER INDEX public.occurrences_tenant_time ATTACH PARTITION public.occurrences_default_tenant_id_scheduled_for_idx;
 ALTER INDEX public.occurrences_enqueued_since ATTACH PARTITION public.occurrences_default_updated_at_idx;
-CREATE TRIGGER occurrences_open_of_deleted AFTER DELETE ON public.occurrences REFERENCING OLD TABLE AS deleted_occurrences FOR EACH STATEMENT EXECUTE FUNCTION public.chronoq_log_open_of_deleted();
-CREATE TRIGGER occurrences_open_of_inserted AFTER INSERT ON public.occurrences REFERENCING NEW TABLE AS inserted_occurrences FOR EACH STATEMENT EXECUTE FUNCTION public.chronoq_log_open_of_inserted();
+CREATE TRIGGER occurrences_open_of_deleted AFTER DELETE ON public.occurrences REFERENCING OLD TABLE AS written_occurrences FOR EACH STATEMENT EXECUTE FUNCTION public.chronoq_log_open_of_written();
+CREATE TRIGGER occurrences_open_of_inserted AFTER INSERT ON public.occurrences REFERENCING NEW TABLE AS written_occurrences FOR EACH STATEMENT EXECUTE FUNCTION public.chronoq_log_open_of_written();
 CREATE TRIGGER occurrences_open_of_truncated AFTER TRUNCATE ON public.occurrences FOR EACH STATEMENT EXECUTE FUNCTION public.chronoq_clear_open();
 CREATE TRIGGER occurrences_open_of_updated AFTER UPDATE ON public.occurrences REFERENCING OLD TABLE AS old_occurrences NEW TABLE AS new_occurrences FOR EACH STATEMENT EXECUTE FUNCTION public.chronoq_log_open_of_updated();
 CREATE TRIGGER schedules_usage_of_deleted AFTER DELETE ON public.schedules REFERENCING OLD TABLE AS deleted_schedules FOR EACH STATEMENT EXECUTE FUNCTION public.chronoq_log_usage_of_deleted();

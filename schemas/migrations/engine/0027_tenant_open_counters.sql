@@ -38,22 +38,13 @@ WHERE state IN ('SCHEDULED', 'ENQUEUED', 'RUNNING', 'RETRY_WAIT')
 GROUP BY tenant_id
 ON CONFLICT (tenant_id) DO UPDATE SET open_occurrences = excluded.open_occurrences;
 
-CREATE FUNCTION chronoq_log_open_of_inserted() RETURNS trigger LANGUAGE plpgsql AS $$
+-- An insert adds its open rows per tenant, a delete takes them away (both triggers name their transition
+-- table written_occurrences).
+CREATE FUNCTION chronoq_log_open_of_written() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO tenant_usage_changes (tenant_id, open_occurrences)
-    SELECT tenant_id, count(*)
-    FROM inserted_occurrences
-    WHERE state IN ('SCHEDULED', 'ENQUEUED', 'RUNNING', 'RETRY_WAIT')
-    GROUP BY tenant_id;
-    RETURN NULL;
-END
-$$;
-
-CREATE FUNCTION chronoq_log_open_of_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO tenant_usage_changes (tenant_id, open_occurrences)
-    SELECT tenant_id, -count(*)
-    FROM deleted_occurrences
+    SELECT tenant_id, CASE TG_OP WHEN 'DELETE' THEN -count(*) ELSE count(*) END
+    FROM written_occurrences
     WHERE state IN ('SCHEDULED', 'ENQUEUED', 'RUNNING', 'RETRY_WAIT')
     GROUP BY tenant_id;
     RETURN NULL;
@@ -90,12 +81,12 @@ CREATE TRIGGER occurrences_open_of_truncated AFTER TRUNCATE ON occurrences
     FOR EACH STATEMENT EXECUTE FUNCTION chronoq_clear_open();
 
 CREATE TRIGGER occurrences_open_of_inserted AFTER INSERT ON occurrences
-    REFERENCING NEW TABLE AS inserted_occurrences
-    FOR EACH STATEMENT EXECUTE FUNCTION chronoq_log_open_of_inserted();
+    REFERENCING NEW TABLE AS written_occurrences
+    FOR EACH STATEMENT EXECUTE FUNCTION chronoq_log_open_of_written();
 
 CREATE TRIGGER occurrences_open_of_deleted AFTER DELETE ON occurrences
-    REFERENCING OLD TABLE AS deleted_occurrences
-    FOR EACH STATEMENT EXECUTE FUNCTION chronoq_log_open_of_deleted();
+    REFERENCING OLD TABLE AS written_occurrences
+    FOR EACH STATEMENT EXECUTE FUNCTION chronoq_log_open_of_written();
 
 CREATE TRIGGER occurrences_open_of_updated AFTER UPDATE ON occurrences
     REFERENCING OLD TABLE AS old_occurrences NEW TABLE AS new_occurrences
