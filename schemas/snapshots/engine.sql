@@ -1022,10 +1022,16 @@ CREATE INDEX occurrences_lease_expiry ON ONLY public.occurrences USING btree (le
 CREATE INDEX occurrences_default_lease_expires_at_idx ON public.occurrences_default USING btree (lease_expires_at) WHERE (state = 'RUNNING'::text);
 CREATE INDEX occurrences_open ON ONLY public.occurrences USING btree (schedule_id) WHERE (state = ANY (ARRAY['SCHEDULED'::text, 'ENQUEUED'::text, 'RUNNING'::text, 'RETRY_WAIT'::text]));
 CREATE INDEX occurrences_default_schedule_id_idx ON public.occurrences_default USING btree (schedule_id) WHERE (state = ANY (ARRAY['SCHEDULED'::text, 'ENQUEUED'::text, 'RUNNING'::text, 'RETRY_WAIT'::text]));
-CREATE INDEX occurrences_schedule ON ONLY public.occurrences USING btree (schedule_id, scheduled_for);
-CREATE INDEX occurrences_default_schedule_id_scheduled_for_idx ON public.occurrences_default USING btree (schedule_id, scheduled_for);
-CREATE UNIQUE INDEX occurrences_slot_holder ON ONLY public.occurrences USING btree (schedule_id, scheduled_for) WHERE ((slot_released_at IS NULL) AND (origin <> 'manual'::text));
-CREATE UNIQUE INDEX occurrences_default_schedule_id_scheduled_for_idx1 ON public.occurrences_default USING btree (schedule_id, scheduled_for) WHERE ((slot_released_at IS NULL) AND (origin <> 'manual'::text));
+CREATE UNIQUE INDEX occurrences_slot ON ONLY public.occurrences USING btree (schedule_id, scheduled_for, (
+CASE
+    WHEN ((slot_released_at IS NULL) AND (origin <> 'manual'::text)) THEN true
+    ELSE NULL::boolean
+END));
+CREATE UNIQUE INDEX occurrences_default_schedule_id_scheduled_for_case_idx ON public.occurrences_default USING btree (schedule_id, scheduled_for, (
+CASE
+    WHEN ((slot_released_at IS NULL) AND (origin <> 'manual'::text)) THEN true
+    ELSE NULL::boolean
+END));
 CREATE INDEX occurrences_default_tenant_id_finished_at_occurrence_id_idx ON public.occurrences_default USING btree (tenant_id, finished_at, occurrence_id) WHERE (state = 'DEAD'::text);
 CREATE INDEX occurrences_tenant_time ON ONLY public.occurrences USING btree (tenant_id, scheduled_for);
 CREATE INDEX occurrences_default_tenant_id_scheduled_for_idx ON public.occurrences_default USING btree (tenant_id, scheduled_for);
@@ -1059,8 +1065,7 @@ ALTER INDEX public.attempts_pkey ATTACH PARTITION public.attempts_default_pkey;
 ALTER INDEX public.occurrences_lease_expiry ATTACH PARTITION public.occurrences_default_lease_expires_at_idx;
 ALTER INDEX public.occurrences_pkey ATTACH PARTITION public.occurrences_default_pkey;
 ALTER INDEX public.occurrences_open ATTACH PARTITION public.occurrences_default_schedule_id_idx;
-ALTER INDEX public.occurrences_schedule ATTACH PARTITION public.occurrences_default_schedule_id_scheduled_for_idx;
-ALTER INDEX public.occurrences_slot_holder ATTACH PARTITION public.occurrences_default_schedule_id_scheduled_for_idx1;
+ALTER INDEX public.occurrences_slot ATTACH PARTITION public.occurrences_default_schedule_id_scheduled_for_case_idx;
 ALTER INDEX public.occurrences_dead ATTACH PARTITION public.occurrences_default_tenant_id_finished_at_occurrence_id_idx;
 ALTER INDEX public.occurrences_tenant_time ATTACH PARTITION public.occurrences_default_tenant_id_scheduled_for_idx;
 ALTER INDEX public.occurrences_enqueued_since ATTACH PARTITION public.occurrences_default_updated_at_idx;

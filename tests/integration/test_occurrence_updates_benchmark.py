@@ -26,4 +26,4 @@ async def test_the_update_experiment_measures_both_layouts(engine_db, consumer_d
     finally:
         await conn.close()
     assert [(r["state"], r["n"]) for r in states] == [("SUCCEEDED", 1000)]
-    assert "occurrences_open" not in indexes and "occurrences_slot_holder" in indexes
+    assert "occurrences_open" not in indexes and "occurrences_slot" in indexes
