@@ -369,7 +369,7 @@ class ControlPlane:
             invalidation = await self._invalidate_older_versions(conn, row.schedule_id, row.version + 1)
             # Released slots (materialized ahead, never published) are judged again from the cursor with
             # the misfire policy; possibly published ones keep their canceled occurrence and the unique
-            # slot-holder index (occurrences_slot_holder) keeps the materializer from running them twice.
+            # slot index (occurrences_slot, migration 0028) keeps the materializer from running them twice.
             cursor = None if state == "canceled" else cursor_from(row.next_run_at, invalidation.earliest_released)
             updated = Schedule.from_row(
                 await conn.fetchrow(

@@ -80,7 +80,7 @@ def updated_cursor(
     A cursor behind now (the materializer is behind) is continued: the instants that fell due are judged
     by the misfire policy, never skipped. A cursor ahead of now (fires materialized ahead) is moved back to
     now: the new definition's own instants in between are due in the future; those the old version still
-    holds (possibly published) are no-ops for the materializer (the unique index occurrences_slot_holder).
+    holds (possibly published) are no-ops for the materializer (the unique index occurrences_slot, migration 0028).
     ``first_from_now`` (what a new schedule would get) answers when there is no cursor, or nothing fires
     after it.
     """

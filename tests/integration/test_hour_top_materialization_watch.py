@@ -51,3 +51,24 @@ async def test_materialization_cpu_is_per_occurrence_written_between_the_two_pol
     assert report["materialized"] == {"count": 300, "ahead": 0, "late": 0}
     # 0.4 ms and 0.8 ms of CPU over the 200 occurrences written after the first reading
     assert report["materialize_cpu_us_per_row"] == {"nodes": 2.0, "postgres": 4.0}
+
+
+async def test_a_counter_ahead_of_the_table_does_not_end_the_watch(engine_db: str, tmp_path: Path):
+    """The watch polls the open counter (cheap) but ends only when a count of the table agrees."""
+    conn = await asyncpg.connect(engine_db)
+    watcher = await asyncpg.connect(engine_db)
+    try:
+        # a counter that parted from the table: it says 300 open before any row exists
+        await conn.execute("INSERT INTO tenant_usage_changes (tenant_id, open_occurrences) VALUES ('acme', 300)")
+        report: dict[str, object] = {}
+        args = argparse.Namespace(schedules=300)
+        top = await conn.fetchval("SELECT now()") + timedelta(hours=1)
+        watch = asyncio.create_task(watch_materialization(watcher, args, [], top, report, tmp_path))
+        await asyncio.sleep(0.5)
+        assert not watch.done()
+        await _write(conn, 300)
+        await asyncio.wait_for(watch, 20)
+    finally:
+        await conn.close()
+        await watcher.close()
+    assert report["materialized"]["count"] >= 300

@@ -9,7 +9,11 @@ and a second write of a triple — even after its slot was released by a newer v
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import pytest
 
 from engine.control.requested_occurrences import RequestedOccurrences
 from engine.control.schedules import ControlPlane
@@ -74,3 +78,38 @@ async def test_a_released_slot_of_a_version_is_never_written_again(pool, acme, c
                                GROUP BY schedule_id, schedule_version, scheduled_for) t"""
     )
     assert per_triple == 1
+
+
+async def _insert(pool, schedule_id, version: int, origin: str = "schedule", released: bool = False) -> None:
+    await pool.execute(
+        "INSERT INTO occurrences (occurrence_id, schedule_id, schedule_version, tenant_id, target, scheduled_for,"
+        " available_at, origin, slot_released_at) VALUES (gen_random_uuid(), $1, $2, 'acme', 'demo.t', $3::timestamptz,"
+        " $3::timestamptz, $4, CASE WHEN $5::boolean THEN $3::timestamptz END)",
+        schedule_id, version, T0, origin, released,
+    )  # fmt: skip
+
+
+async def test_one_index_keeps_one_holder_per_slot_and_serves_a_schedules_reads(pool, acme):
+    """Migration 0028's occurrences_slot: a second holder of a (schedule, instant) is refused; a released or
+    manual row of the same instant is not; and a schedule's reads find every row through it."""
+    schedule_id = uuid.uuid4()
+    await _insert(pool, schedule_id, 1)
+    with pytest.raises(asyncpg.UniqueViolationError, match="occurrences"):
+        await _insert(pool, schedule_id, 2)
+    await _insert(pool, schedule_id, 2, origin="manual")
+    await _insert(pool, schedule_id, 3, released=True)
+    await pool.execute(
+        "UPDATE occurrences SET slot_released_at = $2 WHERE schedule_id = $1 AND schedule_version = 1", schedule_id, T0
+    )
+    await _insert(pool, schedule_id, 4)  # the slot was given up: a newer version may hold it
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await _insert(pool, schedule_id, 5)
+    await _insert(pool, uuid.uuid4(), 1)  # another schedule's slot at the same instant
+
+    read = "SELECT schedule_version FROM occurrences WHERE schedule_id = $1 ORDER BY scheduled_for, schedule_version"
+    assert [r["schedule_version"] for r in await pool.fetch(read, schedule_id)] == [1, 2, 3, 4]
+    async with pool.acquire() as conn:
+        await conn.execute("SET enable_seqscan = off")  # a tiny table: ask which index the planner would take
+        plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + read, schedule_id))
+        await conn.execute("RESET enable_seqscan")
+    assert "occurrences_slot" in plan or "schedule_id_scheduled_for" in plan, plan
