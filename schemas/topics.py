@@ -15,6 +15,7 @@ commands that name no authenticated tenant (malformed, unsigned, forged) go to
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import uuid
@@ -105,7 +106,17 @@ def validate_target(target: object) -> str:
 
 
 def occurrence_topic(target: str) -> str:
-    """The topic that carries occurrences for ``target``."""
+    """The topic that carries occurrences for ``target`` (InvalidInput for anything that cannot name one).
+    Memoized for text: the materializer asks once per occurrence and a consumer app once per record, for a
+    few targets, and the name's check is a regex match; an invalid name raises every time (exceptions are
+    not cached), and a value that is not text is checked without the cache (it may not be hashable)."""
+    if isinstance(target, str):
+        return _occurrence_topic(target)
+    return OCCURRENCE_TOPIC_PREFIX + validate_target(target)
+
+
+@functools.lru_cache(maxsize=4096)
+def _occurrence_topic(target: str) -> str:
     return OCCURRENCE_TOPIC_PREFIX + validate_target(target)
 
 

@@ -277,12 +277,6 @@ class OccurrenceIds:
         return FastUUID(uuid5_int(self._prefix + micros).to_bytes(16))
 
 
-@functools.lru_cache(maxsize=4096)
-def _topic_of(target: str) -> str:
-    # Targets were validated when stored; the regex check runs once per target, not per due schedule.
-    return occurrence_topic(target)
-
-
 _cohort_spec = functools.lru_cache(maxsize=4096)(cohort_spec)  # a burst's schedules share a few specs
 
 
@@ -881,7 +875,7 @@ class Materializer:
             schedule.shard,
             schedule.cohort_id,
         )
-        topic = _topic_of(target)
+        topic = occurrence_topic(target)
         ids = OccurrenceIds(schedule_id, version)
         message_key = schedule_key(ids.schedule_text)
         held = schedule.gated

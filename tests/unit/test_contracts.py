@@ -205,6 +205,14 @@ def test_targets_become_topics():
     assert occurrence_topic("billing.invoice") == "chronoq.occurrences.billing.invoice"
 
 
+@pytest.mark.parametrize("bad", ["has space", "", ["a", "list"], {"a": 1}, None])
+def test_a_target_that_cannot_name_a_topic_is_refused_every_time_it_is_asked(bad):
+    for _ in range(2):  # the topic is memoized for valid names; a refusal is not
+        with pytest.raises(InvalidInput) as caught:
+            occurrence_topic(bad)
+        assert caught.value.field == "target"
+
+
 def test_the_operations_guide_lists_every_metric_and_span_name():
     from schemas import observability
 
