@@ -17,7 +17,7 @@
 -- An expression, not a generated column: the history's moves are INSERT ... SELECT * between the hot table
 -- and the archive (0013), which a generated column would refuse. The archive move (chronoq_archive_day)
 -- drops this index from a day partition it detaches (no archive index has its key) and ATTACH builds the
--- archive's occurrences_schedule on it.
+-- archive's occurrences_schedule on it (~0.3 µs per archived occurrence, once per day: stop 49).
 CREATE UNIQUE INDEX occurrences_slot ON occurrences (
     schedule_id, scheduled_for, (CASE WHEN slot_released_at IS NULL AND origin <> 'manual' THEN true END)
 );
