@@ -110,14 +110,12 @@ def occurrence_topic(target: str) -> str:
     Memoized for text: the materializer asks once per occurrence and a consumer app once per record, for a
     few targets, and the name's check is a regex match; an invalid name raises every time (exceptions are
     not cached), and a value that is not text is checked without the cache (it may not be hashable)."""
-    if isinstance(target, str):
-        return _occurrence_topic(target)
-    return OCCURRENCE_TOPIC_PREFIX + validate_target(target)
+    return OCCURRENCE_TOPIC_PREFIX + (
+        _valid_text_target(target) if isinstance(target, str) else validate_target(target)
+    )
 
 
-@functools.lru_cache(maxsize=4096)
-def _occurrence_topic(target: str) -> str:
-    return OCCURRENCE_TOPIC_PREFIX + validate_target(target)
+_valid_text_target = functools.lru_cache(maxsize=4096)(validate_target)
 
 
 def command_results_topic(tenant_id: str | None) -> str:
