@@ -326,7 +326,9 @@ class ConsumerApp:
                 lambda: _or_stop(grants, grants.start(cfg.kafka_bootstrap, cfg.kafka_security)),
             )
             self._background.append(asyncio.create_task(grants.follow(), name="attempt-grants"))
-        reporter = AttemptReporter(self._producer, cfg.report_timeout, cfg.report_attempts, cfg.credentials())
+        reporter = AttemptReporter(
+            self._producer, cfg.report_timeout, cfg.report_attempts, cfg.credentials(), cfg.group_attempt_events
+        )
         self._runner = AttemptRunner(
             cfg, self._pool, reporter, self.view, self.hooks, self.meters, self.stats, self._stopping, self.grants
         )

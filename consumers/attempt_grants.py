@@ -27,7 +27,7 @@ from opentelemetry import metrics
 
 from consumers.topic_reader import keep_reading
 from schemas import observability as obs
-from schemas.attempt_grants import AttemptGrant, decode_attempt_grant, grant_partition
+from schemas.attempt_grants import AttemptGrant, decode_attempt_grants, grant_partition
 from schemas.errors import MalformedMessage
 from schemas.kafka_security import PLAINTEXT, KafkaSecurity, start_client
 from schemas.topics import ATTEMPT_GRANTS_TOPIC, topic_partitions
@@ -69,11 +69,11 @@ class GrantWaiter:
                     awaited.done.cancel()
 
     def receive(self, value: bytes | None, partition: int | None = None, offset: int | None = None) -> None:
-        """Take one record of the topic: an answer for a token this instance waits on is kept (the first
-        one for a token), and ends the wait once every token of its :meth:`expect` has one; any other
-        answer is ignored; a malformed record is logged and counted."""
+        """Take one record of the topic (one answer, or a group of them): an answer for a token this instance
+        waits on is kept (the first one for a token), and ends the wait once every token of its
+        :meth:`expect` has one; any other answer is ignored; a malformed record is logged and counted."""
         try:
-            grant = decode_attempt_grant(value)
+            grants = decode_attempt_grants(value)
         except MalformedMessage as err:
             self.malformed += 1
             self._malformed.add(1)
@@ -87,15 +87,17 @@ class GrantWaiter:
                 },
             )
             return
-        if grant.consumer_group != self.consumer_group:
-            return  # another group sharing this partition
-        awaited = self._waiting.get(grant.lease_token)
-        if awaited is None or grant.lease_token in awaited.answers:
-            return
-        awaited.answers[grant.lease_token] = grant
-        awaited.unanswered -= 1
-        if not awaited.unanswered and not awaited.done.done():
-            awaited.done.set_result(None)
+        if grants[0].consumer_group != self.consumer_group:
+            return  # another group sharing this partition (a record's answers are all for one group)
+        waiting = self._waiting
+        for grant in grants:
+            awaited = waiting.get(grant.lease_token)
+            if awaited is None or grant.lease_token in awaited.answers:
+                continue
+            awaited.answers[grant.lease_token] = grant
+            awaited.unanswered -= 1
+            if not awaited.unanswered and not awaited.done.done():
+                awaited.done.set_result(None)
 
     async def wait(self, lease_tokens: Iterable[uuid.UUID], timeout: float) -> dict[uuid.UUID, AttemptGrant | None]:
         """The answer for each token, None for those without one within ``timeout`` seconds; the tokens are

@@ -10,28 +10,32 @@ for is signed with it (headers ``chronoq-credential`` and
 ``schemas/attempt_credentials.py``); the engine applies nothing else for a
 target that has a credential. Both ways of sending sign the same way.
 
-:meth:`AttemptReporter.send_many` reports a batch handler's events with one
-Kafka batch per partition (one message per occurrence, as always). It picks
-each partition exactly as the keyed single send does (the Java client's
-murmur2 of the key), so every event of one occurrence still lands on one
-partition, in the order it was produced, whichever way it was sent.
+:meth:`AttemptReporter.send_many` reports a batch handler's events (and a
+heartbeat round's) as group records (``schemas/attempt_events.py``, format 2):
+per partition one record of up to ``MAX_GROUP_EVENTS`` events, signed once;
+with ``grouped=False`` one record per event, in one Kafka batch per partition.
+It picks each event's partition exactly as the keyed single send does (the Java
+client's murmur2 of the event's key), so every event of one occurrence still
+lands on one partition, in the order it was produced, whichever way it was sent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from consumers.errors import InfrastructureError
 from schemas.attempt_credentials import AttemptCredential
-from schemas.attempt_events import AttemptEvent
+from schemas.attempt_events import MAX_GROUP_EVENTS, AttemptEvent, encode_group
 from schemas.key_partitioning import key_partition
 from schemas.produce_batches import send_in_batches
 from schemas.topics import ATTEMPTS_TOPIC
+
+Record = tuple[bytes, bytes, list[tuple[str, bytes]]]
 
 #: Occurrences whose partition is remembered (the started, heartbeat and outcome events of one delivery
 #: share it; murmur2 in Python costs about as much as encoding the event).
@@ -45,8 +49,10 @@ class AttemptReporter:
         timeout: float,
         enabled: bool = True,
         credentials: Mapping[str, AttemptCredential] | None = None,
+        grouped: bool = True,
     ) -> None:
         self.producer = producer
+        self.grouped = grouped
         self.timeout = timeout
         self.enabled = enabled
         self.credentials = dict(credentials or {})
@@ -71,7 +77,8 @@ class AttemptReporter:
 
     async def send_many(self, events: Sequence[AttemptEvent], target: str) -> None:
         """Publish events about occurrences of ``target`` (signed if the app holds the target's credential),
-        one Kafka batch per partition, and wait for every acknowledgement.
+        as group records per partition (or one record each, ``grouped=False``), and wait for every
+        acknowledgement.
 
         InfrastructureError if any is not acknowledged within ``report_timeout``: some may have been
         delivered, so a retry sends duplicates, which the engine recognises as such.
@@ -94,14 +101,25 @@ class AttemptReporter:
             groups.setdefault(self._partition(event), []).append(event)
         acknowledgements = []
         for partition, group in groups.items():
-            records = (self._record(event, credential) for event in group)
+            records = self._group_records(group, credential) if self.grouped else self._records(group, credential)
             acknowledgements += await send_in_batches(self.producer, ATTEMPTS_TOPIC, partition, records)
         await asyncio.gather(*acknowledgements)
 
+    @classmethod
+    def _records(cls, events: Sequence[AttemptEvent], credential: AttemptCredential | None) -> Iterator[Record]:
+        return (cls._record(event, credential) for event in events)
+
     @staticmethod
-    def _record(
-        event: AttemptEvent, credential: AttemptCredential | None
-    ) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+    def _group_records(events: Sequence[AttemptEvent], credential: AttemptCredential | None) -> Iterator[Record]:
+        """Group records of at most MAX_GROUP_EVENTS events each, in order, each signed over its key and value."""
+        for start in range(0, len(events), MAX_GROUP_EVENTS):
+            key, value, headers = encode_group(events[start : start + MAX_GROUP_EVENTS])
+            if credential is not None:
+                headers.extend(credential.sign(key, value))
+            yield key, value, headers
+
+    @staticmethod
+    def _record(event: AttemptEvent, credential: AttemptCredential | None) -> Record:
         """The event's key, value and headers, with the credential's signature over that key and value."""
         key, value, headers = event.key, event.encode(), list(event.headers())
         if credential is not None:

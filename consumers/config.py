@@ -69,6 +69,11 @@ class ConsumerConfig:
     report_timeout: seconds to wait for the broker to acknowledge an attempt event (default 10). A
         ``started`` not acknowledged in time is sent again with the same lease token (the broker may have
         written it) for up to ``attempt_grant_timeout``; an outcome is sent again until it is acknowledged.
+    group_attempt_events: send the events of a batch handler's deliveries (and of each heartbeat round)
+        as group records, one per partition of ``chronoq.attempts``, instead of one record per event (default
+        True; ``schemas/attempt_events.py``, format 2): a fraction of the runtime's and the engine's cost per
+        occurrence, and the engine answers such ``started`` in groups too. Needs engines that read groups
+        (this release on): upgrade the engines first, or turn it off while an older engine runs.
     attempt_barrier: call a handler only after the engine answered its ``started`` with ``granted``
         (default True; docs/state-machine.md, "Cancel as a barrier"): a cancel the engine committed first
         is never applied, even when the schedule-state view has not read it yet. Off, the runtime falls
@@ -135,6 +140,7 @@ class ConsumerConfig:
     dedupe_lock_timeout: float | None = None
     report_attempts: bool = True
     report_timeout: float = 10.0
+    group_attempt_events: bool = True
     attempt_barrier: bool = True
     attempt_grant_timeout: float | None = None
     state_catch_up_timeout: float = 30.0

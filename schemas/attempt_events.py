@@ -31,15 +31,30 @@ partition. Without it, or with a wrong one, the engine looks the occurrence up b
 ``attempt`` is the delivery number carried by the occurrence message
 (``OccurrenceMessage.attempt``). Nothing here carries a worker's wall-clock
 time: the engine judges leases by its own clock.
+
+**Event groups (format 2).** A batch handler reports its ``started`` and outcome events as groups: one
+record per partition holding up to :data:`MAX_GROUP_EVENTS` events, each the object above without its
+``format``::
+
+    {"format": 2, "events": [{"event": "started", "occurrence_id": "uuid", ...}, ...]}
+
+Every event of a group is one whose own key (its occurrence id) hashes to the partition the group is
+produced to, so every event of one occurrence still lands on one partition in the order it was produced,
+whether it went alone or in a group; the group's key is its first event's key. A group is signed as one
+record and is undecodable as a whole if any of its events is (one poison record, nothing applied). Per
+occurrence a group costs the engine and the runtime a list entry instead of a Kafka record, its headers,
+its signature and its JSON document (docs/benchmarks.md, stop 50). An engine older than groups counts a
+group record as poison: upgrade the engines before the consumer runtimes (docs/consumer-runtime.md).
 """
 
 from __future__ import annotations
 
 import functools
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -51,6 +66,13 @@ from schemas.record_fields import MAX_NAME
 
 FORMAT_VERSION = 1
 _FORMAT_HEADER = str(FORMAT_VERSION).encode()
+#: A record holding a list of events (see the module docstring).
+GROUP_FORMAT = 2
+_GROUP_FORMAT_HEADER = str(GROUP_FORMAT).encode()
+_FORMATS = frozenset({FORMAT_VERSION, GROUP_FORMAT})
+#: Events in one group record at most: a started event is ~300 bytes of JSON, so a full group stays far
+#: below the broker's default largest record (1 MiB) and a transaction's worth for the engine.
+MAX_GROUP_EVENTS = 500
 
 STARTED = "started"
 HEARTBEAT = "heartbeat"
@@ -223,8 +245,13 @@ class AttemptEvent:
         return [(HEADER_FORMAT, _FORMAT_HEADER), (HEADER_OCCURRENCE_ID, self.key)]
 
     def encode(self) -> bytes:
+        """The event alone, as a format-1 record value."""
+        # orjson writes uuid.UUID as its canonical string itself; other UUID types (asyncpg's) through str().
+        return orjson.dumps({"format": FORMAT_VERSION, **self.fields()}, default=str)
+
+    def fields(self) -> dict[str, Any]:
+        """The event's JSON object without ``format``: a record of its own, or an entry of a group."""
         data: dict[str, Any] = {
-            "format": FORMAT_VERSION,
             "event": self.event,
             "occurrence_id": self.occurrence_id,
             "attempt": self.attempt,
@@ -248,8 +275,18 @@ class AttemptEvent:
             data["claim_order"] = self.claim_order
         if self.scheduled_for is not None:
             data["scheduled_for"] = format_instant(self.scheduled_for)
-        # orjson writes uuid.UUID as its canonical string itself; other UUID types (asyncpg's) through str().
-        return orjson.dumps(data, default=str)
+        return data
+
+
+def encode_group(events: Sequence[AttemptEvent]) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+    """One group record (key, value, headers) of 1 to :data:`MAX_GROUP_EVENTS` events, in order.
+
+    The caller keeps the partition rule: every event's own key must hash to the partition the group goes to
+    (``consumers.attempt_reports`` groups by that partition)."""
+    if not 0 < len(events) <= MAX_GROUP_EVENTS:
+        raise ValueError(f"a group holds 1 to {MAX_GROUP_EVENTS} events, not {len(events)}")
+    value = orjson.dumps({"format": GROUP_FORMAT, "events": [event.fields() for event in events]}, default=str)
+    return events[0].key, value, [(HEADER_FORMAT, _GROUP_FORMAT_HEADER)]
 
 
 def _printable(text: str) -> str:
@@ -267,8 +304,39 @@ MAX_CLAIM_ORDER = 2**63 - 1  # a bigint column; PostgreSQL's 64-bit transaction 
 
 
 def decode_attempt_event(value: bytes | None) -> AttemptEvent:
-    """Decode an attempt event or raise MalformedMessage saying what is wrong (and nothing else)."""
-    data = decode_json_object(value, "attempt event")
+    """Decode a single (format 1) attempt event or raise MalformedMessage saying what is wrong (and nothing else)."""
+    return _event_from_object(decode_json_object(value, "attempt event"))
+
+
+class AttemptRecord(NamedTuple):
+    """What one record of the attempts topic holds: its events in order, and whether it was a group."""
+
+    events: list[AttemptEvent]
+    grouped: bool
+
+
+def decode_attempt_record(value: bytes | None) -> AttemptRecord:
+    """The events of an attempts-topic record, in order: one for a single event (format 1), the group's for a
+    group (format 2). MalformedMessage saying what is wrong if the record, or any event of a group, is not
+    well formed: a group is applied whole or not at all."""
+    data = fields.json_object(value, "attempt event", _FORMATS)
+    if data["format"] == FORMAT_VERSION:
+        return AttemptRecord([_event_from_object(data)], grouped=False)
+    entries = data.get("events")
+    if not isinstance(entries, list) or not 0 < len(entries) <= MAX_GROUP_EVENTS:
+        raise MalformedMessage(f"field 'events' must be a list of 1 to {MAX_GROUP_EVENTS} attempt events", "events")
+    events = []
+    for position, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise MalformedMessage(f"events[{position}] is not a JSON object", "events")
+        try:
+            events.append(_event_from_object(entry))
+        except MalformedMessage as err:
+            raise MalformedMessage(f"events[{position}]: {err.problem}", err.field) from err
+    return AttemptRecord(events, grouped=True)
+
+
+def _event_from_object(data: dict[str, Any]) -> AttemptEvent:
     event = data.get("event")
     if not isinstance(event, str) or event not in EVENT_KINDS:
         shown = repr(event[:40]) if isinstance(event, str) else type(event).__name__

@@ -17,6 +17,16 @@ answered ``granted`` while the occurrence is RUNNING on that lease token.
 the group (a pure function both sides compute): a runtime instance assigns itself that partition only
 (no consumer group: every instance of the group reads it and keeps the answers for its own tokens), so
 no instance reads other groups' replies. The record key is the occurrence id.
+
+**Answer groups (format 2).** The answers to ``started`` events that came in a group (format 2 of
+``schemas/attempt_events.py``) go back as groups too: one record per consumer group holding up to
+:data:`MAX_GROUP_GRANTS` answers, the group named once::
+
+    {"format": 2, "consumer_group": "billing", "grants": [{"occurrence_id": "uuid", "lease_token": "uuid",
+     "result": "granted"}, ...]}
+
+The engine answers in the form it was asked: a runtime that sends single events (an older one) gets single
+answers, so engines can be upgraded before runtimes. The group's key is its first answer's occurrence id.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from __future__ import annotations
 import functools
 import uuid
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +47,11 @@ from schemas.messages import HEADER_FORMAT, HEADER_OCCURRENCE_ID, decode_json_ob
 
 FORMAT_VERSION = 1
 _FORMAT_HEADER = str(FORMAT_VERSION).encode()
+GROUP_FORMAT = 2
+_GROUP_FORMAT_HEADER = str(GROUP_FORMAT).encode()
+_FORMATS = frozenset({FORMAT_VERSION, GROUP_FORMAT})
+#: Answers in one group record at most (~120 bytes each).
+MAX_GROUP_GRANTS = 1000
 
 GRANTED = "granted"
 REFUSED = "refused"
@@ -91,16 +107,34 @@ class AttemptGrant:
         return [(HEADER_FORMAT, _FORMAT_HEADER), (HEADER_OCCURRENCE_ID, self.key)]
 
     def encode(self) -> bytes:
+        """The answer alone, as a format-1 record value."""
+        return orjson.dumps(
+            {"format": FORMAT_VERSION, "consumer_group": self.consumer_group, **self._answer()}, default=str
+        )
+
+    def _answer(self) -> dict[str, Any]:
         data: dict[str, Any] = {
-            "format": FORMAT_VERSION,
             "occurrence_id": self.occurrence_id,
             "lease_token": self.lease_token,
-            "consumer_group": self.consumer_group,
             "result": self.result,
         }
         if self.reason is not None:
             data["reason"] = self.reason
-        return orjson.dumps(data, default=str)
+        return data
+
+
+def encode_grant_group(grants: Sequence[AttemptGrant]) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+    """One group record (key, value, headers) of 1 to :data:`MAX_GROUP_GRANTS` answers for one consumer group."""
+    if not 0 < len(grants) <= MAX_GROUP_GRANTS:
+        raise ValueError(f"a group holds 1 to {MAX_GROUP_GRANTS} answers, not {len(grants)}")
+    group = grants[0].consumer_group
+    if any(grant.consumer_group != group for grant in grants):
+        raise ValueError("the answers of one group record are for one consumer group")
+    value = orjson.dumps(
+        {"format": GROUP_FORMAT, "consumer_group": group, "grants": [grant._answer() for grant in grants]},
+        default=str,
+    )
+    return grants[0].key, value, [(HEADER_FORMAT, _GROUP_FORMAT_HEADER)]
 
 
 def _wire_text(text: str) -> bool:
@@ -115,8 +149,34 @@ def _wire_text(text: str) -> bool:
 
 
 def decode_attempt_grant(value: bytes | None) -> AttemptGrant:
-    """Decode a grant or raise MalformedMessage saying what is wrong (strict: every field checked)."""
+    """Decode a single (format 1) grant or raise MalformedMessage saying what is wrong (strict: every field
+    checked)."""
     data = decode_json_object(value, "attempt grant")
+    return _grant_from_object(data, fields.text(data, "consumer_group", MAX_CONSUMER_GROUP))
+
+
+def decode_attempt_grants(value: bytes | None) -> list[AttemptGrant]:
+    """The answers of an attempt-grants record, in order: one for a single answer (format 1), the group's for a
+    group (format 2); MalformedMessage if the record or any answer of a group is not well formed."""
+    data = fields.json_object(value, "attempt grant", _FORMATS)
+    group = fields.text(data, "consumer_group", MAX_CONSUMER_GROUP)
+    if data["format"] == FORMAT_VERSION:
+        return [_grant_from_object(data, group)]
+    entries = data.get("grants")
+    if not isinstance(entries, list) or not 0 < len(entries) <= MAX_GROUP_GRANTS:
+        raise MalformedMessage(f"field 'grants' must be a list of 1 to {MAX_GROUP_GRANTS} answers", "grants")
+    grants = []
+    for position, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise MalformedMessage(f"grants[{position}] is not a JSON object", "grants")
+        try:
+            grants.append(_grant_from_object(entry, group))
+        except MalformedMessage as err:
+            raise MalformedMessage(f"grants[{position}]: {err.problem}", err.field) from err
+    return grants
+
+
+def _grant_from_object(data: dict[str, Any], consumer_group: str) -> AttemptGrant:
     result = fields.choice(data, "result", RESULTS)
     reason = fields.choice(data, "reason", REFUSAL_REASONS) if result == REFUSED else None
     if result == GRANTED and data.get("reason") is not None:
@@ -124,7 +184,7 @@ def decode_attempt_grant(value: bytes | None) -> AttemptGrant:
     return AttemptGrant(
         occurrence_id=fields.uuid_field(data, "occurrence_id"),
         lease_token=fields.uuid_field(data, "lease_token"),
-        consumer_group=fields.text(data, "consumer_group", MAX_CONSUMER_GROUP),
+        consumer_group=consumer_group,
         result=result,
         reason=reason,
     )

@@ -44,7 +44,8 @@ class Rejection(str, Enum):
 @dataclass(frozen=True)
 class ReceivedEvent:
     """An attempt event as it arrived: what its record claims about who sent it (None: unsigned), the exact
-    key and value a signature covers, and where it was read (for the log)."""
+    key and value a signature covers, where it was read (for the log), and whether its record was a group
+    (its answer goes back as one). The events of one group record share the record's claim, key and value."""
 
     event: AttemptEvent
     claim: SignedBy | None = None
@@ -52,6 +53,7 @@ class ReceivedEvent:
     value: bytes = b""
     partition: int | None = None
     offset: int | None = None
+    grouped: bool = False
 
     @property
     def credential_id(self) -> uuid.UUID | None:
@@ -109,10 +111,29 @@ async def authenticate(
             )
         )
         by_position.update((missing[row["ordinal"] - 1], row) for row in rows)  # its ordinals count `missing`
-    return [_judge(by_position.get(i), received, now) for i, received in enumerate(batch, start=1)]
+    signatures = _Signatures()
+    return [_judge(by_position.get(i), received, now, signatures) for i, received in enumerate(batch, start=1)]
 
 
-def _judge(row: asyncpg.Record | None, received: ReceivedEvent, now: datetime) -> Rejection | None:
+class _Signatures:
+    """Signature checks of one batch, each record's once: the events of a group record share its key, value
+    and claim, and an HMAC over a group's value per event would cost a group's size squared."""
+
+    def __init__(self) -> None:
+        self._checked: dict[tuple[bytes, bytes | None, bytes, SignedBy], bool] = {}
+
+    def valid(self, secret: bytes, received: ReceivedEvent, claim: SignedBy) -> bool:
+        # The secret is part of the key, so a check never answers for a secret it was not made with.
+        key = (secret, received.key, received.value, claim)
+        valid = self._checked.get(key)
+        if valid is None:
+            valid = self._checked[key] = verify(secret, received.key, received.value, claim)
+        return valid
+
+
+def _judge(
+    row: asyncpg.Record | None, received: ReceivedEvent, now: datetime, signatures: _Signatures
+) -> Rejection | None:
     if row is None:
         return None  # no such occurrence: the ledger answers "unknown" and changes nothing
     claim = received.claim
@@ -120,7 +141,7 @@ def _judge(row: asyncpg.Record | None, received: ReceivedEvent, now: datetime) -
         return Rejection.UNSIGNED if row["enforced"] else None
     if row["secret"] is None:
         return Rejection.UNKNOWN_CREDENTIAL
-    if not verify(bytes(row["secret"]), received.key, received.value, claim):
+    if not signatures.valid(bytes(row["secret"]), received, claim):
         return Rejection.BAD_SIGNATURE
     if row["credential_target"] != row["target"]:
         return Rejection.WRONG_TARGET

@@ -2,9 +2,11 @@
 
 The processor calls :meth:`GrantSink.send` after the transaction that applied the batch committed, so an
 answer never runs ahead of the state it reports. Each answer goes to the partition of its consumer group
-(``schemas.attempt_grants.grant_partition``), keyed by occurrence. A reply the broker does not take is
-logged and dropped, never retried and never re-reading the batch: the waiting runtime hears nothing within
-its bound, rolls back and sends a new ``started`` (a later claim), whose answer follows the state again.
+(``schemas.attempt_grants.grant_partition``), keyed by occurrence; answers to ``started`` events that came
+in a group go back as groups (``schemas.attempt_grants``, format 2), the others one record each. A reply
+the broker does not take is logged and dropped, never retried and never re-reading the batch: the waiting
+runtime hears nothing within its bound, rolls back and sends a new ``started`` (a later claim), whose answer
+follows the state again.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 from aiokafka import AIOKafkaProducer
@@ -20,7 +22,7 @@ from aiokafka.errors import KafkaError
 from opentelemetry import metrics
 
 from schemas import observability as obs
-from schemas.attempt_grants import AttemptGrant, grant_partition
+from schemas.attempt_grants import MAX_GROUP_GRANTS, AttemptGrant, encode_grant_group, grant_partition
 from schemas.kafka_security import PLAINTEXT, KafkaSecurity, start_client
 from schemas.produce_batches import send_in_batches
 from schemas.topics import ATTEMPT_GRANTS_TOPIC
@@ -31,7 +33,9 @@ log = logging.getLogger("chronoq.attempts")
 class GrantSink(Protocol):
     """Where the processor's answers go (Kafka in production; a list in tests)."""
 
-    async def send(self, grants: Sequence[AttemptGrant]) -> None: ...
+    async def send(self, grants: Sequence[AttemptGrant], grouped: bool = False) -> None:
+        """Deliver ``grants`` (``grouped``: as group records, for runtimes that sent their ``started`` in
+        groups)."""
 
 
 class GrantPublisher:
@@ -67,11 +71,12 @@ class GrantPublisher:
         if producer is not None:
             await producer.stop()
 
-    async def send(self, grants: Sequence[AttemptGrant]) -> None:
+    async def send(self, grants: Sequence[AttemptGrant], grouped: bool = False) -> None:
         """Produce every answer and wait for the acknowledgements; a failure is logged, not raised.
 
-        The answers of one consumer group share a partition, so they go as Kafka batches (one message per
-        answer, as always: ``schemas.produce_batches``) rather than one keyed ``send`` each."""
+        The answers of one consumer group share a partition, so they go as Kafka batches
+        (``schemas.produce_batches``) rather than one keyed ``send`` each: one record per answer, or with
+        ``grouped`` one group record per consumer group and :data:`MAX_GROUP_GRANTS` answers."""
         if not grants or self._producer is None:
             return
         producer = self._producer
@@ -83,7 +88,7 @@ class GrantPublisher:
                     by_partition.setdefault(grant_partition(grant.consumer_group, partitions), []).append(grant)
                 acknowledgements = []
                 for partition, group in by_partition.items():
-                    records = ((grant.key, grant.encode(), grant.headers()) for grant in group)
+                    records = _group_records(group) if grouped else _records(group)
                     acknowledgements += await send_in_batches(producer, ATTEMPT_GRANTS_TOPIC, partition, records)
                 await asyncio.gather(*acknowledgements)
         except (TimeoutError, KafkaError) as err:
@@ -96,3 +101,20 @@ class GrantPublisher:
         self.sent += len(grants)
         for (result, reason), n in Counter((g.result, g.reason or "") for g in grants).items():
             self._counter.add(n, {"result": result, "reason": reason})
+
+
+Record = tuple[bytes, bytes, list[tuple[str, bytes]]]
+
+
+def _records(grants: Sequence[AttemptGrant]) -> Iterator[Record]:
+    return ((grant.key, grant.encode(), grant.headers()) for grant in grants)
+
+
+def _group_records(grants: Sequence[AttemptGrant]) -> Iterator[Record]:
+    """Group records of at most MAX_GROUP_GRANTS answers, one consumer group each, the answers in order."""
+    by_group: dict[str, list[AttemptGrant]] = {}
+    for grant in grants:
+        by_group.setdefault(grant.consumer_group, []).append(grant)
+    for group in by_group.values():
+        for start in range(0, len(group), MAX_GROUP_GRANTS):
+            yield encode_grant_group(group[start : start + MAX_GROUP_GRANTS])

@@ -58,7 +58,7 @@ from engine.loops.reporting import SUMMARY_EVERY
 from engine.rules.attempt_grants import grant_for
 from schemas import observability as obs
 from schemas.attempt_credentials import signed_by
-from schemas.attempt_events import STARTED, AttemptEvent, decode_attempt_event
+from schemas.attempt_events import STARTED, AttemptEvent, decode_attempt_record
 from schemas.attempt_grants import AttemptGrant
 from schemas.clock import Clock, DatabaseClock
 from schemas.error_classification import is_transient
@@ -194,8 +194,15 @@ class AttemptProcessor:
         for item, why in zip(received, rejections, strict=True):
             verdicts.append(next(results) if why is None else self._rejected(item, why))
         if self.grants is not None and asked:
-            # After the commit: an answer never runs ahead of the state it reports.
-            await self.grants.send(answers(received, verdicts, leases))
+            # After the commit: an answer never runs ahead of the state it reports. Each goes back in the form
+            # its `started` came in (a group's answers as groups), so older runtimes keep their single answers.
+            for grouped in (False, True):
+                in_form = [
+                    (item, verdict) for item, verdict in zip(received, verdicts, strict=True) if item.grouped is grouped
+                ]
+                replies = answers([item for item, _ in in_form], [verdict for _, verdict in in_form], leases)
+                if replies:
+                    await self.grants.send(replies, grouped=grouped)
         for item, verdict in zip(received, verdicts, strict=True):
             self.ledger.fenced(item.event, verdict)
         for verdict, n in Counter(verdicts).items():
@@ -254,7 +261,7 @@ class AttemptProcessor:
         poison = rejected = 0
         for record in records:
             try:
-                event = decode_attempt_event(record.value)
+                decoded = decode_attempt_record(record.value)
             except MalformedMessage as err:
                 poison += 1
                 self.stats.poison += 1
@@ -269,23 +276,31 @@ class AttemptProcessor:
                     },
                 )
                 continue
+            value = record.value or b""
             try:
                 claim = signed_by(record.headers)
             except MalformedMessage:
-                # Garbled credential headers: decodable, but it proves nothing.
-                rejected += 1
-                self.stats.count(
-                    self._rejected(
-                        ReceivedEvent(event, None, record.key, record.value or b"", record.partition, record.offset),
-                        Rejection.MALFORMED.value,
-                    ),
-                    1,
-                )
+                # Garbled credential headers: decodable, but it proves nothing (for any event of a group).
+                for event in decoded.events:
+                    rejected += 1
+                    self.stats.count(
+                        self._rejected(
+                            ReceivedEvent(event, None, record.key, value, record.partition, record.offset),
+                            Rejection.MALFORMED.value,
+                        ),
+                        1,
+                    )
                 continue
-            received.append(
-                ReceivedEvent(event, claim, record.key, record.value or b"", record.partition, record.offset)
+            received += (
+                ReceivedEvent(event, claim, record.key, value, record.partition, record.offset, decoded.grouped)
+                for event in decoded.events
             )
-        verdicts = await self.apply_received(received) if received else []
+        verdicts = []
+        # A poll of group records can hold many times max_poll_records events: applied in transactions of
+        # at most that many (in order; a crash between them re-reads the unit, and events are idempotent).
+        step = self.config.max_poll_records
+        for start in range(0, len(received), step):
+            verdicts += await self.apply_received(received[start : start + step])
         counts = Counter(verdict.value for verdict in verdicts)
         counts[Verdict.REJECTED.value] += rejected
         return {**{k: v for k, v in counts.items() if v}, **({"poison": poison} if poison else {})}

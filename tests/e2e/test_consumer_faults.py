@@ -23,7 +23,7 @@ from consumers import ConsumerApp, ConsumerConfig, Occurrence
 from engine.control.schedules import ControlPlane
 from engine.loops.materializer import MaterializerConfig
 from engine.loops.service import run_services
-from schemas.attempt_events import decode_attempt_event
+from schemas.attempt_events import decode_attempt_record
 from schemas.topics import ATTEMPTS_TOPIC
 from tests.support.kafka import decodable, read_topic
 from tests.support.rows import attempt_rows, due_occurrence, occurrence_row
@@ -135,7 +135,9 @@ async def state(pool, ident) -> str:
 
 async def events_of(kafka_bootstrap: str, ident: uuid.UUID) -> list:
     records = await read_topic(kafka_bootstrap, ATTEMPTS_TOPIC, expected=0, settle=0.1)
-    return [e for e in decodable(records, decode_attempt_event) if e.occurrence_id == ident]
+    return [
+        e for e in [e for r in decodable(records, decode_attempt_record) for e in r.events] if e.occurrence_id == ident
+    ]
 
 
 async def test_a_consumer_killed_at_any_handoff_loses_nothing_and_applies_nothing_twice(

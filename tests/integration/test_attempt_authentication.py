@@ -15,8 +15,10 @@ from datetime import timedelta
 from functools import partial
 
 import asyncpg
+import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
+from aiokafka.structs import ConsumerRecord
 
 from consumers import ConsumerApp, ConsumerConfig, Occurrence
 from engine.control import attempt_credentials as credentials
@@ -28,6 +30,7 @@ from engine.loops.attempt_processor import AttemptProcessor
 from schemas import observability as obs
 from schemas.attempt_credentials import AttemptCredential, signed_by
 from schemas.attempt_events import AttemptEvent as Ev
+from schemas.attempt_events import encode_group
 from schemas.errors import InvalidInput, NotFound
 from schemas.topics import ATTEMPTS_TOPIC, create_missing_topics
 from tests.support.rows import attempt_rows, due_occurrence, occurrence_row
@@ -291,3 +294,57 @@ async def _produce(bootstrap: str, records: list[tuple[Ev, Sequence[tuple[str, b
             )
     finally:
         await producer.stop()
+
+
+def group_record(events: list[Ev], credential: AttemptCredential | None = None, offset: int = 0) -> ConsumerRecord:
+    """A group record (format 2) as the consumer runtime produces it, signed once with ``credential``."""
+    key, value, headers = encode_group(events)
+    if credential is not None:
+        headers.extend(credential.sign(key, value))
+    return ConsumerRecord(ATTEMPTS_TOPIC, 0, offset, 0, 0, key, value, None, len(key), len(value), headers)
+
+
+async def test_a_group_record_is_signed_once_and_each_of_its_events_still_judged_by_its_own_occurrence(
+    pool, clock, processor, telemetry
+):
+    """One signature covers a whole group; it vouches for no occurrence of another target (the credential's
+    target is checked per event), and a group changed after signing, or with garbled credential headers, has
+    every one of its events rejected."""
+    ours = await owned_target(pool, clock, "acme")
+    theirs = await owned_target(pool, clock, "globex")
+    credential = (await credentials.issue(pool, ours, clock)).credential
+    await credentials.issue(pool, theirs, clock)
+    mine = [await due_occurrence(pool, "acme", ours, clock.now()) for _ in range(3)]
+    foreign = await due_occurrence(pool, "globex", theirs, clock.now())
+    tokens = {m.occurrence_id: uuid.uuid4() for m in [*mine, foreign]}
+    started = [Ev.started(o, 1, t, TTL, "billing", "w") for o, t in tokens.items()]
+
+    tampered = group_record(started[:1], credential)
+    tampered.value = tampered.value.replace(b'"w"', b'"x"')
+    garbled = group_record(started[:1])
+    garbled.headers = [*garbled.headers, ("chronoq-credential", b"not-a-uuid"), ("chronoq-attempt-signature", b"0")]
+    counts = await processor.handle_records([tampered, garbled])
+    assert counts == {"rejected": 2}
+    assert rejections(telemetry) == {"bad_signature": 1, "malformed": 1}
+
+    counts = await processor.handle_records([group_record(started, credential, offset=1)])
+    assert counts == {"accepted": 3, "rejected": 1}
+    assert rejections(telemetry)["wrong_target"] == 1
+    assert {m.occurrence_id: (await occurrence_row(pool, m.occurrence_id))["state"] for m in mine} == {
+        m.occurrence_id: "RUNNING" for m in mine
+    }
+    assert (await occurrence_row(pool, foreign.occurrence_id))["state"] == "SCHEDULED"
+
+
+async def test_a_group_with_one_malformed_event_is_one_poison_record_and_changes_nothing(pool, clock, processor):
+    target = await owned_target(pool, clock, "acme")
+    message = await due_occurrence(pool, "acme", target, clock.now())
+    good = Ev.started(message.occurrence_id, 1, uuid.uuid4(), TTL, "billing", "w")
+    record = group_record([good, good])
+    data = orjson.loads(record.value)
+    data["events"][1]["lease_ttl"] = -1  # the second event only
+    record.value = orjson.dumps(data)
+
+    assert await processor.handle_records([record]) == {"poison": 1}
+    assert (await occurrence_row(pool, message.occurrence_id))["state"] == "SCHEDULED"
+    assert processor.stats.poison == 1

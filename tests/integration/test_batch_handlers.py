@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 
 import asyncpg
+import pytest
 
 from consumers import ConsumerApp, FailedOccurrences, Occurrence, PermanentError
 from schemas import observability as obs
@@ -191,21 +192,25 @@ async def _state_is(pool, ident, expected: str) -> bool:
     return (await occurrence_row(pool, ident))["state"] == expected
 
 
-async def test_batched_and_single_reports_of_one_occurrence_land_on_one_partition(kafka_bootstrap):
+@pytest.mark.parametrize("grouped", [True, False], ids=["groups", "records"])
+async def test_batched_and_single_reports_of_one_occurrence_land_on_one_partition(kafka_bootstrap, grouped):
     """The engine's fencing needs every event of an occurrence in produce order, on one partition: the batch
-    path must pick the partition exactly as the keyed single send does."""
+    path must pick each event's partition exactly as the keyed single send does, and a group record may hold
+    only events whose own key hashes to the group's partition."""
     from aiokafka import AIOKafkaProducer
 
     from consumers.attempt_reports import AttemptReporter
-    from schemas.attempt_events import AttemptEvent
+    from schemas.attempt_events import AttemptEvent, decode_attempt_record
+    from schemas.key_partitioning import key_partition
     from schemas.topics import ATTEMPTS_TOPIC, create_missing_topics
-    from tests.support.kafka import read_to_end
+    from tests.support.kafka import decodable, read_to_end
 
     await create_missing_topics(kafka_bootstrap, [ATTEMPTS_TOPIC])
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", enable_idempotence=False)
     await producer.start()
     try:
-        reporter = AttemptReporter(producer, timeout=10.0)
+        reporter = AttemptReporter(producer, timeout=10.0, grouped=grouped)
+        partitions = sorted(await producer.partitions_for(ATTEMPTS_TOPIC))
         occurrences = [uuid.uuid4() for _ in range(40)]
         tokens = {o: uuid.uuid4() for o in occurrences}
         await reporter.send_many([AttemptEvent.started(o, 1, tokens[o], 30.0) for o in occurrences], "t")
@@ -215,16 +220,21 @@ async def test_batched_and_single_reports_of_one_occurrence_land_on_one_partitio
     finally:
         await producer.stop()
     # To the end offsets: in the suite the topic holds every other test's events too.
-    records = await read_to_end(kafka_bootstrap, ATTEMPTS_TOPIC)
-    # By exact key: the fuzz tests leave records with keys that are no UUID at all on this topic.
-    keys = {str(o).encode() for o in occurrences}
-    ours = [(r.partition, r.offset, r.key) for r in records if r.key in keys]
-    by_occurrence: dict[bytes, set[int]] = {}
-    for partition, _, key in ours:
-        by_occurrence.setdefault(key, set()).add(partition)
+    records = sorted(await read_to_end(kafka_bootstrap, ATTEMPTS_TOPIC), key=lambda r: (r.partition, r.offset))
+    ours = [
+        (record.partition, event, decoded.grouped)
+        for record in records
+        for decoded in decodable([record], decode_attempt_record)
+        for event in decoded.events
+        if event.occurrence_id in tokens
+    ]
     assert len(ours) == 3 * len(occurrences)
-    assert all(len(partitions) == 1 for partitions in by_occurrence.values())
-    assert len({p for ps in by_occurrence.values() for p in ps}) > 1  # spread over partitions, not all on one
+    assert all(key_partition(event.key, partitions) == partition for partition, event, _ in ours)
+    for o in occurrences:  # in produce order on its partition
+        assert [e.event for _, e, _ in ours if e.occurrence_id == o] == ["started", "heartbeat", "succeeded"]
+    assert len({partition for partition, _, _ in ours}) > 1  # spread over partitions, not all on one
+    batched = [was_grouped for _, event, was_grouped in ours if event.event != "heartbeat"]
+    assert all(batched) if grouped else not any(batched)
 
 
 async def test_failed_occurrences_naming_none_of_the_batch_reruns_it_one_by_one_and_alone_the_named_error_counts(

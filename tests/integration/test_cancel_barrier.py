@@ -15,19 +15,26 @@ from datetime import timedelta
 
 import asyncpg
 import pytest
+from aiokafka.structs import ConsumerRecord
 from opentelemetry.metrics import NoOpMeter
 
 from consumers import ConsumerApp, ConsumerConfig, Occurrence
 from consumers.attempt_grants import GrantWaiter
 from engine.control.schedules import ControlPlane
 from engine.loops.attempt_grants import GrantPublisher
-from engine.loops.attempt_processor import AttemptProcessor
+from engine.loops.attempt_processor import AttemptProcessor, AttemptProcessorConfig
 from engine.loops.materializer import Materializer, MaterializerConfig
 from engine.loops.service import PIPELINE_ROLES, Role
-from schemas.attempt_events import AttemptEvent
+from schemas.attempt_events import AttemptEvent, encode_group
 from schemas.attempt_grants import AttemptGrant, grant_partition
 from schemas.messages import decode_occurrence
-from schemas.topics import ATTEMPT_GRANTS_TOPIC, create_missing_topics, occurrence_topic, topic_partitions
+from schemas.topics import (
+    ATTEMPT_GRANTS_TOPIC,
+    ATTEMPTS_TOPIC,
+    create_missing_topics,
+    occurrence_topic,
+    topic_partitions,
+)
 from tests.support.kafka import produce
 from tests.support.rows import attempt_rows, due_occurrence, occurrence_row
 from tests.support.services import Running, fast_services, services_running
@@ -138,9 +145,11 @@ class _Answers:
 
     def __init__(self) -> None:
         self.sent: list[AttemptGrant] = []
+        self.forms: list[tuple[bool, list[uuid.UUID]]] = []
 
-    async def send(self, grants) -> None:
+    async def send(self, grants, grouped=False) -> None:
         self.sent.extend(grants)
+        self.forms.append((grouped, [grant.lease_token for grant in grants]))
 
 
 async def test_every_started_is_answered_whether_its_scheduled_for_is_right_wrong_or_absent(pool, clock, target):
@@ -162,6 +171,30 @@ async def test_every_started_is_answered_whether_its_scheduled_for_is_right_wron
         *(AttemptGrant(m.occurrence_id, t, group, "granted") for m, t in zip(sent, tokens, strict=False)),
         AttemptGrant(nowhere, tokens[3], group, "refused", "unknown"),
     ]
+
+
+async def test_started_in_a_group_is_answered_in_a_group_and_a_single_one_alone(pool, clock, target):
+    """Engines are upgraded before runtimes: a runtime that sends single events (an older one) must get single
+    answers, which it can read; a runtime that sends groups gets its answers in groups. A poll holding more
+    events than a transaction takes is applied in several, in order."""
+    sent = [await due_occurrence(pool, "acme", target, clock.now()) for _ in range(5)]
+    group, tokens = f"barrier-{uuid.uuid4().hex[:8]}", [uuid.uuid4() for _ in sent]
+    started = [
+        AttemptEvent.started(m.occurrence_id, 1, token, 30.0, group, "w", scheduled_for=m.scheduled_for)
+        for m, token in zip(sent, tokens, strict=True)
+    ]
+    key, value, headers = encode_group(started[:4])
+    grouped = ConsumerRecord(ATTEMPTS_TOPIC, 0, 0, 0, 0, key, value, None, len(key), len(value), headers)
+    single = started[4]
+    alone = ConsumerRecord(ATTEMPTS_TOPIC, 1, 0, 0, 0, single.key, single.encode(), None, 0, 0, single.headers())
+    answers = _Answers()
+    config = AttemptProcessorConfig(max_poll_records=3)  # 5 events: two transactions
+    processor = AttemptProcessor(pool, clock=clock, rng=random.Random(3), grants=answers, config=config)
+
+    assert await processor.handle_records([grouped, alone]) == {"accepted": 5}
+    # The second transaction holds the group's last event and the single one: each answered in its form.
+    assert answers.forms == [(True, tokens[:3]), (False, [tokens[4]]), (True, [tokens[3]])]
+    assert {(await occurrence_row(pool, m.occurrence_id))["lease_token"] for m in sent} == set(tokens)
 
 
 async def test_a_batch_handler_gets_only_the_occurrences_the_engine_granted(

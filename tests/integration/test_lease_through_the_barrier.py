@@ -54,7 +54,7 @@ class HeldAnswers:
         self.held: list[AttemptGrant] = []
         self.released = False
 
-    async def send(self, grants: Sequence[AttemptGrant]) -> None:
+    async def send(self, grants: Sequence[AttemptGrant], grouped: bool = False) -> None:
         if self.released:
             await self.publisher.send(grants)
         else:

@@ -17,8 +17,8 @@ import orjson
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from schemas.attempt_events import AttemptEvent
-from schemas.attempt_grants import AttemptGrant
+from schemas.attempt_events import AttemptEvent, encode_group
+from schemas.attempt_grants import AttemptGrant, encode_grant_group
 from schemas.commands import Command, CommandResult
 from schemas.dead_letter_messages import DeadOccurrenceMessage
 from schemas.messages import HEADER_TENANT, OccurrenceMessage, ScheduleStateMessage
@@ -38,6 +38,19 @@ VALID: dict[str, bytes] = {
     "command_result": CommandResult(uuid.uuid4(), "acme", "applied", {"schedule_id": "x"}).encode(),
     "attempt_event": AttemptEvent.failed(OCC, 2, uuid.uuid4(), "TimeoutError", "slow", permanent=True).encode(),
     "attempt_grant": AttemptGrant(OCC, uuid.uuid4(), "billing", "refused", "canceled").encode(),
+    # Groups (format 2): what batch handlers send and the engine answers them with.
+    "attempt_event_group": encode_group(
+        [
+            AttemptEvent.started(OCC, 2, uuid.uuid4(), 30.0, "billing", "host:1", 7, AT),
+            AttemptEvent.failed(OCC, 2, uuid.uuid4(), "TimeoutError", "slow", permanent=True),
+        ]
+    )[1],
+    "attempt_grant_group": encode_grant_group(
+        [
+            AttemptGrant(OCC, uuid.uuid4(), "billing", "granted"),
+            AttemptGrant(OCC, uuid.uuid4(), "billing", "refused", "fenced"),
+        ]
+    )[1],
     "dead_occurrence": DeadOccurrenceMessage(OCCURRENCE, 3, "max_attempts", "TimeoutError", "slow", AT).encode(),
     "target_binding": TargetBindingMessage("billing.invoice", ("acme", "globex"), 2, AT).encode(),
 }
@@ -104,7 +117,17 @@ def mutated(draw: st.DrawFn, kind: str) -> bytes:
     if draw(st.booleans()) and isinstance(data.get("occurrence"), dict) and data["occurrence"]:
         nested = data["occurrence"]
         nested[draw(st.sampled_from(sorted(nested)))] = draw(hostile_values)
+    for name in ("events", "grants"):  # a group's entries: each is checked like a record of its own
+        entries = data.get(name)
+        if draw(st.booleans()) and isinstance(entries, list) and entries and isinstance(entries[0], dict):
+            entry = entries[draw(st.integers(0, len(entries) - 1))]
+            if isinstance(entry, dict):
+                entry[draw(st.sampled_from(sorted(entry) + ["format", "unknown"]))] = draw(hostile_values)
     return _dumps(data)
+
+
+#: Kinds whose topic carries a second shape: the hostile records of one are drawn from both.
+_ALSO = {"attempt_event": "attempt_event_group", "attempt_grant": "attempt_grant_group"}
 
 
 def records(kind: str) -> st.SearchStrategy[bytes | None]:
@@ -112,6 +135,7 @@ def records(kind: str) -> st.SearchStrategy[bytes | None]:
         st.none(),
         st.binary(max_size=200),
         mutated(kind),
+        mutated(_ALSO.get(kind, kind)),
         st.just(b"[" * 2000 + b"]" * 2000),
         st.just(_dumps({"format": 1, "payload": 10**400})),
         st.just(b'{"format": 1e400}'),

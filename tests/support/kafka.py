@@ -15,7 +15,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import ConsumerRecord
 
 from relay.librdkafka_publisher import LibrdkafkaConfig, LibrdkafkaPublisher
-from schemas.attempt_events import AttemptEvent, decode_attempt_event
+from schemas.attempt_events import AttemptEvent, decode_attempt_record
 from schemas.errors import MalformedMessage
 from schemas.identity import occurrence_id
 from schemas.messages import OccurrenceMessage
@@ -65,7 +65,7 @@ async def attempt_events(bootstrap: str, ident: uuid.UUID, expected: int, timeou
 
     async def found() -> list[AttemptEvent] | None:
         records = await read_topic(bootstrap, ATTEMPTS_TOPIC, expected=0, settle=0.1)
-        events = decodable(records, decode_attempt_event)
+        events = [e for r in decodable(records, decode_attempt_record) for e in r.events]
         matching = [e for e in events if e.occurrence_id == ident]
         return matching if len(matching) >= expected else None
 

@@ -10,7 +10,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schemas.attempt_events import CANCEL_REASONS, AttemptEvent, decode_attempt_event
+from schemas.attempt_events import (
+    CANCEL_REASONS,
+    MAX_GROUP_EVENTS,
+    AttemptEvent,
+    AttemptRecord,
+    decode_attempt_event,
+    decode_attempt_record,
+    encode_group,
+)
 from schemas.dead_letter_messages import (
     DeadOccurrenceMessage,
     decode_dead_occurrence,
@@ -134,3 +142,46 @@ def test_a_started_event_carries_its_claim_order_and_older_ones_have_none():
     with pytest.raises(MalformedMessage) as raised:
         decode_attempt_event(bad)
     assert raised.value.field == "claim_order"
+
+
+@given(st.lists(events, min_size=1, max_size=20))
+def test_a_group_holds_its_events_in_order_and_a_single_record_one(group):
+    key, value, headers = encode_group(group)
+    assert decode_attempt_record(value) == AttemptRecord(group, grouped=True)
+    assert key == group[0].key and dict(headers)["chronoq-format"] == b"2"
+    assert decode_attempt_record(group[0].encode()) == AttemptRecord(group[:1], grouped=False)
+
+
+@pytest.mark.parametrize(
+    "events_field, problem",
+    [
+        ([], "1 to 500"),
+        ([{}] * 501, "1 to 500"),
+        ("started", "1 to 500"),
+        ([["started"]], "events[0] is not a JSON object"),
+        ([{"event": "started"}], "events[0]: field 'occurrence_id'"),
+    ],
+)
+def test_a_malformed_group_is_rejected_whole_saying_which_event(events_field, problem):
+    with pytest.raises(MalformedMessage, match=problem.replace("[", r"\[").replace("]", r"\]")):
+        decode_attempt_record(orjson.dumps({"format": 2, "events": events_field}))
+
+
+def test_a_group_names_the_event_at_fault_and_a_single_reader_refuses_groups():
+    good = AttemptEvent.succeeded(OCC, 1, TOKEN)
+    data = orjson.loads(encode_group([good, good])[1])
+    data["events"][1]["attempt"] = 0
+    with pytest.raises(MalformedMessage, match=r"events\[1\]: field 'attempt'") as raised:
+        decode_attempt_record(orjson.dumps(data))
+    assert raised.value.field == "attempt"
+    with pytest.raises(MalformedMessage, match="format 2"):
+        decode_attempt_event(encode_group([good])[1])  # decode_attempt_event reads single records only
+
+
+def test_a_group_is_one_to_max_events():
+    good = AttemptEvent.succeeded(OCC, 1, TOKEN)
+    with pytest.raises(ValueError):
+        encode_group([])
+    with pytest.raises(ValueError):
+        encode_group([good] * (MAX_GROUP_EVENTS + 1))
+    assert len(decode_attempt_record(encode_group([good] * MAX_GROUP_EVENTS)[1]).events) == MAX_GROUP_EVENTS

@@ -19,7 +19,7 @@ from engine.rules import attempt_grants as rules
 from engine.rules.attempt_decisions import Verdict
 from schemas import attempt_grants as wire
 from schemas.attempt_events import AttemptEvent
-from schemas.attempt_grants import AttemptGrant, decode_attempt_grant, grant_partition
+from schemas.attempt_grants import AttemptGrant, decode_attempt_grant, decode_attempt_grants, grant_partition
 from schemas.errors import MalformedMessage
 
 OCC, TOKEN, OTHER = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
@@ -229,3 +229,42 @@ async def test_forgetting_part_of_a_batch_leaves_the_rest_waiting_and_a_wait_on_
     assert grant is not None and grant.granted
     waiter.expect([])
     assert await asyncio.wait_for(waiter.wait([], timeout=30), 5) == {}
+
+
+@given(st.lists(grants, min_size=1, max_size=20))
+def test_a_group_of_answers_survives_encoding_for_one_consumer_group(answers_of: list[AttemptGrant]) -> None:
+    same_group = [
+        AttemptGrant(g.occurrence_id, g.lease_token, answers_of[0].consumer_group, g.result, g.reason)
+        for g in answers_of
+    ]
+    key, value, _ = wire.encode_grant_group(same_group)
+    assert decode_attempt_grants(value) == same_group and key == same_group[0].key
+    assert decode_attempt_grants(same_group[0].encode()) == same_group[:1]
+    if len({g.consumer_group for g in answers_of}) > 1:
+        with pytest.raises(ValueError):
+            wire.encode_grant_group(answers_of)
+
+
+def test_a_malformed_group_of_answers_is_rejected_whole() -> None:
+    good = AttemptGrant(OCC, TOKEN, "billing", "granted")
+    data = orjson.loads(wire.encode_grant_group([good, good])[1])
+    data["grants"][1]["result"] = "maybe"
+    with pytest.raises(MalformedMessage, match=r"grants\[1\]: field 'result'"):
+        decode_attempt_grants(orjson.dumps(data))
+    with pytest.raises(MalformedMessage, match="1 to 1000"):
+        decode_attempt_grants(orjson.dumps({"format": 2, "consumer_group": "billing", "grants": []}))
+
+
+async def test_the_waiter_takes_a_group_of_answers_at_once() -> None:
+    waiter = GrantWaiter("billing", NoOpMeter("test"))
+    tokens = [uuid.uuid4() for _ in range(3)]
+    waiter.expect(tokens)
+    answered = [AttemptGrant(OCC, token, "billing", "granted") for token in tokens[:2]]
+    waiter.receive(wire.encode_grant_group([AttemptGrant(OCC, tokens[2], "audit", "granted")])[1])  # not ours
+    waiter.receive(wire.encode_grant_group([*answered, AttemptGrant(OCC, OTHER, "billing", "granted")])[1])
+    waiter.receive(AttemptGrant(OCC, tokens[2], "billing", "refused", "fenced").encode())  # a single one too
+    assert await waiter.wait(tokens, timeout=1) == {
+        tokens[0]: answered[0],
+        tokens[1]: answered[1],
+        tokens[2]: AttemptGrant(OCC, tokens[2], "billing", "refused", "fenced"),
+    }

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schemas.attempt_events import decode_attempt_event
-from schemas.attempt_grants import decode_attempt_grant
+from schemas.attempt_events import AttemptRecord, decode_attempt_record, encode_group
+from schemas.attempt_grants import AttemptGrant, decode_attempt_grants, encode_grant_group
 from schemas.commands import Command, decode_command, decode_command_result, signature_of
 from schemas.dead_letter_messages import decode_dead_occurrence
 from schemas.errors import MalformedMessage
@@ -36,13 +36,34 @@ def _command(value: bytes | None, headers: Any) -> Command:
     return decode_command(value)
 
 
+class _AttemptRecord:
+    """A decoded attempts-topic record that encodes back to its own form (one event, or a group)."""
+
+    def __init__(self, record: AttemptRecord) -> None:
+        self.record = record
+
+    def encode(self) -> bytes:
+        events = self.record.events
+        return encode_group(events)[1] if self.record.grouped else events[0].encode()
+
+
+class _GrantRecord:
+    def __init__(self, grants: list[AttemptGrant], grouped: bool) -> None:
+        self.grants, self.grouped = grants, grouped
+
+    def encode(self) -> bytes:
+        return encode_grant_group(self.grants)[1] if self.grouped else self.grants[0].encode()
+
+
 DECODERS: dict[str, Callable[[bytes | None, Any], Any]] = {
     "occurrence": _occurrence,
     "schedule_state": lambda value, headers: decode_schedule_state(value),
     "command": _command,
     "command_result": lambda value, headers: decode_command_result(value),
-    "attempt_event": lambda value, headers: decode_attempt_event(value),
-    "attempt_grant": lambda value, headers: decode_attempt_grant(value),
+    "attempt_event": lambda value, headers: _AttemptRecord(decode_attempt_record(value)),
+    "attempt_event_group": lambda value, headers: _AttemptRecord(decode_attempt_record(value)),
+    "attempt_grant": lambda value, headers: _GrantRecord(decode_attempt_grants(value), grouped=False),
+    "attempt_grant_group": lambda value, headers: _GrantRecord(decode_attempt_grants(value), grouped=True),
     "dead_occurrence": lambda value, headers: decode_dead_occurrence(value),
     "target_binding": lambda value, headers: decode_target_binding(value),
 }
