@@ -12,7 +12,7 @@ target that has a credential. Both ways of sending sign the same way.
 
 :meth:`AttemptReporter.send_many` reports a batch handler's events (and a
 heartbeat round's) as group records (``schemas/attempt_events.py``, format 2):
-per partition one record of up to ``MAX_GROUP_EVENTS`` events, signed once;
+per partition records of up to 500 events and 256 KiB each, signed once;
 with ``grouped=False`` one record per event, in one Kafka batch per partition.
 It picks each event's partition exactly as the keyed single send does (the Java
 client's murmur2 of the event's key), so every event of one occurrence still
@@ -30,12 +30,10 @@ from aiokafka.errors import KafkaError
 
 from consumers.errors import InfrastructureError
 from schemas.attempt_credentials import AttemptCredential
-from schemas.attempt_events import MAX_GROUP_EVENTS, AttemptEvent, encode_group
+from schemas.attempt_events import AttemptEvent, encode_groups
 from schemas.key_partitioning import key_partition
-from schemas.produce_batches import send_in_batches
+from schemas.produce_batches import Record, send_in_batches
 from schemas.topics import ATTEMPTS_TOPIC
-
-Record = tuple[bytes, bytes, list[tuple[str, bytes]]]
 
 #: Occurrences whose partition is remembered (the started, heartbeat and outcome events of one delivery
 #: share it; murmur2 in Python costs about as much as encoding the event).
@@ -111,9 +109,9 @@ class AttemptReporter:
 
     @staticmethod
     def _group_records(events: Sequence[AttemptEvent], credential: AttemptCredential | None) -> Iterator[Record]:
-        """Group records of at most MAX_GROUP_EVENTS events each, in order, each signed over its key and value."""
-        for start in range(0, len(events), MAX_GROUP_EVENTS):
-            key, value, headers = encode_group(events[start : start + MAX_GROUP_EVENTS])
+        """Group records (``encode_groups``: bounded in events and bytes), in order, each signed over its key
+        and value."""
+        for key, value, headers in encode_groups(events):
             if credential is not None:
                 headers.extend(credential.sign(key, value))
             yield key, value, headers

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -70,9 +70,11 @@ _FORMAT_HEADER = str(FORMAT_VERSION).encode()
 GROUP_FORMAT = 2
 _GROUP_FORMAT_HEADER = str(GROUP_FORMAT).encode()
 _FORMATS = frozenset({FORMAT_VERSION, GROUP_FORMAT})
-#: Events in one group record at most: a started event is ~300 bytes of JSON, so a full group stays far
-#: below the broker's default largest record (1 MiB) and a transaction's worth for the engine.
+#: Events in one group record at most (a started event is ~300 bytes of JSON).
 MAX_GROUP_EVENTS = 500
+#: A group's value at most, in bytes: a quarter of the brokers' default largest record (1 MiB), whatever the
+#: events carry (a failed event's error text alone may be 2,000 characters: 500 of them would not fit).
+MAX_GROUP_BYTES = 256 * 1024
 
 STARTED = "started"
 HEARTBEAT = "heartbeat"
@@ -278,7 +280,11 @@ class AttemptEvent:
         return data
 
 
-def encode_group(events: Sequence[AttemptEvent]) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+#: A record to produce: key, value, headers (as ``schemas.produce_batches.Record``).
+Record = tuple[bytes, bytes, list[tuple[str, bytes]]]
+
+
+def encode_group(events: Sequence[AttemptEvent]) -> Record:
     """One group record (key, value, headers) of 1 to :data:`MAX_GROUP_EVENTS` events, in order.
 
     The caller keeps the partition rule: every event's own key must hash to the partition the group goes to
@@ -287,6 +293,24 @@ def encode_group(events: Sequence[AttemptEvent]) -> tuple[bytes, bytes, list[tup
         raise ValueError(f"a group holds 1 to {MAX_GROUP_EVENTS} events, not {len(events)}")
     value = orjson.dumps({"format": GROUP_FORMAT, "events": [event.fields() for event in events]}, default=str)
     return events[0].key, value, [(HEADER_FORMAT, _GROUP_FORMAT_HEADER)]
+
+
+def encode_groups(events: Sequence[AttemptEvent]) -> Iterator[Record]:
+    """``events`` as group records, in order: each of at most :data:`MAX_GROUP_EVENTS` events and, unless it
+    holds a single event, at most :data:`MAX_GROUP_BYTES` (a group over it is split in halves; one event is
+    at most a few kilobytes). Same partition rule as :func:`encode_group`."""
+    for start in range(0, len(events), MAX_GROUP_EVENTS):
+        yield from _within_bytes(events[start : start + MAX_GROUP_EVENTS])
+
+
+def _within_bytes(events: Sequence[AttemptEvent]) -> Iterator[Record]:
+    record = encode_group(events)
+    if len(record[1]) <= MAX_GROUP_BYTES or len(events) == 1:
+        yield record
+        return
+    half = len(events) // 2
+    yield from _within_bytes(events[:half])
+    yield from _within_bytes(events[half:])
 
 
 def _printable(text: str) -> str:

@@ -24,7 +24,7 @@ from opentelemetry import metrics
 from schemas import observability as obs
 from schemas.attempt_grants import MAX_GROUP_GRANTS, AttemptGrant, encode_grant_group, grant_partition
 from schemas.kafka_security import PLAINTEXT, KafkaSecurity, start_client
-from schemas.produce_batches import send_in_batches
+from schemas.produce_batches import Record, send_in_batches
 from schemas.topics import ATTEMPT_GRANTS_TOPIC
 
 log = logging.getLogger("chronoq.attempts")
@@ -101,9 +101,6 @@ class GrantPublisher:
         self.sent += len(grants)
         for (result, reason), n in Counter((g.result, g.reason or "") for g in grants).items():
             self._counter.add(n, {"result": result, "reason": reason})
-
-
-Record = tuple[bytes, bytes, list[tuple[str, bytes]]]
 
 
 def _records(grants: Sequence[AttemptGrant]) -> Iterator[Record]:

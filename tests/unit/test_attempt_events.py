@@ -12,12 +12,14 @@ from hypothesis import strategies as st
 
 from schemas.attempt_events import (
     CANCEL_REASONS,
+    MAX_GROUP_BYTES,
     MAX_GROUP_EVENTS,
     AttemptEvent,
     AttemptRecord,
     decode_attempt_event,
     decode_attempt_record,
     encode_group,
+    encode_groups,
 )
 from schemas.dead_letter_messages import (
     DeadOccurrenceMessage,
@@ -185,3 +187,26 @@ def test_a_group_is_one_to_max_events():
     with pytest.raises(ValueError):
         encode_group([good] * (MAX_GROUP_EVENTS + 1))
     assert len(decode_attempt_record(encode_group([good] * MAX_GROUP_EVENTS)[1]).events) == MAX_GROUP_EVENTS
+
+
+@given(st.lists(events, min_size=1, max_size=1200), st.integers(0, 2000))
+def test_groups_keep_every_event_in_order_within_their_bounds(group, error_length):
+    """A batch's failed events may each carry 2,000 characters of error text: 500 of them would pass the
+    brokers' largest record, so groups are bounded in bytes as well as events."""
+    group = [
+        AttemptEvent.failed(e.occurrence_id, e.attempt, TOKEN, "E", "x" * error_length) if i % 3 == 0 else e
+        for i, e in enumerate(group)
+    ]
+    records = list(encode_groups(group))
+    decoded = [decode_attempt_record(value) for _, value, _ in records]
+    assert [e for d in decoded for e in d.events] == group
+    assert all(len(d.events) <= MAX_GROUP_EVENTS for d in decoded)
+    assert all(len(value) <= MAX_GROUP_BYTES for _, value, _ in records)
+    assert all(key == d.events[0].key for (key, _, _), d in zip(records, decoded, strict=True))
+
+
+def test_a_batch_of_long_failures_is_split_below_the_byte_bound():
+    failed = [AttemptEvent.failed(uuid.uuid4(), 1, TOKEN, "E" * 200, "x" * 2000) for _ in range(MAX_GROUP_EVENTS)]
+    records = list(encode_groups(failed))
+    assert len(records) > 4 and all(len(value) <= MAX_GROUP_BYTES for _, value, _ in records)
+    assert [e for _, value, _ in records for e in decode_attempt_record(value).events] == failed
