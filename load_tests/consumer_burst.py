@@ -716,7 +716,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run_worker(args: argparse.Namespace) -> None:
-    """A worker process; CHRONOQ_BURST_PROFILE=DIR writes its cProfile statistics there."""
+    """A worker process; CHRONOQ_BURST_PROFILE=DIR writes its cProfile statistics there.
+
+    The collector is set as the production entry points set it (``chronoq consume``, ``run_services``:
+    ``schemas/garbage_collection.py``), so the benchmark measures the processes users run."""
+    from schemas.garbage_collection import freeze_start_up_heap, tune_for_throughput
+
+    tune_for_throughput()
+    freeze_start_up_heap()
     work = consumer_worker(args) if args.role == "consumer" else engine_worker(args)
     folder = os.environ.get("CHRONOQ_BURST_PROFILE")
     if not folder:
