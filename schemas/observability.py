@@ -62,7 +62,7 @@ ATTEMPT_EVENT_BATCH = "chronoq.attempt_event_batch"  # histogram: attempt events
 # (the stuck-occurrence watcher: a consumer group's total on chronoq.attempts)
 ATTEMPT_EVENTS_LAG = "chronoq.attempt_events_lag"
 # One description for both recorders: registrations of one name that differ in it export as two metrics.
-ATTEMPT_EVENTS_LAG_DESCRIPTION = "attempt events on chronoq.attempts not applied yet"
+ATTEMPT_EVENTS_LAG_DESCRIPTION = "records on chronoq.attempts not applied yet (a group record holds up to 500 events)"
 REAPER_DEFERRED = "chronoq.reaper_deferred"  # gauge, s: how far the reaper trails now (attempt events not applied yet)
 # Operator features.
 BACKFILLED_OCCURRENCES = (
