@@ -1,13 +1,15 @@
 """Chaos run: kill, pause and cut the database under every component, then prove nothing was lost or doubled.
 
     python -m load_tests.chaos [--minutes 5] [--engines 3] [--relays 2] [--consumers 2] [--schedules 300]
-                               [--tenants 5] [--json PATH] [--seed N]
+                               [--tenants 5] [--batch-consumers 1] [--json PATH] [--seed N]
 
 Runs only the public processes against one PostgreSQL and one broker (the
 embedded ones, or CHRONOQ_ADMIN_URL + CHRONOQ_KAFKA_BOOTSTRAP): ``chronoq
 engine`` (x3), ``chronoq relay`` (x2), ``chronoq api`` (to create the
 schedules) and a consumer app (``load_tests.chaos_consumer``, x2) that writes
-one ``chaos_effects`` row per applied effect (no unique key: a double shows).
+one ``chaos_effects`` row per applied effect (no unique key: a double shows);
+the last ``--batch-consumers`` of them (default 1) run batch handlers, so one
+consumer group holds both runners and both forms of attempt events.
 Each process's database connections carry ``application_name=<process>``, so
 faults can aim at one process's backends.
 
@@ -131,6 +133,8 @@ class Options:
     engines: int = 3
     relays: int = 2
     consumers: int = 2
+    # The last this many consumers run batch handlers (of BATCH_SIZE occurrences), the others single ones.
+    batch_consumers: int = 1
     schedules: int = 300
     tenants: int = 5
     targets: int = 4
@@ -148,6 +152,9 @@ class Options:
     # skewed process must neither double nor starve anything (TESTING.md, "Clock skew").
     clock_skew: tuple[tuple[str, str], ...] = ()
 
+
+#: Occurrences per batch handler call of a batch consumer: small, so a few due at once already make a batch.
+BATCH_SIZE = 20
 
 #: libfaketime, as Debian's faketime package installs it ($LIB: the dynamic loader's own library directory).
 FAKETIME_LIBRARY = "/usr/$LIB/faketime/libfaketime.so.1"
@@ -364,6 +371,7 @@ class Cluster:
         for i in range(self.options.consumers):
             name = f"consumer-{i + 1}"
             url = with_query(self.consumer_url, application_name=name)
+            batch = BATCH_SIZE if i >= self.options.consumers - self.options.batch_consumers else 0
             self.add(
                 name,
                 "consumer",
@@ -381,6 +389,8 @@ class Cluster:
                     name,
                     "--group",
                     self.group,
+                    "--batch",
+                    str(batch),
                 ],
                 self.env(name),
             )
@@ -757,6 +767,7 @@ async def main(args: argparse.Namespace) -> int:
         engines=args.engines,
         relays=args.relays,
         consumers=args.consumers,
+        batch_consumers=args.batch_consumers,
         schedules=args.schedules,
         tenants=args.tenants,
         seed=args.seed,
@@ -798,6 +809,7 @@ if __name__ == "__main__":
     parser.add_argument("--engines", type=int, default=3)
     parser.add_argument("--relays", type=int, default=2)
     parser.add_argument("--consumers", type=int, default=2)
+    parser.add_argument("--batch-consumers", type=int, default=1, help="how many of the consumers run batch handlers")
     parser.add_argument("--schedules", type=int, default=300)
     parser.add_argument("--tenants", type=int, default=5)
     parser.add_argument("--seed", type=int)

@@ -1,11 +1,14 @@
 """The consumer app of the chaos run: applies every occurrence of its targets as one row in ``chaos_effects``.
 
     python -m load_tests.chaos_consumer --bootstrap HOST:PORT --database-url URL --targets T1,T2 [--name N]
+                                        [--batch N]
 
 ``chaos_effects`` has no unique key, so an effect applied twice shows as two
 rows. The handler holds its transaction open for a few milliseconds after
-the insert, so database faults can land inside it. A public consumer app in
-every respect: only ``consumers`` and its own database.
+the insert, so database faults can land inside it. With ``--batch N`` the
+handlers are batch handlers of up to N occurrences (their attempt events go
+as group records). A public consumer app in every respect: only
+``consumers`` and its own database.
 """
 
 from __future__ import annotations
@@ -48,8 +51,19 @@ def build_app(args: argparse.Namespace) -> ConsumerApp:
         )
         await asyncio.sleep(rng.uniform(0.005, args.hold))  # still inside the effect's transaction
 
+    async def apply_batch(occurrences: list[Occurrence], conn: asyncpg.Connection) -> None:
+        await conn.executemany(
+            "INSERT INTO chaos_effects (occurrence_id, schedule_id, scheduled_for, attempt, worker)"
+            " VALUES ($1, $2, $3, $4, $5)",
+            [(o.occurrence_id, o.schedule_id, o.scheduled_for, o.attempt, args.name) for o in occurrences],
+        )
+        await asyncio.sleep(rng.uniform(0.005, args.hold))  # still inside the effects' transaction
+
     for target in args.targets.split(","):
-        app.handler(target, concurrency=8)(apply)
+        if args.batch:
+            app.handler(target, batch=args.batch, concurrency=4)(apply_batch)
+        else:
+            app.handler(target, concurrency=8)(apply)
     return app
 
 
@@ -67,6 +81,7 @@ if __name__ == "__main__":
     parser.add_argument("--session-timeout", type=float, default=4.0)
     parser.add_argument("--lease-ttl", type=float, default=6.0)
     parser.add_argument("--hold", type=float, default=0.05, help="longest wait inside the transaction (s)")
+    parser.add_argument("--batch", type=int, default=0, help="batch handlers of up to N occurrences (0: single)")
     # The engine's key=value lines: a poison verdict's reason, a refusal's, are in the extras.
     from engine.cli.log_format import configure_logging
 
