@@ -32,9 +32,9 @@ partition. Without it, or with a wrong one, the engine looks the occurrence up b
 (``OccurrenceMessage.attempt``). Nothing here carries a worker's wall-clock
 time: the engine judges leases by its own clock.
 
-**Event groups (format 2).** A batch handler reports its ``started`` and outcome events as groups: one
-record per partition holding up to :data:`MAX_GROUP_EVENTS` events, each the object above without its
-``format``::
+**Event groups (format 2).** A batch handler reports its ``started`` and outcome events (and the runtime
+every heartbeat round) as groups: one record per partition holding up to :data:`MAX_GROUP_EVENTS` events,
+each the object above without its ``format``::
 
     {"format": 2, "events": [{"event": "started", "occurrence_id": "uuid", ...}, ...]}
 
@@ -346,17 +346,7 @@ def decode_attempt_record(value: bytes | None) -> AttemptRecord:
     data = fields.json_object(value, "attempt event", _FORMATS)
     if data["format"] == FORMAT_VERSION:
         return AttemptRecord([_event_from_object(data)], grouped=False)
-    entries = data.get("events")
-    if not isinstance(entries, list) or not 0 < len(entries) <= MAX_GROUP_EVENTS:
-        raise MalformedMessage(f"field 'events' must be a list of 1 to {MAX_GROUP_EVENTS} attempt events", "events")
-    events = []
-    for position, entry in enumerate(entries):
-        if not isinstance(entry, dict):
-            raise MalformedMessage(f"events[{position}] is not a JSON object", "events")
-        try:
-            events.append(_event_from_object(entry))
-        except MalformedMessage as err:
-            raise MalformedMessage(f"events[{position}]: {err.problem}", err.field) from err
+    events = fields.entries(data, "events", MAX_GROUP_EVENTS, _event_from_object)
     return AttemptRecord(events, grouped=True)
 
 

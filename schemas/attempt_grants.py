@@ -162,18 +162,7 @@ def decode_attempt_grants(value: bytes | None) -> list[AttemptGrant]:
     group = fields.text(data, "consumer_group", MAX_CONSUMER_GROUP)
     if data["format"] == FORMAT_VERSION:
         return [_grant_from_object(data, group)]
-    entries = data.get("grants")
-    if not isinstance(entries, list) or not 0 < len(entries) <= MAX_GROUP_GRANTS:
-        raise MalformedMessage(f"field 'grants' must be a list of 1 to {MAX_GROUP_GRANTS} answers", "grants")
-    grants = []
-    for position, entry in enumerate(entries):
-        if not isinstance(entry, dict):
-            raise MalformedMessage(f"grants[{position}] is not a JSON object", "grants")
-        try:
-            grants.append(_grant_from_object(entry, group))
-        except MalformedMessage as err:
-            raise MalformedMessage(f"grants[{position}]: {err.problem}", err.field) from err
-    return grants
+    return fields.entries(data, "grants", MAX_GROUP_GRANTS, lambda entry: _grant_from_object(entry, group))
 
 
 def _grant_from_object(data: dict[str, Any], consumer_group: str) -> AttemptGrant:

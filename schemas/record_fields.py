@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -44,6 +44,7 @@ MAX_NAME = 200
 _MAX_INSTANT_TEXT = 64
 _MAX_UUID_TEXT = 45
 Headers = Iterable[tuple[Any, Any]] | None
+T = TypeVar("T")
 
 
 def json_object(value: object, kind: str = "message", formats: frozenset[int] = frozenset({1})) -> dict[str, Any]:
@@ -62,6 +63,23 @@ def json_object(value: object, kind: str = "message", formats: frozenset[int] = 
     if isinstance(fmt, bool) or not isinstance(fmt, int) or fmt not in formats:
         raise MalformedMessage(f"unknown {kind} format {_shown(fmt)}; this reader knows {sorted(formats)}", "format")
     return data
+
+
+def entries(data: Mapping[str, Any], name: str, maximum: int, read: Callable[[dict[str, Any]], T]) -> list[T]:
+    """List field ``name`` of 1 to ``maximum`` JSON objects, each read by ``read`` (a group record's
+    entries), in order; MalformedMessage naming the entry at fault (``events[3]: field 'attempt' ...``)."""
+    listed = data.get(name)
+    if not isinstance(listed, list) or not 0 < len(listed) <= maximum:
+        raise MalformedMessage(f"field {name!r} must be a list of 1 to {maximum} objects", name)
+    found = []
+    for position, entry in enumerate(listed):
+        if not isinstance(entry, dict):
+            raise MalformedMessage(f"{name}[{position}] is not a JSON object", name)
+        try:
+            found.append(read(entry))
+        except MalformedMessage as err:
+            raise MalformedMessage(f"{name}[{position}]: {err.problem}", err.field) from err
+    return found
 
 
 def text(data: Mapping[str, Any], name: str, max_length: int = MAX_NAME) -> str:
