@@ -80,8 +80,9 @@ class AttemptProcessorConfig:
         and engines of different databases (tests, staging) on one broker never take each other's events.
     session_timeout / heartbeat_interval: group membership timing (s); the embedded broker's first
         join takes about half the session timeout (docs/broker.md).
-    max_poll_records: events fetched per poll, all partitions together (default 4000); each partition's
-        share is applied in one transaction (or several small shares together, see merge_records).
+    max_poll_records: records fetched per poll, all partitions together (default 4000; a batch handler's group
+        record holds up to 500 events); each partition's share is applied in one transaction (or several small
+        shares together, see merge_records), in transactions of at most this many events.
     partitions: of the attempts topic, if this processor creates it.
     error_backoff: seconds to wait after a failed batch before reading it again.
     parallel_partitions: units of one poll applied at once, each in its own transaction (default 4: the
