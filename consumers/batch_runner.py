@@ -11,7 +11,8 @@ call, with one open transaction on the app's database. For a batch the runner:
    one ``INSERT … ON CONFLICT DO NOTHING RETURNING``, each with a fresh lease token: the rows that were
    already there are occurrences applied before, reported ``already_applied`` — they never reach the
    handler;
-4. reports ``started`` for the rest in one Kafka batch (one message per occurrence, as always) and
+4. reports ``started`` for the rest as group records (one per partition of ``chronoq.attempts``; one record per
+   occurrence with ``group_attempt_events=False``) and
    waits for the acknowledgement before the handler runs; with the barrier, then **one wait** for the
    engine's answers to all of them: a refused occurrence loses its dedupe row inside the transaction and
    never reaches the handler (nothing more reported: the engine decided), and an occurrence without an

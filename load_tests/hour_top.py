@@ -463,7 +463,7 @@ async def seed(conn: asyncpg.Connection, args: argparse.Namespace, shards: int, 
 #: 0027) and its unfolded changes. Until the top every occurrence of a run is open (SCHEDULED), so this is
 #: the count; a count(*) per poll read the growing table on the cores it measures (~2.5-5 % of PostgreSQL's
 #: CPU while materializing 500,000), so it polled less often far from the end. The end is confirmed by one
-#: count(*). With whether the top has passed.
+#: count(*). The same statement says whether the top has passed.
 MATERIALIZED_SO_FAR = (
     "SELECT ((SELECT coalesce(sum(open_occurrences), 0) FROM tenant_usage)"
     " + (SELECT coalesce(sum(open_occurrences), 0) FROM tenant_usage_changes))::bigint AS open,"

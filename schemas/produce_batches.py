@@ -2,8 +2,9 @@
 
 A keyed ``send`` costs aiokafka a future and an accumulator round per message; ``create_batch`` /
 ``send_batch`` fill a batch up to the producer's ``max_batch_size`` and hand it over whole. The
-consumer runtime's attempt reports and the engine's answers to ``started`` both go this way (one message
-per record, as always), so they share this one loop. No I/O of its own beyond the producer's.
+consumer runtime's attempt reports and the engine's answers to ``started`` both go this way (single records,
+or group records holding many events or answers: ``schemas/attempt_events.py``), so they share this one
+loop. No I/O of its own beyond the producer's.
 """
 
 from __future__ import annotations
