@@ -1,15 +1,17 @@
 """The attempt processor: consume ``chronoq.attempts`` and apply the events, a poll's batch at a time.
 
-Each fetched partition's events are one unit, or, while a poll's partitions hold few events (at most
-``merge_records`` together: single handlers' traffic, a few events per partition and poll), several
-partitions' events are one (:class:`engine.loops.kafka_processor.KafkaLoopSettings`). A unit is decoded
-(an undecodable record is counted as poison and skipped), authenticated (:class:`EventVerifier`, by
-default :class:`CredentialVerifier`: an event not signed by the consumer side of its occurrence's target,
-when that target has a credential, is rejected, counted as ``chronoq.attempt_events_rejected`` and changes
-nothing), then applied set-based in one transaction by :meth:`AttemptLedger.apply_batch` — one statement
-per kind of write for the batch, fencing per occurrence. Everything the batch changes is written in that
-transaction; the Kafka offsets are committed after it, so a crash in between re-applies events, which are
-idempotent.
+Each fetched partition's records are one unit, or, while a poll's partitions hold few records (at most
+``merge_records`` together), several partitions' records are one
+(:class:`engine.loops.kafka_processor.KafkaLoopSettings`). A unit is decoded (an undecodable record is
+counted as poison and skipped) and its events laid out by :func:`transaction_lanes`: weighed by events (a
+group record holds up to 500), each partition with more than ``merge_records`` events is a lane of its own,
+lighter ones share a lane, and the lanes' transactions run side by side (at most ``parallel_partitions`` at
+once), each lane's in order. A transaction's events are authenticated (:class:`EventVerifier`, by default
+:class:`CredentialVerifier`: an event not signed by the consumer side of its occurrence's target, when that
+target has a credential, is rejected, counted as ``chronoq.attempt_events_rejected`` and changes nothing),
+then applied set-based by :meth:`AttemptLedger.apply_batch` — one statement per kind of write, fencing per
+occurrence. Everything a transaction changes is written in it; the Kafka offsets are committed after the
+whole unit, so a crash in between re-applies events, which are idempotent.
 
 Errors. A transient database error (the backend terminated, a deadlock, the database away) fails the
 unit: its partitions are rewound and read again, and the other units of the fetch are still processed
@@ -81,11 +83,11 @@ class AttemptProcessorConfig:
     session_timeout / heartbeat_interval: group membership timing (s); the embedded broker's first
         join takes about half the session timeout (docs/broker.md).
     max_poll_records: records fetched per poll, all partitions together (default 4000; a batch handler's group
-        record holds up to 500 events); each partition's share is applied in one transaction (or several small
-        shares together, see merge_records), in transactions of at most this many events.
+        record holds up to 500 events); each partition's events are applied in transactions of at most this
+        many (several light partitions' together, see merge_records).
     partitions: of the attempts topic, if this processor creates it.
     error_backoff: seconds to wait after a failed batch before reading it again.
-    parallel_partitions: units of one poll applied at once, each in its own transaction (default 4: the
+    parallel_partitions: transactions of this processor open at once, for disjoint partitions (default 4: the
         database works on one while this process decides the next; their occurrences are disjoint).
     merge_records: partitions of one poll are applied in one transaction while their events add up to at most
         this many (default 256): a transaction costs a fixed dozen statements whatever its size, so a light load
@@ -149,6 +151,8 @@ class AttemptProcessor:
         # answered after that moment covers every event produced before that instant.
         self._mark: tuple[datetime, float] | None = None
         self._known_partitions: set[int] = set()
+        # Transactions open at once across the loop's units (each unit splits into lanes, _apply_in_lanes).
+        self._transactions = asyncio.Semaphore(max(self.config.parallel_partitions, 1))
 
     @property
     def events_applied(self) -> int:
@@ -296,15 +300,29 @@ class AttemptProcessor:
                 ReceivedEvent(event, claim, record.key, value, record.partition, record.offset, decoded.grouped)
                 for event in decoded.events
             )
-        verdicts = []
-        # A poll of group records can hold many times max_poll_records events: applied in transactions of
-        # at most that many (in order; a crash between them re-reads the unit, and events are idempotent).
-        step = self.config.max_poll_records
-        for start in range(0, len(received), step):
-            verdicts += await self.apply_received(received[start : start + step])
+        verdicts = await self._apply_in_lanes(
+            transaction_lanes(received, self.config.merge_records, self.config.max_poll_records)
+        )
         counts = Counter(verdict.value for verdict in verdicts)
         counts[Verdict.REJECTED.value] += rejected
         return {**{k: v for k, v in counts.items() if v}, **({"poison": poison} if poison else {})}
+
+    async def _apply_in_lanes(self, lanes: list[list[list[ReceivedEvent]]]) -> list[Verdict]:
+        """Every lane's transactions in order, lanes side by side (at most ``parallel_partitions``
+        transactions of this processor open at once, whatever the loop's units): the database works on one
+        while this process decides the next. Each lane runs to its end even when another fails, and then the
+        failure is raised (a transient one first): the loop re-reads the whole unit, and what was applied
+        is applied again, idempotently."""
+
+        async def lane_of(transactions: list[list[ReceivedEvent]]) -> list[Verdict]:
+            async with self._transactions:
+                return [verdict for chunk in transactions for verdict in await self.apply_received(chunk)]
+
+        results = await asyncio.gather(*(lane_of(lane) for lane in lanes), return_exceptions=True)
+        failures = [result for result in results if isinstance(result, BaseException)]
+        if failures:
+            raise next((err for err in failures if is_transient(err)), failures[0])
+        return [verdict for result in results if not isinstance(result, BaseException) for verdict in result]
 
     async def record_progress(self, consumer: AIOKafkaConsumer) -> None:
         """After a poll: the partitions read to their end, as of the previous mark, and the lag gauges.
@@ -394,6 +412,36 @@ class AttemptProcessor:
             if publisher is not None:
                 self.grants = None
                 await publisher.stop()
+
+
+def transaction_lanes(received: Sequence[ReceivedEvent], merge: int, most: int) -> list[list[list[ReceivedEvent]]]:
+    """A unit's events as lanes of transactions: each lane's transactions are applied in order, lanes side
+    by side.
+
+    The loop forms units by records, and a group record holds up to 500 events, so one unit of group records
+    can hold a whole poll's partitions; here they are weighed by events. Consecutive partitions share a
+    lane of one transaction while their events add up to at most ``merge`` (a transaction's fixed cost
+    shared by light partitions); any other partition is a lane of its own, in transactions of at most
+    ``most`` events. A partition's events are never split across lanes, so each keeps its order (every
+    event of an occurrence is on its key's partition); lanes hold disjoint partitions, hence disjoint
+    occurrences."""
+    merge = min(merge, most)
+    by_partition: dict[int | None, list[ReceivedEvent]] = {}
+    for item in received:
+        by_partition.setdefault(item.partition, []).append(item)
+    lanes: list[list[list[ReceivedEvent]]] = []
+    merged: list[ReceivedEvent] = []
+    for events in by_partition.values():
+        if len(events) <= merge:
+            if len(merged) + len(events) > merge:
+                lanes.append([merged])
+                merged = []
+            merged += events
+            continue
+        lanes.append([events[start : start + most] for start in range(0, len(events), most)])
+    if merged:
+        lanes.append([merged])
+    return lanes
 
 
 def _asks_for_grant(event: AttemptEvent) -> bool:

@@ -17,12 +17,16 @@ import uuid
 
 import pytest
 from aiokafka import AIOKafkaProducer
+from aiokafka.structs import ConsumerRecord
 
 from engine.loops.attempt_processor import AttemptProcessor, AttemptProcessorConfig
-from schemas.attempt_events import AttemptEvent
+from schemas import observability as obs
+from schemas.attempt_events import AttemptEvent, encode_group
 from schemas.connections import create_pool
+from schemas.error_classification import is_transient
 from schemas.topics import ATTEMPTS_TOPIC, create_missing_topics
 from tests.support.rows import due_occurrence
+from tests.support.telemetry import Telemetry
 from tests.support.waiting import wait_for
 
 TERMINATE_ONCE = """
@@ -99,6 +103,48 @@ async def test_a_batch_whose_backend_is_terminated_mid_transaction_drops_no_even
     assert await pool.fetchval(
         "SELECT count(*) FROM attempts WHERE occurrence_id = ANY($1) AND result = 'succeeded'", ids
     ) == len(ids)
+
+
+async def test_a_unit_of_heavy_partitions_is_applied_side_by_side_and_a_lane_that_dies_loses_nothing(
+    pool, clock, target, telemetry: Telemetry
+):
+    """One unit of group records (one per partition, as a batch handler's reports come): each partition's
+    events are a lane of their own transactions, the lanes open at once. The first attempt insert of the
+    unit terminates its backend: that lane fails, the others run to their end, the unit raises its transient
+    error (the loop re-reads it), and reading it again applies every event, the others' as duplicates."""
+    partitions, per_partition = 4, 6
+    occurrences = [await due_occurrence(pool, "acme", target, clock.now()) for _ in range(partitions * per_partition)]
+    records = []
+    for partition in range(partitions):
+        mine = occurrences[partition * per_partition : (partition + 1) * per_partition]
+        key, value, headers = encode_group(
+            [AttemptEvent.started(o.occurrence_id, 1, uuid.uuid4(), 30.0, "billing", "host:1") for o in mine]
+        )
+        records.append(ConsumerRecord(ATTEMPTS_TOPIC, partition, 0, 0, 0, key, value, None, 0, len(value), headers))
+    config = AttemptProcessorConfig(merge_records=per_partition - 1, parallel_partitions=partitions)
+    processor = AttemptProcessor(pool, config=config, clock=clock, **telemetry.instruments("engine"))
+    await pool.execute(TERMINATE_ONCE)
+
+    with pytest.raises(Exception) as failure:
+        await processor.handle_records(records)
+    assert is_transient(failure.value), failure.value
+    running = await pool.fetchval(
+        "SELECT count(*) FROM occurrences WHERE occurrence_id = ANY($1) AND state = 'RUNNING'",
+        [o.occurrence_id for o in occurrences],
+    )
+    assert running == (partitions - 1) * per_partition, "every other lane ran to its end"
+    spans = telemetry.spans(obs.SPAN_ATTEMPT_EVENTS)
+    assert [(span.attributes or {}).get("chronoq.partitions") for span in spans] == [1] * partitions
+    starts, ends = [span.start_time or 0 for span in spans], [span.end_time or 0 for span in spans]
+    assert max(starts) < min(ends), "all open at once"
+
+    assert await processor.handle_records(records) == {
+        "accepted": per_partition,
+        "duplicate": (partitions - 1) * per_partition,
+    }
+    assert await pool.fetchval(
+        "SELECT count(*) FROM attempts WHERE occurrence_id = ANY($1)", [o.occurrence_id for o in occurrences]
+    ) == len(occurrences)
 
 
 # The engine's first query of a Kafka loop names its consumer group after the database. This shadows
