@@ -422,9 +422,9 @@ def transaction_lanes(received: Sequence[ReceivedEvent], merge: int, most: int) 
     can hold a whole poll's partitions; here they are weighed by events. Consecutive partitions share a
     lane of one transaction while their events add up to at most ``merge`` (a transaction's fixed cost
     shared by light partitions); any other partition is a lane of its own, in transactions of at most
-    ``most`` events. A partition's events are never split across lanes, so each keeps its order (every
-    event of an occurrence is on its key's partition); lanes hold disjoint partitions, hence disjoint
-    occurrences."""
+    ``most`` events, its `started` ahead (:func:`starts_first`). A partition's events are never split
+    across lanes, so each occurrence's keep their order (every event of an occurrence is on its key's
+    partition); lanes hold disjoint partitions, hence disjoint occurrences."""
     merge = min(merge, most)
     by_partition: dict[int | None, list[ReceivedEvent]] = {}
     for item in received:
@@ -438,10 +438,27 @@ def transaction_lanes(received: Sequence[ReceivedEvent], merge: int, most: int) 
                 merged = []
             merged += events
             continue
+        events = starts_first(events) if len(events) > most else events
         lanes.append([events[start : start + most] for start in range(0, len(events), most)])
     if merged:
         lanes.append([merged])
     return lanes
+
+
+def starts_first(events: Sequence[ReceivedEvent]) -> list[ReceivedEvent]:
+    """``events`` with every `started` that is the first event of its occurrence among them moved ahead (in
+    order), the rest after it (in order): each occurrence's events keep their order, and a lane's first
+    transactions answer the `started` that runtimes are waiting on instead of making them wait behind earlier
+    batches' outcomes and heartbeats (a backlogged poll holds tens of thousands of those). Events of different
+    occurrences are independent: the ledger decides each occurrence on its own events."""
+    seen: set[uuid.UUID] = set()
+    ahead: list[ReceivedEvent] = []
+    rest: list[ReceivedEvent] = []
+    for item in events:
+        occurrence = item.event.occurrence_id
+        (ahead if item.event.event == STARTED and occurrence not in seen else rest).append(item)
+        seen.add(occurrence)
+    return ahead + rest
 
 
 def _asks_for_grant(event: AttemptEvent) -> bool:

@@ -199,6 +199,49 @@ async def test_started_in_a_group_is_answered_in_a_group_and_a_single_one_alone(
     assert {(await occurrence_row(pool, m.occurrence_id))["lease_token"] for m in sent} == set(tokens)
 
 
+class _StatesAtAnswer(_Answers):
+    """Also reads, when each answer goes out, the states of the occurrences ``watched``."""
+
+    def __init__(self, pool: asyncpg.Pool, watched: list[uuid.UUID]) -> None:
+        super().__init__()
+        self.pool, self.watched = pool, watched
+        self.states: list[list[str]] = []
+
+    async def send(self, grants, grouped=False) -> None:
+        rows = await self.pool.fetch(
+            "SELECT state FROM occurrences WHERE occurrence_id = ANY($1) ORDER BY state", self.watched
+        )
+        self.states.append([row["state"] for row in rows])
+        await super().send(grants, grouped)
+
+
+async def test_starts_waiting_behind_earlier_outcomes_are_answered_in_the_first_transaction(pool, clock, target):
+    """A backlogged partition: an earlier batch's outcomes, then a new batch's `started`, more than a transaction
+    holds. The runtime waits on the answers, nobody on the outcomes: the `started` go first and are answered
+    before the outcomes are applied (those occurrences are still RUNNING then), and everything is applied."""
+    earlier = [await due_occurrence(pool, "acme", target, clock.now()) for _ in range(3)]
+    fresh = [await due_occurrence(pool, "acme", target, clock.now()) for _ in range(3)]
+    group = f"barrier-{uuid.uuid4().hex[:8]}"
+    old_tokens, new_tokens = [uuid.uuid4() for _ in earlier], [uuid.uuid4() for _ in fresh]
+    start = [
+        AttemptEvent.started(m.occurrence_id, 1, t, 30.0, group, "w", scheduled_for=m.scheduled_for)
+        for m, t in zip(earlier + fresh, old_tokens + new_tokens, strict=True)
+    ]
+    processor = AttemptProcessor(pool, clock=clock, rng=random.Random(3), grants=_Answers())
+    await processor.apply_events(start[:3])
+    outcomes = [AttemptEvent.succeeded(m.occurrence_id, 1, t) for m, t in zip(earlier, old_tokens, strict=True)]
+    key, value, headers = encode_group(outcomes + start[3:])
+    record = ConsumerRecord(ATTEMPTS_TOPIC, 0, 0, 0, 0, key, value, None, len(key), len(value), headers)
+    answers = _StatesAtAnswer(pool, [m.occurrence_id for m in earlier])
+    config = AttemptProcessorConfig(max_poll_records=3)  # 6 events: two transactions
+    processor = AttemptProcessor(pool, clock=clock, rng=random.Random(3), grants=answers, config=config)
+
+    assert await processor.handle_records([record]) == {"accepted": 6}
+    assert answers.forms == [(True, new_tokens)]
+    assert answers.states == [["RUNNING"] * 3], "answered before the earlier batch's outcomes were applied"
+    assert {(await occurrence_row(pool, m.occurrence_id))["state"] for m in earlier} == {"SUCCEEDED"}
+
+
 async def test_a_batch_handler_gets_only_the_occurrences_the_engine_granted(
     engine_db, pool, clock, kafka_bootstrap, consumer_db, effects, target, acme
 ):

@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.loops.attempt_authentication import ReceivedEvent
-from engine.loops.attempt_processor import transaction_lanes
-from schemas.attempt_events import AttemptEvent
+from engine.loops.attempt_processor import starts_first, transaction_lanes
+from schemas.attempt_events import STARTED, AttemptEvent
 
 
 def received(partitions: list[int]) -> list[ReceivedEvent]:
@@ -77,3 +77,50 @@ def test_merge_zero_gives_every_partition_its_own_lane() -> None:
 
 def test_nothing_received_is_no_lane() -> None:
     assert transaction_lanes([], 256, 4000) == []
+
+
+KINDS = ("started", "heartbeat", "succeeded")
+
+
+def history(steps: list[tuple[int, str]]) -> list[ReceivedEvent]:
+    """Events on partition 0, in order: (occurrence number, kind)."""
+    ids = {n: uuid.UUID(int=n + 1) for n, _ in steps}
+    items = []
+    for offset, (n, kind) in enumerate(steps):
+        token = uuid.UUID(int=1000 + n)
+        event = {
+            "started": lambda: AttemptEvent.started(ids[n], 1, token, 30.0, "g", "w"),  # noqa: B023 - called at once
+            "heartbeat": lambda: AttemptEvent.heartbeat(ids[n], 1, token, 30.0),  # noqa: B023
+            "succeeded": lambda: AttemptEvent.succeeded(ids[n], 1, token),  # noqa: B023
+        }[kind]()
+        items.append(ReceivedEvent(event, None, event.key, b"", 0, offset, True))
+    return items
+
+
+@given(st.lists(st.tuples(st.integers(0, 6), st.sampled_from(KINDS)), max_size=40))
+def test_starts_first_keeps_every_occurrences_order_and_puts_first_starts_ahead(steps: list[tuple[int, str]]) -> None:
+    events = history(steps)
+    reordered = starts_first(events)
+
+    assert sorted(item.offset or 0 for item in reordered) == list(range(len(events)))
+    for occurrence in {item.event.occurrence_id for item in events}:
+        offsets = [item.offset or 0 for item in reordered if item.event.occurrence_id == occurrence]
+        assert offsets == sorted(offsets), "an occurrence's events out of order"
+    first_of: dict[uuid.UUID, ReceivedEvent] = {}
+    for item in events:
+        first_of.setdefault(item.event.occurrence_id, item)
+    moved = [item for item in events if item.event.event == STARTED and first_of[item.event.occurrence_id] is item]
+    assert reordered[: len(moved)] == moved
+
+
+def test_a_heavy_partitions_first_transaction_holds_the_starts_its_runtimes_wait_for() -> None:
+    # Occurrences 0 and 1 started in an earlier poll; 2 and 3 start in this one, behind 0's and 1's outcomes.
+    events = history([(0, "succeeded"), (1, "heartbeat"), (2, "started"), (1, "succeeded"), (3, "started")])
+    lanes = transaction_lanes(events, merge=0, most=2)
+    assert [[(item.offset, item.event.event) for item in t] for t in lanes[0]] == [
+        [(2, "started"), (4, "started")],
+        [(0, "succeeded"), (1, "heartbeat")],
+        [(3, "succeeded")],
+    ]
+    # A partition that fits one transaction is left as it came (one commit answers it all anyway).
+    assert transaction_lanes(events, merge=0, most=5) == [[events]]
