@@ -87,6 +87,7 @@ from schemas.errors import MalformedMessage
 from schemas.kafka_security import AUTHORIZATION_ERRORS, refused, start_client
 from schemas.messages import OccurrenceMessage, decode_occurrence
 from schemas.migrations import apply_migrations
+from schemas.produce_batches import SHARED_BATCH_BYTES
 from schemas.topics import (
     ATTEMPT_GRANTS_TOPIC,
     ATTEMPTS_TOPIC,
@@ -348,6 +349,8 @@ class ConsumerApp:
             # Attempt reports and dead letters in lz4 batches, as the relay's occurrences: a burst's reports cost
             # the broker a fraction of uncompressed ones (docs/benchmarks.md, "Compressed batches").
             compression_type="lz4",
+            # Report groups of concurrent handler batches share a partition's batch (schemas/produce_batches.py).
+            max_batch_size=SHARED_BATCH_BYTES,
             **cfg.kafka_security.client_options(),
         )
         await start_client(producer, cfg.kafka_bootstrap, cfg.kafka_security)

@@ -32,7 +32,7 @@ from consumers.errors import InfrastructureError
 from schemas.attempt_credentials import AttemptCredential
 from schemas.attempt_events import AttemptEvent, encode_groups
 from schemas.key_partitioning import key_partition
-from schemas.produce_batches import Record, send_in_batches
+from schemas.produce_batches import Record, send_in_batches, send_shared
 from schemas.topics import ATTEMPTS_TOPIC
 
 #: Occurrences whose partition is remembered (the started, heartbeat and outcome events of one delivery
@@ -99,8 +99,12 @@ class AttemptReporter:
             groups.setdefault(self._partition(event), []).append(event)
         acknowledgements = []
         for partition, group in groups.items():
-            records = self._group_records(group, credential) if self.grouped else self._records(group, credential)
-            acknowledgements += await send_in_batches(self.producer, ATTEMPTS_TOPIC, partition, records)
+            if self.grouped:
+                records = self._group_records(group, credential)
+                acknowledgements += await send_shared(self.producer, ATTEMPTS_TOPIC, partition, records)
+            else:
+                records = self._records(group, credential)
+                acknowledgements += await send_in_batches(self.producer, ATTEMPTS_TOPIC, partition, records)
         await asyncio.gather(*acknowledgements)
 
     @classmethod

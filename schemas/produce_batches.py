@@ -1,10 +1,16 @@
-"""Producing many records to one partition as aiokafka batches instead of one ``send`` each.
+"""Producing many records to one partition: as aiokafka batches of their own, or into the partition's shared batch.
 
 A keyed ``send`` costs aiokafka a future and an accumulator round per message; ``create_batch`` /
-``send_batch`` fill a batch up to the producer's ``max_batch_size`` and hand it over whole. The
-consumer runtime's attempt reports and the engine's answers to ``started`` both go this way (single records,
-or group records holding many events or answers: ``schemas/attempt_events.py``), so they share this one
-loop. No I/O of its own beyond the producer's.
+``send_batch`` (:func:`send_in_batches`) fill a batch up to the producer's ``max_batch_size`` and hand it
+over whole: the way for many single records. But aiokafka keeps **one produce request in flight per broker,
+carrying one batch per partition**, and a batch handed over whole is never shared: every caller's batch for a
+partition waits for the previous one's round trip. Group records (``schemas/attempt_events.py``: up to 500
+events or 1,000 answers each, a few per call) therefore go through ``send`` (:func:`send_shared`): while a
+request is in flight, the group records of every concurrent caller for that partition gather in its open
+batch (up to :data:`SHARED_BATCH_BYTES`, the producer's ``max_batch_size``) and leave together in the next
+request. Handed over one batch each, a consumer app with 16 handler batches in flight queued its reports
+behind each other's round trips until some waited out the 10 s report timeout and were sent again (stop 51,
+docs/benchmarks.md). No I/O of its own beyond the producer's.
 """
 
 from __future__ import annotations
@@ -17,6 +23,11 @@ from aiokafka import AIOKafkaProducer
 
 #: One record: key, value, headers.
 Record = tuple[bytes, bytes, list[tuple[str, bytes]]]
+
+#: ``max_batch_size`` of the producers that send group records: several groups (each at most 256 KiB, typically
+#: 40-60 KiB) share a partition's batch. Below every broker's default largest batch (1 MiB, ``message.max.bytes``),
+#: which applies to the compressed batch; this bounds the uncompressed one.
+SHARED_BATCH_BYTES = 512 * 1024
 
 
 async def send_in_batches(
@@ -35,3 +46,16 @@ async def send_in_batches(
             batch.append(key=key, value=value, timestamp=None, headers=headers)
     acknowledgements.append(await producer.send_batch(batch, topic, partition=partition))
     return acknowledgements
+
+
+async def send_shared(
+    producer: AIOKafkaProducer, topic: str, partition: int, records: Iterable[Record]
+) -> list[asyncio.Future[Any]]:
+    """Hand ``records`` to the producer for ``topic``/``partition`` in order, each into the partition's open
+    batch (shared with every other caller's records for it); the acknowledgement futures, one per record, for
+    the caller to await. For few, large records (groups): a future per record is cheap then, and records of
+    concurrent callers leave in one request instead of one round trip each."""
+    return [
+        await producer.send(topic, value, key=key, headers=headers, partition=partition)
+        for key, value, headers in records
+    ]

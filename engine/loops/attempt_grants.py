@@ -24,7 +24,7 @@ from opentelemetry import metrics
 from schemas import observability as obs
 from schemas.attempt_grants import MAX_GROUP_GRANTS, AttemptGrant, encode_grant_group, grant_partition
 from schemas.kafka_security import PLAINTEXT, KafkaSecurity, start_client
-from schemas.produce_batches import Record, send_in_batches
+from schemas.produce_batches import SHARED_BATCH_BYTES, Record, send_in_batches, send_shared
 from schemas.topics import ATTEMPT_GRANTS_TOPIC
 
 log = logging.getLogger("chronoq.attempts")
@@ -61,6 +61,8 @@ class GrantPublisher:
             request_timeout_ms=int(self.timeout * 1000),
             # As the relay's: lz4 batches cost the broker a fraction of uncompressed ones (docs/benchmarks.md).
             compression_type="lz4",
+            # Answer groups of concurrent transactions share a partition's batch (schemas/produce_batches.py).
+            max_batch_size=SHARED_BATCH_BYTES,
             **self.security.client_options(),
         )
         await start_client(producer, self.bootstrap, self.security)
@@ -88,8 +90,11 @@ class GrantPublisher:
                     by_partition.setdefault(grant_partition(grant.consumer_group, partitions), []).append(grant)
                 acknowledgements = []
                 for partition, group in by_partition.items():
-                    records = _group_records(group) if grouped else _records(group)
-                    acknowledgements += await send_in_batches(producer, ATTEMPT_GRANTS_TOPIC, partition, records)
+                    if grouped:
+                        sent = await send_shared(producer, ATTEMPT_GRANTS_TOPIC, partition, _group_records(group))
+                    else:
+                        sent = await send_in_batches(producer, ATTEMPT_GRANTS_TOPIC, partition, _records(group))
+                    acknowledgements += sent
                 await asyncio.gather(*acknowledgements)
         except (TimeoutError, KafkaError) as err:
             # The runtimes waiting for these retry in place after their bound (a new, later claim).
