@@ -310,9 +310,9 @@ class AttemptProcessor:
     async def _apply_in_lanes(self, lanes: list[list[list[ReceivedEvent]]]) -> list[Verdict]:
         """Every lane's transactions in order, lanes side by side (at most ``parallel_partitions``
         transactions of this processor open at once, whatever the loop's units): the database works on one
-        while this process decides the next. Each lane runs to its end even when another fails, and then the
-        failure is raised (a transient one first): the loop re-reads the whole unit, and what was applied
-        is applied again, idempotently."""
+        while this process decides the next. A lane stops at its first failed transaction; the other lanes
+        run to their end, and then the failure is raised (a transient one first): the loop re-reads the whole
+        unit, and what was applied is applied again, idempotently."""
 
         async def lane_of(transactions: list[list[ReceivedEvent]]) -> list[Verdict]:
             async with self._transactions:
