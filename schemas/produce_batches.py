@@ -25,8 +25,8 @@ from aiokafka import AIOKafkaProducer
 Record = tuple[bytes, bytes, list[tuple[str, bytes]]]
 
 #: ``max_batch_size`` of the producers that send group records: several groups (each at most 256 KiB, a batch
-#: handler's usually tens of KiB) share a partition's batch. Below every broker's default largest batch (1 MiB, ``message.max.bytes``),
-#: which applies to the compressed batch; this bounds the uncompressed one.
+#: handler's usually tens of KiB) share a partition's batch. Below every broker's default largest batch
+#: (1 MiB, ``message.max.bytes``), which applies to the compressed batch; this bounds the uncompressed one.
 SHARED_BATCH_BYTES = 512 * 1024
 
 
