@@ -290,10 +290,6 @@ async def hot_queries(pool: asyncpg.Pool, now: datetime, repeat: int = 3) -> dic
             "attempt_answer_leases_of_days": QUERIES.occurrence_leases_of_days(
                 occurrence_ids=[recent["occurrence_id"]], days=[recent["scheduled_for"]]
             ),
-            # The authentication of a batch of attempt events in the days they name: one partition per event.
-            "attempt_authorities_of_days": QUERIES.attempt_authorities_of_days(
-                occurrence_ids=[recent["occurrence_id"]], credential_ids=[None], days=[recent["scheduled_for"]]
-            ),
             # A failure's and a reaper's writes of the locked occurrence and its attempt: its partition only.
             "outcome_wait_for_retry": QUERIES.wait_for_retry(
                 occurrence_id=recent["occurrence_id"],

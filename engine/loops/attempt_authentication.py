@@ -17,7 +17,7 @@ The contract is ``schemas/attempt_credentials.py``.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
@@ -63,13 +63,18 @@ class ReceivedEvent:
 class EventVerifier(Protocol):
     """Decides whether each received event comes from the consumer side it claims to.
 
-    Called once per batch, inside the batch's transaction before anything is applied, so looking the
-    credentials up is one statement for the batch. Returns, per event in order, None for an authentic event
-    or the reason it is rejected; a rejected event changes nothing and is counted and logged.
+    Called once per batch, inside the batch's transaction before anything is applied, with the targets of the
+    occurrences the batch names (locked by that transaction; an occurrence that does not exist is absent), so
+    looking the credentials up is one small statement for the batch. Returns, per event in order, None for an
+    authentic event or the reason it is rejected; a rejected event changes nothing and is counted and logged.
     """
 
     async def verify(
-        self, conn: asyncpg.Connection, received: Sequence[ReceivedEvent], now: datetime
+        self,
+        conn: asyncpg.Connection,
+        received: Sequence[ReceivedEvent],
+        now: datetime,
+        targets: Mapping[uuid.UUID, str],
     ) -> Sequence[str | None]: ...
 
 
@@ -77,42 +82,31 @@ class CredentialVerifier:
     """The engine's verifier: the per-target attempt credentials (:func:`authenticate`)."""
 
     async def verify(
-        self, conn: asyncpg.Connection, received: Sequence[ReceivedEvent], now: datetime
+        self,
+        conn: asyncpg.Connection,
+        received: Sequence[ReceivedEvent],
+        now: datetime,
+        targets: Mapping[uuid.UUID, str],
     ) -> list[str | None]:
-        return [None if why is None else why.value for why in await authenticate(conn, received, now)]
+        return [None if why is None else why.value for why in await authenticate(conn, received, now, targets)]
 
 
 async def authenticate(
-    conn: asyncpg.Connection, batch: Sequence[ReceivedEvent], now: datetime
+    conn: asyncpg.Connection, batch: Sequence[ReceivedEvent], now: datetime, targets: Mapping[uuid.UUID, str]
 ) -> list[Rejection | None]:
     """Why each event must not be applied, or None if it may be (in the caller's transaction).
 
-    One query for the batch in the days its events name; the events whose occurrence it did not find (no
-    instant, or a wrong one) are looked up again by id alone. Only an occurrence that does not exist at all
-    leaves an event unchecked (the ledger then answers "unknown" and changes nothing): a wrong instant must
-    never make an event look like that."""
-    days = sorted({r.event.scheduled_for for r in batch if r.event.scheduled_for is not None})
-    by_position: dict[int, asyncpg.Record] = {}
-    if days:
-        rows = await conn.fetch(
-            *QUERIES.attempt_authorities_of_days(
-                occurrence_ids=[r.event.occurrence_id for r in batch],
-                credential_ids=[r.credential_id for r in batch],
-                days=days,
-            )
-        )
-        by_position = {row["ordinal"]: row for row in rows}
-    missing = [i for i in range(1, len(batch) + 1) if i not in by_position]
-    if missing:
-        rows = await conn.fetch(
-            *QUERIES.attempt_authorities(
-                occurrence_ids=[batch[i - 1].event.occurrence_id for i in missing],
-                credential_ids=[batch[i - 1].credential_id for i in missing],
-            )
-        )
-        by_position.update((missing[row["ordinal"] - 1], row) for row in rows)  # its ordinals count `missing`
+    ``targets`` are the targets of the batch's occurrences, read (and locked) by id — by the days the events
+    name, and by id alone where an instant was wrong or absent — so only an occurrence that does not exist at
+    all leaves an event unchecked (the ledger then answers "unknown" and changes nothing): a wrong instant must
+    never make an event look like that. One statement reads which of those targets require signatures and
+    the credentials the events claim."""
+    claimed = sorted({r.credential_id for r in batch if r.credential_id is not None})
+    rows = await conn.fetch(*QUERIES.batch_credentials(targets=sorted(set(targets.values())), credential_ids=claimed))
+    enforced = {row["target"] for row in rows if row["kind"] == "enforced"}
+    credentials = {row["credential_id"]: row for row in rows if row["kind"] == "claimed"}
     signatures = _Signatures()
-    return [_judge(by_position.get(i), received, now, signatures) for i, received in enumerate(batch, start=1)]
+    return [_judge(targets.get(r.event.occurrence_id), enforced, credentials, r, now, signatures) for r in batch]
 
 
 class _Signatures:
@@ -132,19 +126,25 @@ class _Signatures:
 
 
 def _judge(
-    row: asyncpg.Record | None, received: ReceivedEvent, now: datetime, signatures: _Signatures
+    target: str | None,
+    enforced: set[str],
+    credentials: Mapping[uuid.UUID, asyncpg.Record],
+    received: ReceivedEvent,
+    now: datetime,
+    signatures: _Signatures,
 ) -> Rejection | None:
-    if row is None:
+    if target is None:
         return None  # no such occurrence: the ledger answers "unknown" and changes nothing
     claim = received.claim
     if claim is None:
-        return Rejection.UNSIGNED if row["enforced"] else None
-    if row["secret"] is None:
+        return Rejection.UNSIGNED if target in enforced else None
+    credential = credentials.get(claim.credential_id)
+    if credential is None:
         return Rejection.UNKNOWN_CREDENTIAL
-    if not signatures.valid(bytes(row["secret"]), received, claim):
+    if not signatures.valid(bytes(credential["secret"]), received, claim):
         return Rejection.BAD_SIGNATURE
-    if row["credential_target"] != row["target"]:
+    if credential["target"] != target:
         return Rejection.WRONG_TARGET
-    if row["revoked_at"] is not None and row["revoked_at"] <= now:
+    if credential["revoked_at"] is not None and credential["revoked_at"] <= now:
         return Rejection.EXPIRED_CREDENTIAL
     return None

@@ -159,12 +159,18 @@ class AttemptLedger:
         return (await self.apply_batch(conn, [event], now))[0]
 
     async def apply_batch(
-        self, conn: asyncpg.Connection, events: Sequence[AttemptEvent], now: datetime
+        self,
+        conn: asyncpg.Connection,
+        events: Sequence[AttemptEvent],
+        now: datetime,
+        locked: Sequence[asyncpg.Record] | None = None,
     ) -> list[Verdict]:
-        """Apply events in order (of their partition): the verdict of each, in order."""
+        """Apply events in order (of their partition): the verdict of each, in order. ``locked``: the rows of
+        :func:`lock_event_occurrences` this transaction already holds for (at least) these events' occurrences;
+        read and locked here when not given."""
         if not events:
             return []
-        rows = await lock_event_occurrences(conn, events)
+        rows = await lock_event_occurrences(conn, events) if locked is None else locked
         by_id = {row["occurrence_id"]: row for row in rows}
         # The locked occurrences' instants: every later statement of the batch reads those days' partitions.
         days = sorted({row["scheduled_for"] for row in rows})

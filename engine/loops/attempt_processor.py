@@ -53,7 +53,7 @@ from opentelemetry import metrics, trace
 
 from engine.loops.attempt_authentication import CredentialVerifier, EventVerifier, ReceivedEvent, Rejection
 from engine.loops.attempt_grants import GrantPublisher, GrantSink
-from engine.loops.attempt_ledger import AttemptLedger, Verdict, read_event_leases
+from engine.loops.attempt_ledger import AttemptLedger, Verdict, lock_event_occurrences, read_event_leases
 from engine.loops.attempt_outcomes import AttemptMetrics, AttemptStats
 from engine.loops.kafka_processor import KafkaLoopSettings, KafkaProcessorLoop, database_scoped_group
 from engine.loops.reporting import SUMMARY_EVERY
@@ -180,11 +180,15 @@ class AttemptProcessor:
             span.set_attribute("chronoq.partitions", len({r.partition for r in received}))
             async with self.pool.acquire() as conn, conn.transaction():
                 now: datetime = await conn.fetchval(*QUERIES.current_instant(now=self.clock.now()))
-                rejections = await self.verifier.verify(conn, received, now)
+                # Locked before verifying: the verifier reads their targets from these rows, and the ledger
+                # decides on them (one read of each occurrence for both).
+                locked = await lock_event_occurrences(conn, [r.event for r in received])
+                targets = {row["occurrence_id"]: row["target"] for row in locked}
+                rejections = await self.verifier.verify(conn, received, now, targets)
                 accepted = [r.event for r, why in zip(received, rejections, strict=True) if why is None]
                 try:
                     async with conn.transaction():
-                        applied = await self.ledger.apply_batch(conn, accepted, now)
+                        applied = await self.ledger.apply_batch(conn, accepted, now, locked)
                 except Exception as err:  # noqa: BLE001 - a transient error re-reads; anything else is isolated
                     if is_transient(err):
                         raise

@@ -29,24 +29,16 @@ FROM attempt_credentials
 WHERE target = :target
 ORDER BY created_at DESC, credential_id;
 
--- name: attempt_authorities
--- What verifying a batch of attempt events needs, one row per event that is about an existing occurrence
--- (position :ordinal in the batch, from 1): the occurrence's target, whether that target has ever had a
--- credential (then every event must be signed), and the claimed credential (NULL: unsigned) if it exists.
-SELECT e.ordinal, o.target,
-       EXISTS (SELECT 1 FROM attempt_credentials a WHERE a.target = o.target) AS enforced,
-       c.target AS credential_target, c.secret, c.revoked_at
-FROM unnest(:occurrence_ids::uuid[], :credential_ids::uuid[]) WITH ORDINALITY AS e (occurrence_id, credential_id, ordinal)
-JOIN occurrences o ON o.occurrence_id = e.occurrence_id
-LEFT JOIN attempt_credentials c ON c.credential_id = e.credential_id;
-
--- name: attempt_authorities_of_days
--- attempt_authorities in the days :days the events name (their occurrences' scheduled_for): one partition's
--- key per event instead of every day's. An event whose occurrence is not found here (a wrong or absent
--- instant) must be looked up again with attempt_authorities: "not found" would let it pass unchecked.
-SELECT e.ordinal, o.target,
-       EXISTS (SELECT 1 FROM attempt_credentials a WHERE a.target = o.target) AS enforced,
-       c.target AS credential_target, c.secret, c.revoked_at
-FROM unnest(:occurrence_ids::uuid[], :credential_ids::uuid[]) WITH ORDINALITY AS e (occurrence_id, credential_id, ordinal)
-JOIN occurrences o ON o.occurrence_id = e.occurrence_id AND o.scheduled_for = ANY (:days::timestamptz[])
-LEFT JOIN attempt_credentials c ON c.credential_id = e.credential_id;
+-- name: batch_credentials
+-- What verifying a batch of attempt events needs once its occurrences are locked (their targets known): each of
+-- :targets that has ever had a credential (kind 'enforced': then every event about it must be signed), and the
+-- credentials :credential_ids the events claim (kind 'claimed', whatever their target: a claim of another
+-- target's credential is refused by name). A claimed id without a row is unknown.
+SELECT 'enforced' AS kind, t.target, NULL::uuid AS credential_id, NULL::bytea AS secret,
+       NULL::timestamptz AS revoked_at
+FROM unnest(:targets::text[]) AS t (target)
+WHERE EXISTS (SELECT 1 FROM attempt_credentials a WHERE a.target = t.target)
+UNION ALL
+SELECT 'claimed', c.target, c.credential_id, c.secret, c.revoked_at
+FROM attempt_credentials c
+WHERE c.credential_id = ANY (:credential_ids::uuid[]);

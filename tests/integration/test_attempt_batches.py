@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 import asyncpg
@@ -178,7 +178,11 @@ class RejectGroup:
         self.seen: list[int] = []
 
     async def verify(
-        self, conn: asyncpg.Connection, received: Sequence[ReceivedEvent], now: datetime
+        self,
+        conn: asyncpg.Connection,
+        received: Sequence[ReceivedEvent],
+        now: datetime,
+        targets: Mapping[uuid.UUID, str],
     ) -> list[str | None]:
         self.seen.append(len(received))
         return [None if r.event.consumer_group not in (self.group, None) else "unknown credential" for r in received]

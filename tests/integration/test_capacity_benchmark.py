@@ -58,7 +58,6 @@ async def test_the_capacity_benchmark_measures_fills_and_prunes(engine_db):
         for name in (
             "attempt_lock_occurrences_of_days",
             "attempt_answer_leases_of_days",
-            "attempt_authorities_of_days",
             "outcome_wait_for_retry",
             "outcome_finish_occurrence",
         ):
