@@ -32,7 +32,8 @@ from consumers.errors import InfrastructureError
 from schemas.attempt_credentials import AttemptCredential
 from schemas.attempt_events import AttemptEvent, encode_groups
 from schemas.key_partitioning import key_partition
-from schemas.produce_batches import Record, send_in_batches, send_shared
+from schemas.messages import Record
+from schemas.produce_batches import send_in_batches, send_shared
 from schemas.topics import ATTEMPTS_TOPIC
 
 #: Occurrences whose partition is remembered (the started, heartbeat and outcome events of one delivery

@@ -61,7 +61,7 @@ import orjson
 from schemas import record_fields as fields
 from schemas.errors import MalformedMessage
 from schemas.frozen_records import quick_init
-from schemas.messages import HEADER_FORMAT, HEADER_OCCURRENCE_ID, decode_json_object, format_instant
+from schemas.messages import HEADER_FORMAT, HEADER_OCCURRENCE_ID, Record, decode_json_object, format_instant
 from schemas.record_fields import MAX_NAME
 
 FORMAT_VERSION = 1
@@ -278,10 +278,6 @@ class AttemptEvent:
         if self.scheduled_for is not None:
             data["scheduled_for"] = format_instant(self.scheduled_for)
         return data
-
-
-#: A record to produce: key, value, headers (as ``schemas.produce_batches.Record``).
-Record = tuple[bytes, bytes, list[tuple[str, bytes]]]
 
 
 def encode_group(events: Sequence[AttemptEvent]) -> Record:

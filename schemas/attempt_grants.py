@@ -43,7 +43,7 @@ import orjson
 from schemas import record_fields as fields
 from schemas.errors import MalformedMessage
 from schemas.frozen_records import quick_init
-from schemas.messages import HEADER_FORMAT, HEADER_OCCURRENCE_ID, decode_json_object
+from schemas.messages import HEADER_FORMAT, HEADER_OCCURRENCE_ID, Record, decode_json_object
 
 FORMAT_VERSION = 1
 _FORMAT_HEADER = str(FORMAT_VERSION).encode()
@@ -123,7 +123,7 @@ class AttemptGrant:
         return data
 
 
-def encode_grant_group(grants: Sequence[AttemptGrant]) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+def encode_grant_group(grants: Sequence[AttemptGrant]) -> Record:
     """One group record (key, value, headers) of 1 to :data:`MAX_GROUP_GRANTS` answers for one consumer group."""
     if not 0 < len(grants) <= MAX_GROUP_GRANTS:
         raise ValueError(f"a group holds 1 to {MAX_GROUP_GRANTS} answers, not {len(grants)}")

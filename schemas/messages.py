@@ -59,6 +59,9 @@ HEADER_FORMAT = "chronoq-format"
 HEADER_OCCURRENCE_ID = "chronoq-occurrence-id"
 HEADER_TENANT = "chronoq-tenant"
 
+#: One Kafka record as the codecs encode it and the producers send it: key, value, headers.
+Record = tuple[bytes, bytes, list[tuple[str, bytes]]]
+
 
 @quick_init
 @dataclass(frozen=True)

@@ -21,8 +21,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-#: One record: key, value, headers.
-Record = tuple[bytes, bytes, list[tuple[str, bytes]]]
+from schemas.messages import Record
 
 #: ``max_batch_size`` of the producers that send group records: several groups (each at most 256 KiB, a batch
 #: handler's usually tens of KiB) share a partition's batch. Below every broker's default largest batch

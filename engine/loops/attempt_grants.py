@@ -24,7 +24,8 @@ from opentelemetry import metrics
 from schemas import observability as obs
 from schemas.attempt_grants import MAX_GROUP_GRANTS, AttemptGrant, encode_grant_group, grant_partition
 from schemas.kafka_security import PLAINTEXT, KafkaSecurity, start_client
-from schemas.produce_batches import SHARED_BATCH_BYTES, Record, send_in_batches, send_shared
+from schemas.messages import Record
+from schemas.produce_batches import SHARED_BATCH_BYTES, send_in_batches, send_shared
 from schemas.topics import ATTEMPT_GRANTS_TOPIC
 
 log = logging.getLogger("chronoq.attempts")

@@ -14,7 +14,8 @@ import uuid
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from schemas.attempt_events import MAX_GROUP_BYTES
-from schemas.produce_batches import SHARED_BATCH_BYTES, Record, send_shared
+from schemas.messages import Record
+from schemas.produce_batches import SHARED_BATCH_BYTES, send_shared
 from schemas.topics import create_missing_topics
 
 
