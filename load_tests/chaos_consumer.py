@@ -39,18 +39,6 @@ def build_app(args: argparse.Namespace) -> ConsumerApp:
     app = ConsumerApp(config)
     rng = random.Random()
 
-    async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
-        await conn.execute(
-            "INSERT INTO chaos_effects (occurrence_id, schedule_id, scheduled_for, attempt, worker)"
-            " VALUES ($1, $2, $3, $4, $5)",
-            occurrence.occurrence_id,
-            occurrence.schedule_id,
-            occurrence.scheduled_for,
-            occurrence.attempt,
-            args.name,
-        )
-        await asyncio.sleep(rng.uniform(0.005, args.hold))  # still inside the effect's transaction
-
     async def apply_batch(occurrences: list[Occurrence], conn: asyncpg.Connection) -> None:
         await conn.executemany(
             "INSERT INTO chaos_effects (occurrence_id, schedule_id, scheduled_for, attempt, worker)"
@@ -58,6 +46,9 @@ def build_app(args: argparse.Namespace) -> ConsumerApp:
             [(o.occurrence_id, o.schedule_id, o.scheduled_for, o.attempt, args.name) for o in occurrences],
         )
         await asyncio.sleep(rng.uniform(0.005, args.hold))  # still inside the effects' transaction
+
+    async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
+        await apply_batch([occurrence], conn)
 
     for target in args.targets.split(","):
         if args.batch:
