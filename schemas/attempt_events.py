@@ -353,9 +353,10 @@ def _event_from_object(data: dict[str, Any]) -> AttemptEvent:
         raise MalformedMessage(f"unknown attempt event {shown}; known: {', '.join(EVENT_KINDS)}", "event")
     return AttemptEvent(
         event=event,
-        occurrence_id=fields.uuid_field(data, "occurrence_id"),
+        # The engine reads these ids (never user code): quick to parse, hash and sort (record_fields).
+        occurrence_id=fields.uuid_field(data, "occurrence_id", internal=True),
         attempt=fields.integer(data, "attempt"),
-        lease_token=fields.optional_uuid(data, "lease_token"),
+        lease_token=fields.optional_uuid(data, "lease_token", internal=True),
         lease_ttl=fields.number(data, "lease_ttl", 0, 86400, low_open=True),
         consumer_group=fields.optional_text(data, "consumer_group", MAX_CONSUMER_GROUP),
         worker=fields.optional_text(data, "worker", MAX_WORKER),
@@ -363,7 +364,7 @@ def _event_from_object(data: dict[str, Any]) -> AttemptEvent:
         error_message=fields.optional_text(data, "error_message", MAX_ERROR_MESSAGE),
         permanent=fields.boolean(data, "permanent"),
         reason=fields.optional_text(data, "reason", MAX_NAME),
-        applied_by=fields.optional_uuid(data, "applied_by"),
+        applied_by=fields.optional_uuid(data, "applied_by", internal=True),
         claim_order=(
             fields.integer(data, "claim_order", 1, MAX_CLAIM_ORDER) if data.get("claim_order") is not None else None
         ),

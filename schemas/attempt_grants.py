@@ -171,8 +171,9 @@ def _grant_from_object(data: dict[str, Any], consumer_group: str) -> AttemptGran
     if result == GRANTED and data.get("reason") is not None:
         raise MalformedMessage("a granted answer has no reason", "reason")
     return AttemptGrant(
-        occurrence_id=fields.uuid_field(data, "occurrence_id"),
-        lease_token=fields.uuid_field(data, "lease_token"),
+        # Matched against the runtime's own waiting attempts, never handed to user code (record_fields).
+        occurrence_id=fields.uuid_field(data, "occurrence_id", internal=True),
+        lease_token=fields.uuid_field(data, "lease_token", internal=True),
         consumer_group=consumer_group,
         result=result,
         reason=reason,

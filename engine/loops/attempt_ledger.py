@@ -42,6 +42,7 @@ from engine.rules.attempt_decisions import Decisions, Verdict, fold_events, owne
 from schemas.attempt_events import AttemptEvent
 from schemas.clock import Clock
 from schemas.connections import json_rows
+from schemas.identity import random_uuid
 from schemas.queries import QUERIES
 from schemas.topics import occurrence_topic
 
@@ -221,6 +222,8 @@ class AttemptLedger:
         occurrences' instants, which prune every statement to their day partitions)."""
         new = decisions.new_attempts()
         if new:
+            for attempt in new:
+                attempt.attempt_id = random_uuid()  # half of uuid4()'s cost (schemas.identity)
             rows = [_recordset_row(a, _NEW_ATTEMPT) for a in new]
             await conn.execute(*QUERIES.insert_attempts(attempts=json_rows(rows), days=days))
         changed = decisions.changed_attempts()

@@ -55,7 +55,6 @@ from typing import Any, NamedTuple
 
 import asyncpg
 import orjson
-from asyncpg.pgproto.pgproto import UUID as FastUUID
 from opentelemetry import metrics, trace
 
 from engine.control.cohort_membership import claim_cohorts
@@ -73,7 +72,7 @@ from engine.rules.token_bucket import TokenBucket, full_bucket, reserve, take
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock
 from schemas.dispatch_lanes import aware, bucket_of, lane_of
-from schemas.identity import OCCURRENCE_NAMESPACE_BYTES, micros_text, uuid5_int
+from schemas.identity import OCCURRENCE_NAMESPACE_BYTES, FastUUID, micros_text, uuid5_int
 from schemas.messages import FORMAT_VERSION, format_instant
 from schemas.queries import QUERIES
 from schemas.shard_ownership import ShardOwnership

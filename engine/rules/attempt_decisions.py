@@ -154,7 +154,7 @@ class AttemptState:
     finished_at: datetime | None = None
     new: bool = False
     changed: bool = False
-    attempt_id: uuid.UUID | None = None
+    attempt_id: uuid.UUID | None = None  # a new attempt's is chosen where it is written (the ledger)
     consumer_group: str | None = None
     worker: str | None = None
     started_at: datetime | None = None
@@ -330,7 +330,6 @@ class _Fold:
             occ.occurrence_id,
             event.attempt,
             new=True,
-            attempt_id=uuid.uuid4(),
             consumer_group=event.consumer_group,
             worker=event.worker,
             started_at=self.now,
