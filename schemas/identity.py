@@ -14,7 +14,16 @@ from datetime import UTC, datetime, timedelta
 
 from asyncpg.pgproto.pgproto import UUID as FastUUID
 
-__all__ = ["OCCURRENCE_NAMESPACE", "FastUUID", "occurrence_id", "random_uuid", "uuid5_int"]
+__all__ = [
+    "OCCURRENCE_NAMESPACE",
+    "OCCURRENCE_NAMESPACE_BYTES",
+    "FastUUID",
+    "is_slot_occurrence",
+    "micros_text",
+    "occurrence_id",
+    "random_uuid",
+    "uuid5_int",
+]
 
 # Fixed namespace for uuid5; changing it would change every occurrence id.
 OCCURRENCE_NAMESPACE = uuid.UUID("6f1c2a0e-4d0b-5c8e-9a51-63686f6e6f71")
