@@ -46,8 +46,9 @@ def occurrence_id(schedule_id: uuid.UUID, schedule_version: int, scheduled_for: 
 
 #: The namespace's bytes, which every uuid5 name is hashed after (a property that converts on each read).
 OCCURRENCE_NAMESPACE_BYTES = OCCURRENCE_NAMESPACE.bytes
-# RFC 4122 uuid5: the version nibble and the variant bits, cleared and set in the digest's first 16 bytes.
-_UUID5_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
+# RFC 4122: the version nibble and the variant bits, cleared in 128 bits (a digest's or random ones) and set
+# for uuid5 (occurrence ids) or uuid4 (random ids).
+_VERSION_VARIANT_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
 _UUID5_BITS = (0x5000 << 64) | (0x8000 << 48)
 _UUID4_BITS = (0x4000 << 64) | (0x8000 << 48)
 
@@ -60,7 +61,7 @@ _UUID4_BITS = (0x4000 << 64) | (0x8000 << 48)
 def random_uuid() -> uuid.UUID:
     """A random (version 4) UUID, as ``uuid.uuid4()`` from the same source (``os.urandom``), built as a
     :data:`FastUUID` at half its cost: for ids that stay inside chronoq (an attempt's id)."""
-    return FastUUID(((int.from_bytes(os.urandom(16)) & _UUID5_CLEAR) | _UUID4_BITS).to_bytes(16))
+    return FastUUID(((int.from_bytes(os.urandom(16)) & _VERSION_VARIANT_CLEAR) | _UUID4_BITS).to_bytes(16))
 
 
 def micros_text(instant: datetime) -> bytes:
@@ -73,7 +74,7 @@ def uuid5_int(namespaced_name: bytes) -> int:
     the digest with the version and variant set, without building a ``uuid.UUID`` (a third of its time).
     The materializer and the consumer's slot test run it per occurrence; tests hold both to
     :func:`occurrence_id`."""
-    return (int.from_bytes(hashlib.sha1(namespaced_name).digest()[:16]) & _UUID5_CLEAR) | _UUID5_BITS
+    return (int.from_bytes(hashlib.sha1(namespaced_name).digest()[:16]) & _VERSION_VARIANT_CLEAR) | _UUID5_BITS
 
 
 def is_slot_occurrence(
