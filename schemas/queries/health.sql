@@ -4,6 +4,21 @@
 -- name: health_minutes
 -- Per minute of the last :minutes (by scheduled_for): occurrences, how many reached Kafka, succeeded, went
 -- DEAD or MISSED, and the schedule_lag percentiles (enqueued_at - scheduled_for) of the enqueued slot ones.
+WITH recent AS (
+    -- The window's occurrences in two parts, each through its own index (migration 0029): finished ones by
+    -- tenant and time (occurrences_finished_by_tenant), open ones from occurrences_open (in-flight work only).
+    SELECT scheduled_for, enqueued_at, state, origin FROM occurrences
+    WHERE (:tenant_id::text IS NULL OR tenant_id = :tenant_id)
+      AND scheduled_for > coalesce(:now::timestamptz, now()) - make_interval(mins => :minutes)
+      AND scheduled_for <= coalesce(:now::timestamptz, now())
+      AND state IN ('SUCCEEDED', 'DEAD', 'MISSED', 'CANCELED', 'SKIPPED_OVERLAP')
+    UNION ALL
+    SELECT scheduled_for, enqueued_at, state, origin FROM occurrences
+    WHERE (:tenant_id::text IS NULL OR tenant_id = :tenant_id)
+      AND scheduled_for > coalesce(:now::timestamptz, now()) - make_interval(mins => :minutes)
+      AND scheduled_for <= coalesce(:now::timestamptz, now())
+      AND state IN ('SCHEDULED', 'ENQUEUED', 'RUNNING', 'RETRY_WAIT')
+)
 SELECT date_trunc('minute', scheduled_for) AS minute,
        count(*) AS occurrences,
        count(*) FILTER (WHERE enqueued_at IS NOT NULL) AS enqueued,
@@ -14,23 +29,31 @@ SELECT date_trunc('minute', scheduled_for) AS minute,
            FILTER (WHERE enqueued_at IS NOT NULL AND origin = 'schedule') AS lag_p50,
        percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM enqueued_at - scheduled_for))
            FILTER (WHERE enqueued_at IS NOT NULL AND origin = 'schedule') AS lag_p99
-FROM occurrences
-WHERE (:tenant_id::text IS NULL OR tenant_id = :tenant_id)
-  AND scheduled_for > coalesce(:now::timestamptz, now()) - make_interval(mins => :minutes)
-  AND scheduled_for <= coalesce(:now::timestamptz, now())
+FROM recent
 GROUP BY 1
 ORDER BY 1;
 
 -- name: health_lag
 -- schedule_lag percentiles (s) over the last :minutes of enqueued slot occurrences.
+WITH recent AS (
+    -- in two parts, as health_minutes reads them
+    SELECT scheduled_for, enqueued_at, state, origin FROM occurrences
+    WHERE (:tenant_id::text IS NULL OR tenant_id = :tenant_id)
+      AND scheduled_for > coalesce(:now::timestamptz, now()) - make_interval(mins => :minutes)
+      AND scheduled_for <= coalesce(:now::timestamptz, now())
+      AND state IN ('SUCCEEDED', 'DEAD', 'MISSED', 'CANCELED', 'SKIPPED_OVERLAP')
+    UNION ALL
+    SELECT scheduled_for, enqueued_at, state, origin FROM occurrences
+    WHERE (:tenant_id::text IS NULL OR tenant_id = :tenant_id)
+      AND scheduled_for > coalesce(:now::timestamptz, now()) - make_interval(mins => :minutes)
+      AND scheduled_for <= coalesce(:now::timestamptz, now())
+      AND state IN ('SCHEDULED', 'ENQUEUED', 'RUNNING', 'RETRY_WAIT')
+)
 SELECT count(*) AS enqueued,
        percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM enqueued_at - scheduled_for))
            AS lag
-FROM occurrences
-WHERE (:tenant_id::text IS NULL OR tenant_id = :tenant_id)
-  AND scheduled_for > coalesce(:now::timestamptz, now()) - make_interval(mins => :minutes)
-  AND scheduled_for <= coalesce(:now::timestamptz, now())
-  AND enqueued_at IS NOT NULL AND origin = 'schedule';
+FROM recent
+WHERE enqueued_at IS NOT NULL AND origin = 'schedule';
 
 -- name: backlogs
 -- The backlogs now: active schedules whose cursor is past (the materializer's due backlog), due unsent

@@ -48,17 +48,27 @@ WHERE o.tenant_id = :tenant_id AND o.scheduled_for < :cutoff
 
 -- name: kept_summary
 -- What stays hot for tenant :tenant_id although scheduled before :cutoff: not final (or DEAD), or still in a
--- handoff; counted by state.
-SELECT o.state, count(*) AS occurrences
-FROM occurrences o
-WHERE o.tenant_id = :tenant_id AND o.scheduled_for < :cutoff
-  AND (o.state NOT IN ('SUCCEEDED', 'MISSED', 'CANCELED', 'SKIPPED_OVERLAP')
-       OR EXISTS (SELECT 1 FROM outbox b WHERE b.occurrence_id = o.occurrence_id
-                  AND b.sent_at IS NULL AND b.discarded_at IS NULL)
-       OR EXISTS (SELECT 1 FROM dispatch_queue q WHERE q.occurrence_id = o.occurrence_id)
-       OR EXISTS (SELECT 1 FROM stuck_occurrences s WHERE s.occurrence_id = o.occurrence_id
-                  AND s.resolved_at IS NULL))
-GROUP BY o.state ORDER BY o.state;
+-- handoff; counted by state. Finished rows come by tenant and age (occurrences_finished_by_tenant), open ones
+-- from occurrences_open (migration 0029: the tenant's index holds finished occurrences only).
+SELECT k.state, count(*) AS occurrences
+FROM (
+    SELECT o.state
+    FROM occurrences o
+    WHERE o.tenant_id = :tenant_id AND o.scheduled_for < :cutoff
+      AND o.state IN ('SUCCEEDED', 'DEAD', 'MISSED', 'CANCELED', 'SKIPPED_OVERLAP')
+      AND (o.state = 'DEAD'
+           OR EXISTS (SELECT 1 FROM outbox b WHERE b.occurrence_id = o.occurrence_id
+                      AND b.sent_at IS NULL AND b.discarded_at IS NULL)
+           OR EXISTS (SELECT 1 FROM dispatch_queue q WHERE q.occurrence_id = o.occurrence_id)
+           OR EXISTS (SELECT 1 FROM stuck_occurrences s WHERE s.occurrence_id = o.occurrence_id
+                      AND s.resolved_at IS NULL))
+    UNION ALL
+    SELECT o.state
+    FROM occurrences o
+    WHERE o.tenant_id = :tenant_id AND o.scheduled_for < :cutoff
+      AND o.state IN ('SCHEDULED', 'ENQUEUED', 'RUNNING', 'RETRY_WAIT')
+) k
+GROUP BY k.state ORDER BY k.state;
 
 -- name: lock_prunable_batch
 -- Locks up to :limit of tenant :tenant_id's prunable occurrences (as in prunable_summary), oldest first.

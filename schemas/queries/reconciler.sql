@@ -70,13 +70,22 @@ CREATE TEMP TABLE rc_effects (consumer_group text, occurrence_id uuid, schedule_
 -- name: collect_occurrences
 -- The occurrences of the window (of one tenant, if :tenant_id is given), copied once: every check reads this copy.
 -- Archived ones (history retention, migration 0013) count as existing: an occurrence is in exactly one of the
--- two tables.
+-- two tables. Hot ones in two parts, each through its own index: finished ones by tenant and time
+-- (occurrences_finished_by_tenant), open ones from occurrences_open (in-flight work only; migration 0029).
 INSERT INTO rc_occ
 SELECT occurrence_id, schedule_id, schedule_version, tenant_id, target, scheduled_for, state, created_at,
        updated_at, origin
 FROM occurrences
 WHERE scheduled_for >= :window_from AND scheduled_for < :window_to
   AND (:tenant_id::text IS NULL OR tenant_id = :tenant_id)
+  AND state IN ('SUCCEEDED', 'DEAD', 'MISSED', 'CANCELED', 'SKIPPED_OVERLAP')
+UNION ALL
+SELECT occurrence_id, schedule_id, schedule_version, tenant_id, target, scheduled_for, state, created_at,
+       updated_at, origin
+FROM occurrences
+WHERE scheduled_for >= :window_from AND scheduled_for < :window_to
+  AND (:tenant_id::text IS NULL OR tenant_id = :tenant_id)
+  AND state IN ('SCHEDULED', 'ENQUEUED', 'RUNNING', 'RETRY_WAIT')
 UNION ALL
 SELECT occurrence_id, schedule_id, schedule_version, tenant_id, target, scheduled_for, state, created_at,
        updated_at, origin

@@ -1033,8 +1033,8 @@ CASE
     ELSE NULL::boolean
 END));
 CREATE INDEX occurrences_default_tenant_id_finished_at_occurrence_id_idx ON public.occurrences_default USING btree (tenant_id, finished_at, occurrence_id) WHERE (state = 'DEAD'::text);
-CREATE INDEX occurrences_tenant_time ON ONLY public.occurrences USING btree (tenant_id, scheduled_for);
-CREATE INDEX occurrences_default_tenant_id_scheduled_for_idx ON public.occurrences_default USING btree (tenant_id, scheduled_for);
+CREATE INDEX occurrences_finished_by_tenant ON ONLY public.occurrences USING btree (tenant_id, scheduled_for) WHERE (state = ANY (ARRAY['SUCCEEDED'::text, 'DEAD'::text, 'MISSED'::text, 'CANCELED'::text, 'SKIPPED_OVERLAP'::text]));
+CREATE INDEX occurrences_default_tenant_id_scheduled_for_idx ON public.occurrences_default USING btree (tenant_id, scheduled_for) WHERE (state = ANY (ARRAY['SUCCEEDED'::text, 'DEAD'::text, 'MISSED'::text, 'CANCELED'::text, 'SKIPPED_OVERLAP'::text]));
 CREATE INDEX occurrences_enqueued_since ON ONLY public.occurrences USING btree (updated_at) WHERE (state = 'ENQUEUED'::text);
 CREATE INDEX occurrences_default_updated_at_idx ON public.occurrences_default USING btree (updated_at) WHERE (state = 'ENQUEUED'::text);
 CREATE INDEX outbox_occurrence ON public.outbox USING btree (occurrence_id);
@@ -1067,7 +1067,7 @@ ALTER INDEX public.occurrences_pkey ATTACH PARTITION public.occurrences_default_
 ALTER INDEX public.occurrences_open ATTACH PARTITION public.occurrences_default_schedule_id_idx;
 ALTER INDEX public.occurrences_slot ATTACH PARTITION public.occurrences_default_schedule_id_scheduled_for_case_idx;
 ALTER INDEX public.occurrences_dead ATTACH PARTITION public.occurrences_default_tenant_id_finished_at_occurrence_id_idx;
-ALTER INDEX public.occurrences_tenant_time ATTACH PARTITION public.occurrences_default_tenant_id_scheduled_for_idx;
+ALTER INDEX public.occurrences_finished_by_tenant ATTACH PARTITION public.occurrences_default_tenant_id_scheduled_for_idx;
 ALTER INDEX public.occurrences_enqueued_since ATTACH PARTITION public.occurrences_default_updated_at_idx;
 CREATE TRIGGER occurrences_open_of_deleted AFTER DELETE ON public.occurrences REFERENCING OLD TABLE AS written_occurrences FOR EACH STATEMENT EXECUTE FUNCTION public.chronoq_log_open_of_written();
 CREATE TRIGGER occurrences_open_of_inserted AFTER INSERT ON public.occurrences REFERENCING NEW TABLE AS written_occurrences FOR EACH STATEMENT EXECUTE FUNCTION public.chronoq_log_open_of_written();
