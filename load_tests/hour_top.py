@@ -481,6 +481,7 @@ async def watch_materialization(
     between those two polls (the nodes' Python against PostgreSQL's share of the same rows)."""
     first_seen = done_at = None
     count = first_count = 0
+    io_first: dict[str, int] = {}
     cpu_first: dict[str, float] | None = None
     while True:
         poll = await conn.fetchrow(MATERIALIZED_SO_FAR, top)
@@ -488,6 +489,7 @@ async def watch_materialization(
         if first_seen is None and count:
             first_seen, first_count = polled, count
             cpu_first = cpu_of() if cpu_of else None
+            io_first = await postgres_io(conn)
         # the counter's word is checked by a count: a drifted counter must not end the watch early
         if count >= args.schedules and await conn.fetchval("SELECT count(*) FROM occurrences") >= args.schedules:
             done_at = polled
@@ -508,6 +510,10 @@ async def watch_materialization(
     else:
         report["materialize_rows_per_s"] = 0
     print("materialized", json.dumps(report["materialized"]), report["materialize_rows_per_s"], file=sys.stderr)
+    if io_first:
+        io_last = await postgres_io(conn)
+        report["materialize_io"] = {key: io_last[key] - io_first[key] for key in io_first}
+        print("PostgreSQL I/O while materializing (blocks)", json.dumps(report["materialize_io"]), file=sys.stderr)
     if cpu_of is not None and cpu_first is not None and count > first_count:
         report["materialize_cpu_us_per_row"] = per_row(cpu_first, cpu_of(), count - first_count)
         print("materialize CPU per row (us)", json.dumps(report["materialize_cpu_us_per_row"]), file=sys.stderr)
@@ -528,6 +534,28 @@ async def checkpoint_at(url: str, top: datetime, report: dict[str, Any]) -> None
         print("checkpoint at the top", json.dumps(report["checkpoint_at_top"]), file=sys.stderr, flush=True)
     finally:
         await conn.close()
+
+
+async def postgres_io(conn: asyncpg.Connection) -> dict[str, int]:
+    """Blocks written, evicted and extended so far, by who did it (``pg_stat_io``, PostgreSQL 16+): a client
+    backend that writes or evicts has found the buffer cache full of dirty pages and does the background
+    writer's work on the statement's time (its ``write()`` calls show in the kernel's share of PostgreSQL's
+    CPU per row)."""
+    if await conn.fetchval("SELECT to_regclass('pg_stat_io') IS NULL"):
+        return {}
+    row = await conn.fetchrow(
+        """SELECT coalesce(sum(writes) FILTER (WHERE b AND object = 'relation'), 0)::bigint AS backend_writes,
+                  coalesce(sum(evictions) FILTER (WHERE b AND object = 'relation'), 0)::bigint AS backend_evictions,
+                  coalesce(sum(extends) FILTER (WHERE b AND object = 'relation'), 0)::bigint AS backend_extends,
+                  coalesce(sum(writes) FILTER (WHERE b AND object = 'wal'), 0)::bigint AS backend_wal_writes,
+                  coalesce(sum(writes) FILTER (WHERE backend_type = 'background writer'), 0)::bigint
+                      AS bgwriter_writes,
+                  coalesce(sum(writes) FILTER (WHERE backend_type = 'checkpointer' AND object = 'relation'),
+                           0)::bigint AS checkpointer_writes,
+                  (SELECT wal_buffers_full FROM pg_stat_wal)::bigint AS wal_buffers_full
+           FROM (SELECT *, backend_type = 'client backend' AS b FROM pg_stat_io) io"""
+    )
+    return dict(row)
 
 
 async def postgres_background(conn: asyncpg.Connection) -> dict[str, int]:
