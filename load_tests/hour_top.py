@@ -537,12 +537,14 @@ async def checkpoint_at(url: str, top: datetime, report: dict[str, Any]) -> None
 
 
 async def postgres_io(conn: asyncpg.Connection) -> dict[str, int]:
-    """Blocks written, evicted and extended so far, by who did it (``pg_stat_io``, PostgreSQL 16+): a client
-    backend that writes or evicts has found the buffer cache full of dirty pages and does the background
-    writer's work on the statement's time (its ``write()`` calls show in the kernel's share of PostgreSQL's
-    CPU per row)."""
-    if await conn.fetchval("SELECT to_regclass('pg_stat_io') IS NULL"):
-        return {}
+    """Blocks written, evicted and extended so far, by who did it (``pg_stat_io``), WAL written by client
+    backends and how often the WAL buffers were full, checkpoints begun and the WAL position (PostgreSQL 18:
+    WAL in ``pg_stat_io``). A client backend that writes has found the buffer cache or the WAL buffers full
+    and does the background processes' work on the statement's time; a checkpoint begun while materializing
+    makes every page's next change write a full-page image into the WAL (both show in the kernel's share of
+    PostgreSQL's CPU per row, ``write()`` copying into the page cache)."""
+    if await conn.fetchval("SELECT to_regclass('pg_stat_checkpointer') IS NULL"):
+        return {}  # before PostgreSQL 17
     row = await conn.fetchrow(
         """SELECT coalesce(sum(writes) FILTER (WHERE b AND object = 'relation'), 0)::bigint AS backend_writes,
                   coalesce(sum(evictions) FILTER (WHERE b AND object = 'relation'), 0)::bigint AS backend_evictions,
@@ -552,7 +554,10 @@ async def postgres_io(conn: asyncpg.Connection) -> dict[str, int]:
                       AS bgwriter_writes,
                   coalesce(sum(writes) FILTER (WHERE backend_type = 'checkpointer' AND object = 'relation'),
                            0)::bigint AS checkpointer_writes,
-                  (SELECT wal_buffers_full FROM pg_stat_wal)::bigint AS wal_buffers_full
+                  (SELECT wal_buffers_full FROM pg_stat_wal)::bigint AS wal_buffers_full,
+                  (SELECT num_timed FROM pg_stat_checkpointer)::bigint AS checkpoints_timed,
+                  (SELECT num_requested FROM pg_stat_checkpointer)::bigint AS checkpoints_requested,
+                  (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint AS wal_bytes
            FROM (SELECT *, backend_type = 'client backend' AS b FROM pg_stat_io) io"""
     )
     return dict(row)
