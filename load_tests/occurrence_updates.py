@@ -4,7 +4,7 @@ it non-HOT (an experiment for issue 16's storage question, not a change of the s
 Every ``started`` and every outcome rewrites its occurrence's row (``update_occurrences``: ENQUEUED → RUNNING
 → SUCCEEDED), and in the consumer burst that statement is about half of PostgreSQL's time. None of these
 updates can be HOT (heap-only: no new index entries): ``state`` is in the predicate of five partial indexes
-(open, tenant open, dead, enqueued since, lease expiry) and ``updated_at`` and ``lease_expires_at`` are
+(open, finished by tenant, dead, enqueued since, lease expiry) and ``updated_at`` and ``lease_expires_at`` are
 indexed, so each update writes a new tuple into every index. This tool measures the same statement, in the
 same batches, on three layouts of a fresh engine database:
 
@@ -40,6 +40,7 @@ DAY = datetime(2026, 12, 5, 10, 0, tzinfo=UTC)
 NON_HOT_INDEXES = (
     "occurrences_dead",
     "occurrences_enqueued_since",
+    "occurrences_finished_by_tenant",
     "occurrences_lease_expiry",
     "occurrences_open",
 )

@@ -92,3 +92,25 @@ async def test_each_part_of_a_tenants_window_is_read_through_an_index(pool, wind
     assert "Seq Scan on occurrences" not in plan, plan
     assert "finished_by_tenant" in plan or "tenant_id_scheduled_for" in plan, plan
     assert "occurrences_open" in plan or "_schedule_id_idx" in plan, plan
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        pytest.param(
+            lambda: QUERIES.prunable_summary(tenant_id="acme", cutoff=T0, everywhere=True, moving_days=[]),
+            id="prunable_summary",
+        ),
+        pytest.param(
+            lambda: QUERIES.lock_prunable_batch(tenant_id="acme", cutoff=T0, everywhere=True, limit=100),
+            id="lock_prunable_batch",
+        ),
+    ],
+)
+async def test_the_prune_finds_a_tenants_finished_occurrences_through_the_index(pool, window, read):
+    sql, *args = read()
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL enable_seqscan = off")
+        plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + sql, *args))
+    assert "Seq Scan on occurrences" not in plan, plan
+    assert "finished_by_tenant" in plan or "tenant_id_scheduled_for" in plan, plan
