@@ -1,4 +1,5 @@
--- chronoq engine, migration 0029: occurrences_tenant_time holds finished occurrences only.
+-- chronoq engine, migration 0029: a tenant's occurrences by time indexed once finished (occurrences_tenant_time
+-- becomes occurrences_finished_by_tenant).
 --
 -- No write of an occurrence is HOT (its state is in partial-index predicates), so every index without a
 -- predicate takes an entry at the insert and at each state change: SCHEDULED at materialization, ENQUEUED
