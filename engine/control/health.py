@@ -3,7 +3,8 @@
 Read from the engine database, not from one process's metrics, so the
 console of any API process shows the whole system (materializers and relays
 run elsewhere in production). Scoped by tenant (None: every tenant). The
-last-hour reads use the (tenant_id, scheduled_for) index of migration 0004.
+last-hour window is read once (``health_window``): finished occurrences by
+tenant and time (migration 0029), open ones from ``occurrences_open``.
 """
 
 from __future__ import annotations
@@ -39,15 +40,13 @@ class Health:
 
 
 async def read_health(pool: asyncpg.Pool, tenant_id: str | None, now: datetime, minutes: int = 60) -> Health:
-    lag_row = await pool.fetchrow(*QUERIES.health_lag(tenant_id=tenant_id, minutes=minutes, now=now))
-    percentiles = list(lag_row["lag"] or [None, None, None])
+    window = await pool.fetch(*QUERIES.health_window(tenant_id=tenant_id, minutes=minutes, now=now))
+    whole = next(row for row in window if row["whole"])
+    percentiles = list(whole["lag"] or [None, None, None])
     backlogs = dict(await pool.fetchrow(*QUERIES.backlogs(tenant_id=tenant_id, now=now)))
     if backlogs["queue_age_s"] is not None:
         backlogs["queue_age_s"] = round(float(backlogs["queue_age_s"]), 3)
-    rows = {
-        row["minute"]: row
-        for row in await pool.fetch(*QUERIES.health_minutes(tenant_id=tenant_id, minutes=minutes, now=now))
-    }
+    rows = {row["minute"]: row for row in window if not row["whole"]}
     end = now.replace(second=0, microsecond=0)
     series = []
     for offset in range(minutes - 1, -1, -1):
@@ -60,15 +59,15 @@ async def read_health(pool: asyncpg.Pool, tenant_id: str | None, now: datetime, 
                     name: (row[name] if row else 0)
                     for name in ("occurrences", "enqueued", "succeeded", "dead", "missed")
                 },
-                "lag_p50": _round(row["lag_p50"]) if row else None,
-                "lag_p99": _round(row["lag_p99"]) if row else None,
+                "lag_p50": _round(row["lag"][0]) if row and row["lag"] else None,
+                "lag_p99": _round(row["lag"][2]) if row and row["lag"] else None,
             }
         )
     return Health(
         now,
         minutes,
         {"p50": _round(percentiles[0]), "p95": _round(percentiles[1]), "p99": _round(percentiles[2])},
-        lag_row["enqueued"],
+        whole["enqueued_slots"],
         backlogs,
         series,
     )

@@ -1,9 +1,11 @@
 -- Health as the engine database sees it: last-hour lag and throughput, backlogs now. A :tenant_id that is
 -- NULL means every tenant. :now is NULL in production (the database's clock rules), a fixed instant in tests.
 
--- name: health_minutes
--- Per minute of the last :minutes (by scheduled_for): occurrences, how many reached Kafka, succeeded, went
--- DEAD or MISSED, and the schedule_lag percentiles (enqueued_at - scheduled_for) of the enqueued slot ones.
+-- name: health_window
+-- The last :minutes (by scheduled_for), read once: a row per minute (whole = false) and one for the whole
+-- window (whole = true, minute NULL; there even when the window is empty). Each: occurrences, how many reached
+-- Kafka, succeeded, went DEAD or MISSED, the enqueued slot ones (origin 'schedule') and their schedule_lag
+-- percentiles p50, p95, p99 (enqueued_at - scheduled_for; NULL when there are none).
 WITH recent AS (
     -- The window's occurrences in two parts, each through its own index (migration 0029): finished ones by
     -- tenant and time (occurrences_finished_by_tenant), open ones from occurrences_open (in-flight work only).
@@ -19,41 +21,19 @@ WITH recent AS (
       AND scheduled_for <= coalesce(:now::timestamptz, now())
       AND state IN ('SCHEDULED', 'ENQUEUED', 'RUNNING', 'RETRY_WAIT')
 )
-SELECT date_trunc('minute', scheduled_for) AS minute,
+SELECT grouping(date_trunc('minute', scheduled_for)) = 1 AS whole,
+       date_trunc('minute', scheduled_for) AS minute,
        count(*) AS occurrences,
        count(*) FILTER (WHERE enqueued_at IS NOT NULL) AS enqueued,
        count(*) FILTER (WHERE state = 'SUCCEEDED') AS succeeded,
        count(*) FILTER (WHERE state = 'DEAD') AS dead,
        count(*) FILTER (WHERE state = 'MISSED') AS missed,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM enqueued_at - scheduled_for))
-           FILTER (WHERE enqueued_at IS NOT NULL AND origin = 'schedule') AS lag_p50,
-       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM enqueued_at - scheduled_for))
-           FILTER (WHERE enqueued_at IS NOT NULL AND origin = 'schedule') AS lag_p99
-FROM recent
-GROUP BY 1
-ORDER BY 1;
-
--- name: health_lag
--- schedule_lag percentiles (s) over the last :minutes of enqueued slot occurrences.
-WITH recent AS (
-    -- in two parts, as health_minutes reads them
-    SELECT scheduled_for, enqueued_at, state, origin FROM occurrences
-    WHERE (:tenant_id::text IS NULL OR tenant_id = :tenant_id)
-      AND scheduled_for > coalesce(:now::timestamptz, now()) - make_interval(mins => :minutes)
-      AND scheduled_for <= coalesce(:now::timestamptz, now())
-      AND state IN ('SUCCEEDED', 'DEAD', 'MISSED', 'CANCELED', 'SKIPPED_OVERLAP')
-    UNION ALL
-    SELECT scheduled_for, enqueued_at, state, origin FROM occurrences
-    WHERE (:tenant_id::text IS NULL OR tenant_id = :tenant_id)
-      AND scheduled_for > coalesce(:now::timestamptz, now()) - make_interval(mins => :minutes)
-      AND scheduled_for <= coalesce(:now::timestamptz, now())
-      AND state IN ('SCHEDULED', 'ENQUEUED', 'RUNNING', 'RETRY_WAIT')
-)
-SELECT count(*) AS enqueued,
+       count(*) FILTER (WHERE enqueued_at IS NOT NULL AND origin = 'schedule') AS enqueued_slots,
        percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM enqueued_at - scheduled_for))
-           AS lag
+           FILTER (WHERE enqueued_at IS NOT NULL AND origin = 'schedule') AS lag
 FROM recent
-WHERE enqueued_at IS NOT NULL AND origin = 'schedule';
+GROUP BY GROUPING SETS ((date_trunc('minute', scheduled_for)), ())
+ORDER BY 2;
 
 -- name: backlogs
 -- The backlogs now: active schedules whose cursor is past (the materializer's due backlog), due unsent

@@ -48,6 +48,11 @@ async def test_the_health_window_counts_a_tenants_occurrences_in_every_state(poo
     assert point["enqueued"] == len(OPEN) + len(FINISHED) - 1  # all but the SCHEDULED one
     assert (point["succeeded"], point["dead"], point["missed"]) == (1, 1, 1)
     assert health.enqueued == len(OPEN) + len(FINISHED) - 1
+    # every enqueued one a second after its instant: the window's and the minute's lag, none in an empty minute
+    assert health.lag == {"p50": 1.0, "p95": 1.0, "p99": 1.0}
+    assert (point["lag_p50"], point["lag_p99"]) == (1.0, 1.0)
+    empty = next(p for p in health.series if p["minute"] == minute + timedelta(minutes=1))
+    assert (empty["occurrences"], empty["lag_p50"], empty["lag_p99"]) == (0, None, None)
     everyone = await read_health(pool, None, T0, minutes=60)
     assert sum(p["occurrences"] for p in everyone.series) == 2 * (len(OPEN) + len(FINISHED))
 
@@ -71,8 +76,7 @@ async def test_what_the_prune_keeps_is_counted_in_every_open_state(pool, window)
 @pytest.mark.parametrize(
     "read",
     [
-        pytest.param(lambda: QUERIES.health_minutes(tenant_id="acme", minutes=60, now=T0), id="health_minutes"),
-        pytest.param(lambda: QUERIES.health_lag(tenant_id="acme", minutes=60, now=T0), id="health_lag"),
+        pytest.param(lambda: QUERIES.health_window(tenant_id="acme", minutes=60, now=T0), id="health_window"),
         pytest.param(lambda: QUERIES.kept_summary(tenant_id="acme", cutoff=T0), id="kept_summary"),
         pytest.param(
             lambda: QUERIES.collect_occurrences(window_from=T0 - timedelta(hours=1), window_to=T0, tenant_id="acme"),
