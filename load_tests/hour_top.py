@@ -690,7 +690,7 @@ def start_consumer(bootstrap: str, out: Path, log_dir: Path) -> subprocess.Popen
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    from load_tests.raw_floor import measure_floor
+    from load_tests.raw_floor import measure_floor_apart
     from load_tests.stack_for_load import load_stack
     from schemas.topics import create_missing_topics
 
@@ -718,7 +718,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             report["pg_shared_buffers"] = await conn.fetchval("SHOW shared_buffers")
             shards = await conn.fetchval("SELECT count(*)::int FROM shard_leases")
             if not args.no_floor:
-                report["floor"] = await measure_floor(url, bootstrap, args.floor_rows, args.partitions)
+                report["floor"] = await measure_floor_apart(url, bootstrap, args.floor_rows, args.partitions)
                 print("floor", json.dumps(report["floor"]), file=sys.stderr, flush=True)
             await create_missing_topics(bootstrap, topics, args.partitions)
             if args.broker == "apache" and not args.fresh_topics:

@@ -1,11 +1,11 @@
 """The raw floor: how fast this machine does the dispatch work with nothing of chronoq in the way.
 
-    python -m load_tests.raw_floor [--rows 200000]
+    python -m load_tests.raw_floor [--rows 200000] [--bootstrap HOST:PORT]
 
 Measured in the same run as a chronoq benchmark (``load_tests.hour_top``
-calls :func:`measure_floor`), so that chronoq's dispatch rate can be reported
-as a fraction of the fastest raw pipeline on the same machine, under the same
-load. Each step is the simplest correct way to do it:
+calls :func:`measure_floor_apart`: the same steps in a process of their own),
+so that chronoq's dispatch rate can be reported as a fraction of the fastest
+raw pipeline on the same machine, under the same load. Each step is the simplest correct way to do it:
 
 - ``copy_rows_per_s``: COPY of outbox-sized rows (~300 B message) into a
   table with a primary key;
@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -37,6 +38,8 @@ import asyncpg
 import orjson
 
 FLOOR_TABLE = "raw_floor_rows"
+FLOOR_TOPIC_PREFIX = "raw-floor-"
+DATABASE_URL_VARIABLE = "CHRONOQ_RAW_FLOOR_DATABASE_URL"
 BATCH = 5000
 
 
@@ -203,47 +206,85 @@ async def _timed(step: Callable[[], Awaitable[float]]) -> float:
 async def measure_floor(
     database_url: str, bootstrap: str, rows: int = 200_000, partitions: int = 8
 ) -> dict[str, float]:
-    """Every floor figure, measured now on this machine."""
+    """Every floor figure, measured now on this machine. Leaves nothing behind, also when a step fails: its
+    tables are dropped and its topic deleted (a million messages would otherwise stay in an in-memory
+    broker's heap through the run it is the floor of)."""
     from aiokafka.admin import AIOKafkaAdminClient
 
     from schemas.topics import ensure_topics
 
-    topic = f"raw-floor-{uuid.uuid4().hex[:8]}"
+    topic = f"{FLOOR_TOPIC_PREFIX}{uuid.uuid4().hex[:8]}"
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         await ensure_topics(admin, [topic], partitions)
+        messages = [(uuid.uuid4().bytes, sample_message(i)) for i in range(rows)]
+        conn = await asyncpg.connect(database_url)
+        try:
+            return {
+                "rows": rows,
+                "copy_rows_per_s": await _timed(lambda: copy_rows(conn, rows)),
+                "range_read_rows_per_s": await _timed(lambda: range_read(conn, rows)),
+                "aiokafka_msgs_per_s": await _timed(lambda: aiokafka_produce(bootstrap, topic, messages)),
+                "confluent_msgs_per_s": await _timed(lambda: confluent_produce(bootstrap, topic, messages)),
+                "confluent_lz4_msgs_per_s": await _timed(lambda: confluent_produce(bootstrap, topic, messages, "lz4")),
+                "pipeline_rows_per_s": await _timed(lambda: pipeline(conn, bootstrap, topic)),
+                "pipeline_lz4_rows_per_s": await _timed(lambda: pipeline(conn, bootstrap, topic, "lz4")),
+            }
+        finally:
+            await conn.execute(f"DROP TABLE IF EXISTS {FLOOR_TABLE}")
+            await conn.execute("DROP TABLE IF EXISTS raw_floor_cursor")
+            await conn.close()
     finally:
-        await admin.close()
-    messages = [(uuid.uuid4().bytes, sample_message(i)) for i in range(rows)]
-    conn = await asyncpg.connect(database_url)
-    try:
-        figures = {
-            "rows": rows,
-            "copy_rows_per_s": await _timed(lambda: copy_rows(conn, rows)),
-            "range_read_rows_per_s": await _timed(lambda: range_read(conn, rows)),
-            "aiokafka_msgs_per_s": await _timed(lambda: aiokafka_produce(bootstrap, topic, messages)),
-            "confluent_msgs_per_s": await _timed(lambda: confluent_produce(bootstrap, topic, messages)),
-            "confluent_lz4_msgs_per_s": await _timed(lambda: confluent_produce(bootstrap, topic, messages, "lz4")),
-            "pipeline_rows_per_s": await _timed(lambda: pipeline(conn, bootstrap, topic)),
-            "pipeline_lz4_rows_per_s": await _timed(lambda: pipeline(conn, bootstrap, topic, "lz4")),
-        }
-        await conn.execute(f"DROP TABLE IF EXISTS {FLOOR_TABLE}")
-        await conn.execute("DROP TABLE IF EXISTS raw_floor_cursor")
-    finally:
-        await conn.close()
+        try:
+            await admin.delete_topics([topic])
+        finally:
+            await admin.close()
+
+
+async def measure_floor_apart(
+    database_url: str, bootstrap: str, rows: int = 200_000, partitions: int = 8
+) -> dict[str, float]:
+    """:func:`measure_floor` in a process of its own, against the same server and broker.
+
+    The floor's clients leave ~1.7 GB resident in the process that ran them (the messages, librdkafka's
+    and aiokafka's buffers: freed to the allocator, not to the kernel), which a benchmark that ran them
+    itself carried through the run it measures; a child's memory goes back to the machine when it exits.
+    The server's URL goes to the child in its environment, not on a command line others can read."""
+    command = [
+        sys.executable, "-m", "load_tests.raw_floor", "--rows", str(rows), "--partitions", str(partitions),
+        "--bootstrap", bootstrap,
+    ]  # fmt: skip
+    child = await asyncio.create_subprocess_exec(
+        *command, stdout=asyncio.subprocess.PIPE, env={**os.environ, DATABASE_URL_VARIABLE: database_url}
+    )
+    out, _ = await child.communicate()
+    if child.returncode != 0:
+        raise RuntimeError(f"the floor's process exited with {child.returncode}: its error is on stderr above")
+    figures: dict[str, float] = json.loads(out.decode().strip().splitlines()[-1])
     return figures
 
 
 async def _main(args: argparse.Namespace) -> dict[str, float]:
     from load_tests.stack_for_load import load_stack
 
+    if args.bootstrap:
+        url = os.environ.get(DATABASE_URL_VARIABLE)
+        if not url:
+            raise SystemExit(f"--bootstrap measures on a running stack: set {DATABASE_URL_VARIABLE} to its server")
+        return await measure_floor(url, args.bootstrap, args.rows, args.partitions)
     async with load_stack("floor") as (url, bootstrap):
-        return await measure_floor(url, bootstrap, args.rows)
+        return await measure_floor(url, bootstrap, args.rows, args.partitions)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=200_000)
-    print(json.dumps(asyncio.run(_main(parser.parse_args())), indent=2))
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument(
+        "--bootstrap",
+        help=f"measure on this broker and the server ${DATABASE_URL_VARIABLE} names (default: an embedded stack)",
+    )
+    # One line: the caller (measure_floor_apart) reads the last line of stdout.
+    print(json.dumps(asyncio.run(_main(parser.parse_args()))), flush=True)
     os._exit(0)
