@@ -196,6 +196,17 @@ CREATE FUNCTION public.chronoq_ensure_day_partitions(from_day date, to_day date)
     LANGUAGE plpgsql
     AS $$
 DECLARE
+    created integer;
+BEGIN
+    created := chronoq_ensure_day_partitions_as_created(from_day, to_day);
+    PERFORM chronoq_half_fill_attempt_partitions();
+    RETURN created;
+END
+$$;
+CREATE FUNCTION public.chronoq_ensure_day_partitions_as_created(from_day date, to_day date) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
     day date;
     parent text;
     part text;
@@ -236,6 +247,25 @@ BEGIN
         END LOOP;
     END LOOP;
     RETURN created;
+END
+$$;
+CREATE FUNCTION public.chronoq_half_fill_attempt_partitions() RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    part regclass;
+    changed integer := 0;
+BEGIN
+    FOR part IN
+        SELECT i.inhrelid::regclass
+        FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+        WHERE i.inhparent = 'public.attempts'::regclass
+          AND NOT coalesce(c.reloptions @> ARRAY['fillfactor=50'], false)
+    LOOP
+        EXECUTE format('ALTER TABLE %s SET (fillfactor = 50)', part);
+        changed := changed + 1;
+    END LOOP;
+    RETURN changed;
 END
 $$;
 CREATE FUNCTION public.chronoq_log_open_of_updated() RETURNS trigger
@@ -485,7 +515,8 @@ CREATE TABLE public.attempts_default (
     claim_order bigint,
     scheduled_for timestamp with time zone CONSTRAINT attempts_scheduled_for_not_null NOT NULL,
     CONSTRAINT attempts_result_check CHECK ((result = ANY (ARRAY['succeeded'::text, 'failed'::text, 'timed_out'::text, 'fenced'::text, 'canceled'::text])))
-);
+)
+WITH (fillfactor='50');
 CREATE TABLE public.calendar_versions (
     calendar_id uuid NOT NULL,
     version integer NOT NULL,
