@@ -15,7 +15,7 @@ from schemas.queries import QUERIES
 from tests.support.rows import due_occurrence
 
 TTL = 30.0
-#: Attempt rows where the page's own (ctid's block) and partition are read.
+#: Each attempt's partition and page (its ctid's block number).
 PLACES = (
     "SELECT attempt_id, tableoid::regclass::text AS partition, (ctid::text::point)[0]::bigint AS page"
     " FROM attempts WHERE occurrence_id = ANY($1)"

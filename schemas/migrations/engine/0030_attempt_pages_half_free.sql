@@ -5,8 +5,8 @@
 -- attempt_number)), so PostgreSQL can make it HOT: a new version on the same page, no index entry. Only on
 -- the same page, though, and at the default fillfactor (100) a burst's inserts fill each page, so nearly
 -- every outcome moved its row to another page and wrote an entry into both indexes. With half of each page
--- kept free, 89 % of a 100,000 burst's outcomes were HOT and the outcome's update cost 60 % less, with a
--- third of its WAL (load_tests.consumer_burst, docs/benchmarks.md stop 54). The price: the hot attempt
+-- kept free, 89 % of a 100,000 burst's outcomes were HOT and the outcome's update cost 65 % less, with 29 %
+-- of its WAL (load_tests.consumer_burst, docs/benchmarks.md stop 54). The price: the hot attempt
 -- partitions take about twice the pages until their day moves to the archive (docs/capacity.md).
 --
 -- Partitions do not inherit storage parameters (CREATE TABLE ... LIKE copies none), so the default
