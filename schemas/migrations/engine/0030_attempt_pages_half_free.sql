@@ -19,6 +19,7 @@
 CREATE FUNCTION chronoq_half_fill_attempt_partitions() RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
+    setting constant text := 'fillfactor=50';  -- as pg_class.reloptions spells it, and as ALTER TABLE takes it
     part regclass;
     changed integer := 0;
 BEGIN
@@ -26,9 +27,9 @@ BEGIN
         SELECT i.inhrelid::regclass
         FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
         WHERE i.inhparent = 'public.attempts'::regclass
-          AND NOT coalesce(c.reloptions @> ARRAY['fillfactor=50'], false)
+          AND NOT coalesce(c.reloptions @> ARRAY[setting], false)
     LOOP
-        EXECUTE format('ALTER TABLE %s SET (fillfactor = 50)', part);
+        EXECUTE format('ALTER TABLE %s SET (%s)', part, setting);
         changed := changed + 1;
     END LOOP;
     RETURN changed;
