@@ -56,6 +56,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from engine.loops.dispatch_settler import SettlerConfig
 from engine.loops.materializer import MaterializerConfig
 from engine.rules.cohorts import COHORT_CAP
 from load_tests import pg_statements
@@ -275,7 +276,6 @@ async def run_node(args: argparse.Namespace) -> None:
     """One engine node until SIGTERM: the data-plane roles of ``chronoq engine`` (materializer on its leased
     shards, ahead-lane dispatch, settling) plus the late-lane relay."""
     from engine.cli.log_format import configure_logging
-    from engine.loops.dispatch_settler import SettlerConfig
     from engine.loops.service import DataPlaneConfig, Role, ServiceConfig, run_services
 
     configure_logging(logging.WARNING)  # a node's warnings and errors go to its log file in the run's directory
@@ -592,7 +592,10 @@ async def wait_enqueued(
     await wait_until(conn, top)
     before = cpu_of() if cpu_of else {}
     background_before = await postgres_background(conn)
-    deadline = time.perf_counter() + 180 + args.flexible_window
+    # With consumer apps the settle pass also waits while they work through the burst (migration 0031), up to
+    # SettlerConfig.max_defer_behind after the burst's acknowledgement.
+    behind = SettlerConfig().max_defer_behind if args.consumer else 0.0
+    deadline = time.perf_counter() + 180 + args.flexible_window + behind
     strict = round(args.schedules * (1 - args.flexible_fraction))
     # While the burst is dispatched, poll the dispatch log (one row per shard and page), not the occurrences:
     # a count over S occurrences every half second is a load of its own on the database the burst needs.

@@ -94,6 +94,8 @@ SETTLED_DELIVERIES = "chronoq.settled_deliveries"  # counter: ahead-lane rows th
 DISPATCH_LOG_PRUNED = "chronoq.dispatch_log_pruned"  # counter: settled dispatch-log entries forgotten after keep_log
 SETTLE_DEFERRALS = "chronoq.settle_deferrals"  # counter: settle passes put off because a burst is being dispatched
 HANDOVER_ANNOUNCEMENTS = "chronoq.handover_announcements"  # counter: a node told the others it hands a burst over
+# counter: an attempt processor told the settle passes that consumers are working through a backlog (migration 0031)
+CONSUMERS_BEHIND_ANNOUNCEMENTS = "chronoq.consumers_behind_announcements"
 # counter, attr reason: unsigned|malformed|unknown_credential|expired_credential|wrong_target|bad_signature
 ATTEMPT_EVENTS_REJECTED = "chronoq.attempt_events_rejected"
 # The cancel barrier (docs/state-machine.md, "Cancel as a barrier").

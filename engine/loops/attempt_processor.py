@@ -58,6 +58,7 @@ from engine.loops.attempt_outcomes import AttemptMetrics, AttemptStats
 from engine.loops.kafka_processor import KafkaLoopSettings, KafkaProcessorLoop, database_scoped_group
 from engine.loops.reporting import SUMMARY_EVERY
 from engine.rules.attempt_grants import grant_for
+from engine.rules.consumers_behind import ConsumersBehind
 from schemas import observability as obs
 from schemas.attempt_credentials import signed_by
 from schemas.attempt_events import STARTED, AttemptEvent, decode_attempt_record
@@ -92,6 +93,10 @@ class AttemptProcessorConfig:
     merge_records: partitions of one poll are applied in one transaction while their events add up to at most
         this many (default 256): a transaction costs a fixed dozen statements whatever its size, so a light load
         spread over the partitions (a few events each) would otherwise pay them per partition. 0: never.
+    behind_after / behind_starts / behind_window: ``behind_starts`` starts (default 2,000) applied within
+        ``behind_window`` seconds (default 2), each ``behind_after`` seconds (default 5) or more past its
+        occurrence's available_at, mean consumers are working through a backlog: the processor says so in
+        ``consumers_behind`` and the settle pass waits (engine.rules.consumers_behind). 0 starts: never.
     """
 
     group: str | None = None
@@ -102,6 +107,9 @@ class AttemptProcessorConfig:
     error_backoff: float = 1.0
     parallel_partitions: int = 4
     merge_records: int = 256
+    behind_after: float = 5.0
+    behind_starts: int = 2000
+    behind_window: float = 2.0
 
     def validate(self) -> None:
         if self.heartbeat_interval >= self.session_timeout:
@@ -110,6 +118,8 @@ class AttemptProcessorConfig:
             raise ValueError("max_poll_records must be at least 1")
         if self.merge_records < 0:
             raise ValueError("merge_records must be 0 (never merge) or more")
+        if self.behind_after < 0 or self.behind_starts < 0 or self.behind_window <= 0:
+            raise ValueError("behind_after and behind_starts must be 0 or more, behind_window more than 0")
 
 
 class AttemptProcessor:
@@ -151,6 +161,9 @@ class AttemptProcessor:
         # answered after that moment covers every event produced before that instant.
         self._mark: tuple[datetime, float] | None = None
         self._known_partitions: set[int] = set()
+        cfg = self.config
+        self.behind = ConsumersBehind(cfg.behind_after, cfg.behind_starts, cfg.behind_window)
+        self._behind_announcements = meter.create_counter(obs.CONSUMERS_BEHIND_ANNOUNCEMENTS, unit="1")
         # Transactions open at once across the loop's units (each unit splits into lanes, _apply_in_lanes).
         self._transactions = asyncio.Semaphore(max(self.config.parallel_partitions, 1))
 
@@ -202,6 +215,7 @@ class AttemptProcessor:
         verdicts, results = [], iter(applied)
         for item, why in zip(received, rejections, strict=True):
             verdicts.append(next(results) if why is None else self._rejected(item, why))
+        self._count_late_starts(received, verdicts, locked, now)
         if self.grants is not None and asked:
             # After the commit: an answer never runs ahead of the state it reports. Each goes back in the form
             # its `started` came in (a group's answers as groups), so older runtimes keep their single answers.
@@ -218,6 +232,22 @@ class AttemptProcessor:
             self.stats.count(verdict, n)
         self.meters.batch.record(len(received))
         return verdicts
+
+    def _count_late_starts(
+        self,
+        received: Sequence[ReceivedEvent],
+        verdicts: Sequence[Verdict],
+        locked: Sequence[asyncpg.Record],
+        now: datetime,
+    ) -> None:
+        """Record the accepted starts with their occurrences' available_at (consumers behind or not)."""
+        started = {
+            item.event.occurrence_id
+            for item, verdict in zip(received, verdicts, strict=True)
+            if verdict is Verdict.ACCEPTED and item.event.event == STARTED
+        }
+        if started:
+            self.behind.record(now, (row["available_at"] for row in locked if row["occurrence_id"] in started))
 
     async def _apply_alone(self, conn: asyncpg.Connection, event: AttemptEvent, now: datetime) -> Verdict:
         try:
@@ -356,6 +386,17 @@ class AttemptProcessor:
             )
         )
         self._mark = (now, time.time())
+        await self.announce_if_behind(now)
+
+    async def announce_if_behind(self, now: datetime) -> bool:
+        """While the starts this processor applies say consumers are working through a backlog, tell the settle
+        passes to wait (``consumers_behind``), rewritten every half ``behind_window``. True when it wrote."""
+        if not self.behind.announcement_due(now):
+            return False
+        await self.pool.execute(*QUERIES.announce_consumers_behind(until_s=self.behind.lasts_s, now=self.clock.now()))
+        self.behind.announced(now)
+        self._behind_announcements.add(1)
+        return True
 
     async def _known(self, partitions: set[int]) -> None:
         """Partitions this processor has not recorded yet get a progress row at the floor (or keep where a

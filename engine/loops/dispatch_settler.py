@@ -11,7 +11,9 @@ which this loop writes on each node while its relay does) and no relay logged a 
 within ``busy_window`` (all bounded by ``max_defer``; the settle statement judges
 that rule itself, in its own snapshot), so a burst is dispatched
 first and recorded after — on a shared machine its occurrence UPDATEs would
-otherwise take the database's CPU from the burst; until then the API derives
+otherwise take the database's CPU from the burst. For the same reason it waits
+while an attempt processor says consumers are working through a backlog
+(``consumers_behind``, bounded by ``max_defer_behind``). Until then the API derives
 ENQUEUED from the log. It records
 ``schedule_lag`` per occurrence here, not in the relay: the metric costs
 microseconds per row in the SDK, which the burst cannot spare.
@@ -65,6 +67,11 @@ class SettlerConfig:
         occurrences/s logs a tenth of it and settles as it goes).
     max_defer: ... but not once the oldest unsettled entry is this old (default 30): a steady stream of
         pages never keeps the log unsettled for longer.
+    max_defer_behind: the settle pass also waits while an attempt processor says consumers are working through a
+        backlog (``consumers_behind``, migration 0031; engine.rules.consumers_behind), but not once the oldest
+        unsettled entry is this old (default 300; 0: never waits for consumers). Its updates of the wide
+        occurrence rows otherwise compete with the attempt processor's for the database (docs/benchmarks.md,
+        stop 55); the API reads ENQUEUED from the log meanwhile.
     """
 
     entries_per_pass: int = 400
@@ -76,6 +83,7 @@ class SettlerConfig:
     busy_window: float = 1.0
     busy_rows: int = 10_000
     max_defer: float = 30.0
+    max_defer_behind: float = 300.0
 
 
 @dataclass
@@ -153,12 +161,14 @@ class DispatchSettler:
             "busy_rows": self.config.busy_rows,
             "busy_entries": _BUSY_ENTRIES,
             "max_defer_s": self.config.max_defer,
+            "max_defer_behind_s": self.config.max_defer_behind,
             "now": self.clock.now(),
         }
 
     async def deferred(self) -> bool:
         """True while this node's relay or another's is still dispatching a burst (see ``SettlerConfig``), for at
-        most ``max_defer``. Read-only; the loop's settle statement asks the same rule itself."""
+        most ``max_defer``, or consumers are working through one, for at most ``max_defer_behind``. Read-only;
+        the loop's settle statement asks the same rules itself."""
         if self.config.busy_window <= 0:
             return False
         return bool(await self.pool.fetchval(*QUERIES.settle_deferred(**self._deferral_arguments())))

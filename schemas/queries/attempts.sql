@@ -19,12 +19,13 @@ FOR UPDATE OF o;
 -- name: lock_occurrences
 -- Locks the occurrences :occurrence_ids a batch of attempt events names, in id order (one lock order for
 -- every batch: no deadlocks between them), with what the event rules read: the occurrence's state and lease,
--- and whether its schedule moved on (current version, state). The schedule is read per row (LATERAL ...
+-- and whether its schedule moved on (current version, state); available_at tells the processor how far behind a
+-- start is (ConsumersBehind). The schedule is read per row (LATERAL ...
 -- OFFSET 0 keeps it an index probe, never a scan of every schedule). A failure's retry decision reads the
 -- rest with lock_occurrence.
 SELECT o.occurrence_id, o.schedule_id, o.schedule_version, o.tenant_id, o.target, o.state, o.attempt_count,
        o.lease_token, o.lease_expires_at, o.enqueued_at, o.finished_at, o.last_error_class, o.last_error_message,
-       o.dead_reason, s.version AS current_version, s.state AS schedule_state, o.scheduled_for
+       o.dead_reason, s.version AS current_version, s.state AS schedule_state, o.scheduled_for, o.available_at
 FROM occurrences o
 CROSS JOIN LATERAL (SELECT version, state FROM schedules WHERE schedule_id = o.schedule_id OFFSET 0) s
 WHERE o.occurrence_id = ANY (:occurrence_ids::uuid[])
@@ -37,7 +38,7 @@ FOR UPDATE OF o;
 -- day's key. An id whose instant was wrong is simply not found here; the caller looks it up by id alone.
 SELECT o.occurrence_id, o.schedule_id, o.schedule_version, o.tenant_id, o.target, o.state, o.attempt_count,
        o.lease_token, o.lease_expires_at, o.enqueued_at, o.finished_at, o.last_error_class, o.last_error_message,
-       o.dead_reason, s.version AS current_version, s.state AS schedule_state, o.scheduled_for
+       o.dead_reason, s.version AS current_version, s.state AS schedule_state, o.scheduled_for, o.available_at
 FROM occurrences o
 CROSS JOIN LATERAL (SELECT version, state FROM schedules WHERE schedule_id = o.schedule_id OFFSET 0) s
 WHERE o.occurrence_id = ANY (:occurrence_ids::uuid[]) AND o.scheduled_for = ANY (:days::timestamptz[])
@@ -192,3 +193,12 @@ SELECT occurrence_id, state, lease_token FROM occurrences WHERE occurrence_id = 
 -- instants, prune the read to those days' partitions.
 SELECT occurrence_id, state, lease_token FROM occurrences
 WHERE occurrence_id = ANY (:occurrence_ids::uuid[]) AND scheduled_for = ANY (:days::timestamptz[]);
+
+-- name: announce_consumers_behind
+-- An attempt processor applied many `started` events of occurrences available seconds before: consumers are
+-- working through a backlog, and the settle pass waits (chronoq_consumers_behind, migration 0031) until
+-- :until_s seconds from now. Raised, never lowered: another processor's later instant stands.
+INSERT INTO consumers_behind AS c (singleton, behind_until, announced_at)
+VALUES (true, coalesce(:now::timestamptz, now()) + make_interval(secs => :until_s), coalesce(:now::timestamptz, now()))
+ON CONFLICT (singleton) DO UPDATE
+SET behind_until = greatest(c.behind_until, excluded.behind_until), announced_at = excluded.announced_at;

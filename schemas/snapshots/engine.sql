@@ -108,6 +108,15 @@ BEGIN
     RETURN NULL;
 END
 $$;
+CREATE FUNCTION public.chronoq_consumers_behind(max_defer_s double precision, at timestamp with time zone) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+SELECT coalesce(
+    EXISTS (SELECT 1 FROM public.consumers_behind WHERE behind_until > at)
+    AND (SELECT acked_at FROM public.dispatch_log WHERE settled_at IS NULL ORDER BY id LIMIT 1)
+        > at - make_interval(secs => max_defer_s),
+    false)
+$$;
 CREATE FUNCTION public.chronoq_day_kept_hot(part regclass, default_keep_s bigint, now timestamp with time zone) RETURNS TABLE(occurrence_id uuid, state text)
     LANGUAGE plpgsql STABLE
     AS $_$
@@ -560,6 +569,12 @@ CREATE TABLE public.console_sessions (
     expires_at timestamp with time zone NOT NULL,
     CONSTRAINT console_sessions_check CHECK (((tenant_id IS NULL) <> (operator IS NULL)))
 );
+CREATE TABLE public.consumers_behind (
+    singleton boolean DEFAULT true NOT NULL,
+    behind_until timestamp with time zone NOT NULL,
+    announced_at timestamp with time zone NOT NULL,
+    CONSTRAINT consumers_behind_singleton_check CHECK (singleton)
+);
 CREATE TABLE public.dispatch_cursors (
     shard integer NOT NULL,
     lane text NOT NULL,
@@ -979,6 +994,8 @@ ALTER TABLE ONLY public.chronoq_migrations
     ADD CONSTRAINT chronoq_migrations_pkey PRIMARY KEY (migration_set, version);
 ALTER TABLE ONLY public.console_sessions
     ADD CONSTRAINT console_sessions_pkey PRIMARY KEY (session_hash);
+ALTER TABLE ONLY public.consumers_behind
+    ADD CONSTRAINT consumers_behind_pkey PRIMARY KEY (singleton);
 ALTER TABLE ONLY public.dispatch_cursors
     ADD CONSTRAINT dispatch_cursors_pkey PRIMARY KEY (shard, lane);
 ALTER TABLE ONLY public.dispatch_log

@@ -8,17 +8,21 @@ from __future__ import annotations
 import random
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import asyncpg
 import pytest
 
 from engine.control.schedules import ControlPlane
-from engine.loops.attempt_processor import AttemptProcessor
-from engine.loops.dispatch_settler import DispatchSettler
+from engine.loops.attempt_processor import AttemptProcessor, AttemptProcessorConfig
+from engine.loops.dispatch_settler import DispatchSettler, SettlerConfig
 from engine.loops.materializer import Materializer, MaterializerConfig
 from engine.loops.shard_leases import ShardLeaseConfig, ShardLeases
 from relay.ahead_lane import AheadLaneStore
 from relay.ahead_relay import AheadRelay, AheadRelayConfig
+from schemas import observability as obs
 from schemas.attempt_events import AttemptEvent
+from schemas.clock import ManualClock
 from schemas.messages import decode_occurrence
 from schemas.shard_ownership import ShardOwnership
 from schemas.topics import occurrence_topic
@@ -33,9 +37,11 @@ async def publisher(kafka_bootstrap):
         yield publisher
 
 
-async def test_a_start_applied_before_the_settle_pass_keeps_the_acknowledgement_as_enqueued_at(
-    pool, clock, publisher, target, kafka_bootstrap, telemetry, acme
-):
+async def published_once(
+    pool: asyncpg.Pool, clock: ManualClock, publisher: Any, target: str, kafka_bootstrap: str
+) -> tuple[dict[str, Any], uuid.UUID]:
+    """A one-time schedule of tenant acme due at AT, materialized ahead and published by the ahead-lane relay at
+    AT (the clock is left there): the schedule and its occurrence's id. Nothing is settled yet."""
     schedule = await ControlPlane(pool, clock).create_schedule(
         "acme", {"kind": "once", "target": target, "expression": AT.isoformat()}
     )
@@ -50,6 +56,13 @@ async def test_a_start_applied_before_the_settle_pass_keeps_the_acknowledgement_
     assert (await relay.run_once()).published == 1
     (record,) = await read_topic(kafka_bootstrap, occurrence_topic(target), expected=1)
     occurrence_id = decode_occurrence(record.value).occurrence_id
+    return schedule, occurrence_id
+
+
+async def test_a_start_applied_before_the_settle_pass_keeps_the_acknowledgement_as_enqueued_at(
+    pool, clock, publisher, target, kafka_bootstrap, telemetry, acme
+):
+    schedule, occurrence_id = await published_once(pool, clock, publisher, target, kafka_bootstrap)
     # The consumer's start is applied 20 s later, before the settle pass (deferred by a burst) ran.
     clock.set(AT + timedelta(seconds=20))
     processor = AttemptProcessor(pool, clock=clock, rng=random.Random(7), **telemetry.instruments("engine"))
@@ -67,3 +80,30 @@ async def test_a_start_applied_before_the_settle_pass_keeps_the_acknowledgement_
     assert (row["state"], row["enqueued_at"]) == ("RUNNING", AT), "enqueued_at is the broker's acknowledgement"
     view = await control.get_occurrence("acme", occurrence_id)
     assert view["enqueued_at"] == "2026-11-29T10:00:10Z"
+
+
+@pytest.mark.parametrize(("started_after_s", "behind"), [(20.0, True), (1.0, False)])
+async def test_starts_of_a_backlog_hold_the_settle_pass_back_and_starts_on_time_do_not(
+    pool, clock, publisher, target, kafka_bootstrap, telemetry, acme, started_after_s, behind
+):
+    """The attempt processor tells the settle pass that consumers are working through a backlog when the starts
+    it applies came seconds after their occurrences became available (migration 0031); starts on time never do."""
+    _, occurrence_id = await published_once(pool, clock, publisher, target, kafka_bootstrap)
+    clock.set(AT + timedelta(seconds=started_after_s))
+    config = AttemptProcessorConfig(behind_after=5.0, behind_starts=1, behind_window=2.0)
+    processor = AttemptProcessor(
+        pool, config=config, clock=clock, rng=random.Random(7), **telemetry.instruments("engine")
+    )
+    await processor.apply_events([AttemptEvent.started(occurrence_id, 1, uuid.uuid4(), 30.0, "billing", "host:1")])
+    assert await processor.announce_if_behind(clock.now()) is behind
+    settler = DispatchSettler(pool, SettlerConfig(max_defer=30.0, max_defer_behind=300.0), clock=clock)
+    report = await settler.run_once(gated=True)
+    assert report.deferred is behind
+    if behind:
+        assert sum(p.value for p in telemetry.points(obs.CONSUMERS_BEHIND_ANNOUNCEMENTS)) == 1
+        assert not await processor.announce_if_behind(clock.now()), "rewritten every half window, not every round"
+        clock.advance(timedelta(seconds=6.0))  # three windows: the announcement lapsed, nothing renewed it
+        report = await settler.run_once(gated=True)
+        assert not report.deferred
+    assert report.occurrences == 1
+    assert await pool.fetchval("SELECT enqueued_at FROM occurrences") == AT, "the broker's acknowledgement"

@@ -230,3 +230,44 @@ async def test_the_settle_loop_settles_nothing_while_a_burst_is_announced_and_se
     finally:
         stop.set()
         await task
+
+
+async def announce_behind(pool: asyncpg.Pool, clock: ManualClock, until_s: float) -> None:
+    """An attempt processor's announcement that consumers are behind, lasting until_s from the clock."""
+    await pool.execute(*QUERIES.announce_consumers_behind(until_s=until_s, now=clock.now()))
+
+
+async def test_consumers_behind_defer_the_settle_pass_for_max_defer_behind_at_most(pool, clock):
+    """After a burst the consumers take minutes to start it here, and the settle pass's updates competed with them
+    (stop 55). An attempt processor's announcement holds it back, past max_defer, up to max_defer_behind."""
+    settler = DispatchSettler(pool, SettlerConfig(max_defer=30.0, max_defer_behind=300.0), clock)
+    await log_pages(pool, clock, acked_ago=40.0, logged_ago=40.0, entries=20)  # dispatched 40 s ago, unsettled
+    assert not await settler.deferred(), "the burst is dispatched and nobody says consumers are behind"
+    await announce_behind(pool, clock, until_s=6.0)
+    assert await settler.deferred(), "consumers are working through the burst"
+    assert (await settler.run_once(gated=True)).deferred, "the settle statement asks the same rule"
+    clock.advance(timedelta(seconds=6.0))
+    assert not await settler.deferred(), "the announcement lapsed: the processor stopped renewing it"
+    await announce_behind(pool, clock, until_s=600.0)
+    assert await settler.deferred()
+    clock.advance(timedelta(seconds=254.0))  # the oldest unsettled entry: acknowledged 300 s ago
+    assert not await settler.deferred(), "a backlog never keeps the log unsettled past max_defer_behind"
+    report = await settler.run_once(gated=True)
+    assert not report.deferred and report.entries == 20
+
+
+async def test_an_announcement_is_raised_never_lowered(pool, clock):
+    """Two processors announce: the later instant stands whatever the order of their writes."""
+    settler = DispatchSettler(pool, CONFIG, clock)
+    await log_pages(pool, clock, acked_ago=40.0, logged_ago=40.0)
+    await announce_behind(pool, clock, until_s=20.0)
+    await announce_behind(pool, clock, until_s=5.0)
+    clock.advance(timedelta(seconds=10.0))
+    assert await settler.deferred(), "the shorter announcement written last did not cut the longer one"
+
+
+async def test_max_defer_behind_zero_never_waits_for_consumers(pool, clock):
+    settler = DispatchSettler(pool, SettlerConfig(max_defer_behind=0.0), clock)
+    await log_pages(pool, clock, acked_ago=40.0, logged_ago=40.0)
+    await announce_behind(pool, clock, until_s=60.0)
+    assert not await settler.deferred()
