@@ -61,7 +61,7 @@ from engine.rules.attempt_grants import grant_for
 from engine.rules.consumers_behind import ConsumersBehind
 from schemas import observability as obs
 from schemas.attempt_credentials import signed_by
-from schemas.attempt_events import STARTED, AttemptEvent, decode_attempt_record
+from schemas.attempt_events import HEARTBEAT, STARTED, AttemptEvent, decode_attempt_record
 from schemas.attempt_grants import AttemptGrant
 from schemas.clock import Clock, DatabaseClock
 from schemas.error_classification import is_transient
@@ -93,10 +93,10 @@ class AttemptProcessorConfig:
     merge_records: partitions of one poll are applied in one transaction while their events add up to at most
         this many (default 256): a transaction costs a fixed dozen statements whatever its size, so a light load
         spread over the partitions (a few events each) would otherwise pay them per partition. 0: never.
-    behind_after / behind_starts / behind_window: ``behind_starts`` starts (default 2,000) applied within
-        ``behind_window`` seconds (default 2), each ``behind_after`` seconds (default 5) or more past its
-        occurrence's available_at, mean consumers are working through a backlog: the processor says so in
-        ``consumers_behind`` and the settle pass waits (engine.rules.consumers_behind). 0 starts: never.
+    behind_after / behind_events / behind_window: ``behind_events`` starts and outcomes (default 2,000) applied
+        within ``behind_window`` seconds (default 2), of attempts started ``behind_after`` seconds (default 5) or
+        more past their occurrence's available_at, mean consumers are working through a backlog: the processor
+        says so in ``consumers_behind`` and the settle pass waits (engine.rules.consumers_behind). 0: never.
     """
 
     group: str | None = None
@@ -108,7 +108,7 @@ class AttemptProcessorConfig:
     parallel_partitions: int = 4
     merge_records: int = 256
     behind_after: float = 5.0
-    behind_starts: int = 2000
+    behind_events: int = 2000
     behind_window: float = 2.0
 
     def validate(self) -> None:
@@ -118,8 +118,8 @@ class AttemptProcessorConfig:
             raise ValueError("max_poll_records must be at least 1")
         if self.merge_records < 0:
             raise ValueError("merge_records must be 0 (never merge) or more")
-        if self.behind_after < 0 or self.behind_starts < 0 or self.behind_window <= 0:
-            raise ValueError("behind_after and behind_starts must be 0 or more, behind_window more than 0")
+        if self.behind_after < 0 or self.behind_events < 0 or self.behind_window <= 0:
+            raise ValueError("behind_after and behind_events must be 0 or more, behind_window more than 0")
 
 
 class AttemptProcessor:
@@ -162,7 +162,7 @@ class AttemptProcessor:
         self._mark: tuple[datetime, float] | None = None
         self._known_partitions: set[int] = set()
         cfg = self.config
-        self.behind = ConsumersBehind(cfg.behind_after, cfg.behind_starts, cfg.behind_window)
+        self.behind = ConsumersBehind(cfg.behind_after, cfg.behind_events, cfg.behind_window)
         self._behind_announcements = meter.create_counter(obs.CONSUMERS_BEHIND_ANNOUNCEMENTS, unit="1")
         # Transactions open at once across the loop's units (each unit splits into lanes, _apply_in_lanes).
         self._transactions = asyncio.Semaphore(max(self.config.parallel_partitions, 1))
@@ -215,7 +215,7 @@ class AttemptProcessor:
         verdicts, results = [], iter(applied)
         for item, why in zip(received, rejections, strict=True):
             verdicts.append(next(results) if why is None else self._rejected(item, why))
-        self._count_late_starts(received, verdicts, locked, now)
+        self._count_late_events(received, verdicts, locked, now)
         if self.grants is not None and asked:
             # After the commit: an answer never runs ahead of the state it reports. Each goes back in the form
             # its `started` came in (a group's answers as groups), so older runtimes keep their single answers.
@@ -233,21 +233,32 @@ class AttemptProcessor:
         self.meters.batch.record(len(received))
         return verdicts
 
-    def _count_late_starts(
+    def _count_late_events(
         self,
         received: Sequence[ReceivedEvent],
         verdicts: Sequence[Verdict],
         locked: Sequence[asyncpg.Record],
         now: datetime,
     ) -> None:
-        """Record the accepted starts with their occurrences' available_at (consumers behind or not)."""
-        started = {
+        """Record how late the accepted starts and outcomes came (engine.rules.consumers_behind): a start from
+        now, an outcome from the start its occurrence records (enqueued_at as locked: the instant this processor
+        applied the start until the settle pass writes the broker's acknowledgement, so the outcomes of a
+        backlog it has not settled count and those of a long handler started on time do not). Heartbeats never
+        count: they say nothing about a backlog."""
+        counted = {
             item.event.occurrence_id
             for item, verdict in zip(received, verdicts, strict=True)
-            if verdict is Verdict.ACCEPTED and item.event.event == STARTED
+            if verdict is Verdict.ACCEPTED and item.event.event != HEARTBEAT
         }
-        if started:
-            self.behind.record(now, (row["available_at"] for row in locked if row["occurrence_id"] in started))
+        if counted:
+            self.behind.record(
+                now,
+                (
+                    ((row["enqueued_at"] or now) - row["available_at"]).total_seconds()
+                    for row in locked
+                    if row["occurrence_id"] in counted
+                ),
+            )
 
     async def _apply_alone(self, conn: asyncpg.Connection, event: AttemptEvent, now: datetime) -> Verdict:
         try:
@@ -389,7 +400,7 @@ class AttemptProcessor:
         await self.announce_if_behind(now)
 
     async def announce_if_behind(self, now: datetime) -> bool:
-        """While the starts this processor applies say consumers are working through a backlog, tell the settle
+        """While the events this processor applies say consumers are working through a backlog, tell the settle
         passes to wait (``consumers_behind``), rewritten every half ``behind_window``. True when it wrote."""
         if not self.behind.announcement_due(now):
             return False

@@ -19,8 +19,8 @@ FOR UPDATE OF o;
 -- name: lock_occurrences
 -- Locks the occurrences :occurrence_ids a batch of attempt events names, in id order (one lock order for
 -- every batch: no deadlocks between them), with what the event rules read: the occurrence's state and lease,
--- and whether its schedule moved on (current version, state); available_at tells the processor how far behind a
--- start is (ConsumersBehind). The schedule is read per row (LATERAL ...
+-- and whether its schedule moved on (current version, state); available_at and enqueued_at tell the processor
+-- how late an attempt started (engine/rules/consumers_behind.py). The schedule is read per row (LATERAL ...
 -- OFFSET 0 keeps it an index probe, never a scan of every schedule). A failure's retry decision reads the
 -- rest with lock_occurrence.
 SELECT o.occurrence_id, o.schedule_id, o.schedule_version, o.tenant_id, o.target, o.state, o.attempt_count,
@@ -195,8 +195,8 @@ SELECT occurrence_id, state, lease_token FROM occurrences
 WHERE occurrence_id = ANY (:occurrence_ids::uuid[]) AND scheduled_for = ANY (:days::timestamptz[]);
 
 -- name: announce_consumers_behind
--- An attempt processor applied many `started` events of occurrences available seconds before: consumers are
--- working through a backlog, and the settle pass waits (chronoq_consumers_behind, migration 0031) until
+-- An attempt processor applied many starts and outcomes of attempts that started seconds after their
+-- occurrences became available: consumers are working through a backlog, and the settle pass waits (chronoq_consumers_behind, migration 0031) until
 -- :until_s seconds from now. Raised, never lowered: another processor's later instant stands.
 INSERT INTO consumers_behind AS c (singleton, behind_until, announced_at)
 VALUES (true, coalesce(:now::timestamptz, now()) + make_interval(secs => :until_s), coalesce(:now::timestamptz, now()))

@@ -90,7 +90,7 @@ async def test_starts_of_a_backlog_hold_the_settle_pass_back_and_starts_on_time_
     it applies came seconds after their occurrences became available (migration 0031); starts on time never do."""
     _, occurrence_id = await published_once(pool, clock, publisher, target, kafka_bootstrap)
     clock.set(AT + timedelta(seconds=started_after_s))
-    config = AttemptProcessorConfig(behind_after=5.0, behind_starts=1, behind_window=2.0)
+    config = AttemptProcessorConfig(behind_after=5.0, behind_events=1, behind_window=2.0)
     processor = AttemptProcessor(
         pool, config=config, clock=clock, rng=random.Random(7), **telemetry.instruments("engine")
     )
@@ -107,3 +107,28 @@ async def test_starts_of_a_backlog_hold_the_settle_pass_back_and_starts_on_time_
         assert not report.deferred
     assert report.occurrences == 1
     assert await pool.fetchval("SELECT enqueued_at FROM occurrences") == AT, "the broker's acknowledgement"
+
+
+@pytest.mark.parametrize(("started_after_s", "behind"), [(20.0, True), (1.0, False)])
+async def test_outcomes_count_by_when_their_attempt_started_not_by_how_long_it_ran(
+    pool, clock, publisher, target, kafka_bootstrap, telemetry, acme, started_after_s, behind
+):
+    """The outcomes of a backlog keep the announcement up until the consumers are through (the settle pass's
+    updates once ran among the last outcomes of a 500,000 burst and delayed them by 17 s); the outcome of a
+    handler that started on time and ran for a minute is no backlog."""
+    _, occurrence_id = await published_once(pool, clock, publisher, target, kafka_bootstrap)
+    config = AttemptProcessorConfig(behind_after=5.0, behind_events=1, behind_window=2.0)
+    processor = AttemptProcessor(
+        pool, config=config, clock=clock, rng=random.Random(7), **telemetry.instruments("engine")
+    )
+    settler = DispatchSettler(pool, SettlerConfig(max_defer=30.0, max_defer_behind=300.0), clock=clock)
+    token = uuid.uuid4()
+    clock.set(AT + timedelta(seconds=started_after_s))
+    await processor.apply_events([AttemptEvent.started(occurrence_id, 1, token, 120.0, "billing", "host:1")])
+    if not behind:
+        assert (await settler.run_once(gated=True)).occurrences == 1  # settled: enqueued_at is the acknowledgement
+    clock.advance(timedelta(seconds=60))  # the handler runs for a minute; any announcement lapsed meanwhile
+    await processor.apply_events([AttemptEvent.succeeded(occurrence_id, 1, token)])
+    assert await pool.fetchval("SELECT state FROM occurrences") == "SUCCEEDED"
+    assert await processor.announce_if_behind(clock.now()) is behind
+    assert (await settler.run_once(gated=True)).deferred is behind

@@ -10,9 +10,10 @@
 -- ENQUEUED with its page's acknowledgement (engine/control/schedules.py, _as_published), and the attempt
 -- processor moves a SCHEDULED occurrence a consumer started as it moves an ENQUEUED one.
 --
--- The attempt processor says when consumers are behind: it applied many `started` events of occurrences that
--- became available seconds before (engine/loops/attempt_processor.py, ConsumersBehind), and writes until when
--- here, rewritten while it lasts. One row for the whole database: every processor raises it, none lowers it.
+-- The attempt processor says when consumers are behind: it applied many starts and outcomes of attempts that
+-- started seconds after their occurrences became available (engine/rules/consumers_behind.py), and writes
+-- until when here, rewritten while it lasts. One row for the whole database: every processor raises it, none
+-- lowers it.
 CREATE TABLE consumers_behind (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     behind_until timestamptz NOT NULL,
