@@ -93,10 +93,13 @@ class AttemptProcessorConfig:
     merge_records: partitions of one poll are applied in one transaction while their events add up to at most
         this many (default 256): a transaction costs a fixed dozen statements whatever its size, so a light load
         spread over the partitions (a few events each) would otherwise pay them per partition. 0: never.
-    behind_after / behind_events / behind_window: ``behind_events`` starts and outcomes (default 2,000) applied
-        within ``behind_window`` seconds (default 2), of attempts started ``behind_after`` seconds (default 5) or
+    behind_after / behind_events / behind_window: ``behind_events`` starts and outcomes (default 1,000) applied
+        within ``behind_window`` seconds (default 5), of attempts started ``behind_after`` seconds (default 5) or
         more past their occurrence's available_at, mean consumers are working through a backlog: the processor
-        says so in ``consumers_behind`` and the settle pass waits (engine.rules.consumers_behind). 0: never.
+        says so in ``consumers_behind`` (for three windows) and the settle pass waits
+        (engine.rules.consumers_behind). 0: never. A burst's last outcomes trickle in below its peak rate: at
+        2,000 in 2 s the announcement lapsed while they did, and the settle pass's updates then delayed the
+        last of them by 11-18 s (stop 55).
     """
 
     group: str | None = None
@@ -108,8 +111,8 @@ class AttemptProcessorConfig:
     parallel_partitions: int = 4
     merge_records: int = 256
     behind_after: float = 5.0
-    behind_events: int = 2000
-    behind_window: float = 2.0
+    behind_events: int = 1000
+    behind_window: float = 5.0
 
     def validate(self) -> None:
         if self.heartbeat_interval >= self.session_timeout:
