@@ -762,14 +762,26 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 await watch_materialization(conn, args, nodes, top, report, log_dir, cpu_of)
                 await statements_of_window(conn, args, report, "materialize")
                 checkpoint = asyncio.create_task(checkpoint_at(url, top, report)) if args.checkpoint_at_top else None
+                # The consumer side is watched from the top, beside the wait for the settle pass: that pass now
+                # waits for the consumers (migration 0031), and watched after it every consumer-side instant
+                # read at least its end (stop 55's first runs: "everything SUCCEEDED" 106-123 s, the settle's).
+                consumed = (
+                    asyncio.create_task(settle_consumer_side(side, url, args.schedules, top))
+                    if side is not None
+                    else None
+                )
                 try:
                     await wait_enqueued(conn, args, top, report, cpu_of)
+                except BaseException:
+                    if consumed is not None:
+                        consumed.cancel()
+                    raise
                 finally:  # also when the wait failed: the fault's task is never left pending at the loop's end
                     if checkpoint is not None:
                         await checkpoint
                 await statements_of_window(conn, args, report, "burst")
-                if side is not None:
-                    report["consumer_side"] = await settle_consumer_side(side, url, args.schedules, top)
+                if consumed is not None:
+                    report["consumer_side"] = await consumed
                     print("consumer side", json.dumps(report["consumer_side"]), file=sys.stderr, flush=True)
             finally:
                 stop_nodes(nodes)
