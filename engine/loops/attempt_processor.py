@@ -243,25 +243,25 @@ class AttemptProcessor:
         locked: Sequence[asyncpg.Record],
         now: datetime,
     ) -> None:
-        """Record how late the accepted starts and outcomes came (engine.rules.consumers_behind): a start from
-        now, an outcome from the start its occurrence records (enqueued_at as locked: the instant this processor
-        applied the start until the settle pass writes the broker's acknowledgement, so the outcomes of a
-        backlog it has not settled count and those of a long handler started on time do not). Heartbeats never
-        count: they say nothing about a backlog."""
-        counted = {
-            item.event.occurrence_id
-            for item, verdict in zip(received, verdicts, strict=True)
-            if verdict is Verdict.ACCEPTED and item.event.event != HEARTBEAT
-        }
-        if counted:
-            self.behind.record(
-                now,
-                (
-                    ((row["enqueued_at"] or now) - row["available_at"]).total_seconds()
-                    for row in locked
-                    if row["occurrence_id"] in counted
-                ),
-            )
+        """Record how late the attempts of the accepted starts and outcomes started
+        (engine.rules.consumers_behind): a start's now; an outcome's from the start its occurrence records
+        (enqueued_at as locked: this processor's instant of the start until the settle pass writes the
+        broker's acknowledgement), so a backlog's outcomes count and those of a handler that started on time
+        and ran for minutes do not. A start counts from now even where the settle pass already wrote the
+        acknowledgement: judged by that it never looked late, and a pass that began before the first
+        announcement settled the whole burst among the starts (stop 55). Heartbeats never count."""
+        kinds: dict[uuid.UUID, list[str]] = {}
+        for item, verdict in zip(received, verdicts, strict=True):
+            if verdict is Verdict.ACCEPTED and item.event.event != HEARTBEAT:
+                kinds.setdefault(item.event.occurrence_id, []).append(item.event.event)
+        if not kinds:
+            return
+        lateness = []
+        for row in locked:
+            for kind in kinds.get(row["occurrence_id"], ()):
+                started_at = now if kind == STARTED else (row["enqueued_at"] or now)
+                lateness.append((started_at - row["available_at"]).total_seconds())
+        self.behind.record(now, lateness)
 
     async def _apply_alone(self, conn: asyncpg.Connection, event: AttemptEvent, now: datetime) -> Verdict:
         try:
