@@ -142,7 +142,7 @@ async def test_a_late_start_counts_also_where_the_settle_pass_already_wrote_the_
     pass settled the whole burst among the consumers' starts."""
     _, occurrence_id = await published_once(pool, clock, publisher, target, kafka_bootstrap)
     settler = DispatchSettler(pool, SettlerConfig(max_defer=30.0, max_defer_behind=300.0), clock=clock)
-    assert (await settler.run_once(gated=True)).occurrences == 1  # ENQUEUED, enqueued_at = the acknowledgement
+    assert (await settler.run_once()).occurrences == 1  # ENQUEUED, enqueued_at = the acknowledgement
     config = AttemptProcessorConfig(behind_after=5.0, behind_events=1, behind_window=2.0)
     processor = AttemptProcessor(
         pool, config=config, clock=clock, rng=random.Random(7), **telemetry.instruments("engine")
