@@ -4,8 +4,8 @@
 -- the wide occurrence row each). It already waits while a burst is being dispatched (0021). After a
 -- 500,000 burst the consumers then take minutes to start it all on this machine, and the settle pass's
 -- updates ran among them: 41 % of PostgreSQL's statement time in the first 25 s, its locks in the attempt
--- processor's way. Held off until the consumers were through (an experiment), the consumer side started the
--- burst 16 % sooner (handler start p99 104.5 -> 87.7 s, docs/benchmarks.md, stop 55). Nothing reads the
+-- processor's way. Held off until the consumers are through, the consumer side starts the burst ~10 % sooner
+-- at the same machine speed (handler start p99, docs/benchmarks.md, stop 55). Nothing reads the
 -- settled state in the meantime that cannot read the log instead: the API shows a published occurrence as
 -- ENQUEUED with its page's acknowledgement (engine/control/schedules.py, _as_published), and the attempt
 -- processor moves a SCHEDULED occurrence a consumer started as it moves an ENQUEUED one.
