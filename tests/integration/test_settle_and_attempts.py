@@ -113,9 +113,9 @@ async def test_starts_of_a_backlog_hold_the_settle_pass_back_and_starts_on_time_
 async def test_outcomes_count_by_when_their_attempt_started_not_by_how_long_it_ran(
     pool, clock, publisher, target, kafka_bootstrap, telemetry, acme, started_after_s, behind
 ):
-    """The outcomes of a backlog keep the announcement up until the consumers are through (the settle pass's
-    updates once ran among the last outcomes of a 500,000 burst and delayed them by 17 s); the outcome of a
-    handler that started on time and ran for a minute is no backlog."""
+    """The outcomes of a backlog keep the announcement up until the consumers are through, so the settle pass does
+    not run among a burst's last outcomes; the outcome of a handler that started on time and ran for a minute is
+    no backlog."""
     _, occurrence_id = await published_once(pool, clock, publisher, target, kafka_bootstrap)
     config = AttemptProcessorConfig(behind_after=5.0, behind_events=1, behind_window=2.0)
     processor = AttemptProcessor(
