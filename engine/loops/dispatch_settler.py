@@ -154,7 +154,7 @@ class DispatchSettler:
         return self.handed_over(self.config.busy_window) >= busy or self.unlogged() >= busy
 
     def _deferral_arguments(self) -> dict[str, object]:
-        """The deferral rule's arguments (chronoq_settle_deferred), this node's counts read now."""
+        """The deferral rule's arguments (chronoq_settle_waits), this node's counts read now."""
         return {
             "busy_here": self._handing_over(),
             "busy_s": self.config.busy_window,

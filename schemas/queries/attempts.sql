@@ -196,8 +196,9 @@ WHERE occurrence_id = ANY (:occurrence_ids::uuid[]) AND scheduled_for = ANY (:da
 
 -- name: announce_consumers_behind
 -- An attempt processor applied many starts and outcomes of attempts that started seconds after their
--- occurrences became available: consumers are working through a backlog, and the settle pass waits (chronoq_consumers_behind, migration 0031) until
--- :until_s seconds from now. Raised, never lowered: another processor's later instant stands.
+-- occurrences became available: consumers are working through a backlog, and the settle pass waits
+-- (chronoq_consumers_behind, migration 0031) until :until_s seconds from now. Raised, never lowered: another
+-- processor's later instant stands.
 INSERT INTO consumers_behind AS c (singleton, behind_until, announced_at)
 VALUES (true, coalesce(:now::timestamptz, now()) + make_interval(secs => :until_s), coalesce(:now::timestamptz, now()))
 ON CONFLICT (singleton) DO UPDATE

@@ -170,16 +170,15 @@ GROUP BY c.lane;
 -- enqueued_at (the acknowledgement instant) on their occurrences (SCHEDULED, or already started by a
 -- consumer: then only enqueued_at), deletes their queue rows and
 -- marks the entries settled. SKIP LOCKED: several settlers never wait for each other. With :gated, first asks
--- the deferral rules (chronoq_settle_deferred, migration 0021, with :busy_here ... :max_defer_s;
--- chronoq_consumers_behind, migration 0031, with :max_defer_behind_s) in this statement's snapshot and settles
--- nothing while they say a burst is being dispatched or consumers are working through one: a separate check ran
--- seconds before its settle statement in a burst. Returns whether it deferred, the entries and rows settled
--- and each enqueued occurrence's schedule_lag (enqueued_at - scheduled_for, seconds).
+-- the deferral rule (chronoq_settle_waits, migrations 0021 and 0031, with :busy_here ... :max_defer_behind_s)
+-- in this statement's snapshot and settles nothing while it says a burst is being dispatched or consumers are
+-- working through one: a separate check ran seconds before its settle statement in a burst. Returns whether it
+-- deferred, the entries and rows settled and each enqueued occurrence's schedule_lag (enqueued_at -
+-- scheduled_for, seconds).
 WITH gate AS (
     SELECT :gated::boolean
-           AND (chronoq_settle_deferred(:busy_here, :busy_s, :busy_rows, :busy_entries, :max_defer_s,
-                                        coalesce(:now::timestamptz, now()))
-                OR chronoq_consumers_behind(:max_defer_behind_s, coalesce(:now::timestamptz, now()))) AS deferred
+           AND chronoq_settle_waits(:busy_here, :busy_s, :busy_rows, :busy_entries, :max_defer_s,
+                                    :max_defer_behind_s, coalesce(:now::timestamptz, now())) AS deferred
 ), entries AS (
     SELECT * FROM dispatch_log
     WHERE settled_at IS NULL AND NOT (SELECT deferred FROM gate)
@@ -225,11 +224,10 @@ SELECT (SELECT deferred FROM gate) AS deferred, (SELECT count(*) FROM settled) A
 
 -- name: settle_deferred
 -- Whether the settle pass should wait because a burst is still being dispatched or consumers are working
--- through one (the rules: chronoq_settle_deferred, migration 0021, and chronoq_consumers_behind, migration
--- 0031; settle_logged_pages asks them too, in its own snapshot).
-SELECT chronoq_settle_deferred(:busy_here, :busy_s, :busy_rows, :busy_entries, :max_defer_s,
-                               coalesce(:now::timestamptz, now()))
-       OR chronoq_consumers_behind(:max_defer_behind_s, coalesce(:now::timestamptz, now())) AS defer;
+-- through one (the rule: chronoq_settle_waits, migrations 0021 and 0031; settle_logged_pages asks it too, in
+-- its own snapshot).
+SELECT chronoq_settle_waits(:busy_here, :busy_s, :busy_rows, :busy_entries, :max_defer_s, :max_defer_behind_s,
+                            coalesce(:now::timestamptz, now())) AS defer;
 
 -- name: announce_handover
 -- :node's relay is handing a burst over: other nodes' settle passes wait until :until_s seconds from now

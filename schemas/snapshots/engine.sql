@@ -113,8 +113,7 @@ CREATE FUNCTION public.chronoq_consumers_behind(max_defer_s double precision, at
     AS $$
 SELECT coalesce(
     EXISTS (SELECT 1 FROM public.consumers_behind WHERE behind_until > at)
-    AND (SELECT acked_at FROM public.dispatch_log WHERE settled_at IS NULL ORDER BY id LIMIT 1)
-        > at - make_interval(secs => max_defer_s),
+    AND chronoq_oldest_unsettled_within(max_defer_s, at),
     false)
 $$;
 CREATE FUNCTION public.chronoq_day_kept_hot(part regclass, default_keep_s bigint, now timestamp with time zone) RETURNS TABLE(occurrence_id uuid, state text)
@@ -345,6 +344,12 @@ BEGIN
     RETURN NULL;
 END
 $$;
+CREATE FUNCTION public.chronoq_oldest_unsettled_within(max_s double precision, at timestamp with time zone) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+SELECT (SELECT acked_at FROM public.dispatch_log WHERE settled_at IS NULL ORDER BY id LIMIT 1)
+       > at - make_interval(secs => max_s)
+$$;
 CREATE FUNCTION public.chronoq_open_occurrences(tenant text) RETURNS bigint
     LANGUAGE sql STABLE
     AS $$
@@ -363,9 +368,14 @@ SELECT coalesce(
      OR (SELECT coalesce(sum(r.rows), 0)
          FROM (SELECT rows, logged_at FROM public.dispatch_log ORDER BY id DESC LIMIT busy_entries) r
          WHERE r.logged_at > at - make_interval(secs => busy_s)) >= busy_rows)
-    AND (SELECT acked_at FROM public.dispatch_log WHERE settled_at IS NULL ORDER BY id LIMIT 1)
-        > at - make_interval(secs => max_defer_s),
+    AND chronoq_oldest_unsettled_within(max_defer_s, at),
     false)
+$$;
+CREATE FUNCTION public.chronoq_settle_waits(busy_here boolean, busy_s double precision, busy_rows bigint, busy_entries integer, max_defer_s double precision, max_defer_behind_s double precision, at timestamp with time zone) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+SELECT chronoq_settle_deferred(busy_here, busy_s, busy_rows, busy_entries, max_defer_s, at)
+       OR chronoq_consumers_behind(max_defer_behind_s, at)
 $$;
 CREATE TABLE archive.attempts (
     attempt_id uuid NOT NULL,
