@@ -38,6 +38,7 @@ import asyncpg
 import orjson
 
 FLOOR_TABLE = "raw_floor_rows"
+FLOOR_CURSOR_TABLE = "raw_floor_cursor"
 FLOOR_TOPIC_PREFIX = "raw-floor-"
 DATABASE_URL_VARIABLE = "CHRONOQ_RAW_FLOOR_DATABASE_URL"
 BATCH = 5000
@@ -172,8 +173,8 @@ async def pipeline(conn: asyncpg.Connection, bootstrap: str, topic: str, compres
     """Read a batch + produce it with librdkafka + one cursor UPDATE per batch; rows/s."""
     from confluent_kafka import Producer
 
-    await conn.execute("CREATE TABLE IF NOT EXISTS raw_floor_cursor (id int PRIMARY KEY, position bigint)")
-    await conn.execute("INSERT INTO raw_floor_cursor VALUES (1, -1) ON CONFLICT (id) DO UPDATE SET position = -1")
+    await conn.execute(f"CREATE TABLE IF NOT EXISTS {FLOOR_CURSOR_TABLE} (id int PRIMARY KEY, position bigint)")
+    await conn.execute(f"INSERT INTO {FLOOR_CURSOR_TABLE} VALUES (1, -1) ON CONFLICT (id) DO UPDATE SET position = -1")
     producer = Producer(confluent_config(bootstrap, compression=compression))
     loop = asyncio.get_running_loop()
     started = time.perf_counter()
@@ -188,7 +189,7 @@ async def pipeline(conn: asyncpg.Connection, bootstrap: str, topic: str, compres
             producer.produce(topic, key=row["message_key"], value=row["message"])
         await loop.run_in_executor(None, producer.flush, 30)
         last = batch[-1]["id"]
-        await conn.execute("UPDATE raw_floor_cursor SET position = $1 WHERE id = 1", last)
+        await conn.execute(f"UPDATE {FLOOR_CURSOR_TABLE} SET position = $1 WHERE id = 1", last)
         seen += len(batch)
     return seen / (time.perf_counter() - started)
 
@@ -233,7 +234,7 @@ async def measure_floor(
             }
         finally:
             await conn.execute(f"DROP TABLE IF EXISTS {FLOOR_TABLE}")
-            await conn.execute("DROP TABLE IF EXISTS raw_floor_cursor")
+            await conn.execute(f"DROP TABLE IF EXISTS {FLOOR_CURSOR_TABLE}")
             await conn.close()
     finally:
         try:

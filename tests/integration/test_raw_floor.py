@@ -6,7 +6,13 @@ from __future__ import annotations
 import asyncpg
 from aiokafka.admin import AIOKafkaAdminClient
 
-from load_tests.raw_floor import FLOOR_TABLE, FLOOR_TOPIC_PREFIX, fastest_pipeline, measure_floor_apart
+from load_tests.raw_floor import (
+    FLOOR_CURSOR_TABLE,
+    FLOOR_TABLE,
+    FLOOR_TOPIC_PREFIX,
+    fastest_pipeline,
+    measure_floor_apart,
+)
 
 FIGURES = (
     "copy_rows_per_s", "range_read_rows_per_s", "aiokafka_msgs_per_s", "confluent_msgs_per_s",
@@ -23,8 +29,9 @@ async def test_the_floor_runs_apart_and_leaves_no_table_or_topic_behind(engine_d
     conn = await asyncpg.connect(engine_db)
     try:
         left = await conn.fetchval(
-            "SELECT array_remove(ARRAY[to_regclass($1)::text, to_regclass('raw_floor_cursor')::text], NULL)",
+            "SELECT array_remove(ARRAY[to_regclass($1)::text, to_regclass($2)::text], NULL)",
             FLOOR_TABLE,
+            FLOOR_CURSOR_TABLE,
         )
     finally:
         await conn.close()
