@@ -42,15 +42,16 @@ from typing import Any
 import asyncpg
 
 from load_tests.hour_top import seed_schedules, seed_tenants, shape
+from schemas.dispatch_lanes import micros_of
 from schemas.migrations import apply_migrations
 from schemas.queries import QUERIES
 from schemas.topics import occurrence_topic, schedule_key
 
 VARIANTS = ("as_built", "as_built_by_id", "cursor_only", "narrow_cursor", "no_cursor", "ahead_only")
 _STAGED = (
-    "occurrence_id", "schedule_id", "schedule_version", "tenant_id", "target", "scheduled_for", "available_at",
-    "state", "topic", "message_key", "message", "held", "ahead", "shard", "lane", "bucket", "wrr_round",
-    "late_after", "misfire_policy", "tenant_held",
+    "occurrence_id", "schedule_id", "schedule_version", "tenant_id", "target", "scheduled_us", "available_us",
+    "state", "topic", "message_key", "message", "held", "ahead", "shard", "lane", "bucket_us", "wrr_round",
+    "late_after_us", "misfire_policy", "tenant_held",
 )  # fmt: skip
 
 
@@ -104,8 +105,11 @@ WITH advanced AS (
 WITH ahead AS (
     INSERT INTO dispatch_queue (shard, lane, bucket, wrr_round, occurrence_id, tenant_id, topic, message_key,
                                 message, scheduled_for, available_at, late_after, misfire_policy)
-    SELECT m.shard, m.lane, m.bucket, m.wrr_round, m.occurrence_id, m.tenant_id, m.topic, m.message_key,
-           m.message, m.scheduled_for, m.available_at, m.late_after, m.misfire_policy
+    SELECT m.shard, m.lane, timestamptz 'epoch' + m.bucket_us * interval '1 microsecond', m.wrr_round,
+           m.occurrence_id, m.tenant_id, m.topic, m.message_key, m.message,
+           timestamptz 'epoch' + m.scheduled_us * interval '1 microsecond',
+           timestamptz 'epoch' + m.available_us * interval '1 microsecond',
+           timestamptz 'epoch' + m.late_after_us * interval '1 microsecond', m.misfire_policy
     FROM materialize_staging m
     JOIN unnest($2::uuid[], $3::timestamptz[], $4::timestamptz[]) AS u (schedule_id, cursor, n)
       ON u.schedule_id = m.schedule_id
@@ -146,10 +150,11 @@ async def seed(conn: asyncpg.Connection, background: int, due: int) -> datetime:
 def _staged(rows: Sequence[asyncpg.Record], fire: datetime) -> list[tuple[Any, ...]]:
     """Staging rows as a pass COPYs them (ahead, SCHEDULED, strict lane)."""
     target = "load.target-0"  # the one target seed_schedules gives them
-    topic, late_after = occurrence_topic(target), fire + timedelta(minutes=1)
+    fire_us = micros_of(fire)  # instants staged as the materializer stages them: epoch microseconds
+    topic, late_after_us = occurrence_topic(target), micros_of(fire + timedelta(minutes=1))
     return [
-        (uuid.uuid4(), r["schedule_id"], 1, r["tenant_id"], target, fire, fire, "SCHEDULED", topic,
-         schedule_key(r["schedule_id"]), _MESSAGE, False, True, r["shard"], "strict", fire, 0, late_after,
+        (uuid.uuid4(), r["schedule_id"], 1, r["tenant_id"], target, fire_us, fire_us, "SCHEDULED", topic,
+         schedule_key(r["schedule_id"]), _MESSAGE, False, True, r["shard"], "strict", fire_us, 0, late_after_us,
          "fire_once", False)
         for r in rows
     ]  # fmt: skip

@@ -24,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 #: In priority order: the relay reads strict first, and its hand-over gate ranks a lane by its index here.
 LANES = ("strict", "flexible")
 BUCKET = timedelta(seconds=1)
+BUCKET_US = 1_000_000
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 NIL = uuid.UUID(int=0)
 
@@ -41,6 +42,12 @@ def bucket_of(available_at: datetime) -> datetime:
         raise ValueError("available_at must be timezone-aware")
     instant = available_at.astimezone(UTC)
     return _EPOCH + (instant - _EPOCH) // BUCKET * BUCKET
+
+
+def bucket_of_micros(micros: int) -> int:
+    """:func:`bucket_of` in :func:`micros_of` terms: the start of the second holding ``micros`` (how the
+    materializer stages instants: asyncpg encodes an int8 in a tenth of a timestamptz's time)."""
+    return micros - micros % BUCKET_US
 
 
 def seal_boundary(now: datetime, read_ahead: timedelta) -> datetime:

@@ -64,7 +64,8 @@ TENANT_GATE_TOKEN = uuid.UUID("6f1c2a0e-4d0b-5c8e-9a51-74656e616e74")
 
 @dataclass(frozen=True)
 class StagedColumns:
-    """Where the fields the tenant hold reads and rewrites sit in a materializer staging row."""
+    """Where the fields the tenant hold reads and rewrites sit in a materializer staging row (``available_at``:
+    the row's due instant in any ordered form; the materializer stages epoch microseconds)."""
 
     tenant_id: int
     available_at: int

@@ -3,12 +3,16 @@
 -- :now: NULL in production (the database's clock rules), a fixed instant in tests.
 
 -- name: create_staging
--- The per-connection staging table the materializer COPYs a batch into (emptied at every commit).
+-- The per-connection staging table the materializer COPYs a batch into (emptied at every commit). Instants
+-- are int8 microseconds since the Unix epoch (*_us): asyncpg encodes an int8 in a tenth of a timestamptz's
+-- time, and a row has four; materialize_staged turns them back with
+-- timestamptz 'epoch' + us * interval '1 microsecond' (exact: the product is computed as float8, which holds
+-- every microsecond count below 2^53, the year 2255; a pass stages instants within its horizon of now).
 CREATE TEMP TABLE IF NOT EXISTS materialize_staging (
     occurrence_id uuid, schedule_id uuid, schedule_version integer, tenant_id text, target text,
-    scheduled_for timestamptz, available_at timestamptz, state text, topic text, message_key bytea,
-    message bytea, held boolean, ahead boolean, shard integer, lane text, bucket timestamptz, wrr_round integer,
-    late_after timestamptz, misfire_policy text, tenant_held boolean, cohort_id uuid
+    scheduled_us int8, available_us int8, state text, topic text, message_key bytea,
+    message bytea, held boolean, ahead boolean, shard integer, lane text, bucket_us int8, wrr_round integer,
+    late_after_us int8, misfire_policy text, tenant_held boolean, cohort_id uuid
 ) ON COMMIT DELETE ROWS;
 
 -- name: due_schedules_of_shards
@@ -195,8 +199,10 @@ WITH advanced AS (
 ), inserted AS (
     INSERT INTO occurrences (occurrence_id, schedule_id, schedule_version, tenant_id, target, scheduled_for,
                              available_at, state, created_at, updated_at)
-    SELECT m.occurrence_id, m.schedule_id, m.schedule_version, m.tenant_id, m.target, m.scheduled_for,
-           m.available_at, m.state, coalesce(:now::timestamptz, now()), coalesce(:now::timestamptz, now())
+    SELECT m.occurrence_id, m.schedule_id, m.schedule_version, m.tenant_id, m.target,
+           timestamptz 'epoch' + m.scheduled_us * interval '1 microsecond',
+           timestamptz 'epoch' + m.available_us * interval '1 microsecond', m.state,
+           coalesce(:now::timestamptz, now()), coalesce(:now::timestamptz, now())
     FROM materialize_staging m
     WHERE m.schedule_id IN (SELECT schedule_id FROM moved)
        OR m.cohort_id IN (SELECT cohort_id FROM cohorts_advanced)
@@ -205,8 +211,11 @@ WITH advanced AS (
 ), ahead AS (
     INSERT INTO dispatch_queue (shard, lane, bucket, wrr_round, occurrence_id, tenant_id, topic, message_key,
                                 message, scheduled_for, available_at, late_after, misfire_policy)
-    SELECT m.shard, m.lane, m.bucket, m.wrr_round, m.occurrence_id, m.tenant_id, m.topic, m.message_key,
-           m.message, m.scheduled_for, m.available_at, m.late_after, m.misfire_policy
+    SELECT m.shard, m.lane, timestamptz 'epoch' + m.bucket_us * interval '1 microsecond', m.wrr_round,
+           m.occurrence_id, m.tenant_id, m.topic, m.message_key, m.message,
+           timestamptz 'epoch' + m.scheduled_us * interval '1 microsecond',
+           timestamptz 'epoch' + m.available_us * interval '1 microsecond',
+           timestamptz 'epoch' + m.late_after_us * interval '1 microsecond', m.misfire_policy
     FROM materialize_staging m
     JOIN inserted i ON i.occurrence_id = m.occurrence_id
     WHERE i.state = 'SCHEDULED' AND m.ahead
@@ -214,10 +223,13 @@ WITH advanced AS (
 ), late AS (
     INSERT INTO outbox (occurrence_id, tenant_id, topic, message_key, message, scheduled_for, available_at,
                         claim_token, claim_expires_at, created_at, late_after, misfire_policy)
-    SELECT m.occurrence_id, m.tenant_id, m.topic, m.message_key, m.message, m.scheduled_for, m.available_at,
+    SELECT m.occurrence_id, m.tenant_id, m.topic, m.message_key, m.message,
+           timestamptz 'epoch' + m.scheduled_us * interval '1 microsecond',
+           timestamptz 'epoch' + m.available_us * interval '1 microsecond',
            CASE WHEN m.held THEN :gate_token::uuid WHEN m.tenant_held THEN :tenant_token::uuid END,
            CASE WHEN m.held OR m.tenant_held THEN 'infinity'::timestamptz END,
-           coalesce(:now::timestamptz, now()), m.late_after, m.misfire_policy
+           coalesce(:now::timestamptz, now()), timestamptz 'epoch' + m.late_after_us * interval '1 microsecond',
+           m.misfire_policy
     FROM materialize_staging m
     JOIN inserted i ON i.occurrence_id = m.occurrence_id
     WHERE i.state = 'SCHEDULED' AND NOT m.ahead

@@ -13,6 +13,7 @@ from schemas.dispatch_lanes import (
     START_KEY,
     CursorKey,
     bucket_of,
+    bucket_of_micros,
     goes_ahead,
     instant_of_micros,
     lane_of,
@@ -29,6 +30,12 @@ def test_a_bucket_starts_at_or_before_its_instant_and_within_one_second(instant)
     bucket = bucket_of(instant)
     assert bucket <= instant < bucket + BUCKET
     assert bucket.microsecond == 0 and bucket_of(bucket) == bucket
+
+
+@given(st.datetimes(min_value=datetime(1900, 1, 1), max_value=datetime(2200, 1, 1), timezones=st.just(UTC)))
+def test_a_bucket_in_microseconds_is_the_bucket_of_the_instant(instant):
+    # the materializer stages buckets as epoch microseconds; before 1970 too, the floor, not the truncation
+    assert bucket_of_micros(micros_of(instant)) == micros_of(bucket_of(instant))
 
 
 @given(instants, read_aheads)
