@@ -601,19 +601,20 @@ class Materializer:
         if not locked:
             return [], cohorts
         members = await conn.fetch(*QUERIES.cohort_members(cohort_ids=[r["cohort_id"] for r in locked]))
-        shared = {r["cohort_id"]: tuple(r[name] for name in COHORT_FIELDS) for r in locked}
-        counts: Counter[uuid.UUID] = Counter()
+        # a member names its cohort by position in `locked`, from 1 (cohort_n); slot 0 is unused
+        shared = [(), *(tuple(r[name] for name in COHORT_FIELDS) for r in locked)]
+        counts = [0] * len(shared)
         due: list[DueSchedule] = []
         of_member = DueSchedule.of_member
         for row in members:
-            cohort_id = row["cohort_id"]
             if row["schedule_id"] is not None:  # an empty cohort comes back once, without a member
-                counts[cohort_id] += 1
-                due.append(of_member(row, shared[cohort_id]))
-        for r in locked:
+                n = row["cohort_n"]
+                counts[n] += 1
+                due.append(of_member(row, shared[n]))
+        for n, r in enumerate(locked, start=1):
             cohort_id = r["cohort_id"]
-            cohorts.read[cohort_id] = _CohortRead(r["shard"], r["cohort_version"], r["next_run_at"], counts[cohort_id])
-            if not counts[cohort_id]:
+            cohorts.read[cohort_id] = _CohortRead(r["shard"], r["cohort_version"], r["next_run_at"], counts[n])
+            if not counts[n]:
                 cohorts.dissolve.add(cohort_id)
         return due, cohorts
 
