@@ -41,6 +41,7 @@ or of canceled schedules.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -105,6 +106,13 @@ def format_instant(instant: datetime) -> str:
     """UTC ISO-8601 with a trailing Z (microseconds only when present)."""
     if instant.tzinfo is None:
         raise ValueError("instants on the wire must be timezone-aware")
+    return _utc_text(instant)
+
+
+@functools.lru_cache(maxsize=4096)
+def _utc_text(instant: datetime) -> str:
+    # Memoized: a burst's events and messages repeat a few instants (its scheduled_for); equal instants in
+    # any zone are one key and one text, since the text is of the UTC instant.
     return instant.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
