@@ -202,13 +202,13 @@ class MaterializeReport:
 
 
 class _Decided(NamedTuple):
-    """One due schedule with its calendar, its misfire decision and its lateness threshold (a tuple: one per
-    due schedule of a burst, built in about a third of a frozen dataclass's time)."""
+    """One due schedule with its calendar, its misfire decision and its lateness threshold in microseconds (a
+    tuple: one per due schedule of a burst, built in about a third of a frozen dataclass's time)."""
 
     schedule: DueSchedule
     calendar: ExclusionCalendar | None
     decision: timing.MisfireDecision
-    threshold: timedelta
+    threshold_us: int
 
 
 class _CohortRead(NamedTuple):
@@ -633,11 +633,11 @@ class Materializer:
         self, rows: list[DueSchedule], now: datetime, calendars: dict[uuid.UUID, ExclusionCalendar] | None = None
     ) -> list[_Decided]:
         """The misfire decision of every schedule, computed once per (spec with its calendar version, cursor,
-        misfire policy, runs left), with the lateness threshold its deliveries carry to the relay."""
+        misfire policy, runs left), with the lateness threshold its deliveries carry to the relay (microseconds)."""
         cfg = self.config
-        decisions: dict[tuple[Any, ...], tuple[timing.MisfireDecision, timedelta]] = {}
+        decisions: dict[tuple[Any, ...], tuple[timing.MisfireDecision, int]] = {}
         out: list[_Decided] = []
-        of_cohort: dict[uuid.UUID, tuple[timing.MisfireDecision, timedelta]] = {}
+        of_cohort: dict[uuid.UUID, tuple[timing.MisfireDecision, int]] = {}
         for schedule in rows:
             if schedule.cohort_id is not None:  # members share one decision (engine/rules/cohorts.py)
                 shared = of_cohort.get(schedule.cohort_id)
@@ -666,7 +666,7 @@ class Materializer:
                         remaining_runs=runs_left,
                         on_time_limit=cfg.on_time_limit,
                     ),
-                    timing.late_threshold(policy, cfg.on_time_limit),
+                    timing.late_threshold(policy, cfg.on_time_limit) // _MICROSECOND,
                 )
             if schedule.cohort_id is not None:
                 of_cohort[schedule.cohort_id] = found
@@ -784,12 +784,14 @@ class Materializer:
         cursors: tuple[list[Any], ...] = ([], [], [], [], [], [])
         ranges: tuple[list[Any], ...] = ([], [], [], [], [])
         instants: dict[datetime, tuple[bytes, int, int]] = {}
+        # the seals in the staged rows' terms (epoch microseconds), once per pass
+        seals_us = {key: micros_of(seal) for key, seal in seals.items()} if seals is not None else None
         pacing = pacing or _Pacing()
         take_round = self._rounds.take
         for item in decided:
             schedule, decision = item.schedule, item.decision
             binding_version = versions.get(schedule.target) if versions else None
-            rows, refused = self._occurrences(item, seals, instants, take_round, pacing, binding_version)
+            rows, refused = self._occurrences(item, seals_us, instants, take_round, pacing, binding_version)
             staged.extend(rows)
             report.missed += len(decision.missed) + refused
             if decision.missed or decision.missed_unlisted:
@@ -867,7 +869,7 @@ class Materializer:
     @staticmethod
     def _occurrences(
         item: _Decided,
-        seals: dict[tuple[int, str], datetime] | None,
+        seals_us: dict[tuple[int, str], int] | None,
         instants: dict[datetime, tuple[bytes, int, int]],
         take_round: Any,
         pacing: _Pacing,
@@ -898,9 +900,8 @@ class Materializer:
         lane = lane_of(schedule.priority)
         window = schedule.flexible_window if lane == "flexible" else None
         deadline = schedule.deadline
-        seal = seals.get((shard, lane)) if seals is not None else None
-        seal_us = micros_of(seal) if seal is not None else None
-        threshold_us, policy_text = item.threshold // _MICROSECOND, schedule.misfire_policy
+        seal_us = seals_us.get((shard, lane)) if seals_us is not None else None
+        threshold_us, policy_text = item.threshold_us, schedule.misfire_policy
         catch_up = set(decision.catch_up) if decision.catch_up else ()
         refused: list[datetime] = []
         out: list[tuple[Any, ...]] = []
