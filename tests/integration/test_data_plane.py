@@ -20,6 +20,7 @@ from engine.loops.dispatch_settler import DispatchSettler
 from engine.loops.materializer import Materializer, MaterializerConfig, MaterializerHooks
 from engine.loops.service import DataPlaneConfig, open_data_plane
 from engine.loops.shard_leases import ShardLeaseConfig, ShardLeases
+from engine.rules.timing import jitter_offset
 from relay.ahead_lane import AheadLaneStore
 from relay.ahead_relay import AheadRelay, AheadRelayConfig, AheadRelayHooks
 from relay.dispatcher import Relay
@@ -27,6 +28,7 @@ from relay.librdkafka_publisher import LibrdkafkaPublisher
 from relay.outbox import OutboxStore
 from schemas.clock import DatabaseClock, ManualClock
 from schemas.connections import create_pool
+from schemas.dispatch_lanes import bucket_of
 from schemas.messages import decode_occurrence
 from schemas.shard_ownership import ShardOwnership
 from schemas.topics import occurrence_topic, schedule_key
@@ -395,6 +397,29 @@ class FailingFirstSend(SpyPublisher):
         failed: asyncio.Future = asyncio.get_running_loop().create_future()
         failed.set_result([TimeoutError("no answer: outcome unknown")] * len(items))
         return failed
+
+
+async def test_staged_instants_reach_both_rows_to_the_microsecond(pool, clock, target, acme):
+    # The materializer stages instants as epoch microseconds (int8) and its statement turns them back: every
+    # instant an occurrence and its ahead row carry is the one the plan computed, sub-second parts included.
+    strict_at = AT + timedelta(microseconds=123_457)
+    strict = await create_once(pool, clock, target, at=strict_at, max_lateness="90s")
+    flexible = await create_once(pool, clock, target, at=strict_at, priority="flexible", flexible_window="7s")
+    _, ownership = await owning(pool, clock)
+    report = await Materializer(pool, MaterializerConfig(), clock, ownership=ownership).run_once()
+    assert (report.ahead, report.late) == (2, 0)
+    for schedule, window in ((strict, None), (flexible, timedelta(seconds=7))):
+        occurrence = await pool.fetchrow(
+            "SELECT * FROM occurrences WHERE schedule_id = $1", uuid.UUID(schedule["schedule_id"])
+        )
+        row = await pool.fetchrow("SELECT * FROM dispatch_queue WHERE occurrence_id = $1", occurrence["occurrence_id"])
+        available_at = strict_at + (jitter_offset(occurrence["occurrence_id"], window) if window else timedelta(0))
+        assert occurrence["scheduled_for"] == row["scheduled_for"] == strict_at
+        assert occurrence["available_at"] == row["available_at"] == available_at
+        assert row["bucket"] == bucket_of(available_at) and row["bucket"].microsecond == 0
+        assert row["late_after"] == available_at + timedelta(seconds=90 if window is None else 60)
+        message = decode_occurrence(row["message"])
+        assert (message.scheduled_for, message.available_at) == (strict_at, available_at)
 
 
 async def _in_one_shard(
