@@ -771,18 +771,18 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                     else None
                 )
                 try:
-                    await wait_enqueued(conn, args, top, report, cpu_of)
-                except BaseException:
+                    try:
+                        await wait_enqueued(conn, args, top, report, cpu_of)
+                    finally:  # also when the wait failed: the fault's task is never left pending at the loop's end
+                        if checkpoint is not None:
+                            await checkpoint
+                    await statements_of_window(conn, args, report, "burst")
                     if consumed is not None:
+                        report["consumer_side"] = await consumed
+                        print("consumer side", json.dumps(report["consumer_side"]), file=sys.stderr, flush=True)
+                finally:  # whatever failed before its figures were read, the consumer side's watch is not left pending
+                    if consumed is not None and not consumed.done():
                         consumed.cancel()
-                    raise
-                finally:  # also when the wait failed: the fault's task is never left pending at the loop's end
-                    if checkpoint is not None:
-                        await checkpoint
-                await statements_of_window(conn, args, report, "burst")
-                if consumed is not None:
-                    report["consumer_side"] = await consumed
-                    print("consumer side", json.dumps(report["consumer_side"]), file=sys.stderr, flush=True)
             finally:
                 stop_nodes(nodes)
                 if consumer is not None:

@@ -97,8 +97,8 @@ class AttemptProcessorConfig:
         within ``behind_window`` seconds (default 5), of attempts started ``behind_after`` seconds (default 5) or
         more past their occurrence's available_at, mean consumers are working through a backlog: the processor
         says so in ``consumers_behind`` (for three windows) and the settle pass waits
-        (engine.rules.consumers_behind). 0: never. The announcement lasts 15 s, so a burst's last outcomes,
-        which come in below its peak rate, are applied before the settle pass begins.
+        (engine.rules.consumers_behind). 0: never. At the defaults the announcement lasts 15 s, so a burst's
+        last outcomes, which come in below its peak rate, are applied before the settle pass begins.
     """
 
     group: str | None = None
