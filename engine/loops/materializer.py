@@ -54,15 +54,25 @@ from fractions import Fraction
 from typing import Any, NamedTuple
 
 import asyncpg
-import orjson
 from opentelemetry import metrics, trace
 
 from engine.control.cohort_membership import claim_cohorts
 from engine.control.targets import binding_versions
+from engine.loops.occurrence_rows import (
+    MICROSECOND,
+    STAGING_COLUMNS,
+    TENANT_HOLD_COLUMNS,
+    InstantParts,
+    OccurrenceIds,
+    PlainCohort,
+    cohort_member_rows,
+    encode_occurrence,
+    instant_parts,
+)
 from engine.loops.overlap_gate import OVERLAP_GATE_TOKEN
 from engine.loops.periodic import LoopTiming, PassOutcome, PeriodicLoop
 from engine.loops.reporting import SUMMARY_EVERY
-from engine.loops.tenant_gate import TENANT_GATE_TOKEN, StagedColumns, hold_beyond_max_running
+from engine.loops.tenant_gate import TENANT_GATE_TOKEN, hold_beyond_max_running
 from engine.records import COHORT_FIELDS, DueSchedule
 from engine.rules import timing
 from engine.rules.cohorts import CohortSpec, cohort_spec, plain_on_time
@@ -72,47 +82,11 @@ from engine.rules.token_bucket import TokenBucket, full_bucket, reserve, take
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock
 from schemas.dispatch_lanes import aware, bucket_of_micros, lane_of, micros_of
-from schemas.identity import OCCURRENCE_NAMESPACE_BYTES, FastUUID, micros_text, uuid5_int
-from schemas.messages import FORMAT_VERSION, format_instant
 from schemas.queries import QUERIES
 from schemas.shard_ownership import ShardOwnership
 from schemas.topics import occurrence_topic, schedule_key
 
 log = logging.getLogger("chronoq.materializer")
-
-_STAGING_COLUMNS = (
-    "occurrence_id",
-    "schedule_id",
-    "schedule_version",
-    "tenant_id",
-    "target",
-    "scheduled_us",
-    "available_us",
-    "state",
-    "topic",
-    "message_key",
-    "message",
-    "held",
-    "ahead",
-    "shard",
-    "lane",
-    "bucket_us",
-    "wrr_round",
-    "late_after_us",
-    "misfire_policy",
-    "tenant_held",
-    "cohort_id",
-)
-_TENANT_HOLD_COLUMNS = StagedColumns(
-    tenant_id=_STAGING_COLUMNS.index("tenant_id"),
-    available_at=_STAGING_COLUMNS.index("available_us"),
-    state=_STAGING_COLUMNS.index("state"),
-    held=_STAGING_COLUMNS.index("held"),
-    ahead=_STAGING_COLUMNS.index("ahead"),
-    late_after=_STAGING_COLUMNS.index("late_after_us"),
-    misfire_policy=_STAGING_COLUMNS.index("misfire_policy"),
-    tenant_held=_STAGING_COLUMNS.index("tenant_held"),
-)
 
 
 @dataclass(frozen=True)
@@ -229,6 +203,20 @@ class _Cohorts:
     dissolve: set[uuid.UUID] = field(default_factory=set)
     advance: dict[uuid.UUID, tuple[datetime | None, int]] = field(default_factory=dict)
     released: list[tuple[uuid.UUID, datetime | None, int]] = field(default_factory=list)
+    # each locked cohort's member rows (cohort_members) and its values of COHORT_FIELDS
+    members: dict[uuid.UUID, list[asyncpg.Record]] = field(default_factory=dict)
+    shared: dict[uuid.UUID, tuple[Any, ...]] = field(default_factory=dict)
+
+    def keep(self, kept: Callable[[_CohortRead], bool]) -> None:
+        """Forget the cohorts ``kept`` refuses (their shard is no longer this node's)."""
+        self.read = {c: v for c, v in self.read.items() if kept(v)}
+        self.dissolve &= self.read.keys()
+        self.members = {c: rows for c, rows in self.members.items() if c in self.read}
+
+    def representatives(self) -> list[DueSchedule]:
+        """One member of each cohort with members, as a due schedule: a cohort's fires and misfire verdict are
+        its first member's (they depend only on the fields the members share: engine/rules/cohorts.py)."""
+        return [DueSchedule.of_member(rows[0], self.shared[c]) for c, rows in self.members.items() if rows]
 
     def arrays(self) -> dict[str, list[Any]]:
         """materialize_staged's cohort parameters."""
@@ -261,26 +249,6 @@ class _Pacing:
 DEFAULT_CATCH_UP_PER_MINUTE = 1000
 
 
-class OccurrenceIds:
-    """``schemas.identity.occurrence_id`` for many instants of one schedule version, with the
-    schedule's part of the uuid5 name encoded once (tests/unit/test_materializer_plan.py keeps the two equal).
-
-    The ids are asyncpg's UUID (a ``uuid.UUID`` subclass, equal and hashing alike) built from the
-    digest with the version and variant bits set (``schemas.identity.uuid5_int``): half the cost of
-    ``uuid.UUID(bytes=, version=5)`` and a tenth of its ``str()``, which the message needs. A burst pays both
-    once per occurrence.
-    """
-
-    __slots__ = ("schedule_text", "_prefix")
-
-    def __init__(self, schedule_id: uuid.UUID, version: int) -> None:
-        self.schedule_text = str(schedule_id)
-        self._prefix = OCCURRENCE_NAMESPACE_BYTES + f"{self.schedule_text}/{version}/".encode()
-
-    def of(self, micros: bytes) -> uuid.UUID:
-        return FastUUID(uuid5_int(self._prefix + micros).to_bytes(16))
-
-
 _cohort_spec = functools.lru_cache(maxsize=4096)(cohort_spec)  # a burst's schedules share a few specs
 
 
@@ -295,55 +263,6 @@ def join_spec(schedule: DueSchedule, decision: timing.MisfireDecision) -> Cohort
         misfire_policy=schedule.misfire_policy, max_lateness_s=schedule.max_lateness_s, end_at=schedule.end_at,
         calendar_id=schedule.calendar_id, max_runs=schedule.max_runs, overlap_policy=schedule.overlap_policy,
     )  # fmt: skip
-
-
-_MICROSECOND = timedelta(microseconds=1)
-
-
-def _instant_parts(instant: datetime) -> tuple[bytes, int, int]:
-    """What each occurrence of ``instant`` stages, computed once per instant of a pass: the last part of its
-    id's name, and the instant and its bucket as epoch microseconds (staged as int8: asyncpg encodes a
-    timestamptz in ~0.56 µs, an int8 in a tenth of that, and a row has four)."""
-    micros = micros_of(instant)
-    return micros_text(instant), micros, bucket_of_micros(micros)
-
-
-@functools.lru_cache(maxsize=65536)
-def _instant_text(instant: datetime) -> str:
-    return format_instant(instant)
-
-
-def encode_occurrence(
-    occ_id: uuid.UUID,
-    schedule_text: str,
-    schedule: DueSchedule,
-    scheduled_for: datetime,
-    available_at: datetime,
-    deadline: datetime | None,
-    binding_version: int | None = None,
-) -> bytes:
-    """The occurrence message (schemas.messages format 1) with the stored payload spliced in as JSON text.
-
-    Same fields and values as ``OccurrenceMessage.encode()`` (decode_occurrence reads it back equal); the
-    payload is not decoded and re-encoded, and instant strings are formatted once per instant.
-    """
-    head = orjson.dumps(
-        {
-            "format": FORMAT_VERSION,
-            "occurrence_id": str(occ_id),
-            "schedule_id": schedule_text,
-            "schedule_version": schedule.version,
-            "tenant_id": schedule.tenant_id,
-            "target": schedule.target,
-            "scheduled_for": _instant_text(scheduled_for),
-            "available_at": _instant_text(available_at),
-            "attempt": 1,
-            "priority": schedule.priority,
-            "deadline": _instant_text(deadline) if deadline else None,
-        }
-    )
-    tail = b"}" if binding_version is None else b',"binding_version":' + str(binding_version).encode() + b"}"
-    return head[:-1] + b',"payload":' + schedule.payload_json.encode() + tail
 
 
 class CalendarVersions:
@@ -440,8 +359,7 @@ class Materializer:
                     return report
                 if self.hooks.after_read:
                     await self.hooks.after_read()
-                members, cohorts = await self._lock_cohorts(conn, now, due_cohorts)
-                rows.extend(members)
+                cohorts = await self._lock_cohorts(conn, now, due_cohorts)
                 if not rows and not cohorts.read:
                     return report
                 shards = {r.shard for r in rows} | {c.shard for c in cohorts.read.values()}
@@ -449,23 +367,30 @@ class Materializer:
                 if self.hooks.after_lock and seals:
                     await self.hooks.after_lock()
                 if seals is not None:
-                    rows = [r for r in rows if (r.shard, "strict") in seals]
-                    cohorts.read = {c: v for c, v in cohorts.read.items() if (v.shard, "strict") in seals}
-                    cohorts.dissolve &= cohorts.read.keys()
+                    held_seals = seals
+                    rows = [r for r in rows if (r.shard, "strict") in held_seals]
+                    cohorts.keep(lambda c: (c.shard, "strict") in held_seals)
                     if not rows and not cohorts.read:
                         return report
-                calendars = await self._calendars.for_batch(conn, rows)
-                decided = self._judge_cohorts(self._decide(rows, now, calendars), cohorts)
+                calendars = await self._calendars.for_batch(conn, rows)  # a cohort's members have no calendar
+                decided, plain = self._judge_cohorts(
+                    self._decide([*rows, *cohorts.representatives()], now, calendars), cohorts
+                )
                 pacing = await self._pace_catch_up(conn, decided, now, report)
-                versions = await binding_versions(conn, (r.target for r in rows))
-                staged, cursors, ranges = self._plan_batch(decided, now, seals, report, pacing, versions, cohorts)
+                targets = {r.target for r in rows}.union(
+                    *({m["target"] for m in ms} for ms in cohorts.members.values())
+                )
+                versions = await binding_versions(conn, targets)
+                staged, cursors, ranges = self._plan_batch(
+                    decided, now, seals, report, pacing, versions, cohorts, plain
+                )
                 # Schedules with their own cursor whose advance is plain on-time work join a cohort in it.
                 joins = await claim_cohorts(conn, cursors[5], self.clock.now())
                 # A tenant at its max_running gets its further first deliveries held in the outbox.
-                staged, tenant_held = await hold_beyond_max_running(conn, staged, _TENANT_HOLD_COLUMNS)
+                staged, tenant_held = await hold_beyond_max_running(conn, staged, TENANT_HOLD_COLUMNS)
                 await conn.execute(*QUERIES.create_staging())
                 if staged:
-                    await conn.copy_records_to_table("materialize_staging", records=staged, columns=_STAGING_COLUMNS)
+                    await conn.copy_records_to_table("materialize_staging", records=staged, columns=STAGING_COLUMNS)
                 written = await conn.fetchrow(
                     *QUERIES.materialize_staged(
                         schedule_ids=cursors[0],
@@ -488,7 +413,8 @@ class Materializer:
                 )
                 if self.hooks.after_write:
                     await self.hooks.after_write()
-            self._note_written(report, written, len(rows), len(staged), cohorts)
+            read = len(rows) + sum(c.members for c in cohorts.read.values())  # with the cohorts' members
+            self._note_written(report, written, read, len(staged), cohorts)
             report.tenant_held = tenant_held
             span.set_attribute("chronoq.schedules", report.schedules)
             span.set_attribute("chronoq.occurrences", report.occurrences)
@@ -585,49 +511,65 @@ class Materializer:
             )
         return [DueSchedule.from_row(row) for row in rows], [row["cohort_id"] for row in due_cohorts]
 
-    async def _lock_cohorts(
-        self, conn: asyncpg.Connection, now: datetime, cohort_ids: list[uuid.UUID]
-    ) -> tuple[list[DueSchedule], _Cohorts]:
+    async def _lock_cohorts(self, conn: asyncpg.Connection, now: datetime, cohort_ids: list[uuid.UUID]) -> _Cohorts:
         """Lock the due cohorts no other transaction holds, then read their members (a statement of its own,
         so its snapshot is taken after the locks: every member that left before is gone, and none can leave
-        until this pass commits). Returns the members as due schedules (cursor: the cohort's) and the
-        cohorts as locked; empty ones are marked to dissolve (delete)."""
+        until this pass commits). Returns the cohorts as locked with their members' rows (a member's cursor
+        is its cohort's); empty ones are marked to dissolve (delete)."""
         cohorts = _Cohorts()
         if not cohort_ids:
-            return [], cohorts
+            return cohorts
         locked = await conn.fetch(
             *QUERIES.lock_due_cohorts(cohort_ids=cohort_ids, now=now, horizon_s=self.config.horizon.total_seconds())
         )
         if not locked:
-            return [], cohorts
+            return cohorts
         members = await conn.fetch(*QUERIES.cohort_members(cohort_ids=[r["cohort_id"] for r in locked]))
         # a member names its cohort by position in `locked`, from 1 (cohort_n); slot 0 is unused
-        shared = [(), *(tuple(r[name] for name in COHORT_FIELDS) for r in locked)]
-        counts = [0] * len(shared)
-        due: list[DueSchedule] = []
-        of_member = DueSchedule.of_member
+        of_cohort: list[list[asyncpg.Record]] = [[] for _ in range(len(locked) + 1)]
         for row in members:
             if row["schedule_id"] is not None:  # an empty cohort comes back once, without a member
-                n = row["cohort_n"]
-                counts[n] += 1
-                due.append(of_member(row, shared[n]))
+                of_cohort[row["cohort_n"]].append(row)
         for n, r in enumerate(locked, start=1):
             cohort_id = r["cohort_id"]
-            cohorts.read[cohort_id] = _CohortRead(r["shard"], r["cohort_version"], r["next_run_at"], counts[n])
-            if not counts[n]:
+            cohorts.read[cohort_id] = _CohortRead(r["shard"], r["cohort_version"], r["next_run_at"], len(of_cohort[n]))
+            cohorts.members[cohort_id] = of_cohort[n]
+            cohorts.shared[cohort_id] = tuple(r[name] for name in COHORT_FIELDS)
+            if not of_cohort[n]:
                 cohorts.dissolve.add(cohort_id)
-        return due, cohorts
+        return cohorts
 
     @staticmethod
-    def _judge_cohorts(decided: list[_Decided], cohorts: _Cohorts) -> list[_Decided]:
-        """Cohorts whose members' decision is not plain on-time work are dissolved: in this same pass each
-        member is advanced as a schedule alone (missed slots, catch-up pacing and completion are per
-        schedule), and keeps its own cursor from then on. Returns ``decided``."""
+    def _judge_cohorts(
+        decided: list[_Decided], cohorts: _Cohorts
+    ) -> tuple[list[_Decided], list[tuple[PlainCohort, list[asyncpg.Record]]]]:
+        """Split the decided schedules: each cohort's representative (``_Cohorts.representatives``) decides for
+        all its members. A cohort whose decision is plain on-time work advances once, its members planned
+        from their rows (``cohort_member_rows``); any other dissolves: in this same pass each member is
+        advanced as a schedule alone (missed slots, catch-up pacing and completion are per schedule), and
+        keeps its own cursor from then on. Returns the schedules the general plan takes (those with their own
+        cursor and the dissolving cohorts' members) and the plain cohorts with their members."""
+        general: list[_Decided] = []
+        plain: list[tuple[PlainCohort, list[asyncpg.Record]]] = []
         for item in decided:
-            cohort_id = item.schedule.cohort_id
-            if cohort_id is not None and not plain_on_time(item.decision):
-                cohorts.dissolve.add(cohort_id)
-        return decided
+            cohort_id, decision = item.schedule.cohort_id, item.decision
+            if cohort_id is None:
+                general.append(item)
+                continue
+            rows, shared = cohorts.members[cohort_id], cohorts.shared[cohort_id]
+            if plain_on_time(decision):
+                cohorts.advance[cohort_id] = (decision.next_run_at, len(decision.enqueue))
+                read = cohorts.read[cohort_id]
+                plan = PlainCohort(
+                    cohort_id, read.shard, tuple(decision.enqueue), item.threshold_us, item.schedule.misfire_policy
+                )
+                plain.append((plan, rows))
+                continue
+            cohorts.dissolve.add(cohort_id)
+            general.extend(
+                _Decided(DueSchedule.of_member(row, shared), None, decision, item.threshold_us) for row in rows
+            )
+        return general, plain
 
     def _decide(
         self, rows: list[DueSchedule], now: datetime, calendars: dict[uuid.UUID, ExclusionCalendar] | None = None
@@ -637,13 +579,7 @@ class Materializer:
         cfg = self.config
         decisions: dict[tuple[Any, ...], tuple[timing.MisfireDecision, int]] = {}
         out: list[_Decided] = []
-        of_cohort: dict[uuid.UUID, tuple[timing.MisfireDecision, int]] = {}
         for schedule in rows:
-            if schedule.cohort_id is not None:  # members share one decision (engine/rules/cohorts.py)
-                shared = of_cohort.get(schedule.cohort_id)
-                if shared is not None:
-                    out.append(_Decided(schedule, None, shared[0], shared[1]))
-                    continue
             calendar = (calendars or {}).get(schedule.calendar_id) if schedule.calendar_id is not None else None
             runs_left = schedule.runs_left
             # The spec's own fields, not a TimeSpec: the record is built only once per group (a burst's
@@ -666,10 +602,8 @@ class Materializer:
                         remaining_runs=runs_left,
                         on_time_limit=cfg.on_time_limit,
                     ),
-                    timing.late_threshold(policy, cfg.on_time_limit) // _MICROSECOND,
+                    timing.late_threshold(policy, cfg.on_time_limit) // MICROSECOND,
                 )
-            if schedule.cohort_id is not None:
-                of_cohort[schedule.cohort_id] = found
             out.append(_Decided(schedule, calendar, found[0], found[1]))
         for decision, _ in decisions.values():
             if decision.enqueue:
@@ -770,12 +704,14 @@ class Materializer:
         pacing: _Pacing | None = None,
         versions: dict[str, int] | None = None,
         cohorts: _Cohorts | None = None,
+        plain: list[tuple[PlainCohort, list[asyncpg.Record]]] | None = None,
     ) -> tuple[list[tuple[Any, ...]], tuple[list[Any], ...], tuple[list[Any], ...]]:
         """Staged occurrence rows, the cursor arrays (ids, versions, cursors read, new cursors, new runs, and
         for claim_cohorts (tenant, shard, cohort spec or None, new cursor)) and
         the missed ranges (ids, versions, first, last, count). ``versions``: each target's binding version,
-        which its occurrence messages carry. A cohort member's cursor is its cohort's: the cohort's new cursor
-        and fires go to ``cohorts.advance`` once (its members share one decision: engine/rules/cohorts.py).
+        which its occurrence messages carry. ``decided`` are schedules with their own cursor and the members
+        of dissolving cohorts; ``plain`` the cohorts that advance (their new cursor and fires already in
+        ``cohorts.advance``), whose members' rows follow the others' (``cohort_member_rows``).
 
         The per-occurrence work is what a burst multiplies: ids, message bytes, bucket and round. Whatever
         depends only on the schedule or only on the instant is computed once.
@@ -783,7 +719,7 @@ class Materializer:
         staged: list[tuple[Any, ...]] = []
         cursors: tuple[list[Any], ...] = ([], [], [], [], [], [])
         ranges: tuple[list[Any], ...] = ([], [], [], [], [])
-        instants: dict[datetime, tuple[bytes, int, int]] = {}
+        instants: dict[datetime, InstantParts] = {}
         # the seals in the staged rows' terms (epoch microseconds), once per pass
         seals_us = {key: micros_of(seal) for key, seal in seals.items()} if seals is not None else None
         pacing = pacing or _Pacing()
@@ -808,10 +744,6 @@ class Materializer:
                 )
             runs = len(decision.enqueue) - refused  # its new runs (an existing occurrence cannot be here: the
             # compare-and-set advance lets one materializer per cursor position write)
-            cohort_id = schedule.cohort_id
-            if cohort_id is not None and cohorts is not None and cohort_id not in cohorts.dissolve:
-                cohorts.advance[cohort_id] = (decision.next_run_at, runs)
-                continue
             summary = decision.missed_range
             if summary is not None:
                 ranges[0].append(schedule.schedule_id)
@@ -819,7 +751,7 @@ class Materializer:
                 ranges[2].append(summary.first)
                 ranges[3].append(summary.last)
                 ranges[4].append(summary.count)
-            if cohort_id is not None and cohorts is not None:  # its cohort dissolves: it leaves with its own advance
+            if schedule.cohort_id is not None and cohorts is not None:  # its cohort dissolves: it leaves alone
                 cohorts.released.append((schedule.schedule_id, decision.next_run_at, runs))
             else:
                 cursors[0].append(schedule.schedule_id)
@@ -832,6 +764,8 @@ class Materializer:
                 )  # where it may join a cohort (claim_cohorts)
             self._note_outcome(schedule, decision, item.calendar, report)
             report.completed += decision.next_run_at is None
+        for cohort, members in plain or ():
+            staged.extend(cohort_member_rows(cohort, members, seals_us, instants, take_round, versions))
         return staged, cursors, ranges
 
     @staticmethod
@@ -870,12 +804,12 @@ class Materializer:
     def _occurrences(
         item: _Decided,
         seals_us: dict[tuple[int, str], int] | None,
-        instants: dict[datetime, tuple[bytes, int, int]],
+        instants: dict[datetime, InstantParts],
         take_round: Any,
         pacing: _Pacing,
         binding_version: int | None = None,
     ) -> tuple[list[tuple[Any, ...]], int]:
-        """The staging rows of one schedule's decision (column order: _STAGING_COLUMNS), and how many of its
+        """The staging rows of one schedule's decision (column order: STAGING_COLUMNS), and how many of its
         catch-ups were refused (recorded MISSED: the tenant's catch_up_per_minute is 0).
 
         On-time deliveries carry ``late_after`` (available_at + the lateness threshold) and the policy, for
@@ -908,12 +842,12 @@ class Materializer:
         for scheduled_for in decision.enqueue:
             cached = instants.get(scheduled_for)
             if cached is None:
-                cached = instants[scheduled_for] = _instant_parts(scheduled_for)
+                cached = instants[scheduled_for] = instant_parts(scheduled_for)
             occ_id = ids.of(cached[0])
             scheduled_us = cached[1]
             if window is not None:
                 jitter = timing.jitter_offset(occ_id, window)
-                available_at, available_us = scheduled_for + jitter, scheduled_us + jitter // _MICROSECOND
+                available_at, available_us = scheduled_for + jitter, scheduled_us + jitter // MICROSECOND
                 bucket_us = bucket_of_micros(available_us)
             else:
                 available_at, available_us, bucket_us = scheduled_for, scheduled_us, cached[2]
@@ -942,7 +876,7 @@ class Materializer:
                  policy_text if late_after_us is not None else None, False, cohort_id)
             )  # fmt: skip
         for scheduled_for in [*decision.missed, *refused] if decision.missed or refused else ():
-            missed_text, missed_us, missed_bucket_us = _instant_parts(scheduled_for)
+            missed_text, missed_us, missed_bucket_us = instant_parts(scheduled_for)
             out.append(
                 (ids.of(missed_text), schedule_id, version, tenant, target, missed_us, missed_us, "MISSED", topic,
                  message_key, b"", held, False, shard, lane, missed_bucket_us, 0, None, None, False, cohort_id)

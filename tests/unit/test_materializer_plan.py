@@ -2,7 +2,7 @@
 engine's horizon flag is validated.
 
 The materializer builds occurrence ids from a precomputed uuid5 prefix with the version bits set by hand
-(engine/loops/materializer.py ``OccurrenceIds``); ``schemas.identity.occurrence_id`` is the definition
+(engine/loops/occurrence_rows.py ``OccurrenceIds``); ``schemas.identity.occurrence_id`` is the definition
 every other component (API, reconciler, consumers' dedupe) uses. They must never differ.
 """
 
@@ -16,7 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.cli.stack_commands import DEFAULT_HORIZON, MAX_HORIZON, materializer_config
-from engine.loops.materializer import MaterializerConfig, OccurrenceIds
+from engine.loops.materializer import MaterializerConfig
+from engine.loops.occurrence_rows import OccurrenceIds
 from schemas.errors import InvalidInput
 from schemas.identity import micros_text, occurrence_id
 

@@ -110,7 +110,7 @@ def test_a_hostile_binding_version_is_rejected_naming_the_field(bad):
 
 @pytest.mark.parametrize("binding_version", [None, 1, 2**31 - 1])
 def test_the_materializers_encoding_is_the_messages_encoding(binding_version):
-    from engine.loops.materializer import encode_occurrence
+    from engine.loops.occurrence_rows import encode_occurrence
     from engine.records import DueSchedule
     from tests.unit.test_records import due_row
 
