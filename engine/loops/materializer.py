@@ -33,7 +33,10 @@ cursor from then on, and joins a cohort again at a later plain advance.
 
 Work is set-based: due schedules are read per shard with an index range scan,
 fire instants are computed once per (time spec, cursor, misfire policy), the
-batch is COPYed into a staging table and written with one statement.
+batch is COPYed into a staging table and written with one statement. A cohort
+whose fire is plain on-time work has its members' rows staged straight from
+what ``cohort_members`` reads (engine/loops/occurrence_rows.py): no schedule
+record and no per-schedule bookkeeping per member.
 Recovery after an outage resumes from the durable cursor with the misfire
 decision (``timing.decide_misfire``) doing bounded work however long the
 outage was.
