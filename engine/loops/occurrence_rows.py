@@ -126,7 +126,7 @@ def encode_message(
 ) -> bytes:
     """The occurrence message (schemas.messages format 1) with the stored payload spliced in as JSON text.
 
-    The bytes ``orjson.dumps`` writes for the message's fields in this order (tests/unit/test_messages.py
+    The bytes ``orjson.dumps`` writes for the message's fields in this order (tests/unit/test_cohort_member_rows.py
     holds them equal for any text), assembled from pieces: each text value is JSON-encoded once per value
     and each instant once per instant, and the payload is not decoded and re-encoded. ``OccurrenceMessage``
     reads it back equal to the message ``OccurrenceMessage.encode()`` writes.
