@@ -50,7 +50,7 @@ import functools
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from fractions import Fraction
@@ -189,12 +189,11 @@ class _Decided(NamedTuple):
 
 
 class _CohortRead(NamedTuple):
-    """A due cohort as locked: its shard, members_version and cursor (the compare-and-set), its active members."""
+    """A due cohort as locked: its shard, members_version and cursor (the compare-and-set)."""
 
     shard: int
     version: int
     cursor: datetime
-    members: int
 
 
 @dataclass
@@ -210,9 +209,9 @@ class _Cohorts:
     members: dict[uuid.UUID, list[asyncpg.Record]] = field(default_factory=dict)
     shared: dict[uuid.UUID, tuple[Any, ...]] = field(default_factory=dict)
 
-    def keep(self, kept: Callable[[_CohortRead], bool]) -> None:
-        """Forget the cohorts ``kept`` refuses (their shard is no longer this node's)."""
-        self.read = {c: v for c, v in self.read.items() if kept(v)}
+    def keep_held(self, seals: Mapping[tuple[int, str], datetime]) -> None:
+        """Forget the cohorts whose shard's seals are not among ``seals`` (no longer this node's)."""
+        self.read = {c: v for c, v in self.read.items() if (v.shard, "strict") in seals}
         self.dissolve &= self.read.keys()
         self.members = {c: rows for c, rows in self.members.items() if c in self.read}
 
@@ -370,9 +369,8 @@ class Materializer:
                 if self.hooks.after_lock and seals:
                     await self.hooks.after_lock()
                 if seals is not None:
-                    held_seals = seals
-                    rows = [r for r in rows if (r.shard, "strict") in held_seals]
-                    cohorts.keep(lambda c: (c.shard, "strict") in held_seals)
+                    rows = [r for r in rows if (r.shard, "strict") in seals]
+                    cohorts.keep_held(seals)
                     if not rows and not cohorts.read:
                         return report
                 calendars = await self._calendars.for_batch(conn, rows)  # a cohort's members have no calendar
@@ -416,7 +414,7 @@ class Materializer:
                 )
                 if self.hooks.after_write:
                     await self.hooks.after_write()
-            read = len(rows) + sum(c.members for c in cohorts.read.values())  # with the cohorts' members
+            read = len(rows) + sum(map(len, cohorts.members.values()))  # with the cohorts' members
             self._note_written(report, written, read, len(staged), cohorts)
             report.tenant_held = tenant_held
             span.set_attribute("chronoq.schedules", report.schedules)
@@ -429,7 +427,7 @@ class Materializer:
         report: MaterializeReport, written: asyncpg.Record, rows: int, staged: int, cohorts: _Cohorts
     ) -> None:
         """The pass's counts from what its statement wrote (``rows`` due schedules read, ``staged`` rows)."""
-        advanced_members = sum(cohorts.read[c].members for c in written["cohorts"])
+        advanced_members = sum(len(cohorts.members[c]) for c in written["cohorts"])
         report.cohorts, report.dissolved = len(written["cohorts"]), len(cohorts.dissolve)
         report.joined = written["joined"]
         if written["unplanned"]:  # members are read with their cohorts locked: none should exist
@@ -535,7 +533,7 @@ class Materializer:
                 of_cohort[row["cohort_n"]].append(row)
         for n, r in enumerate(locked, start=1):
             cohort_id = r["cohort_id"]
-            cohorts.read[cohort_id] = _CohortRead(r["shard"], r["cohort_version"], r["next_run_at"], len(of_cohort[n]))
+            cohorts.read[cohort_id] = _CohortRead(r["shard"], r["cohort_version"], r["next_run_at"])
             cohorts.members[cohort_id] = of_cohort[n]
             cohorts.shared[cohort_id] = tuple(r[name] for name in COHORT_FIELDS)
             if not of_cohort[n]:

@@ -23,7 +23,7 @@ from engine.rules import timing
 from schemas.dispatch_lanes import LANES, bucket_of_micros, lane_of, micros_of
 from schemas.identity import OCCURRENCE_NAMESPACE_BYTES, FastUUID, micros_text, uuid5_int
 from schemas.messages import FORMAT_VERSION, format_instant
-from schemas.topics import occurrence_topic
+from schemas.topics import occurrence_topic, schedule_key
 
 #: The staging table's columns (schemas/queries/materializer.sql create_staging), in a staged row's order.
 STAGING_COLUMNS = (
@@ -220,7 +220,7 @@ def cohort_member_rows(
         seal_us = lane_seals[lane]
         ids = OccurrenceIds(schedule_id, version)
         schedule_text = ids.schedule_text
-        message_key = schedule_text.encode()  # schemas.topics.schedule_key
+        message_key = schedule_key(schedule_text)
         topic = occurrence_topic(target)
         held = row["overlap_policy"] != "allow"
         window = timedelta(seconds=row["flexible_window_s"]) if lane == "flexible" else None
