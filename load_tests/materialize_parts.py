@@ -7,9 +7,11 @@ so the update is not HOT and writes an entry into each of the table's five index
 (SCHEDULED, eight index entries) and its ahead-lane row. Issue 12 asks for 50,000 occurrences/s on two cores,
 ~40 µs of CPU per occurrence for everything (PostgreSQL and Python). This tool runs, on one connection of a
 fresh engine database with B background schedules, batches of due schedules COPYed into the materializer's
-staging table as a pass does, through five statements, interleaved so that the table's growth is shared:
+staging table as a pass does, through these statements, interleaved so that the table's growth is shared:
 
-* ``as_built``: the materializer's own statement;
+* ``as_built``: the materializer's own statement, as a pass runs it first (unchecked: no speculative insert);
+* ``as_built_checked``: the same, checked (``ON CONFLICT DO NOTHING``: how a pass runs it again after a conflict,
+  and how every pass ran it before stop 58);
 * ``as_built_by_id``: the same with the batch in schedule-id order (every other variant takes its batch in a
   pass's order: by shard, the ids in random order within one);
 * ``cursor_only``: the cursor advance of the wide row alone (what a write-once design still pays per schedule);
@@ -47,7 +49,7 @@ from schemas.migrations import apply_migrations
 from schemas.queries import QUERIES
 from schemas.topics import occurrence_topic, schedule_key
 
-VARIANTS = ("as_built", "as_built_by_id", "cursor_only", "narrow_cursor", "no_cursor", "ahead_only")
+VARIANTS = ("as_built", "as_built_checked", "as_built_by_id", "cursor_only", "narrow_cursor", "no_cursor", "ahead_only")
 _STAGED = (
     "occurrence_id", "schedule_id", "schedule_version", "tenant_id", "target", "scheduled_us", "available_us",
     "state", "topic", "message_key", "message", "held", "ahead", "shard", "lane", "bucket_us", "wrr_round",
@@ -62,7 +64,12 @@ def _product_inserts() -> str:
     query = QUERIES.materialize_staged
     if query.params[0] != "now":
         raise RuntimeError("materialize_staged no longer takes :now first: update load_tests/materialize_parts.py")
-    inserts = query.sql.split("), inserted AS (", 1)[1].split("), late AS (", 1)[0]
+    inserts = query.sql.split("), new_occurrences AS NOT MATERIALIZED (", 1)[1].split("), late AS (", 1)[0]
+    # The occurrences inserted as a pass inserts them first: unchecked (no speculative insert).
+    checked = f"${query.params.index('checked') + 1}::boolean"
+    if inserts.count(checked) != 2:
+        raise RuntimeError("materialize_staged's :checked changed: update load_tests/materialize_parts.py")
+    inserts = inserts.replace(checked, "false")
     # The variants' schedules have their own cursors: the rows of the schedules advanced, no cohort's.
     product = (
         "WHERE m.schedule_id IN (SELECT schedule_id FROM moved)\n"
@@ -71,7 +78,7 @@ def _product_inserts() -> str:
     if product not in inserts:
         raise RuntimeError("materialize_staged's insert condition changed: update load_tests/materialize_parts.py")
     inserts = inserts.replace(product, "WHERE m.schedule_id IN (SELECT schedule_id FROM advanced)")
-    return "inserted AS (" + inserts + ")\nSELECT (SELECT count(*) FROM inserted) AS written"
+    return "new_occurrences AS NOT MATERIALIZED (" + inserts + ")\nSELECT (SELECT count(*) FROM inserted) AS written"
 
 
 _INSERTS = _product_inserts()
@@ -171,7 +178,7 @@ async def _run(conn: asyncpg.Connection, variant: str, ids: list[uuid.UUID], fir
                 cohort_cursors=[], cohort_next_run_ats=[], cohort_fires=[], dissolve_ids=[], dissolve_versions=[],
                 dissolve_cursors=[], released_ids=[], released_next_run_ats=[], released_runs=[],
                 range_schedule_ids=[], range_versions=[], range_firsts=[], range_lasts=[], range_counts=[],
-                gate_token=uuid.uuid4(), tenant_token=uuid.uuid4(), now=None,
+                gate_token=uuid.uuid4(), tenant_token=uuid.uuid4(), now=None, checked=variant == "as_built_checked",
             )
         )  # fmt: skip
         return int(written["occurrences"])

@@ -124,11 +124,12 @@ LEFT JOIN tenants t ON t.tenant_id = s.tenant_id;
 -- SCHEDULED occurrences staged for it), joining it to cohort :join_cohort_ids (from its fires
 -- :join_cohort_bases; NULL: it keeps its own cursor), only if version and cursor are still the ones read
 -- (a concurrent update or pause wins and nothing is written for that schedule). Then, for the schedules
--- advanced, inserts the staged occurrences (an existing one is left alone and gets no second delivery)
--- and each SCHEDULED one's delivery: ahead-lane row when staged ahead, else an outbox row (held by the
--- overlap gate with :gate_token, or for the tenant's max_running with :tenant_token, when flagged) with late_after and misfire_policy (lateness is judged again
--- at dispatch), the missed_ranges rows (:range_*) of the advanced schedules, and the quota usage change of
--- the ones completed. Cohorts (:cohort_ids, :cohort_versions = members_version as read, :cohort_cursors,
+-- advanced, inserts the staged occurrences (:checked: an existing one is left alone and gets no second
+-- delivery; not :checked: an existing one fails the statement with unique_violation) and each SCHEDULED
+-- one's delivery: ahead-lane row when staged ahead, else an outbox row (held by the overlap gate with
+-- :gate_token, or for the tenant's max_running with :tenant_token, when flagged) with late_after and
+-- misfire_policy (lateness is judged again at dispatch), the missed_ranges rows (:range_*) of the advanced
+-- schedules, and the quota usage change of the ones completed. Cohorts (:cohort_ids, :cohort_versions = members_version as read, :cohort_cursors,
 -- :cohort_next_run_ats, :cohort_fires) advance likewise, once for all their members, only if neither their
 -- cursor nor their membership moved; their members' staged rows (cohort_id set) are inserted for the
 -- cohorts advanced. Cohorts :dissolve_ids (:dissolve_versions, :dissolve_cursors; same condition) are
@@ -198,18 +199,37 @@ WITH advanced AS (
     JOIN moved a ON a.schedule_id = r.schedule_id
     ON CONFLICT DO NOTHING
     RETURNING 1
-), inserted AS (
-    INSERT INTO occurrences (occurrence_id, schedule_id, schedule_version, tenant_id, target, scheduled_for,
-                             available_at, state, created_at, updated_at)
+), new_occurrences AS NOT MATERIALIZED (
+    -- The staged occurrences of the schedules and cohorts advanced, as rows of occurrences (inlined into the
+    -- one of the two inserts below that runs).
     SELECT m.occurrence_id, m.schedule_id, m.schedule_version, m.tenant_id, m.target,
-           timestamptz 'epoch' + m.scheduled_us * interval '1 microsecond',
-           timestamptz 'epoch' + m.available_us * interval '1 microsecond', m.state,
-           coalesce(:now::timestamptz, now()), coalesce(:now::timestamptz, now())
+           timestamptz 'epoch' + m.scheduled_us * interval '1 microsecond' AS scheduled_for,
+           timestamptz 'epoch' + m.available_us * interval '1 microsecond' AS available_at, m.state,
+           coalesce(:now::timestamptz, now()) AS created_at, coalesce(:now::timestamptz, now()) AS updated_at
     FROM materialize_staging m
     WHERE m.schedule_id IN (SELECT schedule_id FROM moved)
        OR m.cohort_id IN (SELECT cohort_id FROM cohorts_advanced)
+), inserted_checked AS (
+    -- :checked: an occurrence that exists already (by id or by slot) is left alone and gets no delivery.
+    INSERT INTO occurrences (occurrence_id, schedule_id, schedule_version, tenant_id, target, scheduled_for,
+                             available_at, state, created_at, updated_at)
+    SELECT * FROM new_occurrences WHERE :checked::boolean
     ON CONFLICT DO NOTHING
     RETURNING occurrence_id, state
+), inserted_unchecked AS (
+    -- Not :checked: every one is inserted, and one that exists already fails the statement (unique_violation).
+    -- The speculative insert above probes each unique index once more per row and confirms each row (~3 µs of
+    -- PostgreSQL's ~30 per row, docs/benchmarks.md stop 58), for conflicts that only a race with a backfill or
+    -- a schedule's change can make: the materializer runs the statement unchecked first, under a savepoint,
+    -- and checked after a refusal.
+    INSERT INTO occurrences (occurrence_id, schedule_id, schedule_version, tenant_id, target, scheduled_for,
+                             available_at, state, created_at, updated_at)
+    SELECT * FROM new_occurrences WHERE NOT :checked::boolean
+    RETURNING occurrence_id, state
+), inserted AS (
+    SELECT * FROM inserted_checked
+    UNION ALL
+    SELECT * FROM inserted_unchecked
 ), ahead AS (
     INSERT INTO dispatch_queue (shard, lane, bucket, wrr_round, occurrence_id, tenant_id, topic, message_key,
                                 message, scheduled_for, available_at, late_after, misfire_policy)

@@ -25,8 +25,8 @@ async def test_each_variant_writes_only_its_part(engine_db):
         )
     finally:
         await conn.close()
-    # occurrences: both as_built, narrow_cursor, no_cursor; ahead-lane rows: those and ahead_only
-    assert (occurrences, queued) == (800, 1000)
-    # the wide row's cursor moved for both as_built and cursor_only (600), the narrow copy's alone for
-    # narrow_cursor (200): the two disagree on 800 schedules
-    assert (advanced, narrow) == (600, 600 + 200)
+    # occurrences: the three as_built, narrow_cursor, no_cursor; ahead-lane rows: those and ahead_only
+    assert (occurrences, queued) == (1000, 1200)
+    # the wide row's cursor moved for the three as_built and cursor_only (800), the narrow copy's alone for
+    # narrow_cursor (200): the two disagree on 1,000 schedules
+    assert (advanced, narrow) == (800, 800 + 200)
