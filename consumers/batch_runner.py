@@ -234,9 +234,7 @@ class BatchRunner:
                     idle_timeout_ms=limit_ms(registration.idle_limit(cfg)),
                 )
             )
-            inserted = await conn.fetch(
-                *CONSUMER_QUERIES.insert_dedupe_batch(consumer_group=cfg.group, rows=_dedupe_rows(items))
-            )
+            inserted = await _insert_dedupe_rows(conn, cfg.group, _dedupe_rows(items))
             applied_at = {row["occurrence_id"]: row["applied_at"] for row in inserted}
             claim_order = {row["occurrence_id"]: row["claim_order"] for row in inserted}
             before = [i for i in items if i.message.occurrence_id not in applied_at]
@@ -641,6 +639,21 @@ def _one_by_one(fn: BatchHandler) -> Callable[[Occurrence, asyncpg.Connection], 
             raise _as_exception(error) from failed
 
     return alone
+
+
+async def _insert_dedupe_rows(conn: asyncpg.Connection, group: str, rows: str) -> list[asyncpg.Record]:
+    """The batch's dedupe rows inserted in the open transaction; returns those inserted now (the others were
+    applied before, or by a twin this waited for). Unchecked first, under a savepoint (no speculative insert:
+    stop 58 in docs/benchmarks.md); a row applied before refuses that statement, whose savepoint undoes it,
+    and the rows go in again checked (``ON CONFLICT DO NOTHING``), exactly as that statement alone would."""
+    try:
+        async with conn.transaction():  # a savepoint: the batch's transaction is already open
+            return await conn.fetch(
+                *CONSUMER_QUERIES.insert_dedupe_batch(consumer_group=group, rows=rows, checked=False)
+            )
+    except asyncpg.UniqueViolationError:
+        log.debug("a batch holds an occurrence applied before; its dedupe rows inserted again, checked")
+    return await conn.fetch(*CONSUMER_QUERIES.insert_dedupe_batch(consumer_group=group, rows=rows, checked=True))
 
 
 def _dedupe_rows(items: list[_Item]) -> str:

@@ -43,18 +43,32 @@ WHERE scheduled_for >= :window_from AND scheduled_for < :window_to
 
 -- name: insert_dedupe_batch
 -- A batch handler's dedupe rows, one statement for the batch: :rows is a JSON array with one object per
--- occurrence this group applies in the transaction of the batch's effects, keyed by column. Returns the
--- occurrences inserted now; the others were applied before (or by a concurrent twin, which this waits for)
--- and must not reach the handler.
-INSERT INTO chronoq_consumer_dedupe (consumer_group, occurrence_id, schedule_id, schedule_version, tenant_id,
-                                     scheduled_for, attempt, lease_token, slot)
-SELECT :consumer_group, occurrence_id, schedule_id, schedule_version, tenant_id, scheduled_for, attempt, lease_token,
-       slot
-FROM jsonb_to_recordset(:rows::text::jsonb)
-     AS r (occurrence_id uuid, schedule_id uuid, schedule_version integer, tenant_id text,
-           scheduled_for timestamptz, attempt integer, lease_token uuid, slot boolean)
-ON CONFLICT DO NOTHING
-RETURNING occurrence_id, applied_at, pg_current_xact_id()::text::bigint AS claim_order;
+-- occurrence this group applies in the transaction of the batch's effects, keyed by column. :checked: returns
+-- the occurrences inserted now; the others were applied before (or by a concurrent twin, which this waits for)
+-- and must not reach the handler. Not :checked: a row applied before fails the statement (unique_violation)
+-- instead. The runtime runs it unchecked first, under a savepoint, and checked after a refusal: a
+-- speculative insert (ON CONFLICT) probes each unique index once more per row and confirms each row, for
+-- the redeliveries a batch rarely holds (docs/benchmarks.md, stop 58).
+WITH new_rows AS NOT MATERIALIZED (
+    SELECT :consumer_group AS consumer_group, occurrence_id, schedule_id, schedule_version, tenant_id, scheduled_for,
+           attempt, lease_token, slot
+    FROM jsonb_to_recordset(:rows::text::jsonb)
+         AS r (occurrence_id uuid, schedule_id uuid, schedule_version integer, tenant_id text,
+               scheduled_for timestamptz, attempt integer, lease_token uuid, slot boolean)
+), checked AS (
+    INSERT INTO chronoq_consumer_dedupe (consumer_group, occurrence_id, schedule_id, schedule_version, tenant_id,
+                                         scheduled_for, attempt, lease_token, slot)
+    SELECT * FROM new_rows WHERE :checked::boolean
+    ON CONFLICT DO NOTHING
+    RETURNING occurrence_id, applied_at
+), unchecked AS (
+    INSERT INTO chronoq_consumer_dedupe (consumer_group, occurrence_id, schedule_id, schedule_version, tenant_id,
+                                         scheduled_for, attempt, lease_token, slot)
+    SELECT * FROM new_rows WHERE NOT :checked::boolean
+    RETURNING occurrence_id, applied_at
+)
+SELECT occurrence_id, applied_at, pg_current_xact_id()::text::bigint AS claim_order
+FROM (SELECT * FROM checked UNION ALL SELECT * FROM unchecked) AS inserted;
 
 -- name: dedupe_rows
 -- Which attempts applied the occurrences :occurrence_ids for this group (those that were applied).
