@@ -426,11 +426,10 @@ class Materializer:
 
     async def _write_staged(self, conn: asyncpg.Connection, span: trace.Span, params: dict[str, Any]) -> asyncpg.Record:
         """The batch's one statement (materialize_staged), its occurrences inserted unchecked first, under a
-        savepoint: a speculative insert (ON CONFLICT DO NOTHING) probes each unique index of occurrences once
-        more per row and confirms each row, ~3 µs of PostgreSQL's ~30 per row (docs/benchmarks.md, stop 58),
-        for conflicts a pass rarely meets. If one exists (the statement is refused with unique_violation, and
-        its savepoint undoes everything it wrote), the statement runs again checked: what it writes is then
-        exactly what the checked statement alone would have written."""
+        savepoint: no speculative insert (ON CONFLICT DO NOTHING) for conflicts a pass rarely meets (the
+        statement's comment). If one exists, the statement is refused with unique_violation, its savepoint
+        undoes everything it wrote, and it runs again checked: what the pass writes is then exactly what the
+        checked statement alone would have written."""
         try:
             async with conn.transaction():  # a savepoint: the pass's transaction is already open
                 written: asyncpg.Record = await conn.fetchrow(*QUERIES.materialize_staged(checked=False, **params))

@@ -129,13 +129,14 @@ LEFT JOIN tenants t ON t.tenant_id = s.tenant_id;
 -- one's delivery: ahead-lane row when staged ahead, else an outbox row (held by the overlap gate with
 -- :gate_token, or for the tenant's max_running with :tenant_token, when flagged) with late_after and
 -- misfire_policy (lateness is judged again at dispatch), the missed_ranges rows (:range_*) of the advanced
--- schedules, and the quota usage change of the ones completed. Cohorts (:cohort_ids, :cohort_versions = members_version as read, :cohort_cursors,
--- :cohort_next_run_ats, :cohort_fires) advance likewise, once for all their members, only if neither their
--- cursor nor their membership moved; their members' staged rows (cohort_id set) are inserted for the
--- cohorts advanced. Cohorts :dissolve_ids (:dissolve_versions, :dissolve_cursors; same condition) are
--- deleted (their fire is not plain on-time work, or they have no member left) and their members get their
--- own cursor and runs: each one planned (:released_ids) advanced as a schedule alone would be
--- (:released_next_run_ats, :released_runs; its staged rows inserted), any other at the cohort's cursor.
+-- schedules, and the quota usage change of the ones completed. Cohorts (:cohort_ids, :cohort_versions =
+-- members_version as read, :cohort_cursors, :cohort_next_run_ats, :cohort_fires) advance likewise, once for
+-- all their members, only if neither their cursor nor their membership moved; their members' staged rows
+-- (cohort_id set) are inserted for the cohorts advanced. Cohorts :dissolve_ids (:dissolve_versions,
+-- :dissolve_cursors; same condition) are deleted (their fire is not plain on-time work, or they have no
+-- member left) and their members get their own cursor and runs: each one planned (:released_ids) advanced
+-- as a schedule alone would be (:released_next_run_ats, :released_runs; its staged rows inserted), any other
+-- at the cohort's cursor.
 -- Returns the counts and the cohorts advanced.
 WITH advanced AS (
     UPDATE schedules s
@@ -219,9 +220,9 @@ WITH advanced AS (
 ), inserted_unchecked AS (
     -- Not :checked: every one is inserted, and one that exists already fails the statement (unique_violation).
     -- The speculative insert above probes each unique index once more per row and confirms each row (~3 µs of
-    -- PostgreSQL's ~30 per row, docs/benchmarks.md stop 58), for conflicts that only a race with a backfill or
-    -- a schedule's change can make: the materializer runs the statement unchecked first, under a savepoint,
-    -- and checked after a refusal.
+    -- PostgreSQL's ~30 per row, docs/benchmarks.md stop 58), for conflicts only a replay or a race makes (an
+    -- old node's replayed fire, a backfill of the slot racing the pass): the materializer runs the statement
+    -- unchecked first, under a savepoint, and checked after a refusal.
     INSERT INTO occurrences (occurrence_id, schedule_id, schedule_version, tenant_id, target, scheduled_for,
                              available_at, state, created_at, updated_at)
     SELECT * FROM new_occurrences WHERE NOT :checked::boolean
