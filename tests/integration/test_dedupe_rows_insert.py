@@ -28,7 +28,8 @@ class Recorded:
     """A real connection whose dedupe inserts are noted as checked or not (the statement's own argument)."""
 
     def __init__(self, conn: asyncpg.Connection) -> None:
-        self.conn, self.checked = conn, cast(list[bool], [])
+        self.conn = conn
+        self.checked: list[bool] = []
 
     def transaction(self) -> Any:
         return self.conn.transaction()
@@ -40,7 +41,8 @@ class Recorded:
         return await self.conn.fetch(sql, *args)
 
 
-def row(occurrence_id: uuid.UUID, schedule_id: uuid.UUID | None = None, slot: bool = True) -> dict[str, Any]:
+def row(occurrence_id: uuid.UUID, schedule_id: uuid.UUID | None = None) -> dict[str, Any]:
+    """A dedupe row of the slot's own occurrence (slot true), scheduled at AT."""
     return {
         "occurrence_id": occurrence_id,
         "schedule_id": schedule_id or uuid.uuid4(),
@@ -49,7 +51,7 @@ def row(occurrence_id: uuid.UUID, schedule_id: uuid.UUID | None = None, slot: bo
         "scheduled_for": AT,
         "attempt": 1,
         "lease_token": uuid.uuid4(),
-        "slot": slot,
+        "slot": True,
     }
 
 
