@@ -224,8 +224,13 @@ class AttemptLedger:
         if new:
             for attempt in new:
                 attempt.attempt_id = random_uuid()  # half of uuid4()'s cost (schemas.identity)
-            rows = [_recordset_row(a, _NEW_ATTEMPT) for a in new]
-            await conn.execute(*QUERIES.insert_attempts(attempts=json_rows(rows), days=days))
+            # Each in its occurrence's day partition, by the instant this transaction's lock read.
+            occurrences = decisions.occurrences
+            rows = [
+                {**_recordset_row(a, _NEW_ATTEMPT), "scheduled_for": occurrences[a.occurrence_id].row["scheduled_for"]}
+                for a in new
+            ]
+            await conn.execute(*QUERIES.insert_attempts(attempts=json_rows(rows)))
         changed = decisions.changed_attempts()
         if changed:
             rows = [_recordset_row(a, _CHANGED_ATTEMPT) for a in changed]

@@ -54,20 +54,20 @@ FROM attempts WHERE lease_token = ANY (:lease_tokens::uuid[]) AND scheduled_for 
 -- name: insert_attempts
 -- Records the attempts a batch of events opened (closed too, when their outcome came in the same batch):
 -- :attempts is a JSON array with one object per attempt, keyed by column. Lease instants are the engine's clock.
+-- An attempt lives in its occurrence's day partition (migration 0016): its scheduled_for is the occurrence's,
+-- as the processor's lock of the occurrence read it in this transaction (a join to the occurrence here would
+-- read it again, a probe per attempt).
 INSERT INTO attempts (attempt_id, occurrence_id, attempt_number, lease_token, consumer_group, worker, started_at,
                       heartbeat_at, lease_expires_at, finished_at, result, error_class, error_message, permanent,
                       claim_order, scheduled_for)
 SELECT a.attempt_id, a.occurrence_id, a.attempt_number, a.lease_token, a.consumer_group, a.worker, a.started_at,
        a.heartbeat_at, a.lease_expires_at, a.finished_at, a.result, a.error_class, a.error_message, a.permanent,
-       a.claim_order, o.scheduled_for
+       a.claim_order, a.scheduled_for
 FROM jsonb_to_recordset(:attempts::text::jsonb)
      AS a (attempt_id uuid, occurrence_id uuid, attempt_number integer, lease_token uuid, consumer_group text,
            worker text, started_at timestamptz, heartbeat_at timestamptz, lease_expires_at timestamptz,
            finished_at timestamptz, result text, error_class text, error_message text, permanent boolean,
-           claim_order bigint)
--- The attempt lives in its occurrence's day partition (migration 0016); the occurrence is locked by this
--- transaction, so the join always finds it; :days (the locked occurrences' instants) prune the join.
-JOIN occurrences o ON o.occurrence_id = a.occurrence_id AND o.scheduled_for = ANY (:days::timestamptz[]);
+           claim_order bigint, scheduled_for timestamptz);
 
 -- name: update_attempts
 -- Heartbeats and outcomes of attempts recorded before the batch (:attempts, a JSON array of objects keyed by

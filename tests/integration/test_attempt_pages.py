@@ -5,6 +5,7 @@ in the default one."""
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 
 import asyncpg
 
@@ -66,3 +67,24 @@ async def test_a_burst_s_outcomes_update_their_attempts_on_their_own_page(pool, 
     in_place = sum(after[attempt] == place for attempt, place in before.items())
     # At the default fillfactor the full pages send nearly every row elsewhere (3 of 300 stayed, checked).
     assert in_place >= 0.75 * len(before), (in_place, len(before))
+
+
+async def test_a_batch_s_attempts_each_land_in_their_occurrence_s_day(pool, clock, target):
+    """One batch of ``started`` events for occurrences of three days: each attempt is written with its own
+    occurrence's instant (the key of its day partition), not with another of the batch's days."""
+    now = clock.now()
+    instants = [now - timedelta(days=1, minutes=3), now, now + timedelta(minutes=7)]
+    await pool.fetchval(*QUERIES.ensure_day_partitions(from_day=instants[0].date(), to_day=instants[-1].date()))
+    occurrences = [(await due_occurrence(pool, "acme", target, at)).occurrence_id for at in instants * 2]
+    events = [Ev.started(o, 1, uuid.uuid4(), TTL) for o in reversed(occurrences)]
+
+    assert await AttemptProcessor(pool, clock=clock).apply_events(events) == [Verdict.ACCEPTED] * 6
+    rows = await pool.fetch(
+        "SELECT a.scheduled_for AS attempt_at, o.scheduled_for, a.tableoid::regclass::text AS partition"
+        " FROM attempts a JOIN occurrences o USING (occurrence_id) WHERE o.occurrence_id = ANY($1)",
+        occurrences,
+    )
+    assert sorted((r["attempt_at"], r["partition"]) for r in rows) == sorted(
+        (r["scheduled_for"], f"attempts_p{r['scheduled_for']:%Y%m%d}") for r in rows
+    )
+    assert {r["attempt_at"] for r in rows} == set(instants)
