@@ -78,7 +78,7 @@ from consumers.schedule_states import ScheduleStateView
 from schemas.attempt_events import AttemptEvent
 from schemas.attempt_grants import FOREIGN_GROUP
 from schemas.clock import pause
-from schemas.connections import json_rows
+from schemas.connections import json_rows, unchecked_first
 from schemas.error_classification import DATABASE_ERRORS
 from schemas.identity import is_slot_occurrence
 from schemas.messages import OccurrenceMessage
@@ -643,17 +643,16 @@ def _one_by_one(fn: BatchHandler) -> Callable[[Occurrence, asyncpg.Connection], 
 
 async def _insert_dedupe_rows(conn: asyncpg.Connection, group: str, rows: str) -> list[asyncpg.Record]:
     """The batch's dedupe rows inserted in the open transaction; returns those inserted now (the others were
-    applied before, or by a twin this waited for). Unchecked first, under a savepoint (no speculative insert:
-    stop 58 in docs/benchmarks.md); a row applied before refuses that statement, whose savepoint undoes it,
-    and the rows go in again checked (``ON CONFLICT DO NOTHING``), exactly as that statement alone would."""
-    try:
-        async with conn.transaction():  # a savepoint: the batch's transaction is already open
-            return await conn.fetch(
-                *CONSUMER_QUERIES.insert_dedupe_batch(consumer_group=group, rows=rows, checked=False)
-            )
-    except asyncpg.UniqueViolationError:
+    applied before, or by a twin this waited for). Unchecked first (schemas.connections.unchecked_first): a
+    batch rarely holds a redelivery."""
+
+    async def run(checked: bool) -> list[asyncpg.Record]:
+        return await conn.fetch(*CONSUMER_QUERIES.insert_dedupe_batch(consumer_group=group, rows=rows, checked=checked))
+
+    inserted, checked = await unchecked_first(conn, run)
+    if checked:
         log.debug("a batch holds an occurrence applied before; its dedupe rows inserted again, checked")
-    return await conn.fetch(*CONSUMER_QUERIES.insert_dedupe_batch(consumer_group=group, rows=rows, checked=True))
+    return inserted
 
 
 def _dedupe_rows(items: list[_Item]) -> str:

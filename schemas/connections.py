@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import asyncpg
 import orjson
@@ -33,6 +33,22 @@ def json_rows(rows: Sequence[Mapping[str, Any]]) -> str:
     by column. One C call for the whole batch where a dozen parallel arrays cost asyncpg several microseconds
     per value; UUIDs of any kind and aware datetimes come out as PostgreSQL reads them."""
     return orjson.dumps(rows, default=str).decode()
+
+
+T = TypeVar("T")
+
+
+async def unchecked_first(conn: asyncpg.Connection, run: Callable[[bool], Awaitable[T]]) -> tuple[T, bool]:
+    """``run(checked)`` in the open transaction, unchecked first (a plain insert: no speculative ``ON CONFLICT``
+    probes per row) under a savepoint; a row that exists already refuses it with unique_violation, the
+    savepoint undoes it, and ``run(True)`` writes what the checked statement alone would have. Returns its
+    result and whether the checked run was needed (docs/benchmarks.md, stop 58)."""
+    try:
+        async with conn.transaction():  # a savepoint: the caller's transaction is already open
+            return await run(False), False
+    except asyncpg.UniqueViolationError:
+        pass
+    return await run(True), True
 
 
 async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10, **kwargs: Any) -> asyncpg.Pool:

@@ -219,7 +219,8 @@ class AttemptLedger:
         self, conn: asyncpg.Connection, decisions: Decisions, now: datetime, days: Sequence[datetime]
     ) -> None:
         """What the fold decided: one statement per kind of write for the whole batch (``days``: the locked
-        occurrences' instants, which prune every statement to their day partitions)."""
+        occurrences' instants, which prune the updates to their day partitions; a new attempt carries its own
+        occurrence's instant)."""
         new = decisions.new_attempts()
         if new:
             for attempt in new:

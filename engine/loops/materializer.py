@@ -84,6 +84,7 @@ from engine.rules.fair_rounds import RoundCounter
 from engine.rules.token_bucket import TokenBucket, full_bucket, reserve, take
 from schemas import observability as obs
 from schemas.clock import Clock, DatabaseClock
+from schemas.connections import unchecked_first
 from schemas.dispatch_lanes import aware, bucket_of_micros, lane_of, micros_of
 from schemas.queries import QUERIES
 from schemas.shard_ownership import ShardOwnership
@@ -425,23 +426,21 @@ class Materializer:
         return report
 
     async def _write_staged(self, conn: asyncpg.Connection, span: trace.Span, params: dict[str, Any]) -> asyncpg.Record:
-        """The batch's one statement (materialize_staged), its occurrences inserted unchecked first, under a
-        savepoint: no speculative insert (ON CONFLICT DO NOTHING) for conflicts a pass rarely meets (the
-        statement's comment). If one exists, the statement is refused with unique_violation, its savepoint
-        undoes everything it wrote, and it runs again checked: what the pass writes is then exactly what the
-        checked statement alone would have written."""
-        try:
-            async with conn.transaction():  # a savepoint: the pass's transaction is already open
-                written: asyncpg.Record = await conn.fetchrow(*QUERIES.materialize_staged(checked=False, **params))
-            span.set_attribute("chronoq.checked_insert", False)
-            return written
-        except asyncpg.UniqueViolationError as refused:
-            span.set_attribute("chronoq.checked_insert", True)
+        """The batch's one statement (materialize_staged), its occurrences inserted unchecked first
+        (schemas.connections.unchecked_first): what the pass writes is exactly what the checked statement alone
+        would have written."""
+
+        async def run(checked: bool) -> asyncpg.Record:
+            return await conn.fetchrow(*QUERIES.materialize_staged(checked=checked, **params))
+
+        written, checked = await unchecked_first(conn, run)
+        span.set_attribute("chronoq.checked_insert", checked)
+        if checked:
             log.info(
                 "a staged occurrence existed already; the batch written again, leaving existing ones alone",
-                extra={"action": "materializer.checked_insert", "constraint": refused.constraint_name},
+                extra={"action": "materializer.checked_insert"},
             )
-        return await conn.fetchrow(*QUERIES.materialize_staged(checked=True, **params))
+        return written
 
     @staticmethod
     def _note_written(
