@@ -136,9 +136,15 @@ class GrantWaiter:
         )
         await start_client(consumer, bootstrap, security)
         tp = TopicPartition(ATTEMPT_GRANTS_TOPIC, grant_partition(self.consumer_group, len(partitions)))
-        consumer.assign([tp])
-        await consumer.seek_to_end(tp)
-        await consumer.position(tp)  # resolves the end offset now, before any started is sent
+        try:
+            consumer.assign([tp])
+            await consumer.seek_to_end(tp)
+            await consumer.position(tp)  # resolves the end offset now, before any started is sent
+        except BaseException:
+            # The broker went away between the start and the seek: the caller retries with a new consumer,
+            # so this one is closed here (each retry of an outage would otherwise leak one).
+            await consumer.stop()
+            raise
         self._consumer = consumer
 
     async def follow(self, stop: asyncio.Event | None = None) -> None:

@@ -38,17 +38,22 @@ async def open_from_beginning(
         **security.client_options(),
     )
     await start_client(consumer, bootstrap, security)
-    loop = asyncio.get_running_loop()
-    # Partitions from an admin client, not consumer.partitions_for_topic: an assigning consumer has
-    # no topic metadata on Apache Kafka (schemas.topics.topic_partitions).
-    partitions = await topic_partitions(bootstrap, topic, security)
-    while not partitions and loop.time() < deadline:
-        await asyncio.sleep(0.05)
+    try:
+        loop = asyncio.get_running_loop()
+        # Partitions from an admin client, not consumer.partitions_for_topic: an assigning consumer has
+        # no topic metadata on Apache Kafka (schemas.topics.topic_partitions).
         partitions = await topic_partitions(bootstrap, topic, security)
-    assigned = [TopicPartition(topic, p) for p in partitions]
-    if assigned:
-        consumer.assign(assigned)
-        await consumer.seek_to_beginning(*assigned)
+        while not partitions and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+            partitions = await topic_partitions(bootstrap, topic, security)
+        assigned = [TopicPartition(topic, p) for p in partitions]
+        if assigned:
+            consumer.assign(assigned)
+            await consumer.seek_to_beginning(*assigned)
+    except BaseException:
+        # The broker went away before the consumer was handed over: nobody else can stop it.
+        await consumer.stop()
+        raise
     return consumer, assigned
 
 

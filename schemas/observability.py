@@ -63,6 +63,9 @@ ATTEMPT_EVENT_BATCH = "chronoq.attempt_event_batch"  # histogram: attempt events
 ATTEMPT_EVENTS_LAG = "chronoq.attempt_events_lag"
 # One description for both recorders: registrations of one name that differ in it export as two metrics.
 ATTEMPT_EVENTS_LAG_DESCRIPTION = "records on chronoq.attempts not applied yet (a group record holds up to 500 events)"
+# gauge: attempt outcomes and heartbeats the attempt processor read and holds behind a stream of starts
+ATTEMPT_EVENTS_HELD = "chronoq.attempt_events_held"
+ATTEMPT_EVENTS_HELD_DESCRIPTION = "attempt outcomes and heartbeats read and held behind a stream of starts"
 REAPER_DEFERRED = "chronoq.reaper_deferred"  # gauge, s: how far the reaper trails now (attempt events not applied yet)
 # Operator features.
 BACKFILLED_OCCURRENCES = (

@@ -27,6 +27,12 @@ read from the occurrences' state and lease tokens at the end of that transaction
 and the reply is answered ``granted`` again. The consumer runtime calls the handler only after ``granted``
 (the cancel barrier, docs/state-machine.md).
 
+Outcomes behind starts. While starts stream in (a burst), the outcomes and heartbeats read with them are held
+in memory, in order, and applied once starts stop streaming, or the oldest has waited a minute, or too many
+are held (:mod:`engine.rules.outcome_hold`): runtimes wait for the answers to their starts, nobody waits for
+an outcome, and both compete for the same cores. A partition's offset is never committed past its first held
+record (a crash reads it again), and a partition holding events is not read to its end (below).
+
 Progress. After every poll the processor records, per partition it has read to its end, the engine
 instant up to which every event of that partition is applied (``attempt_event_progress``); the lease
 reaper judges leases by that instant, so a backlog of heartbeats and outcomes never makes it time out
@@ -42,12 +48,12 @@ import random
 import time
 import uuid
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import asyncpg
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 from opentelemetry import metrics, trace
 
@@ -59,6 +65,7 @@ from engine.loops.kafka_processor import KafkaLoopSettings, KafkaProcessorLoop, 
 from engine.loops.reporting import SUMMARY_EVERY
 from engine.rules.attempt_grants import grant_for
 from engine.rules.consumers_behind import ConsumersBehind
+from engine.rules.outcome_hold import HoldLimits, OutcomeHold, starts_ahead
 from schemas import observability as obs
 from schemas.attempt_credentials import signed_by
 from schemas.attempt_events import HEARTBEAT, STARTED, AttemptEvent, decode_attempt_record
@@ -99,6 +106,8 @@ class AttemptProcessorConfig:
         says so in ``consumers_behind`` (for three windows) and the settle pass waits
         (engine.rules.consumers_behind). 0: never. At the defaults the announcement lasts 15 s, so a burst's
         last outcomes, which come in below its peak rate, are applied before the settle pass begins.
+    outcome_hold: while ``starts`` or more starts come within a second, outcomes and heartbeats wait behind them
+        (engine.rules.outcome_hold; at most ``max_age`` s and ``max_events`` events). ``starts=0``: never.
     """
 
     group: str | None = None
@@ -112,8 +121,10 @@ class AttemptProcessorConfig:
     behind_after: float = 5.0
     behind_events: int = 1000
     behind_window: float = 5.0
+    outcome_hold: HoldLimits = HoldLimits()
 
     def validate(self) -> None:
+        self.outcome_hold.validate()
         if self.heartbeat_interval >= self.session_timeout:
             raise ValueError("heartbeat_interval must be shorter than session_timeout")
         if self.max_poll_records < 1:
@@ -139,6 +150,7 @@ class AttemptProcessor:
         verifier: EventVerifier | None = None,
         security: KafkaSecurity = PLAINTEXT,
         grants: GrantSink | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.pool = pool
         self.kafka_bootstrap = kafka_bootstrap
@@ -168,6 +180,14 @@ class AttemptProcessor:
         self._behind_announcements = meter.create_counter(obs.CONSUMERS_BEHIND_ANNOUNCEMENTS, unit="1")
         # Transactions open at once across the loop's units (each unit splits into lanes, _apply_in_lanes).
         self._transactions = asyncio.Semaphore(max(self.config.parallel_partitions, 1))
+        self.monotonic = monotonic
+        self.hold: OutcomeHold[ReceivedEvent] = OutcomeHold(
+            cfg.outcome_hold, _is_start, lambda item: item.event.occurrence_id, lambda item: item.offset or 0
+        )
+        self._held = meter.create_gauge(
+            obs.ATTEMPT_EVENTS_HELD, unit="1", description=obs.ATTEMPT_EVENTS_HELD_DESCRIPTION
+        )
+        self._holding_since: float | None = None
 
     @property
     def events_applied(self) -> int:
@@ -347,12 +367,80 @@ class AttemptProcessor:
                 ReceivedEvent(event, claim, record.key, value, record.partition, record.offset, decoded.grouped)
                 for event in decoded.events
             )
-        verdicts = await self._apply_in_lanes(
-            transaction_lanes(received, self.config.merge_records, self.config.max_poll_records)
-        )
+        verdicts = await self._apply_admitted(received)
         counts = Counter(verdict.value for verdict in verdicts)
         counts[Verdict.REJECTED.value] += rejected
         return {**{k: v for k, v in counts.items() if v}, **({"poison": poison} if poison else {})}
+
+    async def _apply_admitted(self, received: Sequence[ReceivedEvent]) -> list[Verdict]:
+        """Apply what the hold lets through of ``received`` (with what it held of their partitions before), and
+        keep the rest held. If applying fails, the hold of these partitions is put back as it was: the loop
+        reads the unit again, and the events held before it are still held."""
+        by_partition: dict[int | None, list[ReceivedEvent]] = {}
+        for item in received:
+            by_partition.setdefault(item.partition, []).append(item)
+        kept = self.hold.mark(by_partition)
+        now = self.monotonic()
+        admitted = [
+            item for partition, items in by_partition.items() for item in self.hold.admit(partition, items, now)
+        ]
+        try:
+            verdicts = await self._apply_in_lanes(
+                transaction_lanes(admitted, self.config.merge_records, self.config.max_poll_records)
+            )
+        except BaseException:
+            self.hold.rollback(kept)
+            raise
+        self._note_hold(now)
+        return verdicts
+
+    async def after_poll(self, consumer: AIOKafkaConsumer) -> dict[TopicPartition, int]:
+        """After every poll: what is held of partitions no longer assigned is dropped (their next owner reads it
+        from the committed offset), held events are applied if starts stopped streaming (or a limit was
+        reached), then progress is recorded (:meth:`record_progress`). Returns the offsets to commit past the
+        records applied here (the loop commits them, never past a record still held)."""
+        assigned = {tp.partition for tp in consumer.assignment()}
+        self.hold.forget(set(self.hold.partitions()) - assigned)
+        now = self.monotonic()
+        released = self.hold.release(now)
+        offsets: dict[TopicPartition, int] = {}
+        if released:
+            kept = self.hold.mark(released)
+            try:
+                await self._apply_in_lanes(
+                    transaction_lanes(
+                        [item for items in released.values() for item in items],
+                        self.config.merge_records,
+                        self.config.max_poll_records,
+                    )
+                )
+            except BaseException:
+                self.hold.rollback(kept)
+                raise
+            for partition in released:
+                read_to = self.hold.read_to(partition)
+                if partition is not None and read_to is not None:
+                    offsets[TopicPartition(ATTEMPTS_TOPIC, partition)] = read_to
+        self._note_hold(now)
+        await self.record_progress(consumer)
+        return offsets
+
+    def _note_hold(self, now: float) -> None:
+        """The held gauge, and a log line when a hold begins and when it is drained."""
+        held = self.hold.held
+        self._held.set(held)
+        if held and self._holding_since is None:
+            self._holding_since = now
+            log.info(
+                "attempt outcomes held behind a stream of starts",
+                extra={"action": "attempt.outcomes_held", "held": held},
+            )
+        elif not held and self._holding_since is not None:
+            log.info(
+                "attempt outcomes held behind starts are applied",
+                extra={"action": "attempt.outcomes_released", "held_s": round(now - self._holding_since, 3)},
+            )
+            self._holding_since = None
 
     async def _apply_in_lanes(self, lanes: list[list[list[ReceivedEvent]]]) -> list[Verdict]:
         """Every lane's transactions in order, lanes side by side (at most ``parallel_partitions``
@@ -388,7 +476,13 @@ class AttemptProcessor:
             position = await consumer.position(tp)
             self._lag.set(max(high - position, 0), {"partition": tp.partition})
             polled = consumer.last_poll_timestamp(tp)
-            if self._mark is not None and position >= high and polled is not None and polled / 1000 > self._mark[1]:
+            if (
+                self._mark is not None
+                and position >= high
+                and polled is not None
+                and polled / 1000 > self._mark[1]
+                and not self.hold.holds(tp.partition)  # a held event is read, not applied
+            ):
                 caught_up.append(tp.partition)
         await self._known({tp.partition for tp in assignment})
         now: datetime = await self.pool.fetchval(
@@ -463,8 +557,9 @@ class AttemptProcessor:
                 settings,
                 self.handle_records,
                 log,
-                after_round=self.record_progress,
+                after_round=self.after_poll,
                 security=self.security,
+                held_from=self.hold.held_from,
             ).run(stop)
         finally:
             if publisher is not None:
@@ -509,14 +604,12 @@ def starts_first(events: Sequence[ReceivedEvent]) -> list[ReceivedEvent]:
     transactions answer the `started` that runtimes are waiting on instead of making them wait behind earlier
     batches' outcomes and heartbeats (a backlogged poll holds tens of thousands of those). Events of different
     occurrences are independent: the ledger decides each occurrence on its own events."""
-    seen: set[uuid.UUID] = set()
-    ahead: list[ReceivedEvent] = []
-    rest: list[ReceivedEvent] = []
-    for item in events:
-        occurrence = item.event.occurrence_id
-        (ahead if item.event.event == STARTED and occurrence not in seen else rest).append(item)
-        seen.add(occurrence)
+    ahead, rest = starts_ahead(events, _is_start, lambda item: item.event.occurrence_id)
     return ahead + rest
+
+
+def _is_start(item: ReceivedEvent) -> bool:
+    return item.event.event == STARTED
 
 
 def _asks_for_grant(event: AttemptEvent) -> bool:

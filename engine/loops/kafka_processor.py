@@ -34,9 +34,12 @@ in the engine database and return counts for the summary.
   reject what they can themselves (commands are answered, undecodable events
   counted); this is the last line. Other partitions of the same fetch are
   still processed;
-* **after every poll** (records or none), ``after_round(consumer)`` if given: the attempt processor records
-  there how far it has read each partition, and its lag. A failure there is logged like a unit's, and the
-  loop goes on;
+* **after every poll** (records or none), ``after_round(consumer)`` if given: the attempt processor applies
+  there the events it held back (and returns the offsets to commit past them) and records how far it has
+  read each partition, and its lag. A failure there is logged like a unit's, and the loop goes on;
+* **held events**: with ``held_from``, a partition's offset is never committed past the first record its
+  handler still holds unapplied (the attempt processor's outcomes held behind starts), so a crash reads it
+  again;
 * **a one-line summary** every ``summary_every`` seconds
   (:class:`engine.loops.reporting.LoopSummary`).
 """
@@ -64,7 +67,10 @@ from schemas.queries import QUERIES
 from schemas.topics import DEFAULT_PARTITIONS, FETCH_WAIT_MS, METADATA_REFRESH_S, create_missing_topics
 
 Handle = Callable[[Sequence[ConsumerRecord]], Awaitable[Mapping[str, int]]]
-AfterRound = Callable[[AIOKafkaConsumer], Awaitable[None]]
+#: After a poll: returns offsets to commit (past records ``handle`` held and has applied since), if any.
+AfterRound = Callable[[AIOKafkaConsumer], Awaitable[Mapping[TopicPartition, int] | None]]
+#: The offset of a partition's first record whose events the handler holds unapplied, None if none.
+HeldFrom = Callable[[int], int | None]
 
 
 async def database_scoped_group(
@@ -141,6 +147,7 @@ class KafkaProcessorLoop:
         monotonic: Callable[[], float] = time.monotonic,
         after_round: AfterRound | None = None,
         security: KafkaSecurity = PLAINTEXT,
+        held_from: HeldFrom | None = None,
     ) -> None:
         self.name = name
         self.bootstrap = bootstrap
@@ -150,6 +157,7 @@ class KafkaProcessorLoop:
         self.log = log
         self.unit = unit
         self.after_round = after_round
+        self.held_from = held_from
         self._skipped = obs.get_meter("engine").create_counter(obs.RECORDS_SKIPPED, unit="1")
         self.summary = LoopSummary(name, log, settings.summary_every, monotonic=monotonic)
 
@@ -296,9 +304,12 @@ class KafkaProcessorLoop:
     async def _after_round(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
         assert self.after_round is not None
         try:
-            await self.after_round(consumer)
+            offsets = await self.after_round(consumer)
         except Exception as err:  # noqa: BLE001 - bookkeeping after a poll must not end the loop
             await self._back_off(err, stop)
+            return
+        if offsets:
+            await self._commit(consumer, dict(offsets))
 
     async def _back_off(self, err: BaseException, stop: asyncio.Event) -> None:
         """After a failed step: count and log it, then wait ``error_backoff`` (or until stop)."""
@@ -327,7 +338,11 @@ class KafkaProcessorLoop:
             await self._commit(consumer, {tp: done})
 
     async def _commit(self, consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, int]) -> None:
-        """Commit past what was handled; a refused commit (a rebalance) is logged, and the next owner re-reads."""
+        """Commit past what was handled, never past a record the handler holds (``held_from``); a refused commit
+        (a rebalance) is logged, and the next owner re-reads."""
+        if self.held_from is not None:
+            held = {tp: self.held_from(tp.partition) for tp in offsets}
+            offsets = {tp: offset if (at := held[tp]) is None else min(offset, at) for tp, offset in offsets.items()}
         try:
             await consumer.commit(offsets)
         except (CommitFailedError, KafkaError) as err:
