@@ -178,22 +178,27 @@ class OutcomeHold(Generic[E]):
         return ahead + rest
 
     def release(self, now: float) -> dict[Partition, list[E]]:
-        """Held events to apply now, when no longer holding: up to ``release`` of them, each partition's from
-        its first, the longest-held partitions first. Empty while holding."""
+        """Held events to apply now, when no longer holding: up to ``release`` of them, shared evenly by the
+        holding partitions (they are applied side by side, one lane each), each partition's from its first,
+        what a partition leaves of its share going to the longest-held ones. Empty while holding."""
         if not self._held or self.holding(now):
             return {}
-        out: dict[Partition, list[E]] = {}
         budget = self.limits.release
-        for partition in sorted(self._held, key=lambda p: self._since[p]):
-            if budget <= 0:
-                break
+        partitions = sorted(self._held, key=lambda p: self._since[p])[:budget]
+        share = budget // len(partitions)
+        take = {p: min(len(self._held[p]), share) for p in partitions}
+        left = budget - sum(take.values())
+        for partition in partitions:  # what the others left, longest-held first
+            more = min(len(self._held[partition]) - take[partition], left)
+            take[partition] += more
+            left -= more
+        out: dict[Partition, list[E]] = {}
+        for partition, n in take.items():
             held = self._held[partition]
-            taken, kept = held[:budget], held[budget:]
-            out[partition] = taken
-            budget -= len(taken)
-            self._count -= len(taken)
-            if kept:
-                self._held[partition] = kept  # still waiting since the same admission: its age goes on
+            out[partition] = held[:n]
+            self._count -= n
+            if n < len(held):
+                self._held[partition] = held[n:]  # still waiting since the same admission: its age goes on
             else:
                 del self._held[partition]
                 del self._since[partition]

@@ -95,7 +95,9 @@ class Consumer:
         self.waiting[p] = [e for e in self.waiting[p] if e not in events]
 
     def release(self, now: float) -> None:
-        for p, events in self.hold.release(now).items():
+        released = self.hold.release(now)
+        assert sum(len(events) for events in released.values()) <= self.limit.release
+        for p, events in released.items():
             assert p is not None
             assert events == self.waiting[p][: len(events)]  # each partition's from its first
             self.given_back(p, events)
@@ -220,6 +222,18 @@ def test_the_count_limit_holds_no_more_while_what_is_held_waits():
     assert [e.occurrence for e in out] == [10, 10, 11]  # five would be held: over the limit, these are not
     assert hold.held == 3 and not hold.holds(1)
     assert hold.release(0.5) == {}  # still streaming, and what is held stays within the limit
+
+
+def test_a_release_round_shares_its_budget_among_the_holding_partitions():
+    """They are applied side by side, a lane each: one partition's backlog must not take a whole round."""
+    hold = new_hold(HoldLimits(starts=1, window=1.0, release=12))
+    for p, (at, outcomes) in enumerate([(0.0, 10), (0.1, 2), (0.2, 10)]):
+        hold.admit(p, burst(p, 0, range(100 * p, 100 * p + 1), start=True), at)
+        hold.admit(p, burst(p, 1, range(100 * p + 1, 100 * p + 1 + outcomes), start=False), at)
+    assert hold.held == 22
+    released = hold.release(5.0)
+    assert {p: len(events) for p, events in released.items()} == {0: 6, 1: 2, 2: 4}  # 4 each, 2 left to the oldest
+    assert [e.offset for e in released[0]] == list(range(1, 7))
 
 
 def test_a_reread_drops_what_comes_again_and_forget_drops_a_partition():
