@@ -218,12 +218,22 @@ async def engine_worker(args: argparse.Namespace) -> None:
     applied = 0
     ready = False
     busy = _BusyCpu()
+    # The outcome hold (engine.rules.outcome_hold), sampled: its peak, and each stretch it held events
+    # (seconds from the first event applied): when outcomes waited behind the starts, and when they were let go.
+    held_max = 0
+    holds: list[list[float]] = []
     while not all(t.done() for t in tasks):
         if not ready and processor.assigned_partitions:
             _say("READY")
             ready = True
         total = processor.events_applied
         busy.saw(total)
+        held = processor.hold.held
+        held_max = max(held_max, held)
+        if first is not None and held and (not holds or len(holds[-1]) == 2):
+            holds.append([round(time.time() - first, 2)])
+        elif holds and not held and len(holds[-1]) == 1:
+            holds[-1].append(round(time.time() - first, 2) if first else 0.0)
         if total > applied:
             now = time.time()
             first = first or now
@@ -245,6 +255,8 @@ async def engine_worker(args: argparse.Namespace) -> None:
                 "cpu_s": busy.cpu_s,
                 "verdicts": processor.stats.verdicts,
                 "lease_timeouts": reaper.stats.retries + reaper.stats.dead,
+                "held_max": held_max,
+                "holds": holds,
             }
         ),
     )
@@ -491,6 +503,9 @@ class ConsumerSide:
                 "grant_wait_buckets": _summed([r.get("grant_wait_buckets") or {} for r in reports]),
                 "attempt_events": engine_report.get("events"),
                 "attempt_verdicts": engine_report.get("verdicts"),
+                # Outcomes held behind starts: the most at once, and each stretch (s after the first event).
+                "outcomes_held_max": engine_report.get("held_max"),
+                "outcome_holds": engine_report.get("holds"),
             }
         )
         if cpu_before is not None and cpu_after is not None:
