@@ -28,8 +28,8 @@ and the reply is answered ``granted`` again. The consumer runtime calls the hand
 (the cancel barrier, docs/state-machine.md).
 
 Outcomes behind starts. While starts stream in (a burst), the outcomes and heartbeats read with them are held
-in memory, in order, and applied once starts stop streaming, or the oldest has waited a minute, or too many
-are held (:mod:`engine.rules.outcome_hold`): runtimes wait for the answers to their starts, nobody waits for
+in memory, in order, and applied in bounded rounds once starts stop streaming or the oldest has waited a
+minute (:mod:`engine.rules.outcome_hold`): runtimes wait for the answers to their starts, nobody waits for
 an outcome, and both compete for the same cores. A partition's offset is never committed past its first held
 record (a crash reads it again), and a partition holding events is not read to its end (below).
 
@@ -106,8 +106,9 @@ class AttemptProcessorConfig:
         says so in ``consumers_behind`` (for three windows) and the settle pass waits
         (engine.rules.consumers_behind). 0: never. At the defaults the announcement lasts 15 s, so a burst's
         last outcomes, which come in below its peak rate, are applied before the settle pass begins.
-    outcome_hold: while ``starts`` or more starts come within a second, outcomes and heartbeats wait behind them
-        (engine.rules.outcome_hold; at most ``max_age`` s and ``max_events`` events). ``starts=0``: never.
+    outcome_hold: while ``starts`` or more starts come within ``window`` seconds, outcomes and heartbeats wait
+        behind them (engine.rules.outcome_hold; at most ``max_age`` s and ``max_events`` events). ``starts=0``:
+        never.
     """
 
     group: str | None = None

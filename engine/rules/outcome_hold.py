@@ -8,7 +8,10 @@ burst both compete for the same two cores, and applying an outcome costs about w
 lock, an occurrence update, an attempt update). So while starts stream in (``starts`` or more within
 ``window`` seconds), the processor applies them and **holds** the outcomes and heartbeats read with them, in
 memory and in order; it applies them once starts stop streaming, or the oldest has waited ``max_age``
-seconds, or it holds ``max_events`` (~1.2 kB each), ``release`` per round (docs/consumer-runtime.md).
+seconds, ``release`` per round (docs/consumer-runtime.md); past ``max_events`` (~1.2 kB each) it holds no
+more. The window is seconds, not one poll: runtimes send their starts a batch at a time and wait for the
+answers, so a burst's starts come in waves, and a hold that lapsed between two waves would put the
+backlog of outcomes in front of the next wave's answers (measured, docs/benchmarks.md stop 59).
 
 Pure: every method takes the instant (monotonic seconds). Guarantees (property-tested in
 tests/unit/test_outcome_hold.py):
@@ -43,10 +46,10 @@ class HoldLimits:
     that keep answering starts."""
 
     starts: int = 500
-    window: float = 1.0
+    window: float = 3.0
     max_age: float = 60.0
     max_events: int = 250_000
-    release: int = 16_000
+    release: int = 8_000
 
     def validate(self) -> None:
         if self.starts < 0 or self.window <= 0 or self.max_age < 0 or self.max_events < 0 or self.release < 1:
@@ -154,9 +157,12 @@ class OutcomeHold(Generic[E]):
                 self._count += len(was.held)
 
     def admit(self, partition: Partition, items: Sequence[E], now: float) -> list[E]:
-        """The events of ``partition`` to apply now, of those held and ``items`` (read after them, in order);
-        the rest is held. Items at an offset already admitted are a re-read (a rewind, a partition assigned
-        again): held items from that offset on are dropped first, as they come again in ``items``."""
+        """The events of ``partition`` to apply now, of those held and ``items`` (read after them, in order).
+        The rest is held while :meth:`holding`, and otherwise too behind the partition's events still held
+        (within ``max_events``): those are applied by :meth:`release` rounds, a bounded share each, never all
+        at once in one reader's unit, which would keep the next starts waiting behind it. Items at an offset
+        already admitted are a re-read (a rewind, a partition assigned again): held items from that offset on
+        are dropped first, as they come again in ``items``."""
         if not items:
             return []
         first = self._offset(items[0])
@@ -170,7 +176,8 @@ class OutcomeHold(Generic[E]):
         if ahead:
             self._starts.append((now, len(ahead)))
         since = self._since.pop(partition, now)
-        if rest and self.holding(now, len(rest)) and (now - since < self.limits.max_age):
+        within = self._count + len(rest) <= self.limits.max_events
+        if rest and within and (held or (self.holding(now, len(rest)) and now - since < self.limits.max_age)):
             self._held[partition] = rest
             self._since[partition] = since
             self._count += len(rest)

@@ -224,6 +224,22 @@ def test_the_count_limit_holds_no_more_while_what_is_held_waits():
     assert hold.release(0.5) == {}  # still streaming, and what is held stays within the limit
 
 
+def test_after_the_stream_a_backlog_comes_back_in_bounded_rounds_and_new_outcomes_queue_behind_it():
+    """A reader's unit must never carry a partition's whole backlog: starts read with it would wait behind it
+    (measured: a hold that lapsed between two waves of a burst put tens of thousands of outcomes in front of
+    the next wave's answers)."""
+    hold = new_hold(HoldLimits(starts=1, window=1.0, release=2))
+    hold.admit(0, burst(0, 0, range(1), start=True) + burst(0, 1, range(1, 4), start=False), 0.0)
+    assert hold.held == 3
+    late_outcome, new_start = Ev(0, 4, 0, 9, False), Ev(0, 5, 0, 10, True)
+    assert hold.admit(0, [late_outcome], 5.0) == []  # the stream lapsed: still queued behind the backlog
+    assert [e.offset for e in hold.release(5.0)[0]] == [1, 2]
+    assert hold.admit(0, [new_start], 5.1) == [new_start]  # a start never waits, and it streams again
+    assert hold.release(5.2) == {}
+    assert [e.offset for e in hold.release(6.2)[0]] == [3, 4]
+    assert hold.held == 0 and hold.admit(0, [Ev(0, 6, 0, 11, False)], 6.3) == [Ev(0, 6, 0, 11, False)]
+
+
 def test_a_release_round_shares_its_budget_among_the_holding_partitions():
     """They are applied side by side, a lane each: one partition's backlog must not take a whole round."""
     hold = new_hold(HoldLimits(starts=1, window=1.0, release=12))
