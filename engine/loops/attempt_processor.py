@@ -189,6 +189,7 @@ class AttemptProcessor:
             obs.ATTEMPT_EVENTS_HELD, unit="1", description=obs.ATTEMPT_EVENTS_HELD_DESCRIPTION
         )
         self._holding_since: float | None = None
+        self._read_in_round = False  # whether handle_records ran since the last after_poll
 
     @property
     def events_applied(self) -> int:
@@ -330,6 +331,7 @@ class AttemptProcessor:
 
         A partition's progress row exists before its first event is applied (see :meth:`_known`)."""
         await self._known({record.partition for record in records})
+        self._read_in_round = True
         received: list[ReceivedEvent] = []
         poison = rejected = 0
         for record in records:
@@ -403,7 +405,8 @@ class AttemptProcessor:
         assigned = {tp.partition for tp in consumer.assignment()}
         self.hold.forget(set(self.hold.partitions()) - assigned)
         now = self.monotonic()
-        released = self.hold.release(now)
+        released = self.hold.release(now, idle=not self._read_in_round)
+        self._read_in_round = False
         offsets: dict[TopicPartition, int] = {}
         if released:
             kept = self.hold.mark(released)

@@ -37,6 +37,10 @@ from typing import Generic, TypeVar
 E = TypeVar("E")
 Partition = int | None
 
+#: A release round after a poll that read nothing applies this many rounds' worth: nobody waits for an answer,
+#: and each round costs the reader an idle poll (its fetch wait) before the next.
+IDLE_ROUNDS = 4
+
 
 @dataclass(frozen=True)
 class HoldLimits:
@@ -46,7 +50,7 @@ class HoldLimits:
     that keep answering starts."""
 
     starts: int = 500
-    window: float = 3.0
+    window: float = 2.0
     max_age: float = 60.0
     max_events: int = 250_000
     release: int = 8_000
@@ -184,13 +188,14 @@ class OutcomeHold(Generic[E]):
             return ahead
         return ahead + rest
 
-    def release(self, now: float) -> dict[Partition, list[E]]:
-        """Held events to apply now, when no longer holding: up to ``release`` of them, shared evenly by the
-        holding partitions (they are applied side by side, one lane each), each partition's from its first,
-        what a partition leaves of its share going to the longest-held ones. Empty while holding."""
+    def release(self, now: float, idle: bool = False) -> dict[Partition, list[E]]:
+        """Held events to apply now, when no longer holding: up to ``release`` of them (``IDLE_ROUNDS`` times
+        as many when the last poll read nothing: no start is waiting), shared evenly by the holding partitions
+        (they are applied side by side, one lane each), each partition's from its first, what a partition
+        leaves of its share going to the longest-held ones. Empty while holding."""
         if not self._held or self.holding(now):
             return {}
-        budget = self.limits.release
+        budget = self.limits.release * (IDLE_ROUNDS if idle else 1)
         partitions = sorted(self._held, key=lambda p: self._since[p])[:budget]
         share = budget // len(partitions)
         take = {p: min(len(self._held[p]), share) for p in partitions}

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.rules.outcome_hold import HoldLimits, OutcomeHold, starts_ahead
+from engine.rules.outcome_hold import IDLE_ROUNDS, HoldLimits, OutcomeHold, starts_ahead
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ limits = st.builds(
 # may crash (a fresh hold reads again from the committed offsets); or a release round.
 steps = st.lists(
     st.tuples(
-        st.sampled_from(["read", "read", "read", "release", "fail", "crash"]),
+        st.sampled_from(["read", "read", "read", "release", "idle", "fail", "crash"]),
         st.integers(0, 2),
         st.integers(1, 4),
         st.sampled_from([0.0, 0.3, 1.5, 70.0]),
@@ -94,9 +94,9 @@ class Consumer:
         self.ever.update(events)
         self.waiting[p] = [e for e in self.waiting[p] if e not in events]
 
-    def release(self, now: float) -> None:
-        released = self.hold.release(now)
-        assert sum(len(events) for events in released.values()) <= self.limit.release
+    def release(self, now: float, idle: bool) -> None:
+        released = self.hold.release(now, idle)
+        assert sum(len(events) for events in released.values()) <= self.limit.release * (IDLE_ROUNDS if idle else 1)
         for p, events in released.items():
             assert p is not None
             assert events == self.waiting[p][: len(events)]  # each partition's from its first
@@ -143,8 +143,8 @@ def test_nothing_before_a_commit_is_unapplied_and_each_occurrence_keeps_its_orde
         now += dt
         if action == "crash":
             run.crash()
-        elif action == "release":
-            run.release(now)
+        elif action in ("release", "idle"):
+            run.release(now, idle=action == "idle")
         else:
             run.read(p % len(run.parts), n, now, fails=action == "fail")
         run.check()
@@ -250,6 +250,7 @@ def test_a_release_round_shares_its_budget_among_the_holding_partitions():
     released = hold.release(5.0)
     assert {p: len(events) for p, events in released.items()} == {0: 6, 1: 2, 2: 4}  # 4 each, 2 left to the oldest
     assert [e.offset for e in released[0]] == list(range(1, 7))
+    assert sum(len(events) for events in hold.release(5.0, idle=True).values()) == 10  # the rest: under 4 × 12
 
 
 def test_a_reread_drops_what_comes_again_and_forget_drops_a_partition():
