@@ -16,20 +16,19 @@ backlog of outcomes in front of the next wave's answers (measured, docs/benchmar
 Pure: every method takes the instant (monotonic seconds). Guarantees (property-tested in
 tests/unit/test_outcome_hold.py):
 
-* each occurrence's events come back in the order they were read: a start goes ahead only as the first
-  event of its occurrence among its partition's events not yet given back; anything read after a held event
-  of the same occurrence waits behind it;
+* each occurrence's events come back in the order they were read: anything read after a held event of the
+  same occurrence waits behind it; a start goes ahead of the events held unless its occurrence has one;
 * nothing admitted is lost: every item comes back exactly once (from :meth:`admit` or :meth:`release`),
   except those the caller reads again (:meth:`admit` of an offset already read drops the held items from
   there on) or stops owning (:meth:`forget`), and :meth:`rollback` puts back what a failed apply took;
 * :meth:`held_from` is at or below the offset of every held item of its partition: an offset committed up
   to it never passes a held event, so a crash reads every held event again;
-* a start is never held behind a start or an outcome of another occurrence.
+* a start is never held behind the events of another occurrence.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -62,12 +61,26 @@ class HoldLimits:
             )
 
 
+class _Lane(Generic[E]):
+    """One partition's held events in read order, how many of them each occurrence has (an occurrence with
+    any held must wait behind them), and when the oldest was admitted. :meth:`OutcomeHold.admit` appends in
+    place (a burst's backlog is never copied per read); anything that takes events out makes a new lane, so a
+    lane :meth:`OutcomeHold.mark` saw is changed only by appends."""
+
+    __slots__ = ("items", "per_occurrence", "since")
+
+    def __init__(self, items: list[E], per_occurrence: Counter[Hashable], since: float) -> None:
+        self.items = items
+        self.per_occurrence = per_occurrence
+        self.since = since
+
+
 @dataclass(frozen=True)
 class _Kept(Generic[E]):
-    """A partition's hold as it was (for :meth:`OutcomeHold.rollback`)."""
+    """A partition's hold as :meth:`OutcomeHold.mark` saw it: its lane and that lane's length then."""
 
-    held: list[E] | None
-    since: float | None
+    lane: _Lane[E] | None
+    length: int
     read_to: int | None
 
 
@@ -89,8 +102,7 @@ class OutcomeHold(Generic[E]):
         self._is_start = is_start
         self._occurrence = occurrence
         self._offset = offset
-        self._held: dict[Partition, list[E]] = {}
-        self._since: dict[Partition, float] = {}  # when each partition's oldest held item was admitted
+        self._lanes: dict[Partition, _Lane[E]] = {}
         self._read_to: dict[Partition, int] = {}  # past the last offset admitted
         self._starts: deque[tuple[float, int]] = deque()  # (when, starts admitted), oldest first
         self._count = 0
@@ -101,16 +113,16 @@ class OutcomeHold(Generic[E]):
         return self._count
 
     def holds(self, partition: Partition) -> bool:
-        return partition in self._held
+        return partition in self._lanes
 
     def items(self) -> Iterator[E]:
         """Every held event, partition by partition, in order."""
-        for held in self._held.values():
-            yield from held
+        for lane in self._lanes.values():
+            yield from lane.items
 
     def partitions(self) -> list[Partition]:
         """The partitions holding events."""
-        return list(self._held)
+        return list(self._lanes)
 
     def read_to(self, partition: Partition) -> int | None:
         """Past the last offset admitted of the partition (every record before it is applied or held)."""
@@ -118,12 +130,12 @@ class OutcomeHold(Generic[E]):
 
     def held_from(self, partition: Partition) -> int | None:
         """The offset of the partition's first held record (commit no further), None when it holds nothing."""
-        held = self._held.get(partition)
-        return self._offset(held[0]) if held else None
+        lane = self._lanes.get(partition)
+        return self._offset(lane.items[0]) if lane else None
 
     def oldest(self) -> float | None:
         """When the oldest held event was admitted."""
-        return min(self._since.values(), default=None)
+        return min((lane.since for lane in self._lanes.values()), default=None)
 
     def streaming(self, now: float) -> bool:
         """``starts`` or more starts were admitted within ``window`` seconds before ``now``."""
@@ -143,77 +155,94 @@ class OutcomeHold(Generic[E]):
 
     def mark(self, partitions: Iterable[Partition]) -> dict[Partition, _Kept[E]]:
         """The hold of ``partitions`` as it is now, for :meth:`rollback` if applying what comes back fails."""
-        return {p: _Kept(self._held.get(p), self._since.get(p), self._read_to.get(p)) for p in partitions}
+        kept = {}
+        for p in partitions:
+            lane = self._lanes.get(p)
+            kept[p] = _Kept(lane, len(lane.items) if lane else 0, self._read_to.get(p))
+        return kept
 
     def rollback(self, kept: Mapping[Partition, _Kept[E]]) -> None:
         """Put the partitions back as :meth:`mark` saw them (their items were not applied: the caller reads the
         records it handed over again, and gets the held ones back later)."""
         for partition, was in kept.items():
-            self._count -= len(self._held.pop(partition, ()))
-            self._since.pop(partition, None)
+            self._lanes.pop(partition, None)
             self._read_to.pop(partition, None)
-            if was.since is not None:
-                self._since[partition] = was.since
             if was.read_to is not None:
                 self._read_to[partition] = was.read_to
-            if was.held:
-                self._held[partition] = was.held
-                self._count += len(was.held)
+            lane = was.lane
+            if lane is not None:
+                for item in lane.items[was.length :]:  # appended since: taken off again
+                    _forget_one(lane.per_occurrence, self._occurrence(item))
+                del lane.items[was.length :]
+                self._lanes[partition] = lane
+        self._count = sum(len(lane.items) for lane in self._lanes.values())
 
     def admit(self, partition: Partition, items: Sequence[E], now: float) -> list[E]:
-        """The events of ``partition`` to apply now, of those held and ``items`` (read after them, in order).
-        The rest is held while :meth:`holding`, and otherwise too behind the partition's events still held
-        (within ``max_events``): those are applied by :meth:`release` rounds, a bounded share each, never all
-        at once in one reader's unit, which would keep the next starts waiting behind it. Items at an offset
-        already admitted are a re-read (a rewind, a partition assigned again): held items from that offset on
-        are dropped first, as they come again in ``items``."""
+        """The events of ``items`` (read in order after those held of ``partition``) to apply now; the rest is
+        held. An event of an occurrence with events held waits behind them, whatever else holds; otherwise a
+        start goes ahead, and any other event is held while :meth:`holding`. Held events come back through
+        :meth:`release` rounds, a bounded share each, never all at once in one reader's unit, which would keep
+        the next starts waiting behind it. Items at an offset already admitted are a re-read (a rewind, a
+        partition assigned again): held items from that offset on are dropped first, as they come again."""
         if not items:
             return []
         first = self._offset(items[0])
         if first < self._read_to.get(partition, first):
             self._drop_from(partition, first)
         self._read_to[partition] = self._offset(items[-1]) + 1
-        held = self._held.pop(partition, [])
-        self._count -= len(held)
-        pending = [*held, *items]
-        ahead, rest = self._split(pending)
-        if ahead:
-            self._starts.append((now, len(ahead)))
-        since = self._since.pop(partition, now)
-        within = self._count + len(rest) <= self.limits.max_events
-        if rest and within and (held or (self.holding(now, len(rest)) and now - since < self.limits.max_age)):
-            self._held[partition] = rest
-            self._since[partition] = since
-            self._count += len(rest)
-            return ahead
-        return ahead + rest
+        lane = self._lanes.get(partition)
+        waiting = lane.per_occurrence if lane is not None else Counter()
+        starts = sum(1 for item in items if self._is_start(item) and self._occurrence(item) not in waiting)
+        if starts:
+            self._starts.append((now, starts))
+        holding = self.holding(now, len(items) - starts)
+        ahead: list[E] = []
+        out: list[E] = []
+        held: list[E] = []
+        applied: set[Hashable] = set()  # occurrences with an event in `out`: a later start of theirs follows it
+        for item in items:
+            occurrence = self._occurrence(item)
+            if occurrence in waiting:
+                held.append(item)
+                waiting[occurrence] += 1
+            elif self._is_start(item) and occurrence not in applied:
+                ahead.append(item)
+            elif holding:
+                held.append(item)
+                waiting[occurrence] += 1
+            else:
+                out.append(item)
+                applied.add(occurrence)
+        if held:
+            if lane is None:
+                lane = self._lanes[partition] = _Lane([], waiting, now)
+            lane.items += held
+            self._count += len(held)
+        return ahead + out
 
     def release(self, now: float, idle: bool = False) -> dict[Partition, list[E]]:
         """Held events to apply now, when no longer holding: up to ``release`` of them (``IDLE_ROUNDS`` times
         as many when the last poll read nothing: no start is waiting), shared evenly by the holding partitions
         (they are applied side by side, one lane each), each partition's from its first, what a partition
         leaves of its share going to the longest-held ones. Empty while holding."""
-        if not self._held or self.holding(now):
+        if not self._lanes or self.holding(now):
             return {}
         budget = self.limits.release * (IDLE_ROUNDS if idle else 1)
-        partitions = sorted(self._held, key=lambda p: self._since[p])[:budget]
+        partitions = sorted(self._lanes, key=lambda p: self._lanes[p].since)[:budget]
         share = budget // len(partitions)
-        take = {p: min(len(self._held[p]), share) for p in partitions}
+        take = {p: min(len(self._lanes[p].items), share) for p in partitions}
         left = budget - sum(take.values())
         for partition in partitions:  # what the others left, longest-held first
-            more = min(len(self._held[partition]) - take[partition], left)
+            more = min(len(self._lanes[partition].items) - take[partition], left)
             take[partition] += more
             left -= more
         out: dict[Partition, list[E]] = {}
         for partition, n in take.items():
-            held = self._held[partition]
-            out[partition] = held[:n]
+            lane = self._lanes.pop(partition)
+            out[partition] = lane.items[:n]
             self._count -= n
-            if n < len(held):
-                self._held[partition] = held[n:]  # still waiting since the same admission: its age goes on
-            else:
-                del self._held[partition]
-                del self._since[partition]
+            if n < len(lane.items):  # a new lane: the one a mark saw stays as it was; its age goes on
+                self._lanes[partition] = self._without(lane, lane.items[:n], lane.items[n:])
         return out
 
     def forget(self, partitions: Iterable[Partition]) -> int:
@@ -221,26 +250,32 @@ class OutcomeHold(Generic[E]):
         the committed offset, at or below :meth:`held_from`). Returns how many events were dropped."""
         dropped = 0
         for partition in partitions:
-            dropped += len(self._held.pop(partition, ()))
-            self._since.pop(partition, None)
+            lane = self._lanes.pop(partition, None)
+            dropped += len(lane.items) if lane else 0
             self._read_to.pop(partition, None)
         self._count -= dropped
         return dropped
 
     def _drop_from(self, partition: Partition, offset: int) -> None:
-        held = self._held.get(partition)
-        if not held:
+        lane = self._lanes.pop(partition, None)
+        if lane is None:
             return
-        kept = [item for item in held if self._offset(item) < offset]
-        self._count -= len(held) - len(kept)
+        kept = [item for item in lane.items if self._offset(item) < offset]
+        self._count -= len(lane.items) - len(kept)
         if kept:
-            self._held[partition] = kept
-        else:
-            del self._held[partition]
-            del self._since[partition]
+            self._lanes[partition] = self._without(lane, [i for i in lane.items if self._offset(i) >= offset], kept)
 
-    def _split(self, pending: Sequence[E]) -> tuple[list[E], list[E]]:
-        return starts_ahead(pending, self._is_start, self._occurrence)
+    def _without(self, lane: _Lane[E], gone: list[E], kept: list[E]) -> _Lane[E]:
+        per_occurrence = Counter(lane.per_occurrence)
+        for item in gone:
+            _forget_one(per_occurrence, self._occurrence(item))
+        return _Lane(kept, per_occurrence, lane.since)
+
+
+def _forget_one(per_occurrence: Counter[Hashable], occurrence: Hashable) -> None:
+    per_occurrence[occurrence] -= 1
+    if per_occurrence[occurrence] <= 0:
+        del per_occurrence[occurrence]
 
 
 def starts_ahead(
