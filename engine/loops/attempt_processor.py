@@ -405,11 +405,11 @@ class AttemptProcessor:
         assigned = {tp.partition for tp in consumer.assignment()}
         self.hold.forget(set(self.hold.partitions()) - assigned)
         now = self.monotonic()
+        kept = self.hold.mark(self.hold.partitions())  # before the release takes them out
         released = self.hold.release(now, idle=not self._read_in_round)
         self._read_in_round = False
         offsets: dict[TopicPartition, int] = {}
         if released:
-            kept = self.hold.mark(released)
             try:
                 await self._apply_in_lanes(
                     transaction_lanes(

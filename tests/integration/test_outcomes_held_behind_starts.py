@@ -13,6 +13,7 @@ import uuid
 from datetime import timedelta
 
 import asyncpg
+import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from engine.loops.attempt_processor import AttemptProcessor, AttemptProcessorConfig
@@ -50,6 +51,20 @@ class CountsRounds(AttemptProcessor):
     async def more_rounds(self, n: int) -> None:
         until = self.rounds + n
         await wait_for(lambda: self.rounds >= until, timeout=30)
+
+
+class FirstReleaseFails(CountsRounds):
+    """The first release round's transaction fails (the database went away mid-round): the held events must
+    still be held afterwards, and applied by a later round."""
+
+    failed = False
+
+    async def _apply_in_lanes(self, lanes):
+        held_outcomes = all(item.event.event != "started" for lane in lanes for txn in lane for item in txn)
+        if held_outcomes and not self.failed and self.monotonic() > 1050:
+            self.failed = True
+            raise ConnectionResetError("the database went away during a release round")
+        return await super()._apply_in_lanes(lanes)
 
 
 def config(group: str, starts: int = 1) -> AttemptProcessorConfig:
@@ -94,12 +109,12 @@ def held_ids(processor: AttemptProcessor) -> set[uuid.UUID]:
     return {item.event.occurrence_id for item in processor.hold.items()}
 
 
-async def started_burst(pool, clock, target, bootstrap, group, monotonic):
+async def started_burst(pool, clock, target, bootstrap, group, monotonic, kind=CountsRounds):
     """Six occurrences started through a running processor (a stream of starts: one start makes it here);
     returns the processor, its task and stop event, and the occurrences with their lease tokens."""
     ids = [(await due_occurrence(pool, "acme", target, clock.now())).occurrence_id for _ in range(6)]
     tokens = {i: uuid.uuid4() for i in ids}
-    processor = CountsRounds(pool, bootstrap, config(group), clock=clock, monotonic=monotonic)
+    processor = kind(pool, bootstrap, config(group), clock=clock, monotonic=monotonic)
     stop = asyncio.Event()
     task = asyncio.create_task(processor.run(stop))
     await send(bootstrap, [Ev.started(i, 1, t, TTL, "billing") for i, t in tokens.items()])
@@ -145,10 +160,13 @@ async def test_outcomes_wait_behind_a_stream_of_starts_and_survive_the_processor
         await task
 
 
-async def test_held_outcomes_are_applied_once_starts_stop_streaming(pool, clock, target, kafka_bootstrap):
+@pytest.mark.parametrize("kind", [CountsRounds, FirstReleaseFails], ids=["released", "first-release-fails"])
+async def test_held_outcomes_are_applied_once_starts_stop_streaming(pool, clock, target, kafka_bootstrap, kind):
     group = f"hold-{uuid.uuid4().hex[:8]}"
     monotonic = Monotonic()
-    processor, task, stop, ids, tokens = await started_burst(pool, clock, target, kafka_bootstrap, group, monotonic)
+    processor, task, stop, ids, tokens = await started_burst(
+        pool, clock, target, kafka_bootstrap, group, monotonic, kind
+    )
     try:
         offsets = await send(kafka_bootstrap, [Ev.succeeded(i, 1, tokens[i]) for i in ids])
         await wait_for(lambda: held_ids(processor) >= set(ids), timeout=30)
@@ -156,6 +174,7 @@ async def test_held_outcomes_are_applied_once_starts_stop_streaming(pool, clock,
         monotonic.now += 61.0  # no start for longer than the window: the stream is over
         await wait_for(lambda: _all(pool, ids, "SUCCEEDED"), timeout=30)
         assert not held_ids(processor) & set(ids)
+        assert kind is CountsRounds or processor.failed
         await wait_for(lambda: _committed_past(kafka_bootstrap, group, offsets[-1]), timeout=30)
     finally:
         stop.set()

@@ -50,7 +50,7 @@ limits = st.builds(
 # may crash (a fresh hold reads again from the committed offsets); or a release round.
 steps = st.lists(
     st.tuples(
-        st.sampled_from(["read", "read", "read", "release", "idle", "fail", "crash"]),
+        st.sampled_from(["read", "read", "read", "release", "idle", "release fails", "fail", "crash"]),
         st.integers(0, 2),
         st.integers(1, 4),
         st.sampled_from([0.0, 0.3, 1.5, 70.0]),
@@ -103,6 +103,16 @@ class Consumer:
             self.given_back(p, events)
             self.commit(p)
 
+    def release_fails(self, now: float) -> None:
+        """A release round whose transaction failed: the hold is put back as it was before the round."""
+        kept = self.hold.mark(self.hold.partitions())
+        before = [(q, self.hold.held_from(q), self.hold.read_to(q)) for q in self.parts]
+        held_before = list(self.hold.items())
+        self.hold.release(now)
+        self.hold.rollback(kept)
+        assert [(q, self.hold.held_from(q), self.hold.read_to(q)) for q in self.parts] == before
+        assert list(self.hold.items()) == held_before
+
     def read(self, p: int, n: int, now: float, fails: bool) -> None:
         chunk = self.parts[p][self.position[p] : self.position[p] + n]
         items = [e for record in chunk for e in record]
@@ -148,6 +158,8 @@ def test_nothing_before_a_commit_is_unapplied_and_each_occurrence_keeps_its_orde
             run.crash()
         elif action in ("release", "idle"):
             run.release(now, idle=action == "idle")
+        elif action == "release fails":
+            run.release_fails(now)
         else:
             run.read(p % len(run.parts), n, now, fails=action == "fail")
         run.check()
