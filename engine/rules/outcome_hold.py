@@ -9,9 +9,10 @@ lock, an occurrence update, an attempt update). So while starts stream in (``sta
 ``window`` seconds), the processor applies them and **holds** the outcomes and heartbeats read with them, in
 memory and in order; it applies them once starts stop streaming, or the oldest has waited ``max_age``
 seconds, ``release`` per round (docs/consumer-runtime.md); past ``max_events`` (~1.2 kB each) it holds no
-more (but for events of an occurrence with events held, which must wait behind them). The window is seconds, not one poll: runtimes send their starts a batch at a time and wait for the
-answers, so a burst's starts come in waves, and a hold that lapsed between two waves would put the
-backlog of outcomes in front of the next wave's answers (measured, docs/benchmarks.md stop 59).
+more (but for events of an occurrence with events held, which must wait behind them). The window is
+seconds, not one poll: runtimes send their starts a batch at a time and wait for the answers, so a burst's
+starts come in waves, and a hold that lapsed between two waves would put the backlog of outcomes in front of
+the next wave's answers (measured, docs/benchmarks.md stop 59).
 
 Pure: every method takes the instant (monotonic seconds). Guarantees (property-tested in
 tests/unit/test_outcome_hold.py):
