@@ -28,8 +28,8 @@ and the reply is answered ``granted`` again. The consumer runtime calls the hand
 (the cancel barrier, docs/state-machine.md).
 
 Outcomes behind starts. While starts stream in (a burst), the outcomes and heartbeats read with them are held
-in memory, in order, and applied in bounded rounds once starts stop streaming or the oldest has waited a
-minute (:mod:`engine.rules.outcome_hold`): runtimes wait for the answers to their starts, nobody waits for
+in memory, in order, and applied in bounded rounds once starts stop streaming or the oldest has waited
+150 s (:mod:`engine.rules.outcome_hold`): runtimes wait for the answers to their starts, nobody waits for
 an outcome, and both compete for the same cores. A partition's offset is never committed past its first held
 record (a crash reads it again), and a partition holding events is not read to its end (below).
 

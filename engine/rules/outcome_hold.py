@@ -51,8 +51,8 @@ class HoldLimits:
 
     starts: int = 500
     window: float = 2.0
-    max_age: float = 60.0
-    max_events: int = 250_000
+    max_age: float = 150.0
+    max_events: int = 600_000
     release: int = 8_000
 
     def validate(self) -> None:
