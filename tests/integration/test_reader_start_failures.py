@@ -9,6 +9,8 @@ does (a connection error), and checks that every consumer the reader created is 
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaConnectionError
@@ -34,6 +36,7 @@ class _Recorded(AIOKafkaConsumer):
 
 class _SeekFails(_Recorded):
     async def seek_to_end(self, *partitions: object) -> None:
+        await asyncio.sleep(0)  # the real step waits on the network before it fails
         raise KafkaConnectionError("broker went away after the start")
 
 
@@ -46,6 +49,7 @@ async def test_a_reader_whose_partition_lookup_fails_after_the_start_closes_its_
     kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def vanished(*args: object) -> list[int]:
+        await asyncio.sleep(0)  # the real lookup waits on the network before it fails
         raise KafkaConnectionError("broker went away after the start")
 
     monkeypatch.setattr(consumers.topic_reader, "AIOKafkaConsumer", _Recorded)
