@@ -29,7 +29,7 @@ from consumers.topic_reader import keep_reading
 from schemas import observability as obs
 from schemas.attempt_grants import AttemptGrant, decode_attempt_grants, grant_partition
 from schemas.errors import MalformedMessage
-from schemas.kafka_security import PLAINTEXT, KafkaSecurity, start_client
+from schemas.kafka_security import PLAINTEXT, KafkaSecurity, closed_on_failure, start_client
 from schemas.topics import ATTEMPT_GRANTS_TOPIC, topic_partitions
 
 log = logging.getLogger("chronoq.consumer.attempt_grants")
@@ -136,15 +136,10 @@ class GrantWaiter:
         )
         await start_client(consumer, bootstrap, security)
         tp = TopicPartition(ATTEMPT_GRANTS_TOPIC, grant_partition(self.consumer_group, len(partitions)))
-        try:
+        async with closed_on_failure(consumer):
             consumer.assign([tp])
             await consumer.seek_to_end(tp)
             await consumer.position(tp)  # resolves the end offset now, before any started is sent
-        except BaseException:
-            # The broker went away between the start and the seek: the caller retries with a new consumer,
-            # so this one is closed here (each retry of an outage would otherwise leak one).
-            await consumer.stop()
-            raise
         self._consumer = consumer
 
     async def follow(self, stop: asyncio.Event | None = None) -> None:

@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from schemas.capped_backoff import capped_doubling
 from schemas.clock import pause
-from schemas.kafka_security import KafkaSecurity, start_client
+from schemas.kafka_security import KafkaSecurity, closed_on_failure, start_client
 from schemas.topics import topic_partitions
 
 
@@ -38,7 +38,7 @@ async def open_from_beginning(
         **security.client_options(),
     )
     await start_client(consumer, bootstrap, security)
-    try:
+    async with closed_on_failure(consumer):
         loop = asyncio.get_running_loop()
         # Partitions from an admin client, not consumer.partitions_for_topic: an assigning consumer has
         # no topic metadata on Apache Kafka (schemas.topics.topic_partitions).
@@ -50,10 +50,6 @@ async def open_from_beginning(
         if assigned:
             consumer.assign(assigned)
             await consumer.seek_to_beginning(*assigned)
-    except BaseException:
-        # The broker went away before the consumer was handed over: nobody else can stop it.
-        await consumer.stop()
-        raise
     return consumer, assigned
 
 

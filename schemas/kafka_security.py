@@ -25,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import os
 import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -244,18 +246,32 @@ async def start_client(client: Startable, bootstrap: str, security: KafkaSecurit
         raise
 
 
+@asynccontextmanager
+async def closed_on_failure(client: object) -> AsyncIterator[None]:
+    """The steps that follow a client's start (an assignment, a seek, a topic lookup) before it is handed over:
+    if one fails (the broker went away meanwhile), the client is closed and that step's error raised. Nobody
+    else holds the client yet, and a caller that retries makes a new one each time (aiokafka warns about each
+    one left unclosed when it is collected)."""
+    try:
+        yield
+    except BaseException:
+        await _close_quietly(client)
+        raise
+
+
 def _count_refusal(kind: str, setting: str) -> None:
     obs.get_meter("kafka").create_counter(obs.KAFKA_REFUSALS, unit="1").add(1, {"kind": kind, "setting": setting})
 
 
 async def _close_quietly(client: object) -> None:
-    """Release a client whose start failed (aiokafka warns about an unclosed one when it is collected)."""
+    """Release a client whose start (or a step right after it) failed; aiokafka warns about an unclosed one when
+    it is collected."""
     close = getattr(client, "stop", None) or getattr(client, "close", None)
     if close is None:
         return
     try:
         await close()
-    except Exception:  # noqa: BLE001, S110 - the start's error is the one to report
+    except Exception:  # noqa: BLE001, S110 - the failed step's error is the one to report
         pass
 
 

@@ -65,7 +65,7 @@ from engine.loops.kafka_processor import KafkaLoopSettings, KafkaProcessorLoop, 
 from engine.loops.reporting import SUMMARY_EVERY
 from engine.rules.attempt_grants import grant_for
 from engine.rules.consumers_behind import ConsumersBehind
-from engine.rules.outcome_hold import HoldLimits, OutcomeHold, starts_ahead
+from engine.rules.outcome_hold import HoldLimits, Kept, OutcomeHold
 from schemas import observability as obs
 from schemas.attempt_credentials import signed_by
 from schemas.attempt_events import HEARTBEAT, STARTED, AttemptEvent, decode_attempt_record
@@ -387,13 +387,7 @@ class AttemptProcessor:
         admitted = [
             item for partition, items in by_partition.items() for item in self.hold.admit(partition, items, now)
         ]
-        try:
-            verdicts = await self._apply_in_lanes(
-                transaction_lanes(admitted, self.config.merge_records, self.config.max_poll_records)
-            )
-        except BaseException:
-            self.hold.rollback(kept)
-            raise
+        verdicts = await self._apply_or_put_back(admitted, kept)
         self._note_hold(now)
         return verdicts
 
@@ -410,17 +404,7 @@ class AttemptProcessor:
         self._read_in_round = False
         offsets: dict[TopicPartition, int] = {}
         if released:
-            try:
-                await self._apply_in_lanes(
-                    transaction_lanes(
-                        [item for items in released.values() for item in items],
-                        self.config.merge_records,
-                        self.config.max_poll_records,
-                    )
-                )
-            except BaseException:
-                self.hold.rollback(kept)
-                raise
+            await self._apply_or_put_back([item for items in released.values() for item in items], kept)
             for partition in released:
                 read_to = self.hold.read_to(partition)
                 if partition is not None and read_to is not None:
@@ -428,6 +412,19 @@ class AttemptProcessor:
         self._note_hold(now)
         await self.record_progress(consumer)
         return offsets
+
+    async def _apply_or_put_back(
+        self, events: list[ReceivedEvent], kept: Mapping[int | None, Kept[ReceivedEvent]]
+    ) -> list[Verdict]:
+        """Apply ``events`` in lanes; if that fails, put the hold back as ``kept`` (:meth:`OutcomeHold.mark`)
+        saw it, so what was taken out of it is still held, and raise."""
+        try:
+            return await self._apply_in_lanes(
+                transaction_lanes(events, self.config.merge_records, self.config.max_poll_records)
+            )
+        except BaseException:
+            self.hold.rollback(kept)
+            raise
 
     def _note_hold(self, now: float) -> None:
         """The held gauge, and a log line when a hold begins and when it is drained."""
@@ -608,7 +605,13 @@ def starts_first(events: Sequence[ReceivedEvent]) -> list[ReceivedEvent]:
     transactions answer the `started` that runtimes are waiting on instead of making them wait behind earlier
     batches' outcomes and heartbeats (a backlogged poll holds tens of thousands of those). Events of different
     occurrences are independent: the ledger decides each occurrence on its own events."""
-    ahead, rest = starts_ahead(events, _is_start, lambda item: item.event.occurrence_id)
+    seen: set[uuid.UUID] = set()
+    ahead: list[ReceivedEvent] = []
+    rest: list[ReceivedEvent] = []
+    for item in events:
+        occurrence = item.event.occurrence_id
+        (ahead if item.event.event == STARTED and occurrence not in seen else rest).append(item)
+        seen.add(occurrence)
     return ahead + rest
 
 

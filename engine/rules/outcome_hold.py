@@ -77,7 +77,7 @@ class _Lane(Generic[E]):
 
 
 @dataclass(frozen=True)
-class _Kept(Generic[E]):
+class Kept(Generic[E]):
     """A partition's hold as :meth:`OutcomeHold.mark` saw it: its lane and that lane's length then."""
 
     lane: _Lane[E] | None
@@ -154,15 +154,15 @@ class OutcomeHold(Generic[E]):
             and (oldest is None or now - oldest < self.limits.max_age)
         )
 
-    def mark(self, partitions: Iterable[Partition]) -> dict[Partition, _Kept[E]]:
+    def mark(self, partitions: Iterable[Partition]) -> dict[Partition, Kept[E]]:
         """The hold of ``partitions`` as it is now, for :meth:`rollback` if applying what comes back fails."""
         kept = {}
         for p in partitions:
             lane = self._lanes.get(p)
-            kept[p] = _Kept(lane, len(lane.items) if lane else 0, self._read_to.get(p))
+            kept[p] = Kept(lane, len(lane.items) if lane else 0, self._read_to.get(p))
         return kept
 
-    def rollback(self, kept: Mapping[Partition, _Kept[E]]) -> None:
+    def rollback(self, kept: Mapping[Partition, Kept[E]]) -> None:
         """Put the partitions back as :meth:`mark` saw them (their items were not applied: the caller reads the
         records it handed over again, and gets the held ones back later)."""
         for partition, was in kept.items():
@@ -277,18 +277,3 @@ def _forget_one(per_occurrence: Counter[Hashable], occurrence: Hashable) -> None
     per_occurrence[occurrence] -= 1
     if per_occurrence[occurrence] <= 0:
         del per_occurrence[occurrence]
-
-
-def starts_ahead(
-    items: Iterable[E], is_start: Callable[[E], bool], occurrence: Callable[[E], Hashable]
-) -> tuple[list[E], list[E]]:
-    """The starts that are the first of ``items`` about their occurrence, and the rest, each in order: each
-    occurrence's events keep their order whichever of the two goes first."""
-    seen: set[Hashable] = set()
-    ahead: list[E] = []
-    rest: list[E] = []
-    for item in items:
-        about = occurrence(item)
-        (ahead if is_start(item) and about not in seen else rest).append(item)
-        seen.add(about)
-    return ahead, rest

@@ -14,13 +14,14 @@ from datetime import timedelta
 
 import asyncpg
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from engine.loops.attempt_processor import AttemptProcessor, AttemptProcessorConfig
 from engine.loops.reaper import Reaper
 from engine.rules.outcome_hold import HoldLimits
 from schemas.attempt_events import AttemptEvent as Ev
-from schemas.topics import ATTEMPTS_TOPIC, create_missing_topics
+from schemas.topics import ATTEMPTS_TOPIC
+from tests.support.kafka import produce
 from tests.support.rows import due_occurrence
 from tests.support.waiting import wait_for
 
@@ -94,15 +95,7 @@ async def committed(bootstrap: str, group: str) -> int | None:
 
 async def send(bootstrap: str, events: list[Ev]) -> list[int]:
     """Produce the events in order to partition 0 (other tests' events may be there too); their offsets."""
-    await create_missing_topics(bootstrap, [ATTEMPTS_TOPIC])
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
-    await producer.start()
-    try:
-        return [
-            (await producer.send_and_wait(ATTEMPTS_TOPIC, e.encode(), key=e.key, partition=0)).offset for e in events
-        ]
-    finally:
-        await producer.stop()
+    return await produce(bootstrap, ATTEMPTS_TOPIC, [e.encode() for e in events], partition=0)
 
 
 def held_ids(processor: AttemptProcessor) -> set[uuid.UUID]:

@@ -47,15 +47,14 @@ def occurrence_message(
 
 async def produce(
     bootstrap: str, topic: str, values: list[bytes], key: bytes | None = b"acme", partition: int | None = None
-) -> None:
+) -> list[int]:
     """Produce ``values`` in order (one key, or the given ``partition``: one partition), creating the topic
-    first as chronoq does (Apache Kafka never creates one on its own)."""
+    first as chronoq does (Apache Kafka never creates one on its own); their offsets."""
     await create_missing_topics(bootstrap, [topic])
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
     await producer.start()
     try:
-        for value in values:
-            await producer.send_and_wait(topic, value, key=key, partition=partition)
+        return [(await producer.send_and_wait(topic, value, key=key, partition=partition)).offset for value in values]
     finally:
         await producer.stop()
 
