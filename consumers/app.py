@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import asyncpg
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
 from aiokafka.structs import ConsumerRecord
 from opentelemetry import metrics, trace
@@ -84,6 +84,7 @@ from schemas.clock import pause
 from schemas.connections import create_pool
 from schemas.error_classification import is_transient
 from schemas.errors import MalformedMessage
+from schemas.first_offset import FromFirstOffset
 from schemas.kafka_security import AUTHORIZATION_ERRORS, refused, start_client
 from schemas.messages import OccurrenceMessage, decode_occurrence
 from schemas.migrations import apply_migrations
@@ -141,17 +142,6 @@ class _Lane:
         self.parked = 0  # records waiting for the binding view, out of ``pending`` but not finished
         self.paused = False
         self.revoked = False
-
-
-class _Rebalance(ConsumerRebalanceListener):
-    def __init__(self, app: ConsumerApp) -> None:
-        self.app = app
-
-    async def on_partitions_revoked(self, revoked: Any) -> None:
-        await self.app._revoke(list(revoked))
-
-    async def on_partitions_assigned(self, assigned: Any) -> None:
-        self.app._assign(list(assigned))
 
 
 class _Stoppable(Protocol):
@@ -375,7 +365,9 @@ class ConsumerApp:
         await start_client(consumer, cfg.kafka_bootstrap, cfg.kafka_security)
         self._consumer = consumer
         self._fetched_at = time.monotonic()
-        listener = _Rebalance(self)
+        # A partition the group never committed starts at offset 0, not the broker's "earliest" (tansu's can
+        # point past records: schemas.first_offset).
+        listener = FromFirstOffset(consumer, assigned=self._assign, revoked=self._revoke)
         if self.handlers.fallback is not None:
             consumer.subscribe(pattern=re.escape(OCCURRENCE_TOPIC_PREFIX) + ".*", listener=listener)
         else:
@@ -816,7 +808,7 @@ class ConsumerApp:
             for key in [key for key in self._behind if key[:2] in gone]:
                 del self._behind[key]
 
-    def _assign(self, assigned: list[TopicPartition]) -> None:
+    async def _assign(self, assigned: list[TopicPartition]) -> None:
         for tp in assigned:
             self._lanes[tp] = _Lane(tp)  # reading resumes at the committed offset
 

@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from schemas.capped_backoff import capped_doubling
 from schemas.clock import pause
+from schemas.first_offset import seek_to_first
 from schemas.kafka_security import KafkaSecurity, closed_on_failure, start_client
 from schemas.topics import topic_partitions
 
@@ -49,7 +50,7 @@ async def open_from_beginning(
         assigned = [TopicPartition(topic, p) for p in partitions]
         if assigned:
             consumer.assign(assigned)
-            await consumer.seek_to_beginning(*assigned)
+            seek_to_first(consumer, assigned)  # not seek_to_beginning: tansu's can point past records
     return consumer, assigned
 
 

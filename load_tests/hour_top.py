@@ -64,6 +64,7 @@ from load_tests.hour_top_figures import analyze, lease_health, loop_stalls
 from load_tests.partition_warmup import warm_partitions
 from load_tests.process_cpu import cpu_seconds, per_row
 from load_tests.stack_for_load import add_pg_setting_option
+from schemas.first_offset import FIRST_OFFSET
 from schemas.migrations import apply_migrations
 
 SMALL_PREFIX = "small-"
@@ -322,7 +323,16 @@ def consume(args: argparse.Namespace) -> None:
             "topic.metadata.refresh.interval.ms": 1000,
         }
     )
-    consumer.subscribe(["^chronoq\\.occurrences\\..*"])
+    # Each partition from where this member left it, a new one from offset 0: the group never commits, and
+    # the broker's "earliest" can point past records on tansu (schemas.first_offset).
+    next_offsets: dict[tuple[str, int], int] = {}
+
+    def on_assign(member: Any, partitions: list[Any]) -> None:
+        for tp in partitions:
+            tp.offset = next_offsets.get((tp.topic, tp.partition), FIRST_OFFSET)
+        member.assign(partitions)
+
+    consumer.subscribe(["^chronoq\\.occurrences\\..*"], on_assign=on_assign)
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     # Raw header values, decoded after the run: this group shares the two cores with what it measures, so
@@ -343,8 +353,12 @@ def consume(args: argparse.Namespace) -> None:
         at = time.time()
         idle_since = (idle_since or time.monotonic()) if not batch else None
         for message in batch:
-            if message.error() is None and (ident := _occurrence_header(message)) is not None:
-                received.append((ident, at))
+            if message.error() is None:
+                where, partition, offset = message.topic(), message.partition(), message.offset()
+                if where is not None and partition is not None and offset is not None:
+                    next_offsets[(where, partition)] = offset + 1
+                if (ident := _occurrence_header(message)) is not None:
+                    received.append((ident, at))
     consumer.close()
     Path(args.out).write_text(json.dumps([(ident.decode(errors="replace"), at) for ident, at in received]))
 
@@ -366,10 +380,15 @@ def read_all(bootstrap: str, topics: list[str], quiet: float = 3.0) -> list[str]
     and then nothing more arrived for ``quiet`` seconds: tansu's ListOffsets answer was measured below its
     log end (docs/broker.md), and a reader that stops at the watermark would report the tail as missing.
     """
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": f"verify-{uuid.uuid4().hex[:6]}", "enable.auto.commit": False}
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"verify-{uuid.uuid4().hex[:6]}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",  # a log that starts after offset 0 resolves to its start
+        }
     )
     metadata = consumer.list_topics(timeout=10)
     assignment, ends = [], {}
@@ -378,7 +397,8 @@ def read_all(bootstrap: str, topics: list[str], quiet: float = 3.0) -> list[str]
             continue
         for partition in metadata.topics[topic].partitions:
             _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-            assignment.append(TopicPartition(topic, partition, OFFSET_BEGINNING))
+            # Offset 0, not OFFSET_BEGINNING: tansu's "earliest" can point past records (schemas.first_offset).
+            assignment.append(TopicPartition(topic, partition, FIRST_OFFSET))
             ends[(topic, partition)] = high
     consumer.assign(assignment)
     seen: list[str] = []

@@ -62,6 +62,7 @@ from engine.loops.reporting import SUMMARY_EVERY, LoopSummary, log_failure
 from schemas import observability as obs
 from schemas.clock import pause
 from schemas.error_classification import is_transient
+from schemas.first_offset import FromFirstOffset
 from schemas.kafka_security import AUTHORIZATION_ERRORS, PLAINTEXT, KafkaSecurity, refused, start_client
 from schemas.queries import QUERIES
 from schemas.topics import DEFAULT_PARTITIONS, FETCH_WAIT_MS, METADATA_REFRESH_S, create_missing_topics
@@ -178,7 +179,9 @@ class KafkaProcessorLoop:
             **self.security.client_options(),
         )
         await start_client(consumer, self.bootstrap, self.security)
-        consumer.subscribe([cfg.topic])  # after start: start() with topics waits for the first join
+        # After start: start() with topics waits for the first join. A partition the group never committed
+        # starts at offset 0, not at the broker's "earliest" (tansu's can point past records: schemas.first_offset).
+        consumer.subscribe([cfg.topic], listener=FromFirstOffset(consumer))
         stopped = asyncio.create_task(stop.wait())
         try:
             while not stop.is_set():

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import pytest
 
 from load_tests.partition_warmup import warm_partitions
+from schemas.first_offset import FIRST_OFFSET
 from schemas.topics import create_missing_topics
 from tests.support.brokers import BrokerUnderTest
 
@@ -24,6 +26,12 @@ def _watermarks(bootstrap: str, topic: str, partitions: int) -> list[tuple[int, 
         consumer.close()
 
 
+def _from_first_offset(member: Any, partitions: list[Any]) -> None:
+    for tp in partitions:
+        tp.offset = FIRST_OFFSET
+    member.assign(partitions)
+
+
 def _read_from_earliest(bootstrap: str, topic: str) -> list[bytes | None]:
     from confluent_kafka import Consumer
 
@@ -36,7 +44,8 @@ def _read_from_earliest(bootstrap: str, topic: str) -> list[bytes | None]:
         }
     )
     try:
-        consumer.subscribe([topic])
+        # From offset 0, not the broker's "earliest" (tansu's can point past records: schemas.first_offset).
+        consumer.subscribe([topic], on_assign=_from_first_offset)
         seen: list[bytes | None] = []
         for _ in range(10):  # 5 s: the group joins, gets its partitions and fetches from their start
             seen.extend(m.value() for m in consumer.consume(1000, 0.5) if m.error() is None)

@@ -17,6 +17,7 @@ from aiokafka.structs import ConsumerRecord
 from relay.librdkafka_publisher import LibrdkafkaConfig, LibrdkafkaPublisher
 from schemas.attempt_events import AttemptEvent, decode_attempt_record
 from schemas.errors import MalformedMessage
+from schemas.first_offset import seek_to_first
 from schemas.identity import occurrence_id
 from schemas.messages import OccurrenceMessage
 from schemas.topics import ATTEMPTS_TOPIC, create_missing_topics, ensure_topics, topic_partitions
@@ -90,8 +91,9 @@ async def read_topic(
                 raise AssertionError(f"topic {topic} does not exist")
             await asyncio.sleep(0.05)
             partitions = await topic_partitions(bootstrap, topic)
-        consumer.assign([TopicPartition(topic, p) for p in partitions])
-        await consumer.seek_to_beginning()
+        assigned = [TopicPartition(topic, p) for p in partitions]
+        consumer.assign(assigned)
+        seek_to_first(consumer, assigned)  # not seek_to_beginning: tansu's can point past records
         settle_until = None
         while True:
             batch = await consumer.getmany(timeout_ms=100)
@@ -112,13 +114,13 @@ async def read_to_end(bootstrap: str, topic: str, timeout: float = 30.0) -> list
     """Every record of ``topic`` from the log start to the end offsets as of the call (no group)."""
     partitions = [TopicPartition(topic, p) for p in await topic_partitions(bootstrap, topic)]
     assert partitions, f"topic {topic} does not exist"
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
     await consumer.start()
     try:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
+        seek_to_first(consumer, partitions)
         ends = await consumer.end_offsets(partitions)
         records: list[ConsumerRecord] = []
         while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
