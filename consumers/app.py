@@ -512,9 +512,10 @@ class ConsumerApp:
                 await asyncio.gather(self._committing, return_exceptions=True)
 
     async def _restart_if_stalled(self) -> None:
-        """Recreate the Kafka consumer when it stalled: for ``stall_timeout`` no fetch returned a record
-        while the app had nothing in flight, nothing queued and no partition paused, and an assigned
-        partition has records past its position (asked of the broker, not taken from the last fetch)."""
+        """Recreate the Kafka consumer when it stalled: for ``stall_timeout`` (counted from the latest
+        assignment at the earliest) no fetch returned a record while the app had nothing in flight, nothing
+        queued and no partition paused, and an assigned partition has records past its position (asked of
+        the broker, not taken from the last fetch)."""
         now = time.monotonic()
         timeout = self.config.stall_timeout
         if now - self._fetched_at < timeout or now - self._stall_checked_at < timeout / 4:
@@ -809,6 +810,9 @@ class ConsumerApp:
                 del self._behind[key]
 
     async def _assign(self, assigned: list[TopicPartition]) -> None:
+        # A stall is counted from the latest assignment: until then there was nothing to fetch (a first join on
+        # tansu takes half the session timeout, and the fetch under way then may wait out its fetch_wait).
+        self._fetched_at = time.monotonic()
         for tp in assigned:
             self._lanes[tp] = _Lane(tp)  # reading resumes at the committed offset
 

@@ -5,7 +5,8 @@
 
 ``chaos_effects`` has no unique key, so an effect applied twice shows as two
 rows. The handler holds its transaction open for a few milliseconds after
-the insert, so database faults can land inside it. With ``--batch N`` the
+the insert (half of it inside a ``pg_sleep`` statement), so database faults
+can land inside it, mid-statement and between statements. With ``--batch N`` the
 handlers are batch handlers of up to N occurrences (their attempt events go
 as group records). A public consumer app in every respect: only
 ``consumers`` and its own database.
@@ -45,7 +46,12 @@ def build_app(args: argparse.Namespace) -> ConsumerApp:
             " VALUES ($1, $2, $3, $4, $5)",
             [(o.occurrence_id, o.schedule_id, o.scheduled_for, o.attempt, args.name) for o in occurrences],
         )
-        await asyncio.sleep(rng.uniform(0.005, args.hold))  # still inside the effects' transaction
+        # Still inside the effects' transaction: half of the hold in a statement (its backend "active"), half
+        # between statements ("idle in transaction"), so database faults land in both. The insert alone lasts
+        # well under a millisecond: polling pg_stat_activity once missed it in nine 5 s windows.
+        hold = rng.uniform(0.005, args.hold)
+        await conn.execute("SELECT pg_sleep($1)", hold / 2)
+        await asyncio.sleep(hold / 2)
 
     async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
         await apply_batch([occurrence], conn)

@@ -14,6 +14,7 @@ import uuid
 from datetime import UTC, datetime
 
 import asyncpg
+import pytest
 
 from consumers import ConsumerApp, ConsumerConfig, Occurrence
 from schemas.messages import OccurrenceMessage
@@ -83,3 +84,40 @@ async def test_a_consumer_that_stops_fetching_with_records_waiting_is_recreated_
     counts = await effects.fetch("SELECT occurrence_id, count(*) AS n FROM effects GROUP BY occurrence_id")
     assert {r["occurrence_id"] for r in counts} == first | second
     assert all(r["n"] == 1 for r in counts)
+
+
+@pytest.mark.on_broker("tansu")
+async def test_records_produced_right_after_a_slow_first_join_are_no_stall(
+    kafka_bootstrap, target, consumer_db, effects
+):
+    """Found by CI (stop 60's suite, the test above): the idle time was counted from the consumer's opening. On
+    tansu a group's first join completes after half the session timeout, and a fetch of several partitions is
+    answered only when its wait runs out (docs/broker.md); records produced right after the join then sat in
+    the broker, unfetched, past ``stall_timeout`` since the opening, and a healthy app recreated its consumer.
+    The idle time now counts from the latest assignment. (Apache Kafka joins at once and answers a waiting
+    fetch at once: no window there.)"""
+    binding = TargetBindingMessage(target, (TENANT,), 1, datetime.now(UTC))
+    await produce(kafka_bootstrap, TARGET_BINDINGS_TOPIC, [binding.encode()], key=binding.key)
+    app = ConsumerApp(
+        ConsumerConfig(
+            f"late-join-{uuid.uuid4().hex[:8]}",
+            kafka_bootstrap,
+            consumer_db,
+            session_timeout=6.0,  # tansu's first join: ~3 s, past stall_timeout
+            heartbeat_interval=1.0,
+            report_attempts=False,
+            stall_timeout=2.0,
+            fetch_wait=1.0,  # the fetch under way at the join returns ~1 s later, within stall_timeout of it
+        )
+    )
+
+    @app.handler(target)
+    async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
+        await conn.execute("INSERT INTO effects (occurrence_id) VALUES ($1)", occurrence.occurrence_id)
+
+    async with Running(app):
+        await wait_for(lambda: app._consumer is not None and bool(app._consumer.assignment()), 30, interval=0.02)
+        sent = await publish_occurrences(kafka_bootstrap, target, 10)
+        await wait_for(lambda: app.stats.applied == len(sent), 30, interval=0.05)
+
+    assert app.stats.consumer_restarts == 0
