@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import asyncpg
 import pytest
@@ -38,26 +39,28 @@ async def publish_occurrences(bootstrap: str, target: str, count: int) -> set[uu
     return {m.occurrence_id for m in messages}
 
 
-async def test_a_consumer_that_stops_fetching_with_records_waiting_is_recreated_and_reads_on(
-    kafka_bootstrap, target, consumer_db, effects
-):
+async def bound_app(kafka_bootstrap: str, target: str, consumer_db: str, **config: Any) -> ConsumerApp:
+    """A consumer app of a new group (no attempt reports) whose handler inserts each occurrence into
+    ``effects``, with ``target`` bound to the tenant."""
     binding = TargetBindingMessage(target, (TENANT,), 1, datetime.now(UTC))
     await produce(kafka_bootstrap, TARGET_BINDINGS_TOPIC, [binding.encode()], key=binding.key)
     app = ConsumerApp(
-        ConsumerConfig(
-            f"stall-{uuid.uuid4().hex[:8]}",
-            kafka_bootstrap,
-            consumer_db,
-            session_timeout=2.0,
-            heartbeat_interval=0.4,
-            report_attempts=False,
-            stall_timeout=1.0,
-        )
+        ConsumerConfig(f"stall-{uuid.uuid4().hex[:8]}", kafka_bootstrap, consumer_db, report_attempts=False, **config)
     )
 
     @app.handler(target)
     async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
         await conn.execute("INSERT INTO effects (occurrence_id) VALUES ($1)", occurrence.occurrence_id)
+
+    return app
+
+
+async def test_a_consumer_that_stops_fetching_with_records_waiting_is_recreated_and_reads_on(
+    kafka_bootstrap, target, consumer_db, effects
+):
+    app = await bound_app(
+        kafka_bootstrap, target, consumer_db, session_timeout=2.0, heartbeat_interval=0.4, stall_timeout=1.0
+    )
 
     def applied(expected: set[uuid.UUID]):
         async def check() -> bool:
@@ -96,24 +99,15 @@ async def test_records_produced_right_after_a_slow_first_join_are_no_stall(
     the broker, unfetched, past ``stall_timeout`` since the opening, and a healthy app recreated its consumer.
     The idle time now counts from the latest assignment. (Apache Kafka joins at once and answers a waiting
     fetch at once: no window there.)"""
-    binding = TargetBindingMessage(target, (TENANT,), 1, datetime.now(UTC))
-    await produce(kafka_bootstrap, TARGET_BINDINGS_TOPIC, [binding.encode()], key=binding.key)
-    app = ConsumerApp(
-        ConsumerConfig(
-            f"late-join-{uuid.uuid4().hex[:8]}",
-            kafka_bootstrap,
-            consumer_db,
-            session_timeout=6.0,  # tansu's first join: ~3 s, past stall_timeout
-            heartbeat_interval=1.0,
-            report_attempts=False,
-            stall_timeout=2.0,
-            fetch_wait=1.0,  # the fetch under way at the join returns ~1 s later, within stall_timeout of it
-        )
+    app = await bound_app(
+        kafka_bootstrap,
+        target,
+        consumer_db,
+        session_timeout=6.0,  # tansu's first join: ~3 s, past stall_timeout
+        heartbeat_interval=1.0,
+        stall_timeout=2.0,
+        fetch_wait=1.0,  # the fetch under way at the join returns ~1 s later, within stall_timeout of it
     )
-
-    @app.handler(target)
-    async def apply(occurrence: Occurrence, conn: asyncpg.Connection) -> None:
-        await conn.execute("INSERT INTO effects (occurrence_id) VALUES ($1)", occurrence.occurrence_id)
 
     async with Running(app):
         await wait_for(lambda: app._consumer is not None and bool(app._consumer.assignment()), 30, interval=0.02)
