@@ -25,6 +25,7 @@ from schemas import observability as obs
 from schemas.attempt_events import AttemptEvent as Ev
 from schemas.connections import create_pool
 from schemas.topics import ATTEMPTS_TOPIC, create_missing_topics
+from tests.support.kafka import commit_at_end
 from tests.support.rows import due_occurrence, occurrence_row
 from tests.support.waiting import wait_for
 
@@ -278,8 +279,12 @@ async def test_an_engine_stopped_right_after_applying_a_start_does_not_wake_to_t
     must exist before its first event is applied."""
     occurrence = await due_occurrence(pool, "acme", target, clock.now(), max_attempts=1)
     await create_missing_topics(kafka_bootstrap, [ATTEMPTS_TOPIC])
+    # The session's attempts topic holds every earlier test's events; the frozen processor applies one poll only,
+    # so its group starts past them (CI once had more than a poll's worth before this test's start).
+    group = f"frozen-{uuid.uuid4().hex[:8]}"
+    await commit_at_end(kafka_bootstrap, group, ATTEMPTS_TOPIC)
     await produce_events(kafka_bootstrap, [Ev.started(occurrence.occurrence_id, 1, uuid.uuid4(), 3.0, "billing")])
-    config = AttemptProcessorConfig(session_timeout=2.0, heartbeat_interval=0.4, error_backoff=0.05)
+    config = AttemptProcessorConfig(group=group, session_timeout=2.0, heartbeat_interval=0.4, error_backoff=0.05)
     frozen = asyncio.create_task(
         StopsBeforeItsFirstProgressWrite(pool, kafka_bootstrap, config, clock=clock).run(asyncio.Event())
     )

@@ -33,7 +33,7 @@ from schemas.kafka_security import PLAINTEXT
 from schemas.messages import OccurrenceMessage
 from schemas.topics import create_missing_topics, occurrence_topic
 from tests.integration.test_consumer import effect_app, run_until
-from tests.support.kafka import occurrence_message, produce, read_topic
+from tests.support.kafka import commit_offsets, occurrence_message, produce, read_topic
 from tests.support.waiting import wait_for
 
 PARTITIONS = 64
@@ -155,16 +155,6 @@ async def test_every_reader_starts_at_the_first_record_where_tansu_reports_a_lat
     assert sorted(r.offset for r in records if r.partition == tp.partition) == [0, 1]
 
 
-async def _commit(bootstrap: str, group: str, offsets: dict[TopicPartition, int]) -> None:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        consumer.assign(list(offsets))
-        await consumer.commit(offsets)
-    finally:
-        await consumer.stop()
-
-
 @pytest.mark.on_broker("tansu", "apache")
 async def test_a_group_resumes_a_committed_partition_and_starts_the_others_at_their_first_record(kafka_bootstrap):
     topic = f"test.first-offset.{uuid.uuid4().hex[:10]}"
@@ -172,7 +162,7 @@ async def test_a_group_resumes_a_committed_partition_and_starts_the_others_at_th
     for partition in (0, 1):
         await produce(kafka_bootstrap, topic, [b"a", b"b", b"c"], partition=partition)
     group = f"first-{uuid.uuid4().hex[:8]}"
-    await _commit(kafka_bootstrap, group, {TopicPartition(topic, 0): 2})
+    await commit_offsets(kafka_bootstrap, group, {TopicPartition(topic, 0): 2})
 
     assert await _first_read_by_group(kafka_bootstrap, topic, 2, group) == {0: 2, 1: 0}
 

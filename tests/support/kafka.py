@@ -166,3 +166,28 @@ async def create_topic_with_limit(bootstrap: str, topic: str, partitions: int, m
         await ensure_topics(admin, [topic], partitions, configs={"max.message.bytes": str(max_message_bytes)})
     finally:
         await admin.close()
+
+
+async def commit_offsets(bootstrap: str, group: str, offsets: dict[TopicPartition, int]) -> None:
+    """Commit ``offsets`` for ``group`` (as a member that reads nothing)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        consumer.assign(list(offsets))
+        await consumer.commit(offsets)
+    finally:
+        await consumer.stop()
+
+
+async def commit_at_end(bootstrap: str, group: str, topic: str) -> None:
+    """Commit ``group``'s offsets at the current end of every partition of ``topic``: the group then reads only
+    what comes after (a few records more on tansu, whose end offsets lag its log by a batch: docs/broker.md)."""
+    partitions = [TopicPartition(topic, p) for p in await topic_partitions(bootstrap, topic)]
+    assert partitions, f"topic {topic} does not exist"
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        ends = await consumer.end_offsets(partitions)
+    finally:
+        await consumer.stop()
+    await commit_offsets(bootstrap, group, ends)
