@@ -247,6 +247,8 @@ MAX_JSON_DEPTH = 64
 def json_problem(value: Any, max_depth: int = MAX_JSON_DEPTH) -> str | None:
     """What makes a JSON value unstorable — a NUL in a string or key (PostgreSQL refuses it), or nesting
     deeper than ``max_depth`` — with where it is (``["a"][2]``); None if nothing."""
+    if _storable(value, max_depth):
+        return None  # the common case, decided without a path string per value (every payload passes here)
     stack: list[tuple[Any, str, int]] = [(value, "", 0)]
     while stack:
         item, path, depth = stack.pop()
@@ -264,6 +266,28 @@ def json_problem(value: Any, max_depth: int = MAX_JSON_DEPTH) -> str | None:
             else:
                 stack.extend((child, f"{path}[{index}]", depth + 1) for index, child in enumerate(item))
     return None
+
+
+def _storable(value: Any, max_depth: int) -> bool:
+    """Whether :func:`json_problem` finds nothing: the same walk, without the paths."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return False
+        elif isinstance(item, dict):
+            if depth >= max_depth:
+                return False
+            for key, child in item.items():
+                if isinstance(key, str) and "\x00" in key:
+                    return False
+                stack.append((child, depth + 1))
+        elif isinstance(item, list):
+            if depth >= max_depth:
+                return False
+            stack.extend((child, depth + 1) for child in item)
+    return True
 
 
 def header(headers: Headers, name: str) -> bytes | None:
