@@ -146,8 +146,8 @@ async def test_every_reader_starts_at_the_first_record_where_tansu_reports_a_lat
     finally:
         await consumer.stop()
 
-    # The engine's Kafka loops (attempt and command processors) in a new group; the consumer apps' group
-    # uses the same rebalance listener (schemas.first_offset.FromFirstOffset).
+    # The engine's Kafka loops (attempt and command processors) in a new group (a consumer app's group: the
+    # last test).
     assert (await _first_read_by_group(own_tansu, tp.topic, PARTITIONS))[tp.partition] == 0
 
     # The tests' own reader.
