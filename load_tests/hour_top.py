@@ -324,15 +324,21 @@ def consume(args: argparse.Namespace) -> None:
         }
     )
     # Each partition from where this member left it, a new one from offset 0: the group never commits, and
-    # the broker's "earliest" can point past records on tansu (schemas.first_offset).
+    # the broker's "earliest" can point past records on tansu (schemas.first_offset). The positions are taken
+    # when partitions are revoked, not per record.
     next_offsets: dict[tuple[str, int], int] = {}
+
+    def on_revoke(member: Any, partitions: list[Any]) -> None:
+        for tp in member.position(partitions):
+            if tp.offset >= 0:  # OFFSET_INVALID: nothing consumed there yet
+                next_offsets[(tp.topic, tp.partition)] = tp.offset
 
     def on_assign(member: Any, partitions: list[Any]) -> None:
         for tp in partitions:
             tp.offset = next_offsets.get((tp.topic, tp.partition), FIRST_OFFSET)
         member.assign(partitions)
 
-    consumer.subscribe(["^chronoq\\.occurrences\\..*"], on_assign=on_assign)
+    consumer.subscribe(["^chronoq\\.occurrences\\..*"], on_assign=on_assign, on_revoke=on_revoke)
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     # Raw header values, decoded after the run: this group shares the two cores with what it measures, so
@@ -353,12 +359,8 @@ def consume(args: argparse.Namespace) -> None:
         at = time.time()
         idle_since = (idle_since or time.monotonic()) if not batch else None
         for message in batch:
-            if message.error() is None:
-                where, partition, offset = message.topic(), message.partition(), message.offset()
-                if where is not None and partition is not None and offset is not None:
-                    next_offsets[(where, partition)] = offset + 1
-                if (ident := _occurrence_header(message)) is not None:
-                    received.append((ident, at))
+            if message.error() is None and (ident := _occurrence_header(message)) is not None:
+                received.append((ident, at))
     consumer.close()
     Path(args.out).write_text(json.dumps([(ident.decode(errors="replace"), at) for ident, at in received]))
 

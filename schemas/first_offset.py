@@ -42,14 +42,12 @@ def seek_to_first(consumer: AIOKafkaConsumer, partitions: Collection[TopicPartit
         consumer.seek(tp, FIRST_OFFSET)
 
 
-async def start_uncommitted_at_first(consumer: AIOKafkaConsumer, partitions: Collection[TopicPartition]) -> int:
-    """Position each of ``partitions`` that the consumer's group has no committed offset for at offset 0;
-    return how many. Called when a group assigns partitions, before the consumer fetches them."""
+async def start_uncommitted_at_first(consumer: AIOKafkaConsumer, partitions: Collection[TopicPartition]) -> None:
+    """Position each of ``partitions`` that the consumer's group has no committed offset for at offset 0.
+    Called when a group assigns partitions, before the consumer fetches them."""
     chosen = list(partitions)
     committed = await asyncio.gather(*(consumer.committed(tp) for tp in chosen))
-    fresh = [tp for tp, offset in zip(chosen, committed, strict=True) if offset is None]
-    seek_to_first(consumer, fresh)
-    return len(fresh)
+    seek_to_first(consumer, [tp for tp, offset in zip(chosen, committed, strict=True) if offset is None])
 
 
 class FromFirstOffset(ConsumerRebalanceListener):

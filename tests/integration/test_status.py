@@ -5,13 +5,14 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 
 from engine.control.consumer_lag import read_consumer_lag
 from engine.control.schedules import ControlPlane
 from engine.control.status import engine_status, status_lines
 from engine.loops.materializer import Materializer, MaterializerConfig
 from schemas.topics import create_missing_topics
+from tests.support.kafka import commit_offsets
 
 UTC = UTC
 
@@ -94,13 +95,7 @@ async def test_consumer_lag_per_group_from_committed_offsets(kafka_bootstrap, po
             await producer.send_and_wait(topic, b"x", partition=n % 2)
     finally:
         await producer.stop()
-    consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=group, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        consumer.assign([TopicPartition(topic, 0), TopicPartition(topic, 1)])
-        await consumer.commit({TopicPartition(topic, 0): 2, TopicPartition(topic, 1): 5})
-    finally:
-        await consumer.stop()
+    await commit_offsets(kafka_bootstrap, group, {TopicPartition(topic, 0): 2, TopicPartition(topic, 1): 5})
     lags = [lag for lag in await read_consumer_lag(kafka_bootstrap, [group]) if lag.topic == topic]
     assert [(lag.group, lag.partitions, lag.lag) for lag in lags] == [(group, 2, 3 + 0)]  # 5-2 and 5-5
     # Every group of the suite's shared broker is read: under load that takes longer than the CLI's 5 s.
