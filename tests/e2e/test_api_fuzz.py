@@ -212,7 +212,16 @@ async def test_requests_generated_from_the_published_schema_are_mostly_accepted(
     statuses: list[int] = []
     refusals: list[str] = []
 
-    @settings(max_examples=max(EXAMPLES, 40), deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    # Derandomized: a share of accepted requests is a statistical figure, and Hypothesis mutates one refused
+    # example several times in a row, so a random draw can land below it (CI, stop 60: 10 of 31) with the
+    # schema unchanged. A fixed draw changes only when the schema or the server's checks do.
+    @settings(
+        max_examples=max(EXAMPLES, 40),
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=operation.as_strategy(generation_mode=GenerationMode.POSITIVE))
     def check(case) -> None:
         response = case.call(base_url=base_url, headers={"Authorization": f"Bearer {token}"})
